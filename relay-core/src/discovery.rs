@@ -1,0 +1,1308 @@
+//! Finding local LLM backends and telling them apart.
+//!
+//! ModelRelay's zero-config promise is "start it and it serves whatever you
+//! already run". For that we need to know which ports on this machine carry an
+//! LLM server, what kind of server it is (the kinds differ in quirks the rest of
+//! the relay cares about, and users want to see a familiar name in
+//! `modelrelay discover`), and which models it serves. The same model listing
+//! is what a worker re-fetches to keep its advertised models current.
+//!
+//! Fingerprints, strongest evidence first (sources in brackets):
+//!
+//! * `Server: llamafile/<version>` header or `owned_by: "llamafile"` in
+//!   `/v1/models` → llamafile [llamafile `llamafile/server/client.cpp`,
+//!   `llamafile/server/v1_models.cpp`]. Older llamafiles embed llama.cpp's own
+//!   server and are indistinguishable from it, so they are reported as
+//!   llama-server.
+//! * `Server: llama.cpp` header (set on *every* response, even 404s and the
+//!   503s sent while the model is still loading) or `owned_by: "llamacpp"` →
+//!   llama-server [llama.cpp `tools/server`, `set_default_headers` and the
+//!   `/v1/models` handler].
+//! * `owned_by: "vllm"` (the default of vLLM's `ModelCard`) → vLLM
+//!   [vllm `entrypoints/openai/protocol.py`]. vLLM's `GET /version` answers
+//!   `{"version": …}`, but so do countless unrelated web apps, so it is not
+//!   used as evidence.
+//! * `GET /` answering `Ollama is running` → Ollama [ollama `server/routes.go`];
+//!   failing that, `GET /api/version` (`{"version": …}`) together with
+//!   `GET /api/tags` (`{"models": [{"name": …}]}`) on a server *without* an
+//!   OpenAI listing [docs.ollama.com API reference]. The second rule must not
+//!   apply to servers that also list models OpenAI-style, because llama.cpp and
+//!   koboldcpp emulate `/api/tags` for Ollama clients.
+//! * `owned_by: "organization_owner"` (what LM Studio puts on every model), or
+//!   a list-shaped answer from LM Studio's own `GET /api/v0/models` → LM Studio
+//!   [lmstudio.ai REST API v0 and OpenAI-compat docs]. Port 1234 alone is not
+//!   evidence: other servers get moved there.
+//! * Anything else with an OpenAI list (`{"object": "list", "data": [{"id": …}]}`)
+//!   at `/v1/models` → OpenAI-compatible (koboldcpp, SGLang, TabbyAPI, Jan, …).
+//! * A ModelRelay proxy (its `GET /health` JSON carries `workers_connected`) is
+//!   never reported, even though it lists models: serving it from a relay would
+//!   make the relay forward requests to itself.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use serde_json::Value;
+
+/// What kind of server answered.
+///
+/// Reported so users recognise what was found, and so callers can apply
+/// per-server knowledge (e.g. Ollama's native model names) where it matters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// llama.cpp's `llama-server` (also older llamafiles, which embed it).
+    LlamaServer,
+    /// Ollama.
+    Ollama,
+    /// vLLM's OpenAI-compatible server.
+    Vllm,
+    /// LM Studio's local server.
+    LmStudio,
+    /// Mozilla's llamafile with its own server (0.9 and later).
+    Llamafile,
+    /// Something that speaks the OpenAI model-listing API but that we could not
+    /// pin down further; still perfectly usable as a backend.
+    OpenAiCompatible,
+}
+
+impl BackendKind {
+    /// The name users know the server by, for `modelrelay discover` output and
+    /// the desktop app.
+    pub fn label(&self) -> &'static str {
+        match self {
+            BackendKind::LlamaServer => "llama-server",
+            BackendKind::Ollama => "Ollama",
+            BackendKind::Vllm => "vLLM",
+            BackendKind::LmStudio => "LM Studio",
+            BackendKind::Llamafile => "llamafile",
+            BackendKind::OpenAiCompatible => "OpenAI-compatible",
+        }
+    }
+}
+
+/// A backend found on a port: enough to start serving it without further
+/// questions.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DiscoveredBackend {
+    /// What kind of server it is.
+    pub kind: BackendKind,
+    /// Base URL without a trailing slash (e.g. `http://127.0.0.1:11434`), the
+    /// form the worker joins API paths onto.
+    pub url: String,
+    /// Models it serves, de-duplicated, in the server's order. May be empty: a
+    /// llama-server still loading its model is worth reporting, and its list
+    /// can be fetched later with [`fetch_models`].
+    pub models: Vec<String>,
+}
+
+/// Where and how patiently to look.
+#[derive(Debug, Clone)]
+pub struct DiscoveryOptions {
+    /// Host to probe; `127.0.0.1` by default because discovery is about this
+    /// machine (and probing other hosts' ports uninvited is rude).
+    pub host: String,
+    /// Ports to probe; [`WELL_KNOWN_PORTS`] by default.
+    pub ports: Vec<u16>,
+    /// Upper bound for each port's whole probe. Local servers answer in
+    /// milliseconds, so a short bound keeps `discover` snappy even when a port
+    /// is held by something that never answers.
+    pub timeout: Duration,
+    /// Ports never to probe, e.g. the relay's own listening port.
+    pub exclude_ports: Vec<u16>,
+}
+
+impl Default for DiscoveryOptions {
+    fn default() -> Self {
+        DiscoveryOptions {
+            host: "127.0.0.1".to_owned(),
+            ports: WELL_KNOWN_PORTS.to_vec(),
+            timeout: Duration::from_millis(800),
+            exclude_ports: Vec::new(),
+        }
+    }
+}
+
+/// Default ports of the local LLM servers people actually run.
+///
+/// Every port is probed concurrently, so the list costs little time, but each
+/// entry must earn its place: a port no LLM server defaults to only produces
+/// noise in other programs' logs. Deliberately left out: 7860, Gradio's port,
+/// which serves web UIs (text-generation-webui's included), not an API.
+pub const WELL_KNOWN_PORTS: &[u16] = &[
+    1234,  // LM Studio
+    1337,  // Jan's local API server
+    5000,  // text-generation-webui's OpenAI API (--api-port), TabbyAPI
+    5001,  // koboldcpp
+    8000,  // vLLM (`vllm serve`)
+    8001,  // the usual second vLLM, or vLLM moved off a busy 8000
+    8080,  // llama-server and llamafile
+    8081,  // llama-server instances 2-4: one server per model on consecutive
+    8082,  // ports is a common llama.cpp setup
+    8083,  //
+    11434, // Ollama
+    30000, // SGLang
+];
+
+/// Why a model list could not be fetched. Every message names the URL that
+/// failed, because the person reading it usually has several backends.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    /// The base URL cannot be requested at all (typo, missing scheme); no
+    /// point retrying.
+    #[error("invalid backend URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Nothing accepted the connection: the backend is not running (or not on
+    /// that port). Kept apart from other failures so callers can say "start
+    /// your backend" rather than "your backend is broken".
+    #[error("cannot connect to {url}: {reason}")]
+    Connect {
+        /// The URL requested.
+        url: String,
+        /// The operating system's reason, e.g. "Connection refused".
+        reason: String,
+    },
+    /// The backend did not answer in time; it may be overloaded or hung.
+    #[error("{url} did not answer in time")]
+    Timeout {
+        /// The URL requested.
+        url: String,
+    },
+    /// The connection was made but the HTTP exchange failed (reset, not HTTP,
+    /// body cut short).
+    #[error("request to {url} failed: {reason}")]
+    Request {
+        /// The URL requested.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The backend answered with an error status, e.g. 401 when it wants an
+    /// API key or 404 when it has no such endpoint.
+    #[error("{url} answered HTTP {}{}", status_text(.status), detail_suffix(.detail))]
+    Status {
+        /// The URL requested.
+        url: String,
+        /// The HTTP status code.
+        status: u16,
+        /// The start of the error body when it is readable text (often the
+        /// backend's own explanation); empty otherwise.
+        detail: String,
+    },
+    /// The backend answered 200 but not with a model list we can read.
+    #[error("{url} did not return a model list: {reason}")]
+    BadBody {
+        /// The URL requested.
+        url: String,
+        /// What is wrong with the body.
+        reason: String,
+    },
+    /// Neither the OpenAI nor the Ollama listing worked; both reasons are kept
+    /// because either may be the one the user needs to fix.
+    #[error("no model list at {base_url}: {openai}; {ollama}")]
+    NoModelList {
+        /// The backend's base URL.
+        base_url: String,
+        /// Why `GET /v1/models` failed.
+        openai: Box<DiscoveryError>,
+        /// Why `GET /api/tags` failed.
+        ollama: Box<DiscoveryError>,
+    },
+}
+
+fn status_text(status: &u16) -> String {
+    match reqwest::StatusCode::from_u16(*status) {
+        Ok(code) => code.to_string(),
+        Err(_) => status.to_string(),
+    }
+}
+
+fn detail_suffix(detail: &str) -> String {
+    if detail.is_empty() {
+        String::new()
+    } else {
+        format!(": {detail}")
+    }
+}
+
+/// Probe every port concurrently (each probe bounded by `opts.timeout`
+/// overall), return what answered, sorted by port.
+///
+/// Never fails: a port that is closed, slow, or held by something that is not
+/// an LLM server is simply not in the result, because discovery is a best-effort
+/// survey, not a health check.
+pub async fn discover(opts: &DiscoveryOptions) -> Vec<DiscoveredBackend> {
+    // Our own client, not the caller's: probes need short timeouts, must not be
+    // sent through an HTTP proxy from the environment (that would probe the
+    // proxy's machine, not ours), and must not follow redirects (a redirect to
+    // somewhere else says nothing about this port).
+    let client = match reqwest::Client::builder()
+        .timeout(opts.timeout)
+        .connect_timeout(opts.timeout)
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+    {
+        Ok(client) => client,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot build an HTTP client for discovery");
+            return Vec::new();
+        }
+    };
+
+    let host = url_host(&opts.host);
+    let mut seen = HashSet::new();
+    let ports: Vec<u16> = opts
+        .ports
+        .iter()
+        .copied()
+        .filter(|port| *port != 0 && !opts.exclude_ports.contains(port) && seen.insert(*port))
+        .collect();
+
+    let probes = ports.into_iter().map(|port| {
+        let client = &client;
+        let url = format!("http://{host}:{port}");
+        async move {
+            // The client's timeout bounds each request; this bounds the whole
+            // probe, which may make a second round of requests.
+            let found = tokio::time::timeout(opts.timeout, probe(client, &url))
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::debug!(%url, "probe timed out");
+                    None
+                });
+            (port, found)
+        }
+    });
+
+    let mut found: Vec<(u16, DiscoveredBackend)> = join_all(probes)
+        .await
+        .into_iter()
+        .filter_map(|(port, backend)| backend.map(|b| (port, b)))
+        .collect();
+    found.sort_by_key(|(port, _)| *port);
+    found.into_iter().map(|(_, backend)| backend).collect()
+}
+
+/// Probe one base URL; `None` if nothing LLM-like answers.
+///
+/// Makes at most two rounds of concurrent GETs: `/health`, `/v1/models` and
+/// `/` first, which settle most servers; only a server not yet recognised is
+/// asked about `/api/v0/models`, `/api/version` and `/api/tags`, so recognised
+/// backends see few stray 404s in their logs. The time bound is the client's
+/// (and the caller's): [`discover`] supplies both.
+pub async fn probe(client: &reqwest::Client, base_url: &str) -> Option<DiscoveredBackend> {
+    let base = normalize_base_url(base_url);
+    let (health_url, listing_url, root_url) = (
+        format!("{base}/health"),
+        format!("{base}/v1/models"),
+        format!("{base}/"),
+    );
+    let (health, listing, root) = tokio::join!(
+        get(client, &health_url),
+        get(client, &listing_url),
+        get(client, &root_url),
+    );
+    let answers: Vec<&Answer> = [&health, &listing, &root]
+        .into_iter()
+        .filter_map(|r| r.as_ref().ok())
+        .collect();
+    if answers.is_empty() {
+        if let Err(err) = &listing {
+            tracing::trace!(url = %base, error = %err, "nothing answers");
+        }
+        return None;
+    }
+    if health.as_ref().is_ok_and(is_relay_proxy) {
+        tracing::debug!(url = %base, "skipping a ModelRelay proxy");
+        return None;
+    }
+
+    let server_headers: Vec<String> = answers
+        .iter()
+        .filter_map(|a| a.server.as_deref())
+        .map(str::to_ascii_lowercase)
+        .collect();
+    let server_says = |needle: &str| server_headers.iter().any(|s| s.contains(needle));
+    let list = listing.as_ref().ok().and_then(Answer::openai_list);
+    let owned_by = |owner: &str| {
+        list.as_ref()
+            .is_some_and(|l| l.owners.iter().any(|o| o.eq_ignore_ascii_case(owner)))
+    };
+    let says_ollama = root
+        .as_ref()
+        .is_ok_and(|a| a.status.is_success() && a.text().contains("Ollama is running"));
+
+    let kind = if server_says("llamafile") || owned_by("llamafile") {
+        Some(BackendKind::Llamafile)
+    } else if server_says("llama.cpp") || owned_by("llamacpp") {
+        Some(BackendKind::LlamaServer)
+    } else if owned_by("vllm") {
+        Some(BackendKind::Vllm)
+    } else if says_ollama {
+        Some(BackendKind::Ollama)
+    } else if owned_by("organization_owner") {
+        Some(BackendKind::LmStudio)
+    } else {
+        None
+    };
+    let listed = list.map(|l| l.ids);
+
+    if let Some(kind) = kind {
+        let models = match listed {
+            Some(ids) => ids,
+            // Ollama before its OpenAI layer, or with no models (it then sends
+            // `"data": null`), still has its native listing.
+            None if kind == BackendKind::Ollama => get(client, &format!("{base}/api/tags"))
+                .await
+                .ok()
+                .and_then(|a| a.ollama_tags())
+                .unwrap_or_default(),
+            None => Vec::new(),
+        };
+        return Some(found(kind, base, models));
+    }
+
+    let (v0_url, version_url, tags_url) = (
+        format!("{base}/api/v0/models"),
+        format!("{base}/api/version"),
+        format!("{base}/api/tags"),
+    );
+    let (v0, version, tags) = tokio::join!(
+        get(client, &v0_url),
+        get(client, &version_url),
+        get(client, &tags_url),
+    );
+    // Only LM Studio serves `/api/v0/models`; this catches it when its OpenAI
+    // listing is empty and so carries no `owned_by`.
+    if let Some(v0) = v0.ok().as_ref().and_then(Answer::openai_list) {
+        return Some(found(BackendKind::LmStudio, base, listed.unwrap_or(v0.ids)));
+    }
+    if let Some(ids) = listed {
+        return Some(found(BackendKind::OpenAiCompatible, base, ids));
+    }
+    let has_version = version
+        .ok()
+        .and_then(|a| a.json_ok())
+        .is_some_and(|v| v.get("version").is_some_and(Value::is_string));
+    if has_version {
+        if let Some(names) = tags.ok().and_then(|a| a.ollama_tags()) {
+            return Some(found(BackendKind::Ollama, base, names));
+        }
+    }
+    tracing::trace!(url = %base, "answers, but not like an LLM server");
+    None
+}
+
+/// The model names a backend serves: OpenAI `GET /v1/models` (`data[].id`),
+/// falling back to Ollama's `GET /api/tags` (`models[].name`). Errors say what
+/// went wrong (connection refused, HTTP status, unparseable body) and name the
+/// URL.
+///
+/// The OpenAI listing comes first because every supported backend has it and
+/// its names are the ones the backend accepts in OpenAI-style requests; the
+/// Ollama listing covers Ollama versions without the OpenAI layer. The time
+/// bound is the client's.
+pub async fn fetch_models(
+    client: &reqwest::Client,
+    base_url: &str,
+) -> Result<Vec<String>, DiscoveryError> {
+    let base = normalize_base_url(base_url);
+    check_base_url(&base)?;
+    let openai_url = format!("{base}/v1/models");
+    // A transport failure would repeat on the fallback (same host and port), so
+    // only an HTTP-level failure is worth a second request.
+    let answer = get(client, &openai_url).await?;
+    let openai_err = match answer.openai_list_or_error(&openai_url) {
+        Ok(list) => return Ok(list.ids),
+        Err(err) => err,
+    };
+
+    let tags_url = format!("{base}/api/tags");
+    let ollama_err = match get(client, &tags_url).await {
+        Ok(answer) => match answer.ollama_tags_or_error(&tags_url) {
+            Ok(names) => return Ok(names),
+            Err(err) => err,
+        },
+        Err(err) => err,
+    };
+    Err(DiscoveryError::NoModelList {
+        base_url: base,
+        openai: Box::new(openai_err),
+        ollama: Box::new(ollama_err),
+    })
+}
+
+/// Model lists are small (a few KiB even for large Ollama libraries); the cap
+/// only keeps a misbehaving server from filling memory before the timeout hits.
+const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// How much of an error body to quote in [`DiscoveryError::Status`].
+const MAX_DETAIL_CHARS: usize = 200;
+
+/// One HTTP answer, whatever its status.
+struct Answer {
+    status: reqwest::StatusCode,
+    server: Option<String>,
+    body: Vec<u8>,
+    truncated: bool,
+}
+
+impl Answer {
+    fn text(&self) -> Cow<'_, str> {
+        String::from_utf8_lossy(&self.body)
+    }
+
+    fn json(&self) -> Result<Value, String> {
+        if self.truncated {
+            return Err(format!("body is larger than {} MiB", MAX_BODY >> 20));
+        }
+        serde_json::from_slice(&self.body).map_err(|err| format!("body is not JSON ({err})"))
+    }
+
+    /// The JSON body of a successful answer.
+    fn json_ok(&self) -> Option<Value> {
+        if self.status.is_success() {
+            self.json().ok()
+        } else {
+            None
+        }
+    }
+
+    fn openai_list(&self) -> Option<ModelList> {
+        parse_openai_list(&self.json_ok()?).ok()
+    }
+
+    fn ollama_tags(&self) -> Option<Vec<String>> {
+        parse_ollama_tags(&self.json_ok()?).ok()
+    }
+
+    fn openai_list_or_error(&self, url: &str) -> Result<ModelList, DiscoveryError> {
+        self.check_status(url)?;
+        self.json()
+            .and_then(|v| parse_openai_list(&v))
+            .map_err(|reason| bad_body(url, reason))
+    }
+
+    fn ollama_tags_or_error(&self, url: &str) -> Result<Vec<String>, DiscoveryError> {
+        self.check_status(url)?;
+        self.json()
+            .and_then(|v| parse_ollama_tags(&v))
+            .map_err(|reason| bad_body(url, reason))
+    }
+
+    fn check_status(&self, url: &str) -> Result<(), DiscoveryError> {
+        if self.status.is_success() {
+            return Ok(());
+        }
+        Err(DiscoveryError::Status {
+            url: url.to_owned(),
+            status: self.status.as_u16(),
+            detail: self.detail(),
+        })
+    }
+
+    /// The start of the body, if it is text worth showing a human: a JSON or
+    /// plain-text explanation helps ("invalid API key"), an HTML page does not.
+    fn detail(&self) -> String {
+        let text = self.text();
+        let text = text.trim();
+        if text.is_empty() || text.starts_with('<') {
+            return String::new();
+        }
+        let mut detail: String = text
+            .chars()
+            .take(MAX_DETAIL_CHARS)
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        if text.chars().count() > MAX_DETAIL_CHARS {
+            detail.push('…');
+        }
+        detail
+    }
+}
+
+fn bad_body(url: &str, reason: String) -> DiscoveryError {
+    DiscoveryError::BadBody {
+        url: url.to_owned(),
+        reason,
+    }
+}
+
+async fn get(client: &reqwest::Client, url: &str) -> Result<Answer, DiscoveryError> {
+    let mut response = client
+        .get(url)
+        .send()
+        .await
+        .map_err(|err| transport_error(url, &err))?;
+    let status = response.status();
+    let server = response
+        .headers()
+        .get(reqwest::header::SERVER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let mut body = Vec::new();
+    let mut truncated = false;
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|err| transport_error(url, &err))?
+    {
+        if body.len() + chunk.len() > MAX_BODY {
+            truncated = true;
+            break;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Answer {
+        status,
+        server,
+        body,
+        truncated,
+    })
+}
+
+fn transport_error(url: &str, err: &reqwest::Error) -> DiscoveryError {
+    let url = url.to_owned();
+    if err.is_builder() {
+        DiscoveryError::InvalidUrl {
+            url,
+            reason: root_cause(err),
+        }
+    } else if err.is_timeout() {
+        DiscoveryError::Timeout { url }
+    } else if err.is_connect() {
+        DiscoveryError::Connect {
+            url,
+            reason: root_cause(err),
+        }
+    } else {
+        DiscoveryError::Request {
+            url,
+            reason: root_cause(err),
+        }
+    }
+}
+
+/// reqwest's own message is "error sending request for url (…)"; the useful
+/// part ("Connection refused (os error 111)") is at the bottom of the chain.
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut current = err;
+    while let Some(source) = current.source() {
+        current = source;
+    }
+    current.to_string()
+}
+
+/// Model ids and their `owned_by` values from an OpenAI listing; the owners are
+/// where servers sign their name.
+struct ModelList {
+    ids: Vec<String>,
+    owners: Vec<String>,
+}
+
+fn parse_openai_list(value: &Value) -> Result<ModelList, String> {
+    let object = value
+        .as_object()
+        .ok_or("expected a JSON object with a `data` array")?;
+    let is_list = object.get("object").and_then(Value::as_str) == Some("list");
+    let data: &[Value] = match object.get("data") {
+        Some(Value::Array(items)) => items,
+        // Ollama's OpenAI layer says `"data": null` when it has no models.
+        Some(Value::Null) if is_list => &[],
+        _ => return Err("expected an OpenAI model list with a `data` array".to_owned()),
+    };
+    // `{"data": []}` alone is too common a JSON shape to count as a model
+    // list; real servers also say `"object": "list"`.
+    if data.is_empty() && !is_list {
+        return Err("expected an OpenAI model list (`\"object\": \"list\"`)".to_owned());
+    }
+    let mut ids = Vec::new();
+    let mut owners = Vec::new();
+    for item in data {
+        if let Some(id) = item.get("id").and_then(Value::as_str) {
+            ids.push(id.to_owned());
+        }
+        if let Some(owner) = item.get("owned_by").and_then(Value::as_str) {
+            owners.push(owner.to_owned());
+        }
+    }
+    let ids = dedup_names(ids);
+    if ids.is_empty() && !data.is_empty() {
+        return Err("no entry of `data` has a string `id`".to_owned());
+    }
+    Ok(ModelList { ids, owners })
+}
+
+fn parse_ollama_tags(value: &Value) -> Result<Vec<String>, String> {
+    let models: &[Value] = match value.get("models") {
+        Some(Value::Array(items)) => items,
+        Some(Value::Null) => &[],
+        _ => return Err("expected an Ollama model list with a `models` array".to_owned()),
+    };
+    let names: Vec<String> = models
+        .iter()
+        .filter_map(|m| {
+            m.get("name")
+                .or_else(|| m.get("model"))
+                .and_then(Value::as_str)
+        })
+        .map(str::to_owned)
+        .collect();
+    let names = dedup_names(names);
+    if names.is_empty() && !models.is_empty() {
+        return Err("no entry of `models` has a string `name`".to_owned());
+    }
+    Ok(names)
+}
+
+/// Drops blank and repeated names, keeping the server's order: a server that
+/// lists a model twice (aliases, several quantisations under one id) must not
+/// make the relay advertise it twice.
+fn dedup_names(names: Vec<String>) -> Vec<String> {
+    let mut seen = HashSet::new();
+    names
+        .into_iter()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty() && seen.insert(name.clone()))
+        .collect()
+}
+
+fn is_relay_proxy(health: &Answer) -> bool {
+    health
+        .json()
+        .is_ok_and(|v| contains_key(&v, "workers_connected"))
+}
+
+/// Looks at every level: the proxy's health document may nest its counters.
+/// serde_json's recursion limit bounds the depth.
+fn contains_key(value: &Value, key: &str) -> bool {
+    match value {
+        Value::Object(map) => map.contains_key(key) || map.values().any(|v| contains_key(v, key)),
+        Value::Array(items) => items.iter().any(|v| contains_key(v, key)),
+        _ => false,
+    }
+}
+
+fn found(kind: BackendKind, url: String, models: Vec<String>) -> DiscoveredBackend {
+    tracing::debug!(%url, kind = kind.label(), models = models.len(), "found a backend");
+    DiscoveredBackend { kind, url, models }
+}
+
+/// Rejects a base URL before any request, so the error quotes what the user
+/// configured rather than the endpoint URL derived from it.
+fn check_base_url(base: &str) -> Result<(), DiscoveryError> {
+    let invalid = |reason: String| DiscoveryError::InvalidUrl {
+        url: base.to_owned(),
+        reason,
+    };
+    let parsed = reqwest::Url::parse(base).map_err(|err| invalid(err.to_string()))?;
+    match parsed.scheme() {
+        "http" | "https" => Ok(()),
+        other => Err(invalid(format!(
+            "scheme {other:?} is not http or https (did you leave out \"http://\"?)"
+        ))),
+    }
+}
+
+fn normalize_base_url(base_url: &str) -> String {
+    base_url.trim().trim_end_matches('/').to_owned()
+}
+
+/// IPv6 literals need brackets in URLs (`http://[::1]:8080`).
+fn url_host(host: &str) -> Cow<'_, str> {
+    if host.contains(':') && !host.starts_with('[') {
+        Cow::Owned(format!("[{host}]"))
+    } else {
+        Cow::Borrowed(host)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::time::Instant;
+
+    use axum::http::{header, HeaderValue, StatusCode};
+    use axum::response::{Html, Response};
+    use axum::routing::get as route;
+    use axum::{Json, Router};
+    use serde_json::json;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+
+    async fn serve(router: Router) -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        port
+    }
+
+    /// Stamps a `Server` header on every response, 404s included, the way
+    /// llama.cpp and llamafile do.
+    fn with_server_header(router: Router, value: &'static str) -> Router {
+        router.layer(axum::middleware::map_response(
+            move |mut response: Response| async move {
+                response
+                    .headers_mut()
+                    .insert(header::SERVER, HeaderValue::from_static(value));
+                response
+            },
+        ))
+    }
+
+    fn openai_list(owner: &str, ids: &[&str]) -> Json<Value> {
+        let data: Vec<Value> = ids
+            .iter()
+            .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": owner}))
+            .collect();
+        Json(json!({"object": "list", "data": data}))
+    }
+
+    fn ollama_tags(names: &[&str]) -> Json<Value> {
+        let models: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"name": n, "model": n, "size": 1, "digest": "abc"}))
+            .collect();
+        Json(json!({ "models": models }))
+    }
+
+    async fn llama_server() -> u16 {
+        let router = Router::new()
+            .route(
+                "/v1/models",
+                route(|| async { openai_list("llamacpp", &["qwen2.5-7b-instruct-q4_k_m.gguf"]) }),
+            )
+            .route("/health", route(|| async { Json(json!({"status": "ok"})) }))
+            .route(
+                "/props",
+                route(|| async {
+                    Json(json!({"total_slots": 1, "model_path": "/m/qwen.gguf", "build_info": "b5000"}))
+                }),
+            )
+            // llama-server emulates Ollama's listing; that must not make it Ollama.
+            .route("/api/tags", route(|| async { ollama_tags(&["qwen"]) }))
+            .route("/", route(|| async { Html("<!doctype html><title>llama.cpp</title>") }));
+        serve(with_server_header(router, "llama.cpp")).await
+    }
+
+    async fn llama_server_loading() -> u16 {
+        let loading = || async {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"error": {"code": 503, "message": "Loading model"}})),
+            )
+        };
+        let router = Router::new()
+            .route("/v1/models", route(loading))
+            .route("/health", route(loading))
+            .route("/", route(loading));
+        serve(with_server_header(router, "llama.cpp")).await
+    }
+
+    async fn llamafile() -> u16 {
+        let router = Router::new().route(
+            "/v1/models",
+            route(|| async { openai_list("llamafile", &["Meta-Llama-3-8B-Instruct.Q4_0"]) }),
+        );
+        serve(with_server_header(router, "llamafile/0.9.3")).await
+    }
+
+    async fn ollama_tags_only() -> u16 {
+        serve(
+            Router::new()
+                .route("/", route(|| async { "Ollama is running" }))
+                .route(
+                    "/api/version",
+                    route(|| async { Json(json!({"version": "0.12.6"})) }),
+                )
+                .route(
+                    "/api/tags",
+                    route(|| async {
+                        ollama_tags(&["llama3.2:latest", "qwen3:8b", "llama3.2:latest"])
+                    }),
+                ),
+        )
+        .await
+    }
+
+    async fn ollama_full() -> u16 {
+        serve(
+            Router::new()
+                .route("/", route(|| async { "Ollama is running" }))
+                .route(
+                    "/api/version",
+                    route(|| async { Json(json!({"version": "0.12.6"})) }),
+                )
+                .route(
+                    "/api/tags",
+                    route(|| async { ollama_tags(&["gemma3:4b", "qwen3:8b"]) }),
+                )
+                .route(
+                    "/v1/models",
+                    route(|| async { openai_list("library", &["gemma3:4b", "qwen3:8b"]) }),
+                ),
+        )
+        .await
+    }
+
+    /// Ollama's native API without the tell-tale root page (e.g. behind a
+    /// reverse proxy that routes only `/api`).
+    async fn ollama_without_root() -> u16 {
+        serve(
+            Router::new()
+                .route(
+                    "/api/version",
+                    route(|| async { Json(json!({"version": "0.5.1"})) }),
+                )
+                .route(
+                    "/api/tags",
+                    route(|| async { ollama_tags(&["phi4:latest"]) }),
+                ),
+        )
+        .await
+    }
+
+    async fn vllm() -> u16 {
+        let router = Router::new()
+            .route(
+                "/v1/models",
+                route(|| async { openai_list("vllm", &["meta-llama/Llama-3.1-8B-Instruct"]) }),
+            )
+            .route(
+                "/version",
+                route(|| async { Json(json!({"version": "0.11.0"})) }),
+            )
+            .route("/health", route(|| async { StatusCode::OK }));
+        serve(with_server_header(router, "uvicorn")).await
+    }
+
+    async fn lm_studio() -> u16 {
+        serve(Router::new().route(
+            "/v1/models",
+            route(|| async {
+                openai_list(
+                    "organization_owner",
+                    &["qwen/qwen3-4b", "text-embedding-nomic-embed-text-v1.5"],
+                )
+            }),
+        ))
+        .await
+    }
+
+    /// LM Studio with nothing loaded: the OpenAI list is empty, so only its
+    /// native REST API gives it away.
+    async fn lm_studio_empty() -> u16 {
+        serve(
+            Router::new()
+                .route(
+                    "/v1/models",
+                    route(|| async { openai_list("organization_owner", &[]) }),
+                )
+                .route(
+                    "/api/v0/models",
+                    route(|| async { openai_list("organization_owner", &[]) }),
+                ),
+        )
+        .await
+    }
+
+    async fn generic_openai() -> u16 {
+        serve(Router::new().route(
+            "/v1/models",
+            route(|| async {
+                openai_list(
+                    "koboldcpp",
+                    &["koboldcpp/mistral", "koboldcpp/mistral", "other"],
+                )
+            }),
+        ))
+        .await
+    }
+
+    async fn relay_proxy() -> u16 {
+        serve(
+            Router::new()
+                .route(
+                    "/health",
+                    route(|| async { Json(json!({"status": "ok", "workers_connected": 2})) }),
+                )
+                .route(
+                    "/v1/models",
+                    route(|| async { openai_list("modelrelay", &["qwen3:8b"]) }),
+                ),
+        )
+        .await
+    }
+
+    async fn html_404() -> u16 {
+        serve(Router::new().fallback(|| async {
+            (
+                StatusCode::NOT_FOUND,
+                Html("<html><body><h1>404 Not Found</h1></body></html>"),
+            )
+        }))
+        .await
+    }
+
+    async fn garbage_json() -> u16 {
+        serve(Router::new().fallback(|| async { "this is { not json" })).await
+    }
+
+    async fn closed_port() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.local_addr().unwrap().port()
+        // Dropping the listener closes the port.
+    }
+
+    /// Something that is not HTTP at all: writes bytes and hangs up.
+    async fn raw_garbage() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let _ = socket.write_all(b"\x00\xffSSH-2.0-nope\r\n\r\n").await;
+            }
+        });
+        port
+    }
+
+    /// Accepts connections and never answers.
+    async fn black_hole() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        port
+    }
+
+    fn options(ports: Vec<u16>) -> DiscoveryOptions {
+        DiscoveryOptions {
+            ports,
+            timeout: Duration::from_millis(1000),
+            ..DiscoveryOptions::default()
+        }
+    }
+
+    fn client() -> reqwest::Client {
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .no_proxy()
+            .build()
+            .unwrap()
+    }
+
+    fn url(port: u16) -> String {
+        format!("http://127.0.0.1:{port}")
+    }
+
+    fn backend(kind: BackendKind, port: u16, models: &[&str]) -> DiscoveredBackend {
+        DiscoveredBackend {
+            kind,
+            url: url(port),
+            models: models.iter().map(|m| m.to_string()).collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn discovers_each_kind_and_sorts_by_port() {
+        let llama = llama_server().await;
+        let llama_loading = llama_server_loading().await;
+        let lfile = llamafile().await;
+        let ollama_native = ollama_tags_only().await;
+        let ollama_both = ollama_full().await;
+        let ollama_api_only = ollama_without_root().await;
+        let vllm = vllm().await;
+        let lms = lm_studio().await;
+        let lms_empty = lm_studio_empty().await;
+        let generic = generic_openai().await;
+        let proxy = relay_proxy().await;
+        let html = html_404().await;
+        let garbage = garbage_json().await;
+        let raw = raw_garbage().await;
+        let closed = closed_port().await;
+
+        let ports = vec![
+            llama,
+            llama_loading,
+            lfile,
+            ollama_native,
+            ollama_both,
+            ollama_api_only,
+            vllm,
+            lms,
+            lms_empty,
+            generic,
+            proxy,
+            html,
+            garbage,
+            raw,
+            closed,
+        ];
+        let started = Instant::now();
+        let found = discover(&options(ports)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+
+        let mut expected = vec![
+            backend(
+                BackendKind::LlamaServer,
+                llama,
+                &["qwen2.5-7b-instruct-q4_k_m.gguf"],
+            ),
+            backend(BackendKind::LlamaServer, llama_loading, &[]),
+            backend(
+                BackendKind::Llamafile,
+                lfile,
+                &["Meta-Llama-3-8B-Instruct.Q4_0"],
+            ),
+            backend(
+                BackendKind::Ollama,
+                ollama_native,
+                &["llama3.2:latest", "qwen3:8b"],
+            ),
+            backend(BackendKind::Ollama, ollama_both, &["gemma3:4b", "qwen3:8b"]),
+            backend(BackendKind::Ollama, ollama_api_only, &["phi4:latest"]),
+            backend(
+                BackendKind::Vllm,
+                vllm,
+                &["meta-llama/Llama-3.1-8B-Instruct"],
+            ),
+            backend(
+                BackendKind::LmStudio,
+                lms,
+                &["qwen/qwen3-4b", "text-embedding-nomic-embed-text-v1.5"],
+            ),
+            backend(BackendKind::LmStudio, lms_empty, &[]),
+            backend(
+                BackendKind::OpenAiCompatible,
+                generic,
+                &["koboldcpp/mistral", "other"],
+            ),
+        ];
+        expected.sort_by_key(|b| b.url.rsplit(':').next().unwrap().parse::<u16>().unwrap());
+        assert_eq!(found, expected);
+    }
+
+    #[tokio::test]
+    async fn relay_proxy_is_never_a_backend() {
+        let proxy = relay_proxy().await;
+        assert_eq!(probe(&client(), &url(proxy)).await, None);
+        assert!(discover(&options(vec![proxy])).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn non_llm_servers_are_ignored() {
+        let client = client();
+        for port in [
+            html_404().await,
+            garbage_json().await,
+            raw_garbage().await,
+            closed_port().await,
+        ] {
+            assert_eq!(probe(&client, &url(port)).await, None, "port {port}");
+        }
+    }
+
+    #[tokio::test]
+    async fn silent_port_is_bounded_by_the_timeout() {
+        let hole = black_hole().await;
+        let llama = llama_server().await;
+        let opts = DiscoveryOptions {
+            timeout: Duration::from_millis(300),
+            ..options(vec![hole, llama])
+        };
+        let started = Instant::now();
+        let found = discover(&opts).await;
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].kind, BackendKind::LlamaServer);
+    }
+
+    #[tokio::test]
+    async fn excluded_and_repeated_ports_are_probed_once_or_not_at_all() {
+        let a = generic_openai().await;
+        let b = vllm().await;
+        let opts = DiscoveryOptions {
+            exclude_ports: vec![b],
+            ..options(vec![a, b, a, 0])
+        };
+        let found = discover(&opts).await;
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].url, url(a));
+    }
+
+    #[tokio::test]
+    async fn probe_normalises_the_base_url() {
+        let port = vllm().await;
+        let found = probe(&client(), &format!("http://127.0.0.1:{port}/"))
+            .await
+            .unwrap();
+        assert_eq!(found.url, url(port));
+    }
+
+    #[tokio::test]
+    async fn fetch_models_prefers_openai_and_falls_back_to_ollama() {
+        let client = client();
+        let generic = generic_openai().await;
+        assert_eq!(
+            fetch_models(&client, &url(generic)).await.unwrap(),
+            ["koboldcpp/mistral", "other"]
+        );
+        let ollama = ollama_tags_only().await;
+        assert_eq!(
+            fetch_models(&client, &format!("{}/", url(ollama)))
+                .await
+                .unwrap(),
+            ["llama3.2:latest", "qwen3:8b"]
+        );
+    }
+
+    #[tokio::test]
+    async fn fetch_models_connection_refused_names_the_url() {
+        let port = closed_port().await;
+        let err = fetch_models(&client(), &url(port)).await.unwrap_err();
+        let message = err.to_string();
+        assert!(matches!(err, DiscoveryError::Connect { .. }), "{err:?}");
+        assert!(
+            message.contains(&format!("{}/v1/models", url(port))),
+            "{message}"
+        );
+        assert!(message.to_lowercase().contains("refused"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn fetch_models_http_status_names_the_url() {
+        let port = html_404().await;
+        let err = fetch_models(&client(), &url(port)).await.unwrap_err();
+        let message = err.to_string();
+        assert!(matches!(err, DiscoveryError::NoModelList { .. }), "{err:?}");
+        assert!(
+            message.contains(&format!("{}/v1/models answered HTTP 404", url(port))),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!("{}/api/tags answered HTTP 404", url(port))),
+            "{message}"
+        );
+        // An HTML error page is noise, not an explanation.
+        assert!(!message.contains("<html>"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn fetch_models_quotes_a_json_error_body() {
+        let port = serve(Router::new().fallback(|| async {
+            (
+                StatusCode::UNAUTHORIZED,
+                Json(json!({"error": "Unauthorized"})),
+            )
+        }))
+        .await;
+        let message = fetch_models(&client(), &url(port))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("401 Unauthorized: {\"error\":\"Unauthorized\"}"),
+            "{message}"
+        );
+    }
+
+    #[tokio::test]
+    async fn fetch_models_unparseable_body_names_the_url() {
+        let port = garbage_json().await;
+        let message = fetch_models(&client(), &url(port))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains(&format!(
+                "{}/v1/models did not return a model list: body is not JSON",
+                url(port)
+            )),
+            "{message}"
+        );
+    }
+
+    #[tokio::test]
+    async fn fetch_models_rejects_an_invalid_url() {
+        for bad in ["localhost:8080", "not a url", "ftp://127.0.0.1:8080"] {
+            let err = fetch_models(&client(), bad).await.unwrap_err();
+            assert!(matches!(err, DiscoveryError::InvalidUrl { .. }), "{err:?}");
+            assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+        }
+        assert_eq!(probe(&client(), "not a url").await, None);
+    }
+
+    #[tokio::test]
+    async fn fetch_models_on_garbage_protocol_fails_cleanly() {
+        let port = raw_garbage().await;
+        let err = fetch_models(&client(), &url(port)).await.unwrap_err();
+        assert!(err.to_string().contains(&url(port)), "{err}");
+    }
+
+    #[test]
+    fn parsers_accept_real_shapes_and_reject_lookalikes() {
+        let ollama_empty = json!({"object": "list", "data": null});
+        assert!(parse_openai_list(&ollama_empty).unwrap().ids.is_empty());
+        assert!(parse_openai_list(&json!({"data": []})).is_err());
+        assert!(parse_openai_list(&json!({"data": [{"name": "x"}]})).is_err());
+        assert!(parse_openai_list(&json!([1, 2])).is_err());
+        let list = parse_openai_list(
+            &json!({"data": [{"id": " a "}, {"id": "a"}, {"id": ""}, 7, {"id": "b"}]}),
+        )
+        .unwrap();
+        assert_eq!(list.ids, ["a", "b"]);
+        assert_eq!(
+            parse_ollama_tags(&json!({"models": [{"model": "m:1"}]})).unwrap(),
+            ["m:1"]
+        );
+        assert!(parse_ollama_tags(&json!({"models": "x"})).is_err());
+        assert!(contains_key(
+            &json!({"a": [{"workers_connected": 0}]}),
+            "workers_connected"
+        ));
+    }
+
+    #[test]
+    fn defaults_and_labels() {
+        let opts = DiscoveryOptions::default();
+        assert_eq!(opts.host, "127.0.0.1");
+        assert_eq!(opts.ports, WELL_KNOWN_PORTS);
+        assert_eq!(opts.timeout, Duration::from_millis(800));
+        assert!(opts.exclude_ports.is_empty());
+        for port in [8080, 8000, 11434, 1234, 5001] {
+            assert!(WELL_KNOWN_PORTS.contains(&port), "{port}");
+        }
+        assert_eq!(BackendKind::LlamaServer.label(), "llama-server");
+        assert_eq!(BackendKind::Vllm.label(), "vLLM");
+        assert_eq!(BackendKind::LmStudio.label(), "LM Studio");
+        assert_eq!(BackendKind::OpenAiCompatible.label(), "OpenAI-compatible");
+        assert_eq!(
+            serde_json::to_value(BackendKind::OpenAiCompatible).unwrap(),
+            json!("open_ai_compatible")
+        );
+        assert_eq!(url_host("::1"), "[::1]");
+        assert_eq!(url_host("127.0.0.1"), "127.0.0.1");
+    }
+}

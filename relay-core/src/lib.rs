@@ -1,0 +1,11 @@
+//! ModelRelay core: a proxy that exposes OpenAI- and Anthropic-compatible endpoints, workers that
+//! connect out to it over WebSocket and forward requests to local model servers, and discovery of
+//! those servers. The `modelrelay` binary and the desktop app are thin shells over this crate.
+//!
+//! Start with `ARCHITECTURE.md` at the repository root for the map.
+
+pub mod dialect;
+pub mod discovery;
+pub mod protocol;
+pub mod proxy;
+pub mod worker;

@@ -1,0 +1,271 @@
+//! The worker wire protocol: JSON messages over one WebSocket per worker, tagged by `"type"`.
+//!
+//! Field names follow the ModelRelay protocol of the seeds exactly, so a worker or proxy written
+//! only from that description interoperates with ours. Extensions are optional fields that older
+//! peers ignore; we never send a message type an older peer does not know, because the published
+//! worker rejects the whole connection on an unknown `type`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Header names and values carried in `request` and `response_complete` (lower-case names).
+pub type HeaderMap = BTreeMap<String, String>;
+
+/// The protocol version our worker announces by default: the one the published ModelRelay
+/// worker sends, so our worker can join a published proxy as well as ours.
+pub const BRIDGE_PROTOCOL_VERSION: &str = "2026-04-bridge-v1";
+
+/// The protocol version string of the seeds' wire traces.
+pub const SEED_PROTOCOL_VERSION: &str = "1";
+
+/// Versions the proxy accepts in `register.protocol_version`; an absent version (a legacy worker)
+/// is accepted too.
+pub const ACCEPTED_PROTOCOL_VERSIONS: &[&str] = &[SEED_PROTOCOL_VERSION, BRIDGE_PROTOCOL_VERSION];
+
+/// Whether a worker announcing `version` may register.
+pub fn is_accepted_protocol_version(version: Option<&str>) -> bool {
+    version.is_none_or(|v| ACCEPTED_PROTOCOL_VERSIONS.contains(&v))
+}
+
+/// Messages the proxy sends to a worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServerToWorker {
+    /// Registration accepted: the worker's id and the models it may be routed.
+    RegisterAck(RegisterAck),
+    /// One inference request to forward to the backend.
+    Request(RequestMessage),
+    /// Stop working on a request.
+    Cancel(CancelMessage),
+    /// Heartbeat probe; answered with `pong`.
+    Ping(PingMessage),
+    /// Stop taking work, finish what is in flight, then disconnect.
+    GracefulShutdown(GracefulShutdownMessage),
+    /// Re-read the backend's model list and answer with `models_update`.
+    ModelsRefresh(ModelsRefreshMessage),
+}
+
+/// Messages a worker sends to the proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerToServer {
+    /// First message on a connection: who the worker is and what it serves.
+    Register(RegisterMessage),
+    /// The worker's model list or load changed.
+    ModelsUpdate(ModelsUpdateMessage),
+    /// Part of a streaming response, already SSE-framed.
+    ResponseChunk(ResponseChunkMessage),
+    /// The end of a request: final status, headers, body and token counts.
+    ResponseComplete(ResponseCompleteMessage),
+    /// Heartbeat answer carrying the worker's live load.
+    Pong(PongMessage),
+    /// A failure, scoped to one request when `request_id` is set.
+    Error(ErrorMessage),
+}
+
+/// `register`: sent once by the worker right after the WebSocket opens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterMessage {
+    /// Human-readable worker name (often the host name).
+    pub worker_name: String,
+    /// Exact model names the worker serves.
+    pub models: Vec<String>,
+    /// How many requests the worker runs at once.
+    pub max_concurrent: u32,
+    /// Protocol version; absent for legacy workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol_version: Option<String>,
+    /// Requests already running when the worker (re)connects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_load: Option<u32>,
+}
+
+/// `register_ack`: the proxy's answer to `register`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterAck {
+    /// Id the proxy assigned to this connection.
+    pub worker_id: String,
+    /// The sanitized model list the proxy will route to this worker.
+    pub models: Vec<String>,
+    /// What sanitization changed (dropped, duplicated or truncated models).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    /// The protocol version the proxy speaks on this connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol_version: Option<String>,
+}
+
+/// `request`: one client request for the worker to forward to its backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestMessage {
+    /// Correlates chunks, completion and cancellation.
+    pub request_id: String,
+    /// The model the client asked for.
+    pub model: String,
+    /// Path to call on the backend, e.g. `/v1/chat/completions` (query string included).
+    pub endpoint_path: String,
+    /// Whether the client asked for an SSE stream.
+    pub is_streaming: bool,
+    /// The client's JSON body, untouched.
+    pub body: String,
+    /// Compatibility-critical client headers (auth, content type, Anthropic/OpenAI versions).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: HeaderMap,
+}
+
+/// `cancel`: stop working on a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelMessage {
+    /// The request to stop.
+    pub request_id: String,
+    /// Why it was cancelled.
+    pub reason: CancelReason,
+}
+
+/// Why a request was cancelled (the seeds' `CancelReason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelReason {
+    /// The HTTP client went away.
+    ClientDisconnect,
+    /// The request outlived `REQUEST_TIMEOUT_SECS`.
+    Timeout,
+    /// The proxy is draining.
+    GracefulShutdown,
+    /// The worker's connection closed.
+    WorkerDisconnect,
+    /// The request was requeued too often.
+    RequeueExhausted,
+    /// The proxy is terminating.
+    ServerShutdown,
+}
+
+impl CancelReason {
+    /// The wire name, for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelReason::ClientDisconnect => "client_disconnect",
+            CancelReason::Timeout => "timeout",
+            CancelReason::GracefulShutdown => "graceful_shutdown",
+            CancelReason::WorkerDisconnect => "worker_disconnect",
+            CancelReason::RequeueExhausted => "requeue_exhausted",
+            CancelReason::ServerShutdown => "server_shutdown",
+        }
+    }
+}
+
+/// `ping`: heartbeat probe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PingMessage {
+    /// Sender's clock, echoed in `pong` so round trips can be measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp_unix_ms: Option<u64>,
+}
+
+/// `pong`: heartbeat answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PongMessage {
+    /// Requests the worker is running right now.
+    pub current_load: u32,
+    /// The `ping`'s timestamp, echoed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp_unix_ms: Option<u64>,
+}
+
+/// `graceful_shutdown`: stop taking work and drain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct GracefulShutdownMessage {
+    /// Why, for the worker's logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// How long in-flight work may take before the proxy closes the connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_timeout_secs: Option<u64>,
+}
+
+/// `models_refresh`: re-read the backend's models.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ModelsRefreshMessage {
+    /// Why, for the worker's logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `models_update`: the worker's current models and load.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelsUpdateMessage {
+    /// Every model the worker serves now (replaces the previous list).
+    pub models: Vec<String>,
+    /// Requests the worker is running right now.
+    pub current_load: u32,
+}
+
+/// `response_chunk`: SSE-framed bytes of a streaming answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseChunkMessage {
+    /// The request this belongs to.
+    pub request_id: String,
+    /// Raw SSE text, written to the client byte for byte.
+    pub chunk: String,
+}
+
+/// `response_complete`: the end of a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseCompleteMessage {
+    /// The request that finished.
+    pub request_id: String,
+    /// The backend's HTTP status.
+    pub status_code: u16,
+    /// The backend's response headers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: HeaderMap,
+    /// The whole body of a non-streaming answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// Usage reported by the backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_counts: Option<TokenCounts>,
+}
+
+/// Token usage of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TokenCounts {
+    /// Input tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u32>,
+    /// Generated tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_tokens: Option<u32>,
+    /// Input plus generated tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_tokens: Option<u32>,
+}
+
+/// `error`: a failure reported by the worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorMessage {
+    /// The failed request; absent for worker-level errors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// Machine-readable code, e.g. `backend_unavailable`.
+    #[serde(default)]
+    pub code: String,
+    /// What went wrong, for people.
+    pub message: String,
+}
+
+impl ServerToWorker {
+    /// Serializes to the JSON text of one WebSocket frame.
+    pub fn to_json(&self) -> String {
+        // Serializing these plain structs cannot fail: every key is a string.
+        serde_json::to_string(self).expect("protocol message serializes")
+    }
+}
+
+impl WorkerToServer {
+    /// Serializes to the JSON text of one WebSocket frame.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("protocol message serializes")
+    }
+}

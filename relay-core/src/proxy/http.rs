@@ -1,0 +1,312 @@
+//! Client-facing routes: the OpenAI and Anthropic inference endpoints, `/v1/models`, `/health`,
+//! and the worker WebSocket endpoint. Only `model` and `stream` are read from a request body; the
+//! rest travels to the worker untouched.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Instant as StdInstant;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{ConnectInfo, OriginalUri, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use super::auth::secrets_match;
+use super::hub::RequestSpec;
+use super::response::{CancelGuard, Waiter};
+use super::scheduler::{RegisterError, Submitted};
+use super::worker_socket::serve_worker;
+use super::AppState;
+use crate::dialect::{ApiError, Dialect};
+
+/// Client headers carried to the worker: authentication, content type, and the OpenAI and
+/// Anthropic version and feature headers. Transport headers (user-agent, accept-encoding, ...)
+/// stay behind, as the contract says.
+const FORWARDED_HEADERS: &[&str] = &[
+    "authorization",
+    "content-type",
+    "openai-organization",
+    "openai-project",
+    "openai-beta",
+    "x-api-key",
+    "anthropic-version",
+    "anthropic-beta",
+];
+
+/// The proxy's routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/chat/completions", post(relay))
+        .route("/v1/completions", post(relay))
+        .route("/v1/embeddings", post(relay))
+        .route("/v1/responses", post(relay))
+        .route("/v1/messages", post(relay))
+        .route("/v1/messages/count_tokens", post(relay))
+        .route("/v1/models", get(list_models))
+        .route("/health", get(health))
+        .route("/v1/worker/connect", get(worker_connect))
+        .fallback(unknown_route)
+}
+
+/// The two fields the proxy reads; every other field is skipped without being built.
+#[derive(Deserialize)]
+struct Sniffed {
+    #[serde(default)]
+    model: Option<Value>,
+    #[serde(default)]
+    stream: Option<Value>,
+}
+
+fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, code, message)
+}
+
+/// Reads the body within the configured limit and pulls out `model` and `stream`.
+async fn read_request(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+) -> Result<(String, String, bool), ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("request body exceeds the relay's limit of {limit} bytes (MAX_BODY_BYTES)"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(too_large());
+    }
+    let bytes = to_bytes(body, limit).await.map_err(|error| {
+        if std::error::Error::source(&error)
+            .is_some_and(|e| e.is::<http_body_util::LengthLimitError>())
+        {
+            too_large()
+        } else {
+            bad_request(
+                "invalid_body",
+                format!("could not read the request body: {error}"),
+            )
+        }
+    })?;
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(bad_request(
+            "invalid_json",
+            "request body must be a JSON object",
+        ));
+    }
+    let sniffed: Sniffed = serde_json::from_slice(&bytes)
+        .map_err(|e| bad_request("invalid_json", format!("invalid JSON in request body: {e}")))?;
+    let model = match sniffed.model {
+        Some(Value::String(model)) if !model.trim().is_empty() => model,
+        Some(Value::String(_)) => {
+            return Err(bad_request("invalid_model", "`model` must not be empty"))
+        }
+        Some(_) => return Err(bad_request("invalid_model", "`model` must be a string")),
+        None => {
+            return Err(bad_request(
+                "missing_model",
+                "missing required field `model`",
+            ))
+        }
+    };
+    let stream = matches!(sniffed.stream, Some(Value::Bool(true)));
+    let body = String::from_utf8(bytes.into())
+        .map_err(|_| bad_request("invalid_json", "request body is not valid UTF-8"))?;
+    Ok((model, body, stream))
+}
+
+async fn relay(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let dialect = Dialect::for_path(uri.path());
+    let (model, body, is_streaming) =
+        match read_request(body, &headers, state.config.max_body_bytes).await {
+            Ok(parts) => parts,
+            Err(error) => return error.into_response(dialect),
+        };
+    let forwarded = FORWARDED_HEADERS
+        .iter()
+        .filter_map(|name| {
+            let value = headers.get(*name)?.to_str().ok()?;
+            Some((name.to_string(), value.to_string()))
+        })
+        .collect();
+    let endpoint_path = uri
+        .path_and_query()
+        .map(|pq| pq.as_str().to_string())
+        .unwrap_or_else(|| uri.path().to_string());
+    let accepted = match state.hub.submit(RequestSpec {
+        model,
+        endpoint_path,
+        is_streaming,
+        body,
+        headers: forwarded,
+    }) {
+        Ok(accepted) => accepted,
+        Err(error) => return error.into_response(dialect),
+    };
+    let queue_deadline = match accepted.submitted {
+        Submitted::Queued { queue_deadline, .. } => Some(Instant::from_std(queue_deadline)),
+        Submitted::Dispatched { .. } => None,
+    };
+    let guard = CancelGuard::new(state.hub.clone(), accepted.request);
+    Waiter::new(
+        guard,
+        accepted.events,
+        Instant::from_std(accepted.deadline),
+        queue_deadline,
+        dialect,
+    )
+    .respond()
+    .await
+}
+
+async fn list_models(State(state): State<AppState>, headers: HeaderMap) -> Json<Value> {
+    let models = state.hub.models();
+    if headers.contains_key("anthropic-version") {
+        let data: Vec<Value> = models
+            .iter()
+            .map(|(id, _)| {
+                json!({"type": "model", "id": id, "display_name": id, "created_at": "1970-01-01T00:00:00Z"})
+            })
+            .collect();
+        Json(json!({
+            "data": data,
+            "has_more": false,
+            "first_id": models.first().map(|(id, _)| id.as_str()),
+            "last_id": models.last().map(|(id, _)| id.as_str()),
+        }))
+    } else {
+        let data: Vec<Value> = models
+            .iter()
+            .map(|(id, provider)| json!({"id": id, "object": "model", "created": 0, "owned_by": provider}))
+            .collect();
+        Json(json!({"object": "list", "data": data}))
+    }
+}
+
+async fn health(State(state): State<AppState>) -> Json<Value> {
+    let (workers, queue_depth) = state.hub.counts();
+    Json(json!({
+        "status": "ok",
+        "version": env!("CARGO_PKG_VERSION"),
+        "workers_connected": workers,
+        "queue_depth": queue_depth,
+        "uptime_secs": state.hub.uptime().as_secs_f64(),
+    }))
+}
+
+async fn unknown_route(OriginalUri(uri): OriginalUri) -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_route",
+        format!("no route for {}", uri.path()),
+    )
+    .into_response(Dialect::for_path(uri.path()))
+}
+
+async fn worker_connect(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let dialect = Dialect::OpenAi;
+    let now = StdInstant::now();
+    if let Err(retry_after) = state.limiter.check(peer.ip(), now) {
+        tracing::warn!(peer = %peer.ip(), "worker auth rate-limited");
+        return ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "auth_rate_limited",
+            "too many failed worker authentication attempts from this address; wait and retry",
+        )
+        .retry_after(retry_after)
+        .into_response(dialect);
+    }
+    let provider = query
+        .get("provider")
+        .cloned()
+        .unwrap_or_else(|| state.config.providers[0].name.clone());
+    if let Err(error) = state.hub.check_provider(&provider) {
+        let (status, code, message) = match error {
+            RegisterError::UnknownProvider => (
+                StatusCode::NOT_FOUND,
+                "unknown_provider",
+                format!("unknown provider {provider}"),
+            ),
+            RegisterError::ProviderDisabled => (
+                StatusCode::FORBIDDEN,
+                "provider_disabled",
+                "Provider is currently disabled".to_string(),
+            ),
+            RegisterError::ShuttingDown => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "the proxy is shutting down".to_string(),
+            ),
+        };
+        return ApiError::new(status, code, message).into_response(dialect);
+    }
+    let presented = headers
+        .get("x-worker-secret")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| query.get("worker_secret").cloned())
+        .or_else(|| query.get("secret").cloned());
+    let expected = state
+        .config
+        .providers
+        .iter()
+        .find(|p| p.name == provider)
+        .map(|p| p.secret.as_str())
+        .unwrap_or_default();
+    let authorized = presented
+        .as_deref()
+        .is_some_and(|secret| !expected.is_empty() && secrets_match(secret, expected));
+    if !authorized {
+        state.limiter.record_failure(peer.ip(), now);
+        tracing::warn!(peer = %peer.ip(), provider, "worker authentication failed");
+        let message = if presented.is_none() {
+            "missing worker secret: send it in the X-Worker-Secret header"
+        } else {
+            "invalid worker secret for this provider"
+        };
+        return ApiError::new(StatusCode::UNAUTHORIZED, "invalid_worker_secret", message)
+            .into_response(dialect);
+    }
+    state.limiter.record_success(peer.ip());
+    let upgrade = match upgrade {
+        Ok(upgrade) => upgrade,
+        Err(rejection) => {
+            return ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "websocket_required",
+                format!("this endpoint expects a WebSocket upgrade: {rejection}"),
+            )
+            .into_response(dialect)
+        }
+    };
+    let hub = state.hub.clone();
+    let settings = state.socket_settings.clone();
+    upgrade
+        .max_message_size(state.config.max_ws_message_bytes)
+        .max_frame_size(state.config.max_ws_message_bytes)
+        .on_upgrade(move |socket| serve_worker(socket, hub, provider, settings))
+        .into_response()
+}

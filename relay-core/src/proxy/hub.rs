@@ -1,0 +1,541 @@
+//! The hub joins the [`Scheduler`] to the sockets: it holds the lock around the scheduler, the
+//! pending requests' payloads and answer channels, and each worker connection's outbound channel,
+//! and it carries out the scheduler's [`Action`]s. Nothing here waits on I/O while holding the
+//! lock: sends go into unbounded channels that the socket tasks drain.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::extract::ws::Utf8Bytes;
+use axum::http::StatusCode;
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::scheduler::{
+    request_wire_id, worker_wire_id, Action, CancelOutcome, FailReason, RegisterError, RequestId,
+    Scheduler, SubmitError, Submitted, WorkerId, WorkerSnapshot,
+};
+use crate::dialect::ApiError;
+use crate::protocol::{
+    CancelMessage, CancelReason, GracefulShutdownMessage, HeaderMap, ModelsRefreshMessage,
+    RegisterAck, RegisterMessage, RequestMessage, ResponseCompleteMessage, ServerToWorker,
+    BRIDGE_PROTOCOL_VERSION,
+};
+
+/// What a waiting client hears about its request.
+#[derive(Debug)]
+pub enum ResponseEvent {
+    /// SSE bytes of a streaming answer, in order.
+    Chunk(Bytes),
+    /// The end: final status, headers and (for non-streaming answers) the body.
+    Complete(ResponseCompleteMessage),
+    /// The relay gave up on the request.
+    Failed(ApiError),
+    /// The worker died before any byte was sent; the request waits in the queue again.
+    Requeued {
+        /// The new queue deadline.
+        queue_deadline: Instant,
+    },
+}
+
+/// Sender half of a request's answer channel.
+pub type EventSender = mpsc::UnboundedSender<ResponseEvent>;
+
+/// What a worker connection's task is asked to do.
+#[derive(Debug)]
+pub enum Outbound {
+    /// Write this frame as is.
+    Frame(Utf8Bytes),
+    /// Start routing answers for `request` to `events`, then write its `request` frame.
+    Dispatch {
+        /// The request.
+        request: RequestId,
+        /// Its pre-serialized `request` message.
+        frame: Utf8Bytes,
+        /// Where its answer goes.
+        events: EventSender,
+    },
+    /// Stop routing answers for a cancelled request whose worker never confirmed the end.
+    Forget(RequestId),
+    /// Close the connection with this reason.
+    Close(String),
+}
+
+/// Timing settings the hub needs.
+#[derive(Debug, Clone)]
+pub struct HubSettings {
+    /// How long a cancelled request keeps its slot waiting for the worker to confirm.
+    pub cancel_grace: Duration,
+    /// How long a draining worker may take before it is closed anyway.
+    pub drain_timeout: Duration,
+}
+
+struct Pending {
+    frame: Utf8Bytes,
+    events: EventSender,
+}
+
+struct WorkerLink {
+    outbound: mpsc::UnboundedSender<Outbound>,
+}
+
+struct Inner {
+    scheduler: Scheduler,
+    pending: HashMap<RequestId, Pending>,
+    links: HashMap<WorkerId, WorkerLink>,
+}
+
+/// Shared proxy state; one per proxy, behind an `Arc`.
+pub struct Hub {
+    inner: Mutex<Inner>,
+    next_request: AtomicU64,
+    settings: HubSettings,
+    started: Instant,
+}
+
+/// A request accepted by [`Hub::submit`].
+pub struct Accepted {
+    /// Its id.
+    pub request: RequestId,
+    /// Where it went.
+    pub submitted: Submitted,
+    /// The end of its life, fixed at arrival and kept across requeues.
+    pub deadline: Instant,
+    /// Its answer.
+    pub events: mpsc::UnboundedReceiver<ResponseEvent>,
+}
+
+/// A worker accepted by [`Hub::register_worker`].
+pub struct Joined {
+    /// Its id.
+    pub worker: WorkerId,
+    /// The `register_ack` to send.
+    pub ack: RegisterAck,
+    /// Frames and dispatches for its connection task to write.
+    pub outbound: mpsc::UnboundedReceiver<Outbound>,
+}
+
+/// What one client request carries to a worker.
+pub struct RequestSpec {
+    /// The requested model.
+    pub model: String,
+    /// Backend path, query string included.
+    pub endpoint_path: String,
+    /// Whether the client asked for a stream.
+    pub is_streaming: bool,
+    /// The body, untouched.
+    pub body: String,
+    /// Forwarded headers.
+    pub headers: HeaderMap,
+}
+
+impl Hub {
+    /// A hub around `scheduler`.
+    pub fn new(scheduler: Scheduler, settings: HubSettings) -> Arc<Hub> {
+        Arc::new(Hub {
+            inner: Mutex::new(Inner {
+                scheduler,
+                pending: HashMap::new(),
+                links: HashMap::new(),
+            }),
+            next_request: AtomicU64::new(1),
+            settings,
+            started: Instant::now(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock would be a bug in the scheduler; keep serving anyway.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Seconds since the hub started.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Accepts a client request: dispatches it, queues it, or refuses it.
+    pub fn submit(&self, spec: RequestSpec) -> Result<Accepted, ApiError> {
+        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
+        // Serialize once, outside the lock; requeues resend the same frame.
+        let frame = Utf8Bytes::from(
+            ServerToWorker::Request(RequestMessage {
+                request_id: request_wire_id(request),
+                model: spec.model.clone(),
+                endpoint_path: spec.endpoint_path,
+                is_streaming: spec.is_streaming,
+                body: spec.body,
+                headers: spec.headers,
+            })
+            .to_json(),
+        );
+        let (events, receiver) = mpsc::unbounded_channel();
+        let mut inner = self.lock();
+        let submitted = match inner.scheduler.submit(request, &spec.model, Instant::now()) {
+            Ok(submitted) => submitted,
+            Err(error) => {
+                let models = inner.scheduler.models();
+                drop(inner);
+                return Err(submit_error(error, &spec.model, &models));
+            }
+        };
+        let deadline = inner
+            .scheduler
+            .request_deadline(request)
+            .expect("a submitted request is tracked");
+        inner.pending.insert(request, Pending { frame, events });
+        match submitted {
+            Submitted::Dispatched { worker, .. } => {
+                inner.execute(vec![Action::Dispatch { request, worker }]);
+            }
+            Submitted::Queued { .. } => {
+                tracing::debug!(request = %request_wire_id(request), model = %spec.model, "request queued");
+            }
+        }
+        Ok(Accepted {
+            request,
+            submitted,
+            deadline,
+            events: receiver,
+        })
+    }
+
+    /// The client is gone or timed out: unqueue the request, or tell its worker to stop and hold
+    /// the worker's slot until it confirms or the grace period ends.
+    pub fn cancel(self: &Arc<Self>, request: RequestId, reason: CancelReason) {
+        let mut inner = self.lock();
+        match inner.scheduler.cancel(request) {
+            CancelOutcome::RemovedFromQueue => {
+                inner.pending.remove(&request);
+                tracing::info!(request = %request_wire_id(request), reason = reason.as_str(), "queued request cancelled");
+            }
+            CancelOutcome::SendCancel { worker } => {
+                inner.pending.remove(&request);
+                let frame = ServerToWorker::Cancel(CancelMessage {
+                    request_id: request_wire_id(request),
+                    reason,
+                })
+                .to_json();
+                inner.send(worker, Outbound::Frame(frame.into()));
+                drop(inner);
+                tracing::info!(request = %request_wire_id(request), worker = %worker_wire_id(worker), reason = reason.as_str(), "cancel sent to worker");
+                self.schedule_release(request, worker);
+            }
+            CancelOutcome::Nothing => {}
+        }
+    }
+
+    fn schedule_release(self: &Arc<Self>, request: RequestId, worker: WorkerId) {
+        let hub = Arc::clone(self);
+        let grace = self.settings.cancel_grace;
+        let release = move || {
+            let mut inner = hub.lock();
+            let actions = inner.scheduler.release_cancelled(request);
+            inner.send(worker, Outbound::Forget(request));
+            inner.execute(actions);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    tokio::time::sleep(grace).await;
+                    release();
+                });
+            }
+            Err(_) => release(),
+        }
+    }
+
+    /// The waiter's queue deadline passed; true if the request was still queued and is now gone.
+    pub fn expire_queued(&self, request: RequestId) -> bool {
+        let mut inner = self.lock();
+        let expired = inner.scheduler.expire_queued(request, Instant::now());
+        if expired {
+            inner.pending.remove(&request);
+            tracing::warn!(request = %request_wire_id(request), "queue timeout");
+        }
+        expired
+    }
+
+    /// Whether workers may join `provider` right now.
+    pub fn check_provider(&self, provider: &str) -> Result<(), RegisterError> {
+        self.lock().scheduler.check_provider(provider)
+    }
+
+    /// A worker sent `register`.
+    pub fn register_worker(
+        &self,
+        provider: &str,
+        message: &RegisterMessage,
+    ) -> Result<Joined, RegisterError> {
+        let (outbound, receiver) = mpsc::unbounded_channel();
+        let mut inner = self.lock();
+        let registered = inner.scheduler.register_worker(provider, message)?;
+        inner
+            .links
+            .insert(registered.worker, WorkerLink { outbound });
+        inner.execute(registered.actions);
+        Ok(Joined {
+            worker: registered.worker,
+            ack: RegisterAck {
+                worker_id: worker_wire_id(registered.worker),
+                models: registered.models,
+                warnings: registered.warnings,
+                protocol_version: Some(
+                    message
+                        .protocol_version
+                        .clone()
+                        .unwrap_or_else(|| BRIDGE_PROTOCOL_VERSION.to_string()),
+                ),
+            },
+            outbound: receiver,
+        })
+    }
+
+    /// A worker connection ended: requeue or fail what it was running.
+    pub fn worker_gone(&self, worker: WorkerId) {
+        let mut inner = self.lock();
+        inner.links.remove(&worker);
+        let actions = inner.scheduler.worker_gone(worker, Instant::now());
+        inner.execute(actions);
+    }
+
+    /// The worker finished `request`; false if it was not running there (duplicate or stray).
+    pub fn finish(&self, worker: WorkerId, request: RequestId) -> bool {
+        let mut inner = self.lock();
+        let mut actions = Vec::new();
+        let known = inner.scheduler.finish(worker, request, &mut actions);
+        if known {
+            inner.pending.remove(&request);
+        }
+        inner.execute(actions);
+        known
+    }
+
+    /// The first byte of `request`'s answer went to its client: it may no longer be requeued.
+    pub fn mark_started(&self, request: RequestId) {
+        self.lock().scheduler.mark_started(request);
+    }
+
+    /// A worker reported its load.
+    pub fn update_load(&self, worker: WorkerId, load: u32) {
+        let mut inner = self.lock();
+        let actions = inner.scheduler.update_load(worker, load);
+        inner.execute(actions);
+    }
+
+    /// A worker sent `models_update`; returns the accepted models and warnings.
+    pub fn update_models(
+        &self,
+        worker: WorkerId,
+        models: &[String],
+        load: u32,
+    ) -> (Vec<String>, Vec<String>) {
+        let mut inner = self.lock();
+        let (accepted, warnings, actions) =
+            inner
+                .scheduler
+                .update_models(worker, models, load, Instant::now());
+        inner.execute(actions);
+        (accepted, warnings)
+    }
+
+    /// Asks every worker to re-read its backend's models.
+    pub fn refresh_models(&self, reason: &str) {
+        let frame: Utf8Bytes = ServerToWorker::ModelsRefresh(ModelsRefreshMessage {
+            reason: Some(reason.to_string()),
+        })
+        .to_json()
+        .into();
+        let inner = self.lock();
+        for link in inner.links.values() {
+            let _ = link.outbound.send(Outbound::Frame(frame.clone()));
+        }
+    }
+
+    /// Starts the proxy's drain: refuse new work, fail queued requests, and send
+    /// `graceful_shutdown` to every worker. Returns how many requests are still running.
+    pub fn begin_shutdown(&self, reason: &str) -> usize {
+        let frame: Utf8Bytes = ServerToWorker::GracefulShutdown(GracefulShutdownMessage {
+            reason: Some(reason.to_string()),
+            drain_timeout_secs: Some(self.settings.drain_timeout.as_secs()),
+        })
+        .to_json()
+        .into();
+        let mut inner = self.lock();
+        let (actions, workers) = inner.scheduler.begin_shutdown();
+        for worker in workers {
+            inner.send(worker, Outbound::Frame(frame.clone()));
+        }
+        inner.execute(actions);
+        tracing::info!("graceful shutdown: draining workers");
+        inner.scheduler.in_flight_count()
+    }
+
+    /// Closes every worker connection; what they were running fails or is requeued as usual.
+    pub fn close_all_workers(&self, reason: &str) {
+        let inner = self.lock();
+        for link in inner.links.values() {
+            let _ = link.outbound.send(Outbound::Close(reason.to_string()));
+        }
+    }
+
+    /// Requests still running on workers.
+    pub fn in_flight(&self) -> usize {
+        self.lock().scheduler.in_flight_count()
+    }
+
+    /// Connected workers and queued requests, for `/health`.
+    pub fn counts(&self) -> (usize, usize) {
+        let inner = self.lock();
+        (
+            inner.scheduler.worker_count(),
+            inner.scheduler.queue_depth(),
+        )
+    }
+
+    /// Requests the hub still tracks; zero when idle (used to check nothing leaks).
+    pub fn tracked_requests(&self) -> usize {
+        let inner = self.lock();
+        inner.scheduler.tracked_requests().max(inner.pending.len())
+    }
+
+    /// Routable models with their providers.
+    pub fn models(&self) -> Vec<(String, String)> {
+        self.lock().scheduler.models()
+    }
+
+    /// Every connected worker.
+    pub fn workers(&self) -> Vec<WorkerSnapshot> {
+        self.lock().scheduler.workers()
+    }
+
+    /// Queue depth per provider.
+    pub fn queue_depths(&self) -> Vec<(String, usize)> {
+        self.lock().scheduler.queue_depths()
+    }
+}
+
+impl Inner {
+    fn send(&self, worker: WorkerId, message: Outbound) {
+        if let Some(link) = self.links.get(&worker) {
+            // A closed channel means the connection task is exiting; it will call worker_gone,
+            // which requeues whatever this message was about.
+            let _ = link.outbound.send(message);
+        }
+    }
+
+    fn execute(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Dispatch { request, worker } => {
+                    let Some(pending) = self.pending.get(&request) else {
+                        continue;
+                    };
+                    tracing::debug!(request = %request_wire_id(request), worker = %worker_wire_id(worker), "request dispatched");
+                    self.send(
+                        worker,
+                        Outbound::Dispatch {
+                            request,
+                            frame: pending.frame.clone(),
+                            events: pending.events.clone(),
+                        },
+                    );
+                }
+                Action::Requeued {
+                    request,
+                    queue_deadline,
+                } => {
+                    tracing::info!(request = %request_wire_id(request), "request requeued");
+                    if let Some(pending) = self.pending.get(&request) {
+                        let _ = pending
+                            .events
+                            .send(ResponseEvent::Requeued { queue_deadline });
+                    }
+                }
+                Action::Fail { request, reason } => {
+                    if reason == FailReason::RequeueExhausted {
+                        tracing::warn!(request = %request_wire_id(request), "requeue exhausted");
+                    }
+                    if let Some(pending) = self.pending.remove(&request) {
+                        let _ = pending
+                            .events
+                            .send(ResponseEvent::Failed(fail_error(reason)));
+                    }
+                }
+                Action::CloseDrained { worker } => {
+                    tracing::info!(worker = %worker_wire_id(worker), "worker drained");
+                    self.send(worker, Outbound::Close("worker drained".to_string()));
+                }
+            }
+        }
+    }
+}
+
+/// The client-facing error for a request the relay could not serve.
+pub fn fail_error(reason: FailReason) -> ApiError {
+    match reason {
+        FailReason::QueueFull => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "queue_full",
+            "queue full: every worker is busy and the queue is at its limit; retry shortly",
+        ),
+        FailReason::QueueTimeout => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "queue_timeout",
+            "queue timeout: no worker available within deadline",
+        ),
+        FailReason::RequestTimeout => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "request_timeout",
+            "request timeout: the worker did not finish within the request timeout",
+        ),
+        FailReason::RequeueExhausted => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "requeue_exhausted",
+            "requeue attempts exhausted: the workers serving this request disconnected 3 times",
+        ),
+        FailReason::WorkerLostMidStream => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "worker_disconnected",
+            "the worker serving this request disconnected mid-response; retry the request",
+        ),
+        FailReason::ShuttingDown => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the relay is shutting down; retry shortly",
+        )
+        .retry_after(Duration::from_secs(5)),
+    }
+}
+
+fn submit_error(error: SubmitError, model: &str, models: &[(String, String)]) -> ApiError {
+    match error {
+        SubmitError::UnknownModel => {
+            let available: Vec<&str> = models.iter().take(20).map(|(m, _)| m.as_str()).collect();
+            let hint = if available.is_empty() {
+                "no worker is connected; start a worker or check its logs".to_string()
+            } else {
+                format!("available models: {}", available.join(", "))
+            };
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!("no provider for model {model}: {hint}"),
+            )
+        }
+        SubmitError::ProviderDisabled => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "provider_disabled",
+            "Provider is currently disabled",
+        ),
+        SubmitError::QueueFull { retry_after } => {
+            tracing::warn!(model, "queue full");
+            fail_error(FailReason::QueueFull).retry_after(retry_after)
+        }
+        SubmitError::ShuttingDown => fail_error(FailReason::ShuttingDown),
+    }
+}

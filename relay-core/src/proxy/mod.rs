@@ -1,0 +1,199 @@
+//! The central proxy: client routes, the worker WebSocket endpoint, queueing and dispatch.
+//!
+//! [`start`] binds nothing itself: it serves on a listener the caller bound, so tests use
+//! `127.0.0.1:0` and the command can pick the next free port. [`RunningProxy::shutdown`] drains.
+
+pub mod auth;
+pub mod http;
+pub mod hub;
+pub mod response;
+pub mod scheduler;
+pub mod worker_socket;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::ListenerExt;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use auth::{FailureLimiter, FailureLimits};
+use hub::{Hub, HubSettings};
+use scheduler::{ProviderLimits, Scheduler};
+use worker_socket::SocketSettings;
+
+/// One virtual provider: a pool of workers sharing a secret, a queue and timeouts.
+#[derive(Debug, Clone)]
+pub struct ProviderConfig {
+    /// The name workers join with (`?provider=NAME`).
+    pub name: String,
+    /// The secret its workers present.
+    pub secret: String,
+    /// Queue and timeout limits.
+    pub limits: ProviderLimits,
+}
+
+/// Everything the proxy needs to run.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Providers in priority order; the first is the default for workers that name none.
+    pub providers: Vec<ProviderConfig>,
+    /// Largest accepted request body (413 beyond).
+    pub max_body_bytes: usize,
+    /// Largest streamed answer before it is ended with an SSE error.
+    pub max_stream_bytes: u64,
+    /// Largest WebSocket message accepted from a worker.
+    pub max_ws_message_bytes: usize,
+    /// Ping period.
+    pub heartbeat_interval: Duration,
+    /// A worker silent this long is closed.
+    pub heartbeat_timeout: Duration,
+    /// A new connection must `register` within this.
+    pub register_timeout: Duration,
+    /// A cancelled request's slot is released after this if the worker never confirms.
+    pub cancel_grace: Duration,
+    /// On shutdown, in-flight requests get this long to finish.
+    pub drain_timeout: Duration,
+    /// Limits on failed worker authentication per IP.
+    pub auth_failures: FailureLimits,
+}
+
+impl ProxyConfig {
+    /// Defaults with one provider `local` using `secret`.
+    pub fn with_secret(secret: impl Into<String>) -> Self {
+        ProxyConfig {
+            providers: vec![ProviderConfig {
+                name: "local".to_string(),
+                secret: secret.into(),
+                limits: ProviderLimits::default(),
+            }],
+            max_body_bytes: 32 * 1024 * 1024,
+            max_stream_bytes: 256 * 1024 * 1024,
+            max_ws_message_bytes: 64 * 1024 * 1024,
+            heartbeat_interval: Duration::from_secs(15),
+            heartbeat_timeout: Duration::from_secs(45),
+            register_timeout: Duration::from_secs(10),
+            cancel_grace: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(30),
+            auth_failures: FailureLimits::default(),
+        }
+    }
+}
+
+/// State shared by every route.
+#[derive(Clone)]
+pub struct AppState {
+    /// Routing state.
+    pub hub: Arc<Hub>,
+    /// Configuration.
+    pub config: Arc<ProxyConfig>,
+    /// Failed worker authentications.
+    pub limiter: Arc<FailureLimiter>,
+    /// Per-connection worker settings.
+    pub socket_settings: SocketSettings,
+}
+
+/// A proxy serving in the background.
+pub struct RunningProxy {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its routing state.
+    pub hub: Arc<Hub>,
+    drain_timeout: Duration,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+/// Builds the router for `config`, returning it with its hub.
+pub fn router(config: ProxyConfig) -> (axum::Router, Arc<Hub>) {
+    let scheduler = Scheduler::new(
+        config
+            .providers
+            .iter()
+            .map(|p| (p.name.clone(), p.limits.clone()))
+            .collect(),
+    );
+    let hub = Hub::new(
+        scheduler,
+        HubSettings {
+            cancel_grace: config.cancel_grace,
+            drain_timeout: config.drain_timeout,
+        },
+    );
+    let state = AppState {
+        hub: hub.clone(),
+        limiter: Arc::new(FailureLimiter::new(config.auth_failures.clone())),
+        socket_settings: SocketSettings {
+            heartbeat_interval: config.heartbeat_interval,
+            heartbeat_timeout: config.heartbeat_timeout,
+            register_timeout: config.register_timeout,
+            max_stream_bytes: config.max_stream_bytes,
+        },
+        config: Arc::new(config),
+    };
+    (http::routes().with_state(state), hub)
+}
+
+/// Serves the proxy on `listener` until [`RunningProxy::shutdown`].
+pub fn start(config: ProxyConfig, listener: TcpListener) -> std::io::Result<RunningProxy> {
+    let addr = listener.local_addr()?;
+    let drain_timeout = config.drain_timeout;
+    let (app, hub) = router(config);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        // Small SSE chunks must leave at once, not wait for Nagle's algorithm.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    Ok(RunningProxy {
+        addr,
+        hub,
+        drain_timeout,
+        stop,
+        task,
+    })
+}
+
+impl RunningProxy {
+    /// The base URL clients use.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Graceful drain: refuse new work, tell workers `graceful_shutdown`, let in-flight requests
+    /// finish up to the drain timeout, then close every worker and stop serving.
+    pub async fn shutdown(self) {
+        let in_flight = self.hub.begin_shutdown("proxy shutting down");
+        tracing::info!(in_flight, drain_timeout = ?self.drain_timeout, "draining in-flight requests");
+        let _ = self.stop.send(());
+        let deadline = tokio::time::Instant::now() + self.drain_timeout;
+        // Shutdown is rare and not on any request's path; a light poll keeps the hub simple.
+        while self.hub.in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let left = self.hub.in_flight();
+        if left > 0 {
+            tracing::warn!(left, "drain timeout: ending requests still in flight");
+        }
+        self.hub.close_all_workers("proxy shutting down");
+        let mut task = self.task;
+        if tokio::time::timeout(Duration::from_secs(5), &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+        }
+        tracing::info!("proxy stopped");
+    }
+}

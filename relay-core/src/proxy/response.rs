@@ -1,0 +1,255 @@
+//! Turning a request's answer events into an HTTP response: waiting for the first event under the
+//! queue and request deadlines, passing non-streaming answers through, and bridging streams to SSE.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use bytes::{Bytes, BytesMut};
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, Instant};
+
+use super::hub::{fail_error, Hub, ResponseEvent};
+use super::scheduler::{FailReason, RequestId};
+use crate::dialect::{ApiError, Dialect};
+use crate::protocol::{CancelReason, ResponseCompleteMessage};
+
+/// Chunks already waiting are merged into one write up to this size.
+const COALESCE_LIMIT: usize = 64 * 1024;
+
+/// Cancels its request when dropped while armed: the HTTP future or stream body is dropped
+/// exactly when the client disconnects, so this is where cancellation starts.
+pub struct CancelGuard {
+    hub: Arc<Hub>,
+    request: RequestId,
+    armed: bool,
+}
+
+impl CancelGuard {
+    /// Arms a guard for `request`.
+    pub fn new(hub: Arc<Hub>, request: RequestId) -> Self {
+        CancelGuard {
+            hub,
+            request,
+            armed: true,
+        }
+    }
+
+    /// The request ended normally: nothing to cancel.
+    pub fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// Cancels now for `reason` (and not again on drop).
+    pub fn cancel(&mut self, reason: CancelReason) {
+        if self.armed {
+            self.armed = false;
+            self.hub.cancel(self.request, reason);
+        }
+    }
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        self.cancel(CancelReason::ClientDisconnect);
+    }
+}
+
+/// A request in flight, from the client's side.
+pub struct Waiter {
+    guard: CancelGuard,
+    events: mpsc::UnboundedReceiver<ResponseEvent>,
+    /// The end of the request's life, fixed at arrival.
+    deadline: Instant,
+    /// While queued: when to give up waiting.
+    queue_deadline: Option<Instant>,
+    dialect: Dialect,
+    /// A terminal event found while coalescing chunks, handled on the next poll.
+    pending_terminal: Option<ResponseEvent>,
+}
+
+impl Waiter {
+    /// Waits on `events` for `guard`'s request until `deadline`; `queue_deadline` is set while
+    /// the request is queued.
+    pub fn new(
+        guard: CancelGuard,
+        events: mpsc::UnboundedReceiver<ResponseEvent>,
+        deadline: Instant,
+        queue_deadline: Option<Instant>,
+        dialect: Dialect,
+    ) -> Self {
+        Waiter {
+            guard,
+            events,
+            deadline,
+            queue_deadline,
+            dialect,
+            pending_terminal: None,
+        }
+    }
+
+    /// Waits for the answer's first event and builds the response.
+    pub async fn respond(mut self) -> Response {
+        let first = loop {
+            tokio::select! {
+                event = self.events.recv() => match event {
+                    Some(ResponseEvent::Requeued { queue_deadline }) => {
+                        self.queue_deadline = Some(Instant::from_std(queue_deadline));
+                    }
+                    Some(event) => break event,
+                    None => break ResponseEvent::Failed(lost_request()),
+                },
+                _ = sleep_until(self.queue_deadline.unwrap_or(self.deadline)), if self.queue_deadline.is_some() => {
+                    if self.guard.hub.expire_queued(self.guard.request) {
+                        self.guard.disarm();
+                        return fail_error(FailReason::QueueTimeout).into_response(self.dialect);
+                    }
+                    self.queue_deadline = None;
+                }
+                _ = sleep_until(self.deadline) => {
+                    self.guard.cancel(CancelReason::Timeout);
+                    return fail_error(FailReason::RequestTimeout).into_response(self.dialect);
+                }
+            }
+        };
+        match first {
+            ResponseEvent::Chunk(bytes) => self.stream(bytes),
+            ResponseEvent::Complete(complete) => {
+                self.guard.disarm();
+                pass_through(complete)
+            }
+            ResponseEvent::Failed(error) => {
+                self.guard.disarm();
+                error.into_response(self.dialect)
+            }
+            ResponseEvent::Requeued { .. } => unreachable!("handled in the loop"),
+        }
+    }
+
+    fn stream(self, first: Bytes) -> Response {
+        let body = futures_util::stream::unfold(
+            (self, Some(first), false),
+            |(mut waiter, first, done)| async move {
+                if done {
+                    return None;
+                }
+                if let Some(first) = first {
+                    let bytes = waiter.coalesce(first);
+                    return Some((Ok::<_, Infallible>(bytes), (waiter, None, false)));
+                }
+                let (bytes, done) = waiter.next_piece().await;
+                Some((Ok(bytes), (waiter, None, done)))
+            },
+        );
+        let mut response = Response::new(Body::from_stream(body));
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        headers.insert(
+            HeaderName::from_static("x-accel-buffering"),
+            HeaderValue::from_static("no"),
+        );
+        response
+    }
+
+    /// Appends chunks that are already waiting, so a burst becomes one write.
+    fn coalesce(&mut self, first: Bytes) -> Bytes {
+        let mut merged: Option<BytesMut> = None;
+        while merged.as_ref().map_or(first.len(), |m| m.len()) < COALESCE_LIMIT {
+            match self.events.try_recv() {
+                Ok(ResponseEvent::Chunk(more)) => {
+                    merged
+                        .get_or_insert_with(|| BytesMut::from(&first[..]))
+                        .extend_from_slice(&more);
+                }
+                Ok(other) => {
+                    self.pending_terminal = Some(other);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        merged.map_or(first, BytesMut::freeze)
+    }
+
+    /// The next bytes of the stream, and whether the stream ends after them.
+    async fn next_piece(&mut self) -> (Bytes, bool) {
+        let event = match self.pending_terminal.take() {
+            Some(event) => Some(event),
+            None => tokio::select! {
+                event = self.events.recv() => event,
+                _ = sleep_until(self.deadline) => {
+                    self.guard.cancel(CancelReason::Timeout);
+                    return (fail_error(FailReason::RequestTimeout).to_sse(self.dialect), true);
+                }
+            },
+        };
+        match event {
+            Some(ResponseEvent::Chunk(bytes)) => (self.coalesce(bytes), false),
+            Some(ResponseEvent::Complete(_)) => {
+                self.guard.disarm();
+                (Bytes::new(), true)
+            }
+            Some(ResponseEvent::Failed(error)) => {
+                self.guard.disarm();
+                (error.to_sse(self.dialect), true)
+            }
+            Some(ResponseEvent::Requeued { .. }) | None => {
+                (lost_request().to_sse(self.dialect), true)
+            }
+        }
+    }
+}
+
+fn lost_request() -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "request_lost",
+        "the relay lost track of this request; retry it",
+    )
+}
+
+/// Headers that describe one HTTP hop, or that the relay recomputes, are not copied.
+fn is_hop_header(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "transfer-encoding"
+            | "content-length"
+            | "content-encoding"
+            | "upgrade"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+    )
+}
+
+/// The backend's status, headers and body, as the worker reported them.
+pub fn pass_through(complete: ResponseCompleteMessage) -> Response {
+    let status = StatusCode::from_u16(complete.status_code).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut response = Response::new(Body::from(complete.body.unwrap_or_default()));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    for (name, value) in &complete.headers {
+        let lower = name.to_ascii_lowercase();
+        if is_hop_header(&lower) {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(lower.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            headers.append(name, value);
+        }
+    }
+    headers
+        .entry(header::CONTENT_TYPE)
+        .or_insert(HeaderValue::from_static("application/json"));
+    response
+}

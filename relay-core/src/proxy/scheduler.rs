@@ -1,0 +1,901 @@
+//! Registry, queues and dispatch as a plain state machine: no I/O, no tokio, time as an input.
+//!
+//! Events come in as method calls (a worker registered, a request arrived, a request finished, a
+//! worker left); decisions come out as [`Action`]s that the async layer ([`super::hub`]) carries
+//! out. Every rule of the behavior contract is a small unit test at the bottom of this file.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::protocol::RegisterMessage;
+
+/// Id of one worker connection.
+pub type WorkerId = u64;
+/// Id of one client request, allocated by the caller in arrival order; it doubles as the FIFO
+/// sequence number, so ids must grow.
+pub type RequestId = u64;
+
+/// A request is put back in the queue at most this many times after its worker dies.
+pub const MAX_REQUEUE_COUNT: u32 = 3;
+
+/// Per-provider limits, from configuration.
+#[derive(Debug, Clone)]
+pub struct ProviderLimits {
+    /// Queued requests beyond this are refused with 429.
+    pub max_queue_len: usize,
+    /// How long a request may wait in the queue.
+    pub queue_timeout: Duration,
+    /// The whole lifetime of a request, fixed when it arrives.
+    pub request_timeout: Duration,
+    /// Models accepted from one worker; the rest are dropped with a warning.
+    pub max_models_per_worker: usize,
+    /// A disabled provider refuses workers and requests.
+    pub enabled: bool,
+    /// Models routed to this provider even while no worker serves them (they queue).
+    pub models: Vec<String>,
+}
+
+impl Default for ProviderLimits {
+    fn default() -> Self {
+        ProviderLimits {
+            max_queue_len: 100,
+            queue_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(300),
+            max_models_per_worker: 256,
+            enabled: true,
+            models: Vec::new(),
+        }
+    }
+}
+
+/// What the async layer must do after an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send the request to the worker (capacity is already reserved).
+    Dispatch {
+        /// The request.
+        request: RequestId,
+        /// The worker that has reserved a slot for it.
+        worker: WorkerId,
+    },
+    /// The request went back to the queue; its waiter's queue deadline is now `queue_deadline`.
+    Requeued {
+        /// The request.
+        request: RequestId,
+        /// When it gives up waiting.
+        queue_deadline: Instant,
+    },
+    /// Answer the client with this failure.
+    Fail {
+        /// The request.
+        request: RequestId,
+        /// Why it failed.
+        reason: FailReason,
+    },
+    /// Close a drained worker's connection: it has nothing left in flight.
+    CloseDrained {
+        /// The worker.
+        worker: WorkerId,
+    },
+}
+
+/// Why a request failed inside the relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailReason {
+    /// The provider's queue is at its bound.
+    QueueFull,
+    /// No worker took the request within the queue timeout.
+    QueueTimeout,
+    /// The request outlived its request timeout.
+    RequestTimeout,
+    /// Its workers died [`MAX_REQUEUE_COUNT`] times.
+    RequeueExhausted,
+    /// The worker died after part of the answer had reached the client.
+    WorkerLostMidStream,
+    /// The proxy is shutting down.
+    ShuttingDown,
+}
+
+/// Why a request was refused at the door.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitError {
+    /// No provider serves or knows this model.
+    UnknownModel,
+    /// The provider serving the model is disabled.
+    ProviderDisabled,
+    /// The queue is full; retry after this long.
+    QueueFull {
+        /// A hint for the `Retry-After` header.
+        retry_after: Duration,
+    },
+    /// The proxy is draining.
+    ShuttingDown,
+}
+
+/// Where a request went when it arrived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Submitted {
+    /// Straight to a worker.
+    Dispatched {
+        /// Its id.
+        request: RequestId,
+        /// The worker.
+        worker: WorkerId,
+    },
+    /// Into the queue, waiting until `queue_deadline` at most.
+    Queued {
+        /// Its id.
+        request: RequestId,
+        /// When it gives up waiting.
+        queue_deadline: Instant,
+    },
+}
+
+impl Submitted {
+    /// The id of the submitted request.
+    pub fn request(&self) -> RequestId {
+        match self {
+            Submitted::Dispatched { request, .. } | Submitted::Queued { request, .. } => *request,
+        }
+    }
+}
+
+/// What cancelling a request amounted to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// It was still queued and is gone now.
+    RemovedFromQueue,
+    /// It is running on this worker: send `cancel` and hold its slot until the worker confirms
+    /// or the grace period ends.
+    SendCancel {
+        /// The worker running it.
+        worker: WorkerId,
+    },
+    /// Already finished, already cancelled, or never known.
+    Nothing,
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegisterError {
+    /// No such provider.
+    UnknownProvider,
+    /// The provider is disabled.
+    ProviderDisabled,
+    /// The proxy is draining.
+    ShuttingDown,
+}
+
+/// A registration the proxy accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    /// The new worker's id.
+    pub worker: WorkerId,
+    /// The sanitized models it will be routed.
+    pub models: Vec<String>,
+    /// What sanitization changed.
+    pub warnings: Vec<String>,
+    /// Queued requests handed to it at once.
+    pub actions: Vec<Action>,
+}
+
+/// A snapshot of one worker, for `/health`, admin views and the dashboard.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WorkerSnapshot {
+    /// The wire id (`w-N`).
+    pub id: String,
+    /// Provider it joined.
+    pub provider: String,
+    /// Its name.
+    pub name: String,
+    /// Its sanitized models.
+    pub models: Vec<String>,
+    /// Requests the proxy has running on it.
+    pub in_flight: u32,
+    /// Load the worker last reported that the proxy did not send it.
+    pub external_load: u32,
+    /// Its capacity.
+    pub max_concurrent: u32,
+    /// Whether it is draining.
+    pub draining: bool,
+}
+
+#[derive(Debug)]
+struct Provider {
+    name: String,
+    limits: ProviderLimits,
+    /// Queued requests, per model, in arrival order (request ids grow with arrival).
+    queues: HashMap<Arc<str>, BTreeMap<RequestId, ()>>,
+    queued: usize,
+    /// Workers serving each model: the routing index.
+    model_workers: HashMap<Arc<str>, Vec<WorkerId>>,
+    /// Models whose last worker left recently: requests for them queue instead of 404ing while
+    /// the worker restarts.
+    lingering: HashMap<Arc<str>, Instant>,
+    round_robin: usize,
+}
+
+#[derive(Debug)]
+struct Worker {
+    provider: usize,
+    name: String,
+    models: Vec<Arc<str>>,
+    max_concurrent: u32,
+    in_flight: HashSet<RequestId>,
+    external_load: u32,
+    draining: bool,
+}
+
+impl Worker {
+    fn load(&self) -> u32 {
+        self.in_flight.len() as u32 + self.external_load
+    }
+
+    fn has_capacity(&self) -> bool {
+        !self.draining && self.load() < self.max_concurrent
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Queued { queue_deadline: Instant },
+    Assigned { worker: WorkerId },
+    Cancelling { worker: WorkerId },
+}
+
+#[derive(Debug)]
+struct Request {
+    provider: usize,
+    model: Arc<str>,
+    deadline: Instant,
+    requeues: u32,
+    /// Some byte of the answer reached the client: never requeue it.
+    started: bool,
+    phase: Phase,
+}
+
+/// The proxy's routing state.
+#[derive(Debug)]
+pub struct Scheduler {
+    providers: Vec<Provider>,
+    workers: HashMap<WorkerId, Worker>,
+    requests: HashMap<RequestId, Request>,
+    next_worker: WorkerId,
+    shutting_down: bool,
+}
+
+impl Scheduler {
+    /// A scheduler with these providers, in priority order (the first that serves a model wins).
+    pub fn new(providers: Vec<(String, ProviderLimits)>) -> Self {
+        Scheduler {
+            providers: providers
+                .into_iter()
+                .map(|(name, limits)| Provider {
+                    name,
+                    limits,
+                    queues: HashMap::new(),
+                    queued: 0,
+                    model_workers: HashMap::new(),
+                    lingering: HashMap::new(),
+                    round_robin: 0,
+                })
+                .collect(),
+            workers: HashMap::new(),
+            requests: HashMap::new(),
+            next_worker: 1,
+            shutting_down: false,
+        }
+    }
+
+    fn provider_index(&self, name: &str) -> Option<usize> {
+        self.providers.iter().position(|p| p.name == name)
+    }
+
+    /// Whether workers may join `provider` (it exists and is enabled).
+    pub fn check_provider(&self, provider: &str) -> Result<(), RegisterError> {
+        let index = self
+            .provider_index(provider)
+            .ok_or(RegisterError::UnknownProvider)?;
+        if !self.providers[index].limits.enabled {
+            return Err(RegisterError::ProviderDisabled);
+        }
+        if self.shutting_down {
+            return Err(RegisterError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    /// A worker sent `register`: sanitize, add it to routing, and hand it queued work.
+    pub fn register_worker(
+        &mut self,
+        provider: &str,
+        message: &RegisterMessage,
+    ) -> Result<Registered, RegisterError> {
+        self.check_provider(provider)?;
+        let provider_index = self.provider_index(provider).expect("checked above");
+        let limit = self.providers[provider_index].limits.max_models_per_worker;
+        let (models, mut warnings) = sanitize_models(&message.models, limit);
+        let max_concurrent = if message.max_concurrent == 0 {
+            warnings.push("max_concurrent 0 is not usable; treated as 1".to_string());
+            1
+        } else {
+            message.max_concurrent
+        };
+        let name = match message.worker_name.trim() {
+            "" => "worker".to_string(),
+            trimmed => trimmed.to_string(),
+        };
+        let worker_id = self.next_worker;
+        self.next_worker += 1;
+        let models: Vec<Arc<str>> = models.into_iter().map(Arc::from).collect();
+        self.index_models(provider_index, worker_id, &models);
+        self.workers.insert(
+            worker_id,
+            Worker {
+                provider: provider_index,
+                name,
+                models: models.clone(),
+                max_concurrent,
+                in_flight: HashSet::new(),
+                external_load: message.current_load.unwrap_or(0),
+                draining: false,
+            },
+        );
+        let mut actions = Vec::new();
+        self.fill_worker(worker_id, &mut actions);
+        Ok(Registered {
+            worker: worker_id,
+            models: models.iter().map(|m| m.to_string()).collect(),
+            warnings,
+            actions,
+        })
+    }
+
+    fn index_models(&mut self, provider: usize, worker: WorkerId, models: &[Arc<str>]) {
+        let p = &mut self.providers[provider];
+        for model in models {
+            p.lingering.remove(model);
+            p.model_workers
+                .entry(model.clone())
+                .or_default()
+                .push(worker);
+        }
+    }
+
+    fn unindex_models(
+        &mut self,
+        provider: usize,
+        worker: WorkerId,
+        models: &[Arc<str>],
+        now: Instant,
+    ) {
+        let p = &mut self.providers[provider];
+        let linger_until = now + p.limits.queue_timeout;
+        for model in models {
+            if let Some(list) = p.model_workers.get_mut(model) {
+                list.retain(|w| *w != worker);
+                if list.is_empty() {
+                    p.model_workers.remove(model);
+                    p.lingering.insert(model.clone(), linger_until);
+                }
+            }
+        }
+        p.lingering.retain(|_, until| *until > now);
+    }
+
+    /// A worker sent `models_update`: replace its models and hand it newly compatible work.
+    /// Returns the sanitized list, warnings and actions.
+    pub fn update_models(
+        &mut self,
+        worker: WorkerId,
+        models: &[String],
+        current_load: u32,
+        now: Instant,
+    ) -> (Vec<String>, Vec<String>, Vec<Action>) {
+        let Some(entry) = self.workers.get(&worker) else {
+            return (Vec::new(), Vec::new(), Vec::new());
+        };
+        let provider = entry.provider;
+        let old = entry.models.clone();
+        let (accepted, warnings) = sanitize_models(
+            models,
+            self.providers[provider].limits.max_models_per_worker,
+        );
+        let accepted_arcs: Vec<Arc<str>> = accepted.iter().map(|m| Arc::from(m.as_str())).collect();
+        self.unindex_models(provider, worker, &old, now);
+        self.index_models(provider, worker, &accepted_arcs);
+        let entry = self.workers.get_mut(&worker).expect("present");
+        entry.models = accepted_arcs;
+        entry.external_load = current_load.saturating_sub(entry.in_flight.len() as u32);
+        let mut actions = Vec::new();
+        self.fill_worker(worker, &mut actions);
+        (accepted, warnings, actions)
+    }
+
+    /// A worker reported its load in `pong`. Load beyond what this proxy has running on it (work
+    /// from elsewhere) counts against its capacity; a lower report frees capacity at once.
+    pub fn update_load(&mut self, worker: WorkerId, current_load: u32) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if let Some(entry) = self.workers.get_mut(&worker) {
+            entry.external_load = current_load.saturating_sub(entry.in_flight.len() as u32);
+            self.fill_worker(worker, &mut actions);
+        }
+        actions
+    }
+
+    /// Resolves which provider serves `model` right now.
+    fn route(&mut self, model: &str, now: Instant) -> Option<usize> {
+        let serving = self
+            .providers
+            .iter()
+            .position(|p| p.model_workers.contains_key(model));
+        serving.or_else(|| {
+            self.providers.iter().position(|p| {
+                p.limits.models.iter().any(|m| m == model)
+                    || p.lingering.get(model).is_some_and(|until| *until > now)
+            })
+        })
+    }
+
+    /// Client request `request` arrived for `model`.
+    pub fn submit(
+        &mut self,
+        request: RequestId,
+        model: &str,
+        now: Instant,
+    ) -> Result<Submitted, SubmitError> {
+        if self.shutting_down {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let provider = self.route(model, now).ok_or(SubmitError::UnknownModel)?;
+        let limits = &self.providers[provider].limits;
+        if !limits.enabled {
+            return Err(SubmitError::ProviderDisabled);
+        }
+        let deadline = now + limits.request_timeout;
+        let queue_deadline = (now + limits.queue_timeout).min(deadline);
+        let model: Arc<str> = self.providers[provider]
+            .model_workers
+            .get_key_value(model)
+            .map(|(k, _)| k.clone())
+            .unwrap_or_else(|| Arc::from(model));
+        if let Some(worker) = self.pick_worker(provider, &model) {
+            self.track_request(request, provider, model, deadline);
+            self.assign(request, worker);
+            return Ok(Submitted::Dispatched { request, worker });
+        }
+        let p = &self.providers[provider];
+        if p.queued >= p.limits.max_queue_len {
+            // Rough hint: a queue drains at least once per queue timeout.
+            let retry_after = p
+                .limits
+                .queue_timeout
+                .clamp(Duration::from_secs(1), Duration::from_secs(30));
+            return Err(SubmitError::QueueFull { retry_after });
+        }
+        self.track_request(request, provider, model, deadline);
+        self.enqueue(request, queue_deadline);
+        Ok(Submitted::Queued {
+            request,
+            queue_deadline,
+        })
+    }
+
+    fn track_request(
+        &mut self,
+        id: RequestId,
+        provider: usize,
+        model: Arc<str>,
+        deadline: Instant,
+    ) {
+        self.requests.insert(
+            id,
+            Request {
+                provider,
+                model,
+                deadline,
+                requeues: 0,
+                started: false,
+                phase: Phase::Queued {
+                    queue_deadline: deadline,
+                },
+            },
+        );
+    }
+
+    fn enqueue(&mut self, request: RequestId, queue_deadline: Instant) {
+        let entry = self.requests.get_mut(&request).expect("known request");
+        entry.phase = Phase::Queued { queue_deadline };
+        let p = &mut self.providers[entry.provider];
+        p.queues
+            .entry(entry.model.clone())
+            .or_default()
+            .insert(request, ());
+        p.queued += 1;
+    }
+
+    fn dequeue(&mut self, request: RequestId) {
+        let entry = &self.requests[&request];
+        let p = &mut self.providers[entry.provider];
+        if let Some(queue) = p.queues.get_mut(&entry.model) {
+            if queue.remove(&request).is_some() {
+                p.queued -= 1;
+            }
+            if queue.is_empty() {
+                p.queues.remove(&entry.model);
+            }
+        }
+    }
+
+    fn assign(&mut self, request: RequestId, worker: WorkerId) {
+        self.requests
+            .get_mut(&request)
+            .expect("known request")
+            .phase = Phase::Assigned { worker };
+        self.workers
+            .get_mut(&worker)
+            .expect("known worker")
+            .in_flight
+            .insert(request);
+    }
+
+    /// Lowest load among workers serving `model` with a free slot; round-robin among equals.
+    fn pick_worker(&mut self, provider: usize, model: &str) -> Option<WorkerId> {
+        let p = &self.providers[provider];
+        let candidates = p.model_workers.get(model)?;
+        let mut best_load = u32::MAX;
+        let mut ties = 0usize;
+        for id in candidates {
+            let w = &self.workers[id];
+            if !w.has_capacity() {
+                continue;
+            }
+            match w.load().cmp(&best_load) {
+                std::cmp::Ordering::Less => {
+                    best_load = w.load();
+                    ties = 1;
+                }
+                std::cmp::Ordering::Equal => ties += 1,
+                std::cmp::Ordering::Greater => {}
+            }
+        }
+        if ties == 0 {
+            return None;
+        }
+        let pick = p.round_robin % ties;
+        let chosen = candidates
+            .iter()
+            .filter(|id| {
+                let w = &self.workers[*id];
+                w.has_capacity() && w.load() == best_load
+            })
+            .nth(pick)
+            .copied();
+        self.providers[provider].round_robin = self.providers[provider].round_robin.wrapping_add(1);
+        chosen
+    }
+
+    /// Hands queued work to `worker` while it has free slots, oldest compatible request first.
+    fn fill_worker(&mut self, worker: WorkerId, actions: &mut Vec<Action>) {
+        loop {
+            let Some(w) = self.workers.get(&worker) else {
+                return;
+            };
+            if !w.has_capacity() {
+                return;
+            }
+            let p = &self.providers[w.provider];
+            let oldest = w
+                .models
+                .iter()
+                .filter_map(|m| p.queues.get(m).and_then(|q| q.keys().next().copied()))
+                .min();
+            let Some(request) = oldest else {
+                return;
+            };
+            self.dequeue(request);
+            self.assign(request, worker);
+            actions.push(Action::Dispatch { request, worker });
+        }
+    }
+
+    /// The first byte of this request's answer was handed to its client.
+    pub fn mark_started(&mut self, request: RequestId) {
+        if let Some(entry) = self.requests.get_mut(&request) {
+            entry.started = true;
+        }
+    }
+
+    /// The worker finished `request` (`response_complete` or a request `error`): free its slot and
+    /// hand the worker more work. Returns false if the request was not running on that worker
+    /// (a duplicate or stray message), in which case nothing changed.
+    pub fn finish(
+        &mut self,
+        worker: WorkerId,
+        request: RequestId,
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        let running_here = matches!(
+            self.requests.get(&request).map(|r| r.phase),
+            Some(Phase::Assigned { worker: w } | Phase::Cancelling { worker: w }) if w == worker
+        );
+        if !running_here {
+            return false;
+        }
+        self.requests.remove(&request);
+        self.release_slot(worker, request, actions);
+        true
+    }
+
+    fn release_slot(&mut self, worker: WorkerId, request: RequestId, actions: &mut Vec<Action>) {
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        w.in_flight.remove(&request);
+        if w.draining && w.in_flight.is_empty() {
+            actions.push(Action::CloseDrained { worker });
+        }
+        self.fill_worker(worker, actions);
+    }
+
+    /// The client went away or timed out.
+    pub fn cancel(&mut self, request: RequestId) -> CancelOutcome {
+        let Some(entry) = self.requests.get_mut(&request) else {
+            return CancelOutcome::Nothing;
+        };
+        match entry.phase {
+            Phase::Queued { .. } => {
+                self.dequeue(request);
+                self.requests.remove(&request);
+                CancelOutcome::RemovedFromQueue
+            }
+            Phase::Assigned { worker } => {
+                entry.phase = Phase::Cancelling { worker };
+                CancelOutcome::SendCancel { worker }
+            }
+            Phase::Cancelling { .. } => CancelOutcome::Nothing,
+        }
+    }
+
+    /// The grace period of a cancelled request ended without the worker confirming: free its
+    /// slot anyway, so one disconnecting client never shrinks a worker's capacity for good.
+    pub fn release_cancelled(&mut self, request: RequestId) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if let Some(Phase::Cancelling { worker }) = self.requests.get(&request).map(|r| r.phase) {
+            self.requests.remove(&request);
+            self.release_slot(worker, request, &mut actions);
+        }
+        actions
+    }
+
+    /// The waiter's queue deadline passed: if the request is still queued past its deadline,
+    /// remove it and return true (the caller answers 504). A request that was dispatched or
+    /// requeued with a later deadline meanwhile is left alone.
+    pub fn expire_queued(&mut self, request: RequestId, now: Instant) -> bool {
+        match self.requests.get(&request).map(|r| r.phase) {
+            Some(Phase::Queued { queue_deadline }) if queue_deadline <= now => {
+                self.dequeue(request);
+                self.requests.remove(&request);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A worker's connection is gone: requeue what it was running where no byte reached the
+    /// client (at most [`MAX_REQUEUE_COUNT`] times, never past the original deadline), fail the
+    /// rest.
+    pub fn worker_gone(&mut self, worker: WorkerId, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let Some(entry) = self.workers.remove(&worker) else {
+            return actions;
+        };
+        self.unindex_models(entry.provider, worker, &entry.models, now);
+        let mut orphans: Vec<RequestId> = entry.in_flight.into_iter().collect();
+        orphans.sort_unstable();
+        for request in orphans {
+            let Some(r) = self.requests.get_mut(&request) else {
+                continue;
+            };
+            let fail = if matches!(r.phase, Phase::Cancelling { .. }) {
+                self.requests.remove(&request);
+                continue;
+            } else if r.started {
+                Some(FailReason::WorkerLostMidStream)
+            } else if r.requeues >= MAX_REQUEUE_COUNT {
+                Some(FailReason::RequeueExhausted)
+            } else if now >= r.deadline {
+                Some(FailReason::RequestTimeout)
+            } else if self.shutting_down {
+                Some(FailReason::ShuttingDown)
+            } else {
+                None
+            };
+            if let Some(reason) = fail {
+                self.requests.remove(&request);
+                actions.push(Action::Fail { request, reason });
+                continue;
+            }
+            r.requeues += 1;
+            let (provider, model, deadline) = (r.provider, r.model.clone(), r.deadline);
+            if let Some(next) = self.pick_worker(provider, &model) {
+                self.assign(request, next);
+                actions.push(Action::Dispatch {
+                    request,
+                    worker: next,
+                });
+            } else {
+                // Accepted requests are never dropped: a requeue may exceed the admission bound.
+                let queue_timeout = self.providers[provider].limits.queue_timeout;
+                let queue_deadline = (now + queue_timeout).min(deadline);
+                self.enqueue(request, queue_deadline);
+                actions.push(Action::Requeued {
+                    request,
+                    queue_deadline,
+                });
+            }
+        }
+        actions
+    }
+
+    /// Stop routing new work to `worker`; it is closed once idle.
+    pub fn drain_worker(&mut self, worker: WorkerId) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.draining = true;
+            if w.in_flight.is_empty() {
+                actions.push(Action::CloseDrained { worker });
+            }
+        }
+        actions
+    }
+
+    /// The proxy is shutting down: refuse new work, fail queued requests, drain every worker.
+    /// Returns the failures and the workers to tell.
+    pub fn begin_shutdown(&mut self) -> (Vec<Action>, Vec<WorkerId>) {
+        self.shutting_down = true;
+        let mut actions = Vec::new();
+        let queued: Vec<RequestId> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| matches!(r.phase, Phase::Queued { .. }))
+            .map(|(id, _)| *id)
+            .collect();
+        for request in queued {
+            self.dequeue(request);
+            self.requests.remove(&request);
+            actions.push(Action::Fail {
+                request,
+                reason: FailReason::ShuttingDown,
+            });
+        }
+        let mut workers: Vec<WorkerId> = self.workers.keys().copied().collect();
+        workers.sort_unstable();
+        for w in &workers {
+            actions.extend(self.drain_worker(*w));
+        }
+        (actions, workers)
+    }
+
+    /// Requests still running on workers (for the shutdown drain).
+    pub fn in_flight_count(&self) -> usize {
+        self.workers.values().map(|w| w.in_flight.len()).sum()
+    }
+
+    /// Queued requests across all providers.
+    pub fn queue_depth(&self) -> usize {
+        self.providers.iter().map(|p| p.queued).sum()
+    }
+
+    /// Queue depth per provider, in configuration order.
+    pub fn queue_depths(&self) -> Vec<(String, usize)> {
+        self.providers
+            .iter()
+            .map(|p| (p.name.clone(), p.queued))
+            .collect()
+    }
+
+    /// Connected workers.
+    pub fn worker_count(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Requests the scheduler still tracks (queued, running or cancelling).
+    pub fn tracked_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Every routable model with the provider that serves it, sorted, without duplicates.
+    pub fn models(&self) -> Vec<(String, String)> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for p in &self.providers {
+            let mut names: Vec<&Arc<str>> = p.model_workers.keys().collect();
+            names.sort();
+            for name in names {
+                if seen.insert(name.to_string()) {
+                    out.push((name.to_string(), p.name.clone()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// A snapshot of every worker, ordered by id.
+    pub fn workers(&self) -> Vec<WorkerSnapshot> {
+        let mut ids: Vec<&WorkerId> = self.workers.keys().collect();
+        ids.sort_unstable();
+        ids.into_iter()
+            .map(|id| {
+                let w = &self.workers[id];
+                WorkerSnapshot {
+                    id: worker_wire_id(*id),
+                    provider: self.providers[w.provider].name.clone(),
+                    name: w.name.clone(),
+                    models: w.models.iter().map(|m| m.to_string()).collect(),
+                    in_flight: w.in_flight.len() as u32,
+                    external_load: w.external_load,
+                    max_concurrent: w.max_concurrent,
+                    draining: w.draining,
+                }
+            })
+            .collect()
+    }
+
+    /// The end of a tracked request's life, fixed when it arrived.
+    pub fn request_deadline(&self, request: RequestId) -> Option<Instant> {
+        self.requests.get(&request).map(|r| r.deadline)
+    }
+}
+
+/// The wire form of a worker id.
+pub fn worker_wire_id(id: WorkerId) -> String {
+    format!("w-{id}")
+}
+
+/// The wire form of a request id.
+pub fn request_wire_id(id: RequestId) -> String {
+    format!("r-{id}")
+}
+
+/// Parses a wire request id back; `None` for anything we did not issue.
+pub fn parse_request_wire_id(wire: &str) -> Option<RequestId> {
+    wire.strip_prefix("r-")?.parse().ok()
+}
+
+/// The contract's registration sanitization: trim whitespace, drop empty names, drop exact
+/// duplicates keeping the first, cap the list at `limit`; each change is reported as a warning.
+pub fn sanitize_models(models: &[String], limit: usize) -> (Vec<String>, Vec<String>) {
+    let mut accepted: Vec<String> = Vec::new();
+    let mut seen = HashSet::new();
+    let mut warnings = Vec::new();
+    let mut empty = 0;
+    for raw in models {
+        let name = raw.trim();
+        if name.is_empty() {
+            empty += 1;
+            continue;
+        }
+        if !seen.insert(name.to_string()) {
+            warnings.push(format!("duplicate model \"{name}\" dropped"));
+            continue;
+        }
+        accepted.push(name.to_string());
+    }
+    if empty > 0 {
+        warnings.push(format!("{empty} empty model name(s) dropped"));
+    }
+    if accepted.len() > limit {
+        let dropped = accepted.len() - limit;
+        accepted.truncate(limit);
+        warnings.push(format!(
+            "model list truncated to {limit} entries; {dropped} model(s) dropped"
+        ));
+    }
+    (accepted, warnings)
+}
+
+#[cfg(test)]
+mod tests;

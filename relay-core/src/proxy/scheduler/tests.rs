@@ -1,0 +1,519 @@
+//! One test per scheduling rule of the behavior contract, with time as an input.
+
+use super::*;
+
+fn limits() -> ProviderLimits {
+    ProviderLimits {
+        max_queue_len: 3,
+        queue_timeout: Duration::from_secs(30),
+        request_timeout: Duration::from_secs(300),
+        max_models_per_worker: 4,
+        enabled: true,
+        models: Vec::new(),
+    }
+}
+
+fn scheduler() -> Scheduler {
+    Scheduler::new(vec![("local".to_string(), limits())])
+}
+
+fn register(s: &mut Scheduler, name: &str, models: &[&str], max: u32) -> Registered {
+    s.register_worker(
+        "local",
+        &RegisterMessage {
+            worker_name: name.to_string(),
+            models: models.iter().map(|m| m.to_string()).collect(),
+            max_concurrent: max,
+            protocol_version: Some("1".to_string()),
+            current_load: Some(0),
+        },
+    )
+    .expect("registered")
+}
+
+/// Submits with the next id, as the hub does.
+fn submit(s: &mut Scheduler, model: &str, now: Instant) -> Result<Submitted, SubmitError> {
+    thread_local!(static NEXT: std::cell::Cell<RequestId> = const { std::cell::Cell::new(1) });
+    let id = NEXT.with(|n| {
+        let id = n.get();
+        n.set(id + 1);
+        id
+    });
+    s.submit(id, model, now)
+}
+
+fn dispatched_to(s: Submitted) -> WorkerId {
+    match s {
+        Submitted::Dispatched { worker, .. } => worker,
+        other => panic!("expected dispatch, got {other:?}"),
+    }
+}
+
+#[test]
+fn registration_trims_drops_empty_dedupes_in_order_and_caps_with_warnings() {
+    let mut s = scheduler();
+    let r = register(
+        &mut s,
+        " box ",
+        &[" a ", "", "b", "a", "  ", "c", "d", "e", "f"],
+        2,
+    );
+    assert_eq!(r.models, vec!["a", "b", "c", "d"]);
+    assert!(r
+        .warnings
+        .iter()
+        .any(|w| w.contains("duplicate model \"a\"")));
+    assert!(r.warnings.iter().any(|w| w.contains("2 empty")));
+    assert!(r.warnings.iter().any(|w| w.contains("truncated to 4")));
+    assert_eq!(s.workers()[0].name, "box");
+}
+
+#[test]
+fn worker_never_gains_models_beyond_the_acknowledged_list() {
+    let mut s = scheduler();
+    register(&mut s, "w", &["a", "b", "c", "d", "e"], 1);
+    let now = Instant::now();
+    assert_eq!(submit(&mut s, "e", now), Err(SubmitError::UnknownModel));
+}
+
+#[test]
+fn unknown_and_disabled_providers_are_rejected() {
+    let mut disabled = limits();
+    disabled.enabled = false;
+    let s = Scheduler::new(vec![
+        ("local".to_string(), limits()),
+        ("off".to_string(), disabled),
+    ]);
+    assert_eq!(
+        s.check_provider("nope"),
+        Err(RegisterError::UnknownProvider)
+    );
+    assert_eq!(
+        s.check_provider("off"),
+        Err(RegisterError::ProviderDisabled)
+    );
+    assert_eq!(s.check_provider("local"), Ok(()));
+}
+
+#[test]
+fn routes_only_to_workers_that_advertise_the_exact_model() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["llama3-8b"], 4).worker;
+    register(&mut s, "b", &["llama3-8B"], 4);
+    let now = Instant::now();
+    for _ in 0..3 {
+        assert_eq!(dispatched_to(submit(&mut s, "llama3-8b", now).unwrap()), a);
+    }
+}
+
+#[test]
+fn dispatch_prefers_lowest_load_and_round_robins_ties() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 4).worker;
+    let b = register(&mut s, "b", &["m"], 4).worker;
+    let now = Instant::now();
+    let first = dispatched_to(submit(&mut s, "m", now).unwrap());
+    let second = dispatched_to(submit(&mut s, "m", now).unwrap());
+    assert_ne!(first, second, "tie broken round-robin, then lowest load");
+    // Both at load 1: round-robin again spreads them.
+    let third = dispatched_to(submit(&mut s, "m", now).unwrap());
+    let fourth = dispatched_to(submit(&mut s, "m", now).unwrap());
+    assert_ne!(third, fourth);
+    // Load from elsewhere makes `a` the busier one: `b` wins.
+    s.update_load(a, 2 + 3);
+    assert_eq!(dispatched_to(submit(&mut s, "m", now).unwrap()), b);
+}
+
+#[test]
+fn capacity_is_reserved_and_extra_requests_queue_then_429_when_full() {
+    let mut s = scheduler();
+    register(&mut s, "a", &["m"], 1);
+    let now = Instant::now();
+    dispatched_to(submit(&mut s, "m", now).unwrap());
+    for _ in 0..3 {
+        assert!(matches!(
+            submit(&mut s, "m", now),
+            Ok(Submitted::Queued { .. })
+        ));
+    }
+    assert!(matches!(
+        submit(&mut s, "m", now),
+        Err(SubmitError::QueueFull { .. })
+    ));
+    assert_eq!(s.queue_depth(), 3);
+}
+
+#[test]
+fn finishing_dispatches_the_oldest_compatible_queued_request() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    register(&mut s, "b", &["other"], 1);
+    let now = Instant::now();
+    let first = submit(&mut s, "m", now).unwrap().request();
+    let q1 = submit(&mut s, "m", now).unwrap().request();
+    let q2 = submit(&mut s, "m", now).unwrap().request();
+    let mut actions = Vec::new();
+    assert!(s.finish(a, first, &mut actions));
+    assert_eq!(
+        actions,
+        vec![Action::Dispatch {
+            request: q1,
+            worker: a
+        }]
+    );
+    actions.clear();
+    assert!(s.finish(a, q1, &mut actions));
+    assert_eq!(
+        actions,
+        vec![Action::Dispatch {
+            request: q2,
+            worker: a
+        }]
+    );
+}
+
+#[test]
+fn a_worker_picks_the_oldest_request_among_its_models_skipping_incompatible_ones() {
+    let mut s = scheduler();
+    let busy = register(&mut s, "busy", &["x", "y"], 1).worker;
+    let now = Instant::now();
+    let running = submit(&mut s, "x", now).unwrap().request();
+    let y_old = submit(&mut s, "y", now).unwrap().request();
+    let x_new = submit(&mut s, "x", now).unwrap().request();
+    let only_x = register(&mut s, "only-x", &["x"], 1);
+    assert_eq!(
+        only_x.actions,
+        vec![Action::Dispatch {
+            request: x_new,
+            worker: only_x.worker
+        }],
+        "a newly registered worker takes queued work at once, compatible first"
+    );
+    let mut actions = Vec::new();
+    s.finish(busy, running, &mut actions);
+    assert_eq!(
+        actions,
+        vec![Action::Dispatch {
+            request: y_old,
+            worker: busy
+        }]
+    );
+}
+
+#[test]
+fn lower_reported_load_dispatches_queued_work_at_once() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 2).worker;
+    let now = Instant::now();
+    s.update_load(a, 2);
+    let queued = submit(&mut s, "m", now).unwrap();
+    assert!(matches!(queued, Submitted::Queued { .. }));
+    let actions = s.update_load(a, 0);
+    assert_eq!(
+        actions,
+        vec![Action::Dispatch {
+            request: queued.request(),
+            worker: a
+        }]
+    );
+}
+
+#[test]
+fn models_update_changes_routing_at_once_and_dispatches_queued_work() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 2).worker;
+    let now = Instant::now();
+    assert_eq!(submit(&mut s, "new", now), Err(SubmitError::UnknownModel));
+    let (models, warnings, actions) = s.update_models(a, &["new".to_string()], 0, now);
+    assert_eq!(models, vec!["new"]);
+    assert!(warnings.is_empty() && actions.is_empty());
+    assert!(matches!(
+        submit(&mut s, "new", now),
+        Ok(Submitted::Dispatched { .. })
+    ));
+    // "m" was dropped: it lingers (queues) for the queue timeout, then becomes unknown.
+    assert!(matches!(
+        submit(&mut s, "m", now),
+        Ok(Submitted::Queued { .. })
+    ));
+    let later = now + Duration::from_secs(31);
+    assert_eq!(submit(&mut s, "m", later), Err(SubmitError::UnknownModel));
+}
+
+#[test]
+fn configured_provider_models_queue_while_no_worker_is_connected() {
+    let mut with_models = limits();
+    with_models.models = vec!["llama3-8b".to_string()];
+    let mut s = Scheduler::new(vec![("local".to_string(), with_models)]);
+    let now = Instant::now();
+    let queued = submit(&mut s, "llama3-8b", now).unwrap();
+    assert!(matches!(queued, Submitted::Queued { .. }));
+    let r = register(&mut s, "late", &["llama3-8b"], 1);
+    assert_eq!(
+        r.actions,
+        vec![Action::Dispatch {
+            request: queued.request(),
+            worker: r.worker
+        }]
+    );
+}
+
+#[test]
+fn cancelling_a_queued_request_removes_it() {
+    let mut s = scheduler();
+    let mut with_models = limits();
+    with_models.models = vec!["m".to_string()];
+    s.providers[0].limits = with_models;
+    let now = Instant::now();
+    let r = submit(&mut s, "m", now).unwrap().request();
+    assert_eq!(s.cancel(r), CancelOutcome::RemovedFromQueue);
+    assert_eq!(s.queue_depth(), 0);
+    assert_eq!(s.tracked_requests(), 0);
+    assert_eq!(s.cancel(r), CancelOutcome::Nothing);
+}
+
+#[test]
+fn cancelled_in_flight_request_holds_its_slot_until_confirmed() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let now = Instant::now();
+    let running = submit(&mut s, "m", now).unwrap().request();
+    let waiting = submit(&mut s, "m", now).unwrap().request();
+    assert_eq!(s.cancel(running), CancelOutcome::SendCancel { worker: a });
+    assert_eq!(s.queue_depth(), 1, "slot still held while the worker stops");
+    let mut actions = Vec::new();
+    assert!(
+        s.finish(a, running, &mut actions),
+        "worker confirmed the end"
+    );
+    assert_eq!(
+        actions,
+        vec![Action::Dispatch {
+            request: waiting,
+            worker: a
+        }]
+    );
+}
+
+#[test]
+fn cancelled_request_slot_is_released_after_grace_when_worker_never_confirms() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let now = Instant::now();
+    let running = submit(&mut s, "m", now).unwrap().request();
+    let waiting = submit(&mut s, "m", now).unwrap().request();
+    s.cancel(running);
+    let actions = s.release_cancelled(running);
+    assert_eq!(
+        actions,
+        vec![Action::Dispatch {
+            request: waiting,
+            worker: a
+        }]
+    );
+    // A late confirmation changes nothing.
+    let mut late = Vec::new();
+    assert!(!s.finish(a, running, &mut late));
+    assert!(late.is_empty());
+}
+
+#[test]
+fn duplicate_or_foreign_completion_is_ignored() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 2).worker;
+    let b = register(&mut s, "b", &["m"], 2).worker;
+    let now = Instant::now();
+    let r = submit(&mut s, "m", now).unwrap();
+    let (req, owner) = match r {
+        Submitted::Dispatched { request, worker } => (request, worker),
+        _ => unreachable!(),
+    };
+    let other = if owner == a { b } else { a };
+    let mut actions = Vec::new();
+    assert!(
+        !s.finish(other, req, &mut actions),
+        "another worker cannot finish it"
+    );
+    assert!(s.finish(owner, req, &mut actions));
+    assert!(
+        !s.finish(owner, req, &mut actions),
+        "second completion ignored"
+    );
+}
+
+#[test]
+fn queue_timeout_expires_only_past_the_deadline() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let now = Instant::now();
+    submit(&mut s, "m", now).unwrap();
+    let Submitted::Queued {
+        request,
+        queue_deadline,
+    } = submit(&mut s, "m", now).unwrap()
+    else {
+        panic!("queued");
+    };
+    assert_eq!(queue_deadline, now + Duration::from_secs(30));
+    assert!(!s.expire_queued(request, now + Duration::from_secs(29)));
+    assert!(s.expire_queued(request, queue_deadline));
+    assert_eq!(s.queue_depth(), 0);
+    let _ = a;
+}
+
+#[test]
+fn worker_death_requeues_unstarted_requests_keeping_their_deadline() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let t0 = Instant::now();
+    let r = submit(&mut s, "m", t0).unwrap().request();
+    let t1 = t0 + Duration::from_secs(290);
+    let actions = s.worker_gone(a, t1);
+    assert_eq!(
+        actions,
+        vec![Action::Requeued {
+            request: r,
+            queue_deadline: t0 + Duration::from_secs(300)
+        }],
+        "queue wait is capped by the deadline fixed at arrival"
+    );
+    let b = register(&mut s, "b", &["m"], 1);
+    assert_eq!(
+        b.actions,
+        vec![Action::Dispatch {
+            request: r,
+            worker: b.worker
+        }]
+    );
+}
+
+#[test]
+fn requeue_goes_straight_to_another_free_worker() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let now = Instant::now();
+    let r = submit(&mut s, "m", now).unwrap().request();
+    let b = register(&mut s, "b", &["m"], 1).worker;
+    assert_eq!(
+        s.worker_gone(a, now),
+        vec![Action::Dispatch {
+            request: r,
+            worker: b
+        }]
+    );
+}
+
+#[test]
+fn requeue_is_capped_at_three_then_fails_with_requeue_exhausted() {
+    let mut s = scheduler();
+    let now = Instant::now();
+    let first = register(&mut s, "w0", &["m"], 1).worker;
+    let r = submit(&mut s, "m", now).unwrap().request();
+    let mut worker = first;
+    for i in 1..=3 {
+        let actions = s.worker_gone(worker, now);
+        assert!(matches!(actions[0], Action::Requeued { .. }), "requeue {i}");
+        let reg = register(&mut s, &format!("w{i}"), &["m"], 1);
+        assert_eq!(
+            reg.actions,
+            vec![Action::Dispatch {
+                request: r,
+                worker: reg.worker
+            }]
+        );
+        worker = reg.worker;
+    }
+    assert_eq!(
+        s.worker_gone(worker, now),
+        vec![Action::Fail {
+            request: r,
+            reason: FailReason::RequeueExhausted
+        }]
+    );
+    assert_eq!(s.tracked_requests(), 0);
+}
+
+#[test]
+fn request_whose_bytes_reached_the_client_is_never_requeued() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    register(&mut s, "b", &["m"], 1);
+    let now = Instant::now();
+    let Submitted::Dispatched { request, worker } = submit(&mut s, "m", now).unwrap() else {
+        panic!()
+    };
+    s.mark_started(request);
+    assert_eq!(
+        s.worker_gone(worker, now),
+        vec![Action::Fail {
+            request,
+            reason: FailReason::WorkerLostMidStream
+        }]
+    );
+    let _ = a;
+}
+
+#[test]
+fn worker_death_after_client_cancel_just_forgets_the_request() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let now = Instant::now();
+    let r = submit(&mut s, "m", now).unwrap().request();
+    s.cancel(r);
+    assert!(s.worker_gone(a, now).is_empty());
+    assert_eq!(s.tracked_requests(), 0);
+}
+
+#[test]
+fn draining_worker_gets_no_new_work_and_closes_when_idle() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 2).worker;
+    let now = Instant::now();
+    let r = submit(&mut s, "m", now).unwrap().request();
+    assert!(s.drain_worker(a).is_empty(), "busy: not closed yet");
+    assert!(matches!(
+        submit(&mut s, "m", now),
+        Ok(Submitted::Queued { .. })
+    ));
+    let mut actions = Vec::new();
+    s.finish(a, r, &mut actions);
+    assert_eq!(actions, vec![Action::CloseDrained { worker: a }]);
+}
+
+#[test]
+fn shutdown_refuses_new_work_and_fails_queued_requests() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let now = Instant::now();
+    submit(&mut s, "m", now).unwrap();
+    let queued = submit(&mut s, "m", now).unwrap().request();
+    let (actions, workers) = s.begin_shutdown();
+    assert_eq!(workers, vec![a]);
+    assert_eq!(
+        actions,
+        vec![Action::Fail {
+            request: queued,
+            reason: FailReason::ShuttingDown
+        }]
+    );
+    assert_eq!(submit(&mut s, "m", now), Err(SubmitError::ShuttingDown));
+    assert_eq!(s.in_flight_count(), 1);
+}
+
+#[test]
+fn zero_max_concurrent_is_treated_as_one_with_a_warning() {
+    let mut s = scheduler();
+    let r = register(&mut s, "a", &["m"], 0);
+    assert!(r.warnings.iter().any(|w| w.contains("max_concurrent")));
+    assert!(matches!(
+        submit(&mut s, "m", Instant::now()),
+        Ok(Submitted::Dispatched { .. })
+    ));
+}
+
+#[test]
+fn wire_ids_round_trip_and_foreign_ids_are_rejected() {
+    assert_eq!(parse_request_wire_id(&request_wire_id(42)), Some(42));
+    assert_eq!(parse_request_wire_id("r-x"), None);
+    assert_eq!(parse_request_wire_id("req-1"), None);
+}

@@ -1,0 +1,380 @@
+//! One task per worker connection: the `register` handshake, then a loop that routes the worker's
+//! chunks and completions to waiting clients, writes dispatched requests and control frames, and
+//! runs the heartbeat. Chunks are routed through a map local to this task, so the streaming hot
+//! path takes no shared lock.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use axum::http::StatusCode;
+use bytes::Bytes;
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::mpsc;
+use tokio::time::{interval_at, timeout, Instant, MissedTickBehavior};
+
+use super::hub::{EventSender, Hub, Outbound, ResponseEvent};
+use super::scheduler::{parse_request_wire_id, worker_wire_id, RegisterError, RequestId, WorkerId};
+use crate::dialect::ApiError;
+use crate::protocol::{
+    is_accepted_protocol_version, CancelReason, ErrorMessage, PingMessage, RegisterMessage,
+    ResponseChunkMessage, ResponseCompleteMessage, ServerToWorker, WorkerToServer,
+    ACCEPTED_PROTOCOL_VERSIONS,
+};
+
+/// WebSocket close code for a protocol violation (RFC 6455).
+const CLOSE_PROTOCOL_ERROR: u16 = 1002;
+/// WebSocket close code for a policy refusal (RFC 6455).
+const CLOSE_POLICY: u16 = 1008;
+/// WebSocket close code for a normal close (RFC 6455).
+const CLOSE_NORMAL: u16 = 1000;
+
+/// Limits and timers of a worker connection.
+#[derive(Debug, Clone)]
+pub struct SocketSettings {
+    /// How often to ping.
+    pub heartbeat_interval: Duration,
+    /// Close a worker not heard from for this long.
+    pub heartbeat_timeout: Duration,
+    /// How long a new connection may take to send `register`.
+    pub register_timeout: Duration,
+    /// A streaming answer larger than this is ended with an SSE error.
+    pub max_stream_bytes: u64,
+}
+
+/// Where one dispatched request's answer goes.
+struct Route {
+    events: EventSender,
+    started: bool,
+    bytes: u64,
+}
+
+type Sink = SplitSink<WebSocket, Message>;
+
+/// Runs a worker connection from the first frame to the last.
+pub async fn serve_worker(
+    socket: WebSocket,
+    hub: Arc<Hub>,
+    provider: String,
+    settings: SocketSettings,
+) {
+    let (mut sink, mut stream) = socket.split();
+    let register = match timeout(settings.register_timeout, read_register(&mut stream)).await {
+        Ok(Ok(register)) => register,
+        Ok(Err(reason)) => {
+            tracing::warn!(provider, "worker rejected: {reason}");
+            close(&mut sink, CLOSE_PROTOCOL_ERROR, &reason).await;
+            return;
+        }
+        Err(_) => {
+            let reason = "no register message within the registration timeout";
+            tracing::warn!(provider, "worker rejected: {reason}");
+            close(&mut sink, CLOSE_PROTOCOL_ERROR, reason).await;
+            return;
+        }
+    };
+    let version = register.protocol_version.as_deref();
+    if !is_accepted_protocol_version(version) {
+        let reason = format!(
+            "protocol error: unsupported protocol_version {:?}; this proxy accepts {} or none",
+            version.unwrap_or_default(),
+            ACCEPTED_PROTOCOL_VERSIONS.join(", ")
+        );
+        tracing::warn!(provider, worker_name = %register.worker_name, "worker rejected: {reason}");
+        close(&mut sink, CLOSE_PROTOCOL_ERROR, &reason).await;
+        return;
+    }
+    let joined = match hub.register_worker(&provider, &register) {
+        Ok(joined) => joined,
+        Err(error) => {
+            let reason = match error {
+                RegisterError::UnknownProvider => format!("unknown provider {provider}"),
+                RegisterError::ProviderDisabled => "Provider is currently disabled".to_string(),
+                RegisterError::ShuttingDown => "the proxy is shutting down".to_string(),
+            };
+            close(&mut sink, CLOSE_POLICY, &reason).await;
+            return;
+        }
+    };
+    tracing::info!(
+        worker = %joined.ack.worker_id,
+        name = %register.worker_name,
+        provider,
+        models = ?joined.ack.models,
+        max_concurrent = register.max_concurrent,
+        "worker registered"
+    );
+    for warning in &joined.ack.warnings {
+        tracing::warn!(worker = %joined.ack.worker_id, "registration: {warning}");
+    }
+    let ack = ServerToWorker::RegisterAck(joined.ack).to_json();
+    if sink.send(Message::Text(ack.into())).await.is_err() {
+        hub.worker_gone(joined.worker);
+        return;
+    }
+    let mut connection = Connection {
+        hub: Arc::clone(&hub),
+        worker: joined.worker,
+        routes: HashMap::new(),
+        settings,
+    };
+    let reason = connection.run(&mut sink, stream, joined.outbound).await;
+    if let Some(reason) = &reason {
+        close(&mut sink, CLOSE_NORMAL, reason).await;
+    }
+    tracing::info!(worker = %worker_wire_id(joined.worker), reason = reason.as_deref().unwrap_or("connection closed"), "worker disconnected");
+    hub.worker_gone(joined.worker);
+}
+
+async fn read_register(stream: &mut SplitStream<WebSocket>) -> Result<RegisterMessage, String> {
+    loop {
+        match stream.next().await {
+            Some(Ok(Message::Text(text))) => {
+                return match serde_json::from_str::<WorkerToServer>(&text) {
+                    Ok(WorkerToServer::Register(register)) => Ok(register),
+                    Ok(_) => Err("protocol error: the first message must be register".to_string()),
+                    Err(error) => Err(format!("protocol error: invalid register message: {error}")),
+                };
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+            Some(Ok(Message::Binary(_))) => {
+                return Err("protocol error: expected a JSON text message".to_string())
+            }
+            _ => return Err("connection closed before register".to_string()),
+        }
+    }
+}
+
+async fn close(sink: &mut Sink, code: u16, reason: &str) {
+    // Close reasons are limited to 123 bytes by RFC 6455.
+    let mut reason = reason.to_string();
+    while reason.len() > 123 {
+        reason.pop();
+    }
+    let frame = CloseFrame {
+        code,
+        reason: Utf8Bytes::from(reason),
+    };
+    let _ = sink.send(Message::Close(Some(frame))).await;
+}
+
+struct Connection {
+    hub: Arc<Hub>,
+    worker: WorkerId,
+    routes: HashMap<RequestId, Route>,
+    settings: SocketSettings,
+}
+
+impl Connection {
+    /// Runs until the connection ends; returns a close reason when the proxy ends it.
+    async fn run(
+        &mut self,
+        sink: &mut Sink,
+        mut stream: SplitStream<WebSocket>,
+        mut outbound: mpsc::UnboundedReceiver<Outbound>,
+    ) -> Option<String> {
+        let interval = self.settings.heartbeat_interval;
+        let mut heartbeat = interval_at(Instant::now() + interval, interval);
+        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut last_heard = Instant::now();
+        loop {
+            tokio::select! {
+                frame = stream.next() => match frame {
+                    Some(Ok(Message::Text(text))) => {
+                        last_heard = Instant::now();
+                        self.on_text(&text);
+                    }
+                    Some(Ok(Message::Binary(_))) => {
+                        tracing::warn!(worker = %worker_wire_id(self.worker), "ignoring binary frame from worker: the protocol is JSON text");
+                    }
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => last_heard = Instant::now(),
+                    Some(Ok(Message::Close(_))) | None => return None,
+                    Some(Err(error)) => {
+                        tracing::warn!(worker = %worker_wire_id(self.worker), "worker connection error: {error}");
+                        return None;
+                    }
+                },
+                message = outbound.recv() => {
+                    let Some(message) = message else { return None };
+                    if let Err(reason) = self.write(sink, message, &mut outbound).await {
+                        return reason;
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    if last_heard.elapsed() > self.settings.heartbeat_timeout {
+                        tracing::warn!(worker = %worker_wire_id(self.worker), "worker heartbeat timed out");
+                        return Some("worker heartbeat timed out".to_string());
+                    }
+                    let ping = ServerToWorker::Ping(PingMessage { timestamp_unix_ms: Some(unix_ms()) }).to_json();
+                    if sink.send(Message::Text(ping.into())).await.is_err() {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes `first` and everything else already waiting, then flushes once. Err carries the
+    /// close reason when the connection must end.
+    async fn write(
+        &mut self,
+        sink: &mut Sink,
+        first: Outbound,
+        outbound: &mut mpsc::UnboundedReceiver<Outbound>,
+    ) -> Result<(), Option<String>> {
+        let mut next = Some(first);
+        while let Some(message) = next {
+            let frame = match message {
+                Outbound::Frame(frame) => frame,
+                Outbound::Dispatch {
+                    request,
+                    frame,
+                    events,
+                } => {
+                    self.routes.insert(
+                        request,
+                        Route {
+                            events,
+                            started: false,
+                            bytes: 0,
+                        },
+                    );
+                    frame
+                }
+                Outbound::Forget(request) => {
+                    self.routes.remove(&request);
+                    next = outbound.try_recv().ok();
+                    continue;
+                }
+                Outbound::Close(reason) => return Err(Some(reason)),
+            };
+            if sink.feed(Message::Text(frame)).await.is_err() {
+                return Err(None);
+            }
+            next = outbound.try_recv().ok();
+        }
+        sink.flush().await.map_err(|_| None)
+    }
+
+    fn on_text(&mut self, text: &str) {
+        let message = match serde_json::from_str::<WorkerToServer>(text) {
+            Ok(message) => message,
+            Err(error) => {
+                let preview: String = text.chars().take(80).collect();
+                tracing::warn!(worker = %worker_wire_id(self.worker), "ignoring malformed worker message ({error}): {preview}");
+                return;
+            }
+        };
+        match message {
+            WorkerToServer::ResponseChunk(chunk) => self.on_chunk(chunk),
+            WorkerToServer::ResponseComplete(complete) => self.on_complete(complete),
+            WorkerToServer::Error(error) => self.on_error(error),
+            WorkerToServer::Pong(pong) => self.hub.update_load(self.worker, pong.current_load),
+            WorkerToServer::ModelsUpdate(update) => {
+                let (models, warnings) =
+                    self.hub
+                        .update_models(self.worker, &update.models, update.current_load);
+                tracing::info!(worker = %worker_wire_id(self.worker), ?models, "models updated");
+                for warning in warnings {
+                    tracing::warn!(worker = %worker_wire_id(self.worker), "models_update: {warning}");
+                }
+            }
+            WorkerToServer::Register(_) => {
+                tracing::warn!(worker = %worker_wire_id(self.worker), "ignoring a second register message on the same connection");
+            }
+        }
+    }
+
+    fn route_of(&self, wire_id: &str, what: &str) -> Option<RequestId> {
+        let id = parse_request_wire_id(wire_id);
+        if id.is_none_or(|id| !self.routes.contains_key(&id)) {
+            tracing::debug!(worker = %worker_wire_id(self.worker), request = wire_id, "dropping {what} for an unknown, finished or cancelled request");
+            return None;
+        }
+        id
+    }
+
+    fn on_chunk(&mut self, chunk: ResponseChunkMessage) {
+        let Some(request) = self.route_of(&chunk.request_id, "response_chunk") else {
+            return;
+        };
+        let route = self.routes.get_mut(&request).expect("checked by route_of");
+        route.bytes += chunk.chunk.len() as u64;
+        if route.bytes > self.settings.max_stream_bytes {
+            let limit = self.settings.max_stream_bytes;
+            let route = self.routes.remove(&request).expect("present");
+            let _ = route.events.send(ResponseEvent::Failed(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "stream_too_large",
+                format!("the response exceeded the relay's stream size limit of {limit} bytes"),
+            )));
+            tracing::warn!(request = %chunk.request_id, limit, "stream size limit exceeded; cancelling");
+            self.hub.cancel(request, CancelReason::ClientDisconnect);
+            return;
+        }
+        // A closed channel means the client left; its cancel guard tells the worker.
+        let _ = route
+            .events
+            .send(ResponseEvent::Chunk(Bytes::from(chunk.chunk)));
+        if !route.started {
+            route.started = true;
+            self.hub.mark_started(request);
+        }
+    }
+
+    fn on_complete(&mut self, complete: ResponseCompleteMessage) {
+        let Some(id) = parse_request_wire_id(&complete.request_id) else {
+            tracing::warn!(request = %complete.request_id, "ignoring response_complete for an id this proxy never issued");
+            return;
+        };
+        let route = self.routes.remove(&id);
+        if !self.hub.finish(self.worker, id) {
+            tracing::warn!(worker = %worker_wire_id(self.worker), request = %complete.request_id, "ignoring response_complete for an unknown or already completed request");
+            return;
+        }
+        tracing::debug!(request = %complete.request_id, status = complete.status_code, tokens = ?complete.token_counts, "response complete");
+        if let Some(route) = route {
+            let _ = route.events.send(ResponseEvent::Complete(complete));
+        }
+    }
+
+    fn on_error(&mut self, error: ErrorMessage) {
+        let Some(wire_id) = error.request_id.as_deref() else {
+            tracing::warn!(worker = %worker_wire_id(self.worker), code = %error.code, "worker reported an error: {}", error.message);
+            return;
+        };
+        let Some(id) = parse_request_wire_id(wire_id) else {
+            tracing::warn!(
+                request = wire_id,
+                "ignoring error for an id this proxy never issued"
+            );
+            return;
+        };
+        let route = self.routes.remove(&id);
+        if !self.hub.finish(self.worker, id) {
+            tracing::debug!(
+                request = wire_id,
+                "worker error for a finished or cancelled request: {}",
+                error.message
+            );
+            return;
+        }
+        tracing::warn!(worker = %worker_wire_id(self.worker), request = wire_id, code = %error.code, "worker failed request: {}", error.message);
+        if let Some(route) = route {
+            let _ = route.events.send(ResponseEvent::Failed(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "worker_error",
+                format!("the worker failed this request: {}", error.message),
+            )));
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,213 @@
+//! Forwarding one `request` to the local backend and reporting the answer back as
+//! `response_chunk`s and a final `response_complete`.
+//!
+//! Each request runs in its own task; aborting the task drops the backend response, which closes
+//! the backend connection, so the backend sees the cancellation.
+
+use axum::http::StatusCode;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use super::sse::{SseSplitter, UsageTracker};
+use crate::dialect::Dialect;
+use crate::protocol::{
+    ErrorMessage, HeaderMap, RequestMessage, ResponseChunkMessage, ResponseCompleteMessage,
+    WorkerToServer,
+};
+
+/// A non-streaming backend body larger than this fails the request instead of exhausting memory.
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// What a request task tells the connection loop.
+#[derive(Debug)]
+pub enum TaskEvent {
+    /// A message to send to the proxy.
+    Send(WorkerToServer),
+    /// The request's task is done (its final message was already sent).
+    Done(String),
+}
+
+/// Client headers that must not be copied to the backend request: reqwest sets them itself.
+fn skip_request_header(name: &str) -> bool {
+    matches!(
+        name,
+        "content-length" | "host" | "connection" | "transfer-encoding"
+    )
+}
+
+/// Forwards `request` to `backend_url` and reports everything through `events`.
+pub async fn forward(
+    client: reqwest::Client,
+    backend_url: String,
+    request: RequestMessage,
+    events: mpsc::Sender<TaskEvent>,
+) {
+    let request_id = request.request_id.clone();
+    let report = |message: WorkerToServer| {
+        let events = events.clone();
+        async move { events.send(TaskEvent::Send(message)).await.is_ok() }
+    };
+    let url = format!(
+        "{}{}",
+        backend_url.trim_end_matches('/'),
+        request.endpoint_path
+    );
+    tracing::debug!(request = %request_id, %url, "forwarding request");
+    let mut builder = client.post(&url).body(request.body);
+    let mut has_content_type = false;
+    for (name, value) in &request.headers {
+        let name = name.to_ascii_lowercase();
+        if skip_request_header(&name) {
+            continue;
+        }
+        has_content_type |= name == "content-type";
+        builder = builder.header(name, value);
+    }
+    if !has_content_type {
+        builder = builder.header("content-type", "application/json");
+    }
+    let response = match builder.send().await {
+        Ok(response) => response,
+        Err(error) => {
+            tracing::warn!(request = %request_id, %url, "backend error: {error}");
+            let dialect = Dialect::for_path(&request.endpoint_path);
+            let message = format!(
+                "the worker's backend at {backend_url} is unreachable: {}",
+                error_chain(&error)
+            );
+            report(WorkerToServer::ResponseComplete(ResponseCompleteMessage {
+                request_id: request_id.clone(),
+                status_code: StatusCode::BAD_GATEWAY.as_u16(),
+                headers: json_headers(),
+                body: Some(dialect.error_body(
+                    StatusCode::BAD_GATEWAY,
+                    "backend_unavailable",
+                    &message,
+                )),
+                token_counts: None,
+            }))
+            .await;
+            let _ = events.send(TaskEvent::Done(request_id)).await;
+            return;
+        }
+    };
+    let status = response.status();
+    let headers: HeaderMap = response
+        .headers()
+        .iter()
+        .filter_map(|(name, value)| {
+            Some((name.as_str().to_string(), value.to_str().ok()?.to_string()))
+        })
+        .collect();
+    let is_sse = headers
+        .get("content-type")
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let mut usage = UsageTracker::default();
+    let outcome = if request.is_streaming && status.is_success() && is_sse {
+        stream_body(response, &request_id, &mut usage, &report).await
+    } else {
+        read_body(response, &mut usage).await.map(Some)
+    };
+    let final_message = match outcome {
+        Ok(body) => {
+            if !status.is_success() {
+                tracing::warn!(request = %request_id, status = status.as_u16(), "backend error status");
+            }
+            WorkerToServer::ResponseComplete(ResponseCompleteMessage {
+                request_id: request_id.clone(),
+                status_code: status.as_u16(),
+                headers,
+                body,
+                token_counts: usage.token_counts(),
+            })
+        }
+        Err(message) => {
+            tracing::warn!(request = %request_id, "backend error: {message}");
+            WorkerToServer::Error(ErrorMessage {
+                request_id: Some(request_id.clone()),
+                code: "backend_error".to_string(),
+                message,
+            })
+        }
+    };
+    report(final_message).await;
+    let _ = events.send(TaskEvent::Done(request_id)).await;
+}
+
+/// Sends the SSE body as chunks of whole events; `Ok(None)` when it ended cleanly.
+async fn stream_body<F, Fut>(
+    response: reqwest::Response,
+    request_id: &str,
+    usage: &mut UsageTracker,
+    report: &F,
+) -> Result<Option<String>, String>
+where
+    F: Fn(WorkerToServer) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut splitter = SseSplitter::default();
+    let mut body = response.bytes_stream();
+    while let Some(piece) = body.next().await {
+        let piece =
+            piece.map_err(|e| format!("the backend stream broke off: {}", error_chain(&e)))?;
+        if let Some(text) = splitter.push(&piece) {
+            usage.observe_events(&text);
+            if !report(chunk(request_id, text)).await {
+                return Ok(None);
+            }
+        }
+    }
+    if let Some(rest) = splitter.finish() {
+        usage.observe_events(&rest);
+        report(chunk(request_id, rest)).await;
+    }
+    Ok(None)
+}
+
+fn chunk(request_id: &str, text: String) -> WorkerToServer {
+    WorkerToServer::ResponseChunk(ResponseChunkMessage {
+        request_id: request_id.to_string(),
+        chunk: text,
+    })
+}
+
+/// Reads a whole body, bounded by [`MAX_BODY_BYTES`].
+async fn read_body(
+    response: reqwest::Response,
+    usage: &mut UsageTracker,
+) -> Result<String, String> {
+    let mut bytes = Vec::new();
+    let mut body = response.bytes_stream();
+    while let Some(piece) = body.next().await {
+        let piece = piece
+            .map_err(|e| format!("reading the backend's answer failed: {}", error_chain(&e)))?;
+        if bytes.len() + piece.len() > MAX_BODY_BYTES {
+            return Err(format!(
+                "the backend's answer exceeds {MAX_BODY_BYTES} bytes"
+            ));
+        }
+        bytes.extend_from_slice(&piece);
+    }
+    usage.observe_body(&bytes);
+    Ok(String::from_utf8(bytes)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+}
+
+fn json_headers() -> HeaderMap {
+    HeaderMap::from([("content-type".to_string(), "application/json".to_string())])
+}
+
+/// An error with its causes, e.g. "error sending request: connection refused".
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,154 @@
+//! The worker daemon: connects out to a proxy, registers its models, forwards requests to local
+//! backends, and reconnects with exponential backoff when the connection ends.
+
+pub mod catalog;
+pub mod forward;
+pub mod session;
+pub mod sse;
+
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::sync::watch;
+
+use crate::discovery::DiscoveryOptions;
+use crate::protocol::BRIDGE_PROTOCOL_VERSION;
+use session::SessionEnd;
+
+/// Where a worker's backends come from.
+#[derive(Debug, Clone)]
+pub enum Backends {
+    /// These base URLs (`BACKEND_URL`).
+    Fixed(Vec<String>),
+    /// Whatever discovery finds on this machine, looked for again at each model refresh.
+    Discover(DiscoveryOptions),
+}
+
+/// Everything a worker needs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The proxy's base URL (`http://` or `https://`).
+    pub proxy_url: String,
+    /// The provider's worker secret.
+    pub secret: String,
+    /// The provider to join.
+    pub provider: String,
+    /// This worker's name.
+    pub name: String,
+    /// Backends to forward to.
+    pub backends: Backends,
+    /// Models to advertise; `None` asks the backends.
+    pub models: Option<Vec<String>>,
+    /// Requests run at once.
+    pub max_concurrent: u32,
+    /// Sent in `register`; `None` sends none (legacy).
+    pub protocol_version: Option<String>,
+    /// How often the backends' model lists are re-read.
+    pub model_refresh_interval: Duration,
+    /// On shutdown, in-flight requests get this long to finish.
+    pub drain_timeout: Duration,
+    /// First reconnect delay.
+    pub reconnect_min: Duration,
+    /// Longest reconnect delay.
+    pub reconnect_max: Duration,
+}
+
+impl WorkerConfig {
+    /// A worker joining `proxy_url` with `secret`, forwarding to `backend_url`, asking the backend
+    /// for its models; every other setting at its default.
+    pub fn new(proxy_url: &str, secret: &str, backend_url: &str) -> Self {
+        WorkerConfig {
+            proxy_url: proxy_url.to_string(),
+            secret: secret.to_string(),
+            provider: "local".to_string(),
+            name: "worker".to_string(),
+            backends: Backends::Fixed(vec![backend_url.to_string()]),
+            models: None,
+            max_concurrent: 4,
+            protocol_version: Some(BRIDGE_PROTOCOL_VERSION.to_string()),
+            model_refresh_interval: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(30),
+            reconnect_min: Duration::from_secs(1),
+            reconnect_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Runs the worker until `shutdown` turns true; then it stops taking work, finishes what is in
+/// flight (up to the drain timeout) and returns.
+pub async fn run(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) {
+    let client = backend_client();
+    let mut delay = config.reconnect_min;
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        match session::serve(&config, &client, &mut shutdown).await {
+            SessionEnd::Shutdown => return,
+            SessionEnd::Disconnected { registered, reason } => {
+                if registered {
+                    delay = config.reconnect_min;
+                }
+                let jitter = Duration::from_millis(rand::rng().random_range(0..=500));
+                let wait = delay + jitter;
+                tracing::warn!(
+                    "disconnected from proxy: {reason}; reconnecting in {:.1}s",
+                    wait.as_secs_f64()
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.changed() => return,
+                }
+                delay = (delay * 2).min(config.reconnect_max);
+            }
+        }
+    }
+}
+
+/// The HTTP client for backends: no overall timeout (generations can be long), a short connect
+/// timeout, and no system proxy (backends are local).
+fn backend_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .no_proxy()
+        .tcp_nodelay(true)
+        .build()
+        .expect("a client with these options always builds")
+}
+
+/// The worker endpoint URL for `proxy_url`: `http`→`ws`, `https`→`wss`.
+pub fn connect_url(proxy_url: &str, provider: &str) -> Result<String, String> {
+    let trimmed = proxy_url.trim().trim_end_matches('/');
+    let rest = if let Some(rest) = trimmed.strip_prefix("https://") {
+        format!("wss://{rest}")
+    } else if let Some(rest) = trimmed.strip_prefix("http://") {
+        format!("ws://{rest}")
+    } else if trimmed.starts_with("ws://") || trimmed.starts_with("wss://") {
+        trimmed.to_string()
+    } else {
+        return Err(format!(
+            "PROXY_URL {proxy_url:?} must start with http:// or https://"
+        ));
+    };
+    Ok(format!("{rest}/v1/worker/connect?provider={provider}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_url_scheme_maps_to_websocket_scheme() {
+        assert_eq!(
+            connect_url("http://proxy:8080/", "local").unwrap(),
+            "ws://proxy:8080/v1/worker/connect?provider=local"
+        );
+        assert_eq!(
+            connect_url("https://relay.example.com", "lab").unwrap(),
+            "wss://relay.example.com/v1/worker/connect?provider=lab"
+        );
+        assert!(connect_url("proxy:8080", "local")
+            .unwrap_err()
+            .contains("http://"));
+    }
+}

@@ -1,0 +1,457 @@
+//! One connection to the proxy: connect, `register`, then a loop over the proxy's messages, the
+//! request tasks' output, the model refresh timer and the shutdown signal.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tokio::task::AbortHandle;
+use tokio::time::{interval_at, timeout, Instant, MissedTickBehavior};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use super::catalog::{self, Catalog};
+use super::forward::{error_chain, forward, TaskEvent};
+use super::{connect_url, WorkerConfig};
+use crate::dialect::Dialect;
+use crate::protocol::{
+    ErrorMessage, ModelsUpdateMessage, PongMessage, RegisterMessage, RequestMessage,
+    ResponseCompleteMessage, ServerToWorker, WorkerToServer,
+};
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// The largest message accepted from the proxy (a request with a large body).
+const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// How a session ended.
+#[derive(Debug)]
+pub enum SessionEnd {
+    /// The local shutdown signal: do not reconnect.
+    Shutdown,
+    /// The connection failed or ended; `registered` tells whether it got as far as `register_ack`.
+    Disconnected {
+        /// Whether registration succeeded (resets the reconnect backoff).
+        registered: bool,
+        /// What happened, for the log.
+        reason: String,
+    },
+}
+
+fn disconnected(registered: bool, reason: impl Into<String>) -> SessionEnd {
+    SessionEnd::Disconnected {
+        registered,
+        reason: reason.into(),
+    }
+}
+
+/// Connects, registers and serves until the connection ends or shutdown is requested.
+pub async fn serve(
+    config: &WorkerConfig,
+    client: &reqwest::Client,
+    shutdown: &mut watch::Receiver<bool>,
+) -> SessionEnd {
+    let catalog = catalog::load(config, client).await;
+    let mut socket = match connect(config).await {
+        Ok(socket) => socket,
+        Err(reason) => return disconnected(false, reason),
+    };
+    tracing::info!(proxy = %config.proxy_url, "connected to proxy");
+    let register = WorkerToServer::Register(RegisterMessage {
+        worker_name: config.name.clone(),
+        models: catalog.models(),
+        max_concurrent: config.max_concurrent,
+        protocol_version: config.protocol_version.clone(),
+        current_load: Some(0),
+    });
+    if let Err(error) = socket.send(Message::Text(register.to_json().into())).await {
+        return disconnected(false, format!("sending register failed: {error}"));
+    }
+    match timeout(Duration::from_secs(10), await_ack(&mut socket)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(reason)) => return disconnected(false, reason),
+        Err(_) => return disconnected(false, "the proxy did not answer register within 10s"),
+    }
+    let (events_tx, events) = mpsc::channel(256);
+    let mut session = Session {
+        config,
+        client,
+        catalog,
+        active: HashMap::new(),
+        events_tx,
+        draining: false,
+        drain_deadline: None,
+    };
+    session.run(&mut socket, events, shutdown).await
+}
+
+async fn connect(config: &WorkerConfig) -> Result<Socket, String> {
+    let url = connect_url(&config.proxy_url, &config.provider)?;
+    let mut request = url
+        .as_str()
+        .into_client_request()
+        .map_err(|e| format!("invalid PROXY_URL {:?}: {e}", config.proxy_url))?;
+    let secret = config.secret.parse().map_err(|_| {
+        "WORKER_SECRET contains characters not allowed in an HTTP header".to_string()
+    })?;
+    request.headers_mut().insert("x-worker-secret", secret);
+    let ws_config = WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE_BYTES))
+        .max_frame_size(Some(MAX_MESSAGE_BYTES));
+    match tokio_tungstenite::connect_async_with_config(request, Some(ws_config), true).await {
+        Ok((socket, _)) => Ok(socket),
+        Err(WsError::Http(response)) => {
+            let status = response.status();
+            let body = response
+                .body()
+                .as_deref()
+                .map(String::from_utf8_lossy)
+                .unwrap_or_default()
+                .into_owned();
+            let hint = match status.as_u16() {
+                401 => " (check WORKER_SECRET: it must match the proxy's)",
+                404 => " (check PROVIDER_NAME and that PROXY_URL points at a ModelRelay proxy)",
+                429 => " (too many failed attempts from this address; wait a minute)",
+                _ => "",
+            };
+            Err(format!(
+                "the proxy refused the connection: HTTP {status}{hint}: {body}"
+            ))
+        }
+        Err(error) => Err(format!(
+            "cannot connect to the proxy at {}: {}",
+            config.proxy_url,
+            error_chain(&error)
+        )),
+    }
+}
+
+async fn await_ack(socket: &mut Socket) -> Result<(), String> {
+    while let Some(frame) = socket.next().await {
+        match frame.map_err(|e| format!("connection failed during registration: {e}"))? {
+            Message::Text(text) => match serde_json::from_str::<ServerToWorker>(&text) {
+                Ok(ServerToWorker::RegisterAck(ack)) => {
+                    tracing::info!(worker_id = %ack.worker_id, models = ?ack.models, "registered");
+                    for warning in ack.warnings {
+                        tracing::warn!("registration: {warning}");
+                    }
+                    return Ok(());
+                }
+                Ok(other) => tracing::debug!(?other, "message before register_ack ignored"),
+                Err(error) => tracing::warn!("ignoring malformed proxy message: {error}"),
+            },
+            Message::Close(frame) => {
+                let reason = frame.map(|f| f.reason.to_string()).unwrap_or_default();
+                return Err(format!(
+                    "the proxy closed the connection during registration: {reason}"
+                ));
+            }
+            _ => {}
+        }
+    }
+    Err("the connection closed during registration".to_string())
+}
+
+struct Session<'a> {
+    config: &'a WorkerConfig,
+    client: &'a reqwest::Client,
+    catalog: Catalog,
+    /// Running requests by wire id.
+    active: HashMap<String, AbortHandle>,
+    events_tx: mpsc::Sender<TaskEvent>,
+    draining: bool,
+    drain_deadline: Option<Instant>,
+}
+
+/// What the loop should do after handling a message.
+enum Next {
+    Continue,
+    End(SessionEnd),
+}
+
+impl Session<'_> {
+    async fn run(
+        &mut self,
+        socket: &mut Socket,
+        mut events: mpsc::Receiver<TaskEvent>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> SessionEnd {
+        let period = self.config.model_refresh_interval;
+        let mut refresh = interval_at(Instant::now() + period, period);
+        refresh.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let (catalog_tx, mut catalogs) = mpsc::channel::<Catalog>(1);
+        let mut local_shutdown = false;
+        loop {
+            let drain_deadline = self.drain_deadline;
+            let next = tokio::select! {
+                frame = socket.next() => match frame {
+                    Some(Ok(Message::Text(text))) => self.on_proxy_message(socket, &text, &catalog_tx).await,
+                    Some(Ok(Message::Close(frame))) => {
+                        let reason = frame.map(|f| f.reason.to_string()).filter(|r| !r.is_empty());
+                        Next::End(disconnected(true, reason.unwrap_or_else(|| "the proxy closed the connection".into())))
+                    }
+                    Some(Ok(_)) => Next::Continue,
+                    Some(Err(error)) => Next::End(disconnected(true, format!("connection error: {error}"))),
+                    None => Next::End(disconnected(true, "the connection closed")),
+                },
+                Some(event) = events.recv() => self.on_task_event(socket, event, &mut events).await,
+                Some(catalog) = catalogs.recv() => self.on_catalog(socket, catalog).await,
+                _ = refresh.tick() => {
+                    self.spawn_refresh(&catalog_tx);
+                    Next::Continue
+                }
+                changed = shutdown.changed(), if !local_shutdown => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        local_shutdown = true;
+                        self.begin_local_drain(socket).await
+                    } else {
+                        Next::Continue
+                    }
+                }
+                _ = tokio::time::sleep_until(drain_deadline.unwrap_or_else(Instant::now)), if drain_deadline.is_some() => {
+                    tracing::warn!(left = self.active.len(), "drain timeout: abandoning requests still in flight");
+                    for (_, task) in self.active.drain() {
+                        task.abort();
+                    }
+                    close(socket, "worker drain timeout").await;
+                    Next::End(disconnected(true, "drain timeout"))
+                }
+            };
+            if let Next::End(end) = next {
+                for (_, task) in self.active.drain() {
+                    task.abort();
+                }
+                // After a local shutdown began, however the connection ends, do not reconnect.
+                return if local_shutdown {
+                    SessionEnd::Shutdown
+                } else {
+                    end
+                };
+            }
+        }
+    }
+
+    async fn on_proxy_message(
+        &mut self,
+        socket: &mut Socket,
+        text: &str,
+        catalog_tx: &mpsc::Sender<Catalog>,
+    ) -> Next {
+        let message = match serde_json::from_str::<ServerToWorker>(text) {
+            Ok(message) => message,
+            Err(error) => {
+                tracing::warn!("ignoring malformed proxy message: {error}");
+                return Next::Continue;
+            }
+        };
+        match message {
+            ServerToWorker::Request(request) => {
+                self.start_request(socket, request).await;
+                Next::Continue
+            }
+            ServerToWorker::Cancel(cancel) => {
+                if let Some(task) = self.active.remove(&cancel.request_id) {
+                    task.abort();
+                    tracing::info!(request = %cancel.request_id, reason = cancel.reason.as_str(), "cancelled");
+                    // Confirm the end so the proxy frees the slot at once.
+                    let confirm = WorkerToServer::Error(ErrorMessage {
+                        request_id: Some(cancel.request_id),
+                        code: "cancelled".to_string(),
+                        message: format!("request cancelled: {}", cancel.reason.as_str()),
+                    });
+                    if send(socket, &confirm).await.is_err() {
+                        return Next::End(disconnected(true, "sending failed"));
+                    }
+                }
+                self.maybe_drained(socket).await
+            }
+            ServerToWorker::Ping(ping) => {
+                let pong = WorkerToServer::Pong(PongMessage {
+                    current_load: self.active.len() as u32,
+                    timestamp_unix_ms: ping.timestamp_unix_ms,
+                });
+                match send(socket, &pong).await {
+                    Ok(()) => Next::Continue,
+                    Err(()) => Next::End(disconnected(true, "sending failed")),
+                }
+            }
+            ServerToWorker::GracefulShutdown(message) => {
+                tracing::info!(
+                    reason = message.reason.as_deref().unwrap_or(""),
+                    in_flight = self.active.len(),
+                    "graceful shutdown"
+                );
+                self.draining = true;
+                let timeout = message
+                    .drain_timeout_secs
+                    .map(Duration::from_secs)
+                    .unwrap_or(self.config.drain_timeout);
+                self.drain_deadline = Some(Instant::now() + timeout);
+                self.maybe_drained(socket).await
+            }
+            ServerToWorker::ModelsRefresh(message) => {
+                tracing::info!(
+                    reason = message.reason.as_deref().unwrap_or(""),
+                    "models refresh requested"
+                );
+                self.spawn_refresh(catalog_tx);
+                Next::Continue
+            }
+            ServerToWorker::RegisterAck(_) => Next::Continue,
+        }
+    }
+
+    async fn start_request(&mut self, socket: &mut Socket, request: RequestMessage) {
+        let backend = self.catalog.backend_for(&request.model).map(str::to_string);
+        let refusal = if self.draining {
+            Some((
+                StatusCode::SERVICE_UNAVAILABLE,
+                "worker_draining",
+                "this worker is draining and takes no new requests".to_string(),
+            ))
+        } else {
+            backend.is_none().then(|| {
+                (StatusCode::BAD_GATEWAY, "backend_unavailable", "this worker has no backend; start one (llama-server, Ollama, ...) or set BACKEND_URL".to_string())
+            })
+        };
+        if let Some((status, code, message)) = refusal {
+            let dialect = Dialect::for_path(&request.endpoint_path);
+            let answer = WorkerToServer::ResponseComplete(ResponseCompleteMessage {
+                request_id: request.request_id,
+                status_code: status.as_u16(),
+                headers: [("content-type".to_string(), "application/json".to_string())].into(),
+                body: Some(dialect.error_body(status, code, &message)),
+                token_counts: None,
+            });
+            let _ = send(socket, &answer).await;
+            return;
+        }
+        let id = request.request_id.clone();
+        let task = tokio::spawn(forward(
+            self.client.clone(),
+            backend.expect("checked above"),
+            request,
+            self.events_tx.clone(),
+        ));
+        self.active.insert(id, task.abort_handle());
+    }
+
+    /// Sends a task's message, plus every other message already waiting, with one flush.
+    async fn on_task_event(
+        &mut self,
+        socket: &mut Socket,
+        first: TaskEvent,
+        events: &mut mpsc::Receiver<TaskEvent>,
+    ) -> Next {
+        let mut next = Some(first);
+        let mut any_done = false;
+        while let Some(event) = next {
+            match event {
+                TaskEvent::Send(message) => {
+                    if let WorkerToServer::ResponseChunk(chunk) = &message {
+                        // A late chunk of a cancelled request is not sent.
+                        if !self.active.contains_key(&chunk.request_id) {
+                            next = events.try_recv().ok();
+                            continue;
+                        }
+                    }
+                    if socket
+                        .feed(Message::Text(message.to_json().into()))
+                        .await
+                        .is_err()
+                    {
+                        return Next::End(disconnected(true, "sending failed"));
+                    }
+                }
+                TaskEvent::Done(id) => {
+                    self.active.remove(&id);
+                    any_done = true;
+                }
+            }
+            next = events.try_recv().ok();
+        }
+        if socket.flush().await.is_err() {
+            return Next::End(disconnected(true, "sending failed"));
+        }
+        if any_done {
+            return self.maybe_drained(socket).await;
+        }
+        Next::Continue
+    }
+
+    async fn on_catalog(&mut self, socket: &mut Socket, catalog: Catalog) -> Next {
+        if catalog == self.catalog || self.draining {
+            return Next::Continue;
+        }
+        let models = catalog.models();
+        tracing::info!(?models, "backend models changed");
+        self.catalog = catalog;
+        let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            models,
+            current_load: self.active.len() as u32,
+        });
+        match send(socket, &update).await {
+            Ok(()) => Next::Continue,
+            Err(()) => Next::End(disconnected(true, "sending failed")),
+        }
+    }
+
+    fn spawn_refresh(&self, catalog_tx: &mpsc::Sender<Catalog>) {
+        let config = self.config.clone();
+        let client = self.client.clone();
+        let catalog_tx = catalog_tx.clone();
+        tokio::spawn(async move {
+            let catalog = catalog::load(&config, &client).await;
+            let _ = catalog_tx.send(catalog).await;
+        });
+    }
+
+    /// SIGTERM: advertise no models (so no proxy, old or new, routes more work here), finish
+    /// what is in flight, then close.
+    async fn begin_local_drain(&mut self, socket: &mut Socket) -> Next {
+        tracing::info!(
+            in_flight = self.active.len(),
+            "graceful shutdown: finishing in-flight requests"
+        );
+        self.draining = true;
+        self.drain_deadline = Some(Instant::now() + self.config.drain_timeout);
+        let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            models: Vec::new(),
+            current_load: self.active.len() as u32,
+        });
+        if send(socket, &update).await.is_err() {
+            return Next::End(SessionEnd::Shutdown);
+        }
+        self.maybe_drained(socket).await
+    }
+
+    /// Closes the connection once a draining worker has nothing left in flight.
+    async fn maybe_drained(&mut self, socket: &mut Socket) -> Next {
+        if self.draining && self.active.is_empty() {
+            tracing::info!("drained: no requests in flight");
+            close(socket, "worker drained").await;
+            return Next::End(disconnected(true, "drained"));
+        }
+        Next::Continue
+    }
+}
+
+async fn send(socket: &mut Socket, message: &WorkerToServer) -> Result<(), ()> {
+    socket
+        .send(Message::Text(message.to_json().into()))
+        .await
+        .map_err(|_| ())
+}
+
+async fn close(socket: &mut Socket, reason: &str) {
+    let frame = CloseFrame {
+        code: tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode::Normal,
+        reason: reason.to_string().into(),
+    };
+    let _ = socket.close(Some(frame)).await;
+}

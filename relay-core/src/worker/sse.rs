@@ -1,0 +1,242 @@
+//! Cutting a backend's byte stream into whole SSE events, and reading token usage from answers.
+//!
+//! A `response_chunk` carries text, so a chunk must never end inside a UTF-8 character; cutting at
+//! event boundaries also lets usage be read from whole events. Everything that is already complete
+//! when bytes arrive is sent as one chunk, so bursts cost one WebSocket frame.
+
+use serde_json::Value;
+
+use crate::protocol::TokenCounts;
+
+/// A partial event larger than this is sent anyway (at a character boundary) so a backend that
+/// never ends an event cannot make the worker buffer without bound.
+const MAX_PENDING: usize = 1024 * 1024;
+
+/// Accumulates bytes and releases whole SSE events.
+#[derive(Debug, Default)]
+pub struct SseSplitter {
+    pending: Vec<u8>,
+}
+
+impl SseSplitter {
+    /// Adds `bytes`; returns every event completed so far, as one string.
+    pub fn push(&mut self, bytes: &[u8]) -> Option<String> {
+        self.pending.extend_from_slice(bytes);
+        let cut = match last_event_end(&self.pending) {
+            Some(end) => end,
+            None if self.pending.len() > MAX_PENDING => char_boundary(&self.pending),
+            None => return None,
+        };
+        if cut == 0 {
+            return None;
+        }
+        let rest = self.pending.split_off(cut);
+        let ready = std::mem::replace(&mut self.pending, rest);
+        Some(into_text(ready))
+    }
+
+    /// Whatever is left when the stream ends.
+    pub fn finish(self) -> Option<String> {
+        (!self.pending.is_empty()).then(|| into_text(self.pending))
+    }
+}
+
+fn into_text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// The index just past the last blank line (`\n\n` or `\r\n\r\n`) in `bytes`.
+fn last_event_end(bytes: &[u8]) -> Option<usize> {
+    let lf = bytes.windows(2).rposition(|w| w == b"\n\n").map(|i| i + 2);
+    let crlf = bytes
+        .windows(4)
+        .rposition(|w| w == b"\r\n\r\n")
+        .map(|i| i + 4);
+    lf.max(crlf)
+}
+
+/// The longest prefix of `bytes` that does not end inside a UTF-8 character.
+fn char_boundary(bytes: &[u8]) -> usize {
+    match std::str::from_utf8(bytes) {
+        Ok(_) => bytes.len(),
+        Err(e) => e.valid_up_to(),
+    }
+}
+
+/// Token usage gathered from an answer: OpenAI Chat/Completions (`usage.prompt_tokens`), OpenAI
+/// Responses (`usage.input_tokens`, also inside `response`), and Anthropic Messages
+/// (`message.usage` in `message_start`, `usage` in `message_delta`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct UsageTracker {
+    counts: TokenCounts,
+}
+
+impl UsageTracker {
+    /// Reads usage from a whole JSON body.
+    pub fn observe_body(&mut self, body: &[u8]) {
+        if let Ok(value) = serde_json::from_slice::<Value>(body) {
+            self.observe(&value);
+        }
+    }
+
+    /// Reads usage from the `data:` lines of SSE text; only lines mentioning usage are parsed.
+    pub fn observe_events(&mut self, text: &str) {
+        if !text.contains("usage") {
+            return;
+        }
+        for line in text.lines() {
+            let Some(data) = line.strip_prefix("data:") else {
+                continue;
+            };
+            if data.contains("usage") {
+                if let Ok(value) = serde_json::from_str::<Value>(data.trim()) {
+                    self.observe(&value);
+                }
+            }
+        }
+    }
+
+    fn observe(&mut self, value: &Value) {
+        let candidates = [
+            value.get("usage"),
+            value.get("message").and_then(|m| m.get("usage")),
+            value.get("response").and_then(|r| r.get("usage")),
+        ];
+        for usage in candidates.into_iter().flatten() {
+            let field = |name: &str| {
+                usage
+                    .get(name)
+                    .and_then(Value::as_u64)
+                    .and_then(|n| u32::try_from(n).ok())
+            };
+            if let Some(n) = field("prompt_tokens").or_else(|| field("input_tokens")) {
+                self.counts.prompt_tokens = Some(n);
+            }
+            if let Some(n) = field("completion_tokens").or_else(|| field("output_tokens")) {
+                self.counts.completion_tokens = Some(n);
+            }
+            if let Some(n) = field("total_tokens") {
+                self.counts.total_tokens = Some(n);
+            }
+        }
+    }
+
+    /// The counts seen, with the total derived when the backend gave only its parts.
+    pub fn token_counts(&self) -> Option<TokenCounts> {
+        let mut counts = self.counts;
+        if counts.total_tokens.is_none() {
+            if let (Some(p), Some(c)) = (counts.prompt_tokens, counts.completion_tokens) {
+                counts.total_tokens = Some(p.saturating_add(c));
+            }
+        }
+        (counts != TokenCounts::default()).then_some(counts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_events_are_released_and_partial_ones_kept() {
+        let mut s = SseSplitter::default();
+        assert_eq!(
+            s.push(b"data: {\"a\":1}\n\ndata: {\"b\""),
+            Some("data: {\"a\":1}\n\n".to_string())
+        );
+        assert_eq!(s.push(b":2}\n"), None);
+        assert_eq!(s.push(b"\n"), Some("data: {\"b\":2}\n\n".to_string()));
+        assert_eq!(s.finish(), None);
+    }
+
+    #[test]
+    fn a_burst_of_events_becomes_one_chunk() {
+        let mut s = SseSplitter::default();
+        let burst = b"data: 1\n\ndata: 2\n\ndata: 3\n\n";
+        assert_eq!(
+            s.push(burst).as_deref(),
+            Some("data: 1\n\ndata: 2\n\ndata: 3\n\n")
+        );
+    }
+
+    #[test]
+    fn crlf_event_boundaries_are_recognised() {
+        let mut s = SseSplitter::default();
+        assert_eq!(
+            s.push(b"data: x\r\n\r\nda").as_deref(),
+            Some("data: x\r\n\r\n")
+        );
+        assert_eq!(s.finish().as_deref(), Some("da"));
+    }
+
+    #[test]
+    fn multibyte_characters_split_across_reads_stay_whole() {
+        let text = "data: {\"t\":\"héllo 😀\"}\n\n".as_bytes();
+        let mut s = SseSplitter::default();
+        let mut out = String::new();
+        for byte in text {
+            if let Some(chunk) = s.push(&[*byte]) {
+                out.push_str(&chunk);
+            }
+        }
+        assert_eq!(out.as_bytes(), text);
+    }
+
+    #[test]
+    fn an_endless_event_is_flushed_at_a_character_boundary() {
+        let mut s = SseSplitter::default();
+        let mut big = "é".repeat(MAX_PENDING / 2 + 1).into_bytes();
+        big.push(0xC3); // first half of another "é"
+        let out = s.push(&big).expect("flushed");
+        assert!(out.len() > MAX_PENDING);
+        assert_eq!(
+            s.finish().map(|rest| rest.len()),
+            Some(3),
+            "the dangling byte is kept (lossy at end)"
+        );
+    }
+
+    #[test]
+    fn openai_usage_from_a_body() {
+        let mut u = UsageTracker::default();
+        u.observe_body(br#"{"choices":[],"usage":{"prompt_tokens":42,"completion_tokens":128,"total_tokens":170}}"#);
+        assert_eq!(
+            u.token_counts(),
+            Some(TokenCounts {
+                prompt_tokens: Some(42),
+                completion_tokens: Some(128),
+                total_tokens: Some(170)
+            })
+        );
+    }
+
+    #[test]
+    fn anthropic_stream_usage_from_message_start_and_delta() {
+        let mut u = UsageTracker::default();
+        u.observe_events("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"output_tokens\":1}}}\n\n");
+        u.observe_events("event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":25}}\n\n");
+        assert_eq!(
+            u.token_counts(),
+            Some(TokenCounts {
+                prompt_tokens: Some(10),
+                completion_tokens: Some(25),
+                total_tokens: Some(35)
+            })
+        );
+    }
+
+    #[test]
+    fn responses_usage_inside_response_object() {
+        let mut u = UsageTracker::default();
+        u.observe_events("data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":4,\"total_tokens\":7}}}\n\n");
+        assert_eq!(u.token_counts().and_then(|c| c.total_tokens), Some(7));
+    }
+
+    #[test]
+    fn no_usage_means_no_counts() {
+        let mut u = UsageTracker::default();
+        u.observe_events("data: {\"choices\":[]}\n\ndata: [DONE]\n\n");
+        u.observe_body(b"not json");
+        assert_eq!(u.token_counts(), None);
+    }
+}
