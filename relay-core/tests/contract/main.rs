@@ -1,0 +1,7 @@
+//! The contract suite: one test per behavior of the behavior contract (seed 002) and per scenario
+//! of the protocol walkthrough (seed 001), each driving a real proxy over real sockets.
+//!
+//! One test binary with modules keeps link time down on small machines.
+
+mod support;
+mod walkthrough;
