@@ -64,6 +64,7 @@ pub enum BackendKind {
     Llamafile,
     /// Something that speaks the OpenAI model-listing API but that we could not
     /// pin down further; still perfectly usable as a backend.
+    #[serde(rename = "openai_compatible")]
     OpenAiCompatible,
 }
 
@@ -1300,7 +1301,7 @@ mod tests {
         assert_eq!(BackendKind::OpenAiCompatible.label(), "OpenAI-compatible");
         assert_eq!(
             serde_json::to_value(BackendKind::OpenAiCompatible).unwrap(),
-            json!("open_ai_compatible")
+            json!("openai_compatible")
         );
         assert_eq!(url_host("::1"), "[::1]");
         assert_eq!(url_host("127.0.0.1"), "127.0.0.1");

@@ -4,6 +4,9 @@
 //!
 //! Start with `ARCHITECTURE.md` at the repository root for the map.
 
+pub mod app;
+pub mod cli;
+pub mod config;
 pub mod dialect;
 pub mod discovery;
 pub mod protocol;

@@ -1,1 +1,37 @@
-fn main() {}
+//! `modelrelay`: the headless command. See `modelrelay --help`.
+
+use clap::Parser;
+use relay_core::app;
+use relay_core::cli::Cli;
+use tracing_subscriber::EnvFilter;
+
+fn init_logging(level: Option<&str>) {
+    let level = level.unwrap_or("info");
+    // A bare level applies to ModelRelay; libraries stay at warn so debug logs stay readable.
+    let directive = if level.contains('=') {
+        level.to_string()
+    } else {
+        format!("warn,relay_core={level},modelrelay={level}")
+    };
+    let filter = EnvFilter::try_new(&directive).unwrap_or_else(|error| {
+        eprintln!("LOG_LEVEL {level:?} is not valid ({error}); using info");
+        EnvFilter::new("warn,relay_core=info,modelrelay=info")
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_level.as_deref());
+    match app::run(cli).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("modelrelay: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

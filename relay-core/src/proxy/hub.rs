@@ -517,7 +517,9 @@ fn submit_error(error: SubmitError, model: &str, models: &[(String, String)]) ->
         SubmitError::UnknownModel => {
             let available: Vec<&str> = models.iter().take(20).map(|(m, _)| m.as_str()).collect();
             let hint = if available.is_empty() {
-                "no worker is connected; start a worker or check its logs".to_string()
+                "no connected worker serves any model yet; start a model server or a worker, \
+                 or check the workers' logs"
+                    .to_string()
             } else {
                 format!("available models: {}", available.join(", "))
             };

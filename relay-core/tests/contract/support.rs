@@ -548,3 +548,398 @@ pub fn sse_data(body: &str) -> Vec<String> {
         })
         .collect()
 }
+
+// --- helpers added for walkthrough/bad input ---
+
+impl ScriptedWorker {
+    /// The next protocol message within `within`, answering pings with pong (load 0) on the way;
+    /// `None` when nothing but pings arrived in time. Panics if the socket closes.
+    pub async fn recv_within(&mut self, within: Duration) -> Option<ServerToWorker> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let frame = match tokio::time::timeout_at(deadline, self.socket.next()).await {
+                Err(_) => return None,
+                Ok(frame) => frame.expect("socket open").expect("frame"),
+            };
+            let text = match frame {
+                Message::Text(text) => text,
+                Message::Close(frame) => panic!("socket closed: {frame:?}"),
+                _ => continue,
+            };
+            let message: ServerToWorker =
+                serde_json::from_str(&text).expect("valid server message");
+            if let ServerToWorker::Ping(ping) = &message {
+                let pong = WorkerToServer::Pong(relay_core::protocol::PongMessage {
+                    current_load: 0,
+                    timestamp_unix_ms: ping.timestamp_unix_ms,
+                });
+                self.send(&pong).await;
+                continue;
+            }
+            return Some(message);
+        }
+    }
+
+    /// The next `request`, read without answering pings (a worker whose heartbeat is dead).
+    pub async fn next_request_silently(&mut self) -> relay_core::protocol::RequestMessage {
+        loop {
+            match self.recv_any().await {
+                ServerToWorker::Ping(_) => continue,
+                ServerToWorker::Request(request) => return request,
+                other => panic!("expected request, got {other:?}"),
+            }
+        }
+    }
+}
+
+/// An address on 127.0.0.1 where nothing listens (a backend that is down).
+pub async fn dead_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    addr
+}
+
+impl MockBackend {
+    /// Starts the mock backend on a given address (to bring a backend that was down back up).
+    pub async fn start_at(addr: SocketAddr, models: &[&str]) -> MockBackend {
+        let state = Arc::new(MockState {
+            models: models.iter().map(|m| m.to_string()).collect(),
+            ..MockState::default()
+        });
+        let app = Router::new()
+            .route("/v1/models", routing::get(mock_models))
+            .route("/v1/chat/completions", routing::post(mock_inference))
+            .route("/v1/messages", routing::post(mock_inference))
+            .with_state(state.clone());
+        let listener = TcpListener::bind(addr).await.expect("bind backend again");
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.expect("backend serves");
+        });
+        MockBackend { addr, state, task }
+    }
+}
+
+#[derive(Default)]
+struct ControlledState {
+    models: Mutex<Vec<String>>,
+    answered: Mutex<Vec<String>>,
+    started: AtomicUsize,
+    dropped: AtomicUsize,
+}
+
+/// A backend whose model list changes at runtime and which can hold a non-streaming request
+/// without ever answering (`{"mock": {"hang": true}}`), counting requests whose worker gave up
+/// (the handler was dropped before it answered).
+pub struct ControlledBackend {
+    pub addr: SocketAddr,
+    state: Arc<ControlledState>,
+    task: JoinHandle<()>,
+}
+
+/// Counts a handler dropped before it answered.
+struct HandlerEnd {
+    state: Arc<ControlledState>,
+    finished: bool,
+}
+
+impl Drop for HandlerEnd {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.state.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl ControlledBackend {
+    /// Starts a backend listing `models`.
+    pub async fn start(models: &[&str]) -> ControlledBackend {
+        let state = Arc::new(ControlledState::default());
+        *state.models.lock().unwrap() = models.iter().map(|m| m.to_string()).collect();
+        let app = Router::new()
+            .route("/v1/models", routing::get(controlled_models))
+            .route("/v1/chat/completions", routing::post(controlled_inference))
+            .with_state(state.clone());
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind backend");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.expect("backend serves");
+        });
+        ControlledBackend { addr, state, task }
+    }
+
+    /// Its base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Replaces the listed models.
+    pub fn set_models(&self, models: &[&str]) {
+        *self.state.models.lock().unwrap() = models.iter().map(|m| m.to_string()).collect();
+    }
+
+    /// Models of the requests answered so far, in order.
+    pub fn answered(&self) -> Vec<String> {
+        self.state.answered.lock().unwrap().clone()
+    }
+
+    /// Inference requests received so far.
+    pub fn started(&self) -> usize {
+        self.state.started.load(Ordering::SeqCst)
+    }
+
+    /// Requests whose client (the worker) went away before the answer.
+    pub fn dropped(&self) -> usize {
+        self.state.dropped.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for ControlledBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn controlled_models(State(state): State<Arc<ControlledState>>) -> Json<Value> {
+    let data: Vec<Value> = state
+        .models
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|m| json!({"id": m, "object": "model", "owned_by": "controlled"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn controlled_inference(
+    State(state): State<Arc<ControlledState>>,
+    Json(body): Json<Value>,
+) -> Json<Value> {
+    state.started.fetch_add(1, Ordering::SeqCst);
+    let mut end = HandlerEnd {
+        state: state.clone(),
+        finished: false,
+    };
+    if body["mock"]["hang"].as_bool() == Some(true) {
+        std::future::pending::<()>().await;
+    }
+    let model = body["model"].as_str().unwrap_or_default().to_string();
+    state.answered.lock().unwrap().push(model.clone());
+    end.finished = true;
+    Json(json!({
+        "id": "chatcmpl-controlled",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("served {model}")}, "finish_reason": "stop"}]
+    }))
+}
+
+// --- helpers added for contract modules ---
+
+/// Shorthand for the request message type the scripted workers receive.
+pub type WireRequest = relay_core::protocol::RequestMessage;
+
+impl ScriptedWorker {
+    /// Sends a hand-built `register` and returns the proxy's first answer (normally the ack).
+    pub async fn register_message(&mut self, register: RegisterMessage) -> RegisterAck {
+        self.send(&WorkerToServer::Register(register)).await;
+        match self.recv().await {
+            ServerToWorker::RegisterAck(ack) => ack,
+            other => panic!("expected register_ack, got {other:?}"),
+        }
+    }
+
+    /// The next non-ping message within `within`, WITHOUT answering pings (so the worker's
+    /// reported load is not touched); `None` if nothing else arrived. Panics if the socket closes.
+    pub async fn next_message_quietly(&mut self, within: Duration) -> Option<ServerToWorker> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let frame = match tokio::time::timeout_at(deadline, self.socket.next()).await {
+                Err(_) => return None,
+                Ok(Some(Ok(frame))) => frame,
+                Ok(other) => panic!("worker socket ended: {other:?}"),
+            };
+            match frame {
+                Message::Text(text) => {
+                    let message: ServerToWorker =
+                        serde_json::from_str(&text).expect("valid server message");
+                    if !matches!(message, ServerToWorker::Ping(_)) {
+                        return Some(message);
+                    }
+                }
+                Message::Close(frame) => panic!("worker socket closed: {frame:?}"),
+                _ => {}
+            }
+        }
+    }
+
+    /// Asserts that nothing but pings reaches this worker for `period` (pings are not answered).
+    pub async fn assert_nothing_for(&mut self, period: Duration, why: &str) {
+        if let Some(message) = self.next_message_quietly(period).await {
+            panic!("{why}: expected no message, got {message:?}");
+        }
+    }
+
+    /// Waits for a `cancel` (skipping pings, which are answered) and returns it.
+    pub async fn next_cancel(&mut self) -> relay_core::protocol::CancelMessage {
+        match self.recv().await {
+            ServerToWorker::Cancel(cancel) => cancel,
+            other => panic!("expected cancel, got {other:?}"),
+        }
+    }
+
+    /// Answers `request_id` with an arbitrary status, headers and body.
+    pub async fn complete_with(
+        &mut self,
+        request_id: &str,
+        status_code: u16,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) {
+        self.send(&WorkerToServer::ResponseComplete(
+            relay_core::protocol::ResponseCompleteMessage {
+                request_id: request_id.to_string(),
+                status_code,
+                headers: headers
+                    .iter()
+                    .map(|(n, v)| (n.to_string(), v.to_string()))
+                    .collect(),
+                body: Some(body.to_string()),
+                token_counts: None,
+            },
+        ))
+        .await;
+    }
+
+    /// Ends a streaming answer with `response_complete` (status 200, no body).
+    pub async fn finish_stream(&mut self, request_id: &str) {
+        self.send(&WorkerToServer::ResponseComplete(
+            relay_core::protocol::ResponseCompleteMessage {
+                request_id: request_id.to_string(),
+                status_code: 200,
+                headers: BTreeMap::from([(
+                    "content-type".to_string(),
+                    "text/event-stream".to_string(),
+                )]),
+                body: None,
+                token_counts: None,
+            },
+        ))
+        .await;
+    }
+
+    /// Sends a worker `error`, scoped to `request_id` when given.
+    pub async fn fail(&mut self, request_id: Option<&str>, message: &str) {
+        self.send(&WorkerToServer::Error(relay_core::protocol::ErrorMessage {
+            request_id: request_id.map(str::to_string),
+            code: "backend_unavailable".to_string(),
+            message: message.to_string(),
+        }))
+        .await;
+    }
+}
+
+/// A `register` message as a worker written from the seeds would send it.
+pub fn register_message(
+    name: &str,
+    models: &[&str],
+    max_concurrent: u32,
+    protocol_version: Option<&str>,
+    current_load: Option<u32>,
+) -> RegisterMessage {
+    RegisterMessage {
+        worker_name: name.to_string(),
+        models: models.iter().map(|m| m.to_string()).collect(),
+        max_concurrent,
+        protocol_version: protocol_version.map(str::to_string),
+        current_load,
+    }
+}
+
+/// Waits for the next `request` on either worker: (0 for `a`, 1 for `b`, the request).
+pub async fn next_request_on_either(
+    a: &mut ScriptedWorker,
+    b: &mut ScriptedWorker,
+) -> (usize, WireRequest) {
+    tokio::select! {
+        request = a.next_request() => (0, request),
+        request = b.next_request() => (1, request),
+    }
+}
+
+/// Runs [`post`] in the background (for requests that wait on a worker).
+pub fn spawn_post(
+    base: &str,
+    path: &str,
+    body: Value,
+) -> JoinHandle<(StatusCode, HeaderMap, String)> {
+    let (base, path) = (base.to_string(), path.to_string());
+    tokio::spawn(async move { post(&base, &path, &body).await })
+}
+
+/// Awaits a background [`spawn_post`] within [`WAIT`].
+pub async fn answer_of(
+    task: JoinHandle<(StatusCode, HeaderMap, String)>,
+) -> (StatusCode, HeaderMap, String) {
+    tokio::time::timeout(WAIT, task)
+        .await
+        .expect("answer in time")
+        .expect("client task")
+}
+
+/// An HTTP/1.1 client on a raw TCP socket, so a test controls exactly when it disconnects.
+pub struct RawHttpClient {
+    stream: TcpStream,
+    received: Vec<u8>,
+}
+
+impl RawHttpClient {
+    /// Connects to `addr` and sends a JSON POST to `path`.
+    pub async fn post(addr: SocketAddr, path: &str, body: &Value) -> RawHttpClient {
+        use tokio::io::AsyncWriteExt;
+        let body = body.to_string();
+        let mut stream = TcpStream::connect(addr).await.expect("connect to proxy");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.expect("write head");
+        stream.write_all(body.as_bytes()).await.expect("write body");
+        RawHttpClient {
+            stream,
+            received: Vec::new(),
+        }
+    }
+
+    /// Reads until the bytes received so far contain `needle`; returns them as text.
+    pub async fn read_until(&mut self, needle: &str) -> String {
+        use tokio::io::AsyncReadExt;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !String::from_utf8_lossy(&self.received).contains(needle) {
+            let mut buf = [0u8; 4096];
+            let n = tokio::time::timeout_at(deadline, self.stream.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "timed out waiting for {needle:?}; got {:?}",
+                        String::from_utf8_lossy(&self.received)
+                    )
+                })
+                .expect("read");
+            assert!(
+                n > 0,
+                "connection closed before {needle:?}; got {:?}",
+                String::from_utf8_lossy(&self.received)
+            );
+            self.received.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&self.received).into_owned()
+    }
+
+    /// Closes the connection, as a client that gives up would.
+    pub fn disconnect(self) {
+        drop(self.stream);
+    }
+}

@@ -1,0 +1,208 @@
+//! Command-line interface of `modelrelay`. Every flag also reads an environment variable with the
+//! name the seeds and the published ModelRelay binaries use.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// ModelRelay: one OpenAI- and Anthropic-compatible endpoint for all your GPU boxes.
+///
+/// With no command, runs a proxy and a worker in one process: the proxy on 127.0.0.1:8080 (or the
+/// next free port), and a worker serving every model server found on this machine (llama-server,
+/// Ollama, vLLM, LM Studio, llamafile, ...).
+///
+/// Settings come from, lowest priority first: built-in defaults, the config file
+/// (--config, or ~/.config/modelrelay/config.toml when present), environment variables, flags.
+#[derive(Debug, Parser)]
+#[command(name = "modelrelay", version, about, long_about)]
+pub struct Cli {
+    /// What to run; with none, proxy and worker together.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Run the proxy only (same as the `serve` command).
+    #[arg(long, global = true)]
+    pub serve: bool,
+
+    /// TOML config file.
+    #[arg(long, env = "MODELRELAY_CONFIG", global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Log verbosity: trace, debug, info, warn or error (or a tracing filter directive).
+    #[arg(long, env = "LOG_LEVEL", global = true, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+
+    /// Proxy settings.
+    #[command(flatten)]
+    pub proxy: ProxyArgs,
+
+    /// Worker settings.
+    #[command(flatten)]
+    pub worker: WorkerArgs,
+}
+
+/// The commands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Run the proxy only: clients and workers connect to it.
+    Serve,
+    /// Run a worker only: connect out to a proxy and serve a local backend.
+    Worker,
+    /// List model servers running on this machine and their models.
+    Discover {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Proxy flags.
+#[derive(Debug, Default, Clone, Args)]
+pub struct ProxyArgs {
+    /// Address the proxy listens on [default: 127.0.0.1:8080, or the next free port].
+    #[arg(long, env = "LISTEN_ADDR", global = true, value_name = "ADDR")]
+    pub listen: Option<String>,
+
+    /// Shared secret workers authenticate with [default: generated on first run and stored in
+    /// the data directory].
+    #[arg(
+        long,
+        env = "WORKER_SECRET",
+        global = true,
+        value_name = "SECRET",
+        hide_env_values = true
+    )]
+    pub worker_secret: Option<String>,
+
+    /// Provider name: the proxy's default provider, and the one a worker joins [default: local].
+    #[arg(long, env = "PROVIDER_NAME", global = true, value_name = "NAME")]
+    pub provider: Option<String>,
+
+    /// Queued requests per provider before new ones get 429 [default: 100].
+    #[arg(long, env = "MAX_QUEUE_LEN", global = true, value_name = "N")]
+    pub max_queue_len: Option<usize>,
+
+    /// Seconds a request may wait in the queue before 504 [default: 30].
+    #[arg(
+        long = "queue-timeout",
+        env = "QUEUE_TIMEOUT_SECS",
+        global = true,
+        value_name = "SECS"
+    )]
+    pub queue_timeout: Option<u64>,
+
+    /// Seconds a request may live in total before it is cancelled with 504 [default: 300].
+    #[arg(
+        long = "request-timeout",
+        env = "REQUEST_TIMEOUT_SECS",
+        global = true,
+        value_name = "SECS"
+    )]
+    pub request_timeout: Option<u64>,
+
+    /// Largest request body accepted, in bytes, before 413 [default: 33554432].
+    #[arg(long, env = "MAX_BODY_BYTES", global = true, value_name = "BYTES")]
+    pub max_body_bytes: Option<usize>,
+
+    /// Seconds between heartbeat pings to workers [default: 15].
+    #[arg(
+        long = "heartbeat-interval",
+        env = "HEARTBEAT_INTERVAL_SECS",
+        global = true,
+        value_name = "SECS"
+    )]
+    pub heartbeat_interval: Option<u64>,
+
+    /// Seconds without hearing from a worker before it is disconnected [default: 45].
+    #[arg(
+        long = "heartbeat-timeout",
+        env = "HEARTBEAT_TIMEOUT_SECS",
+        global = true,
+        value_name = "SECS"
+    )]
+    pub heartbeat_timeout: Option<u64>,
+
+    /// Seconds in-flight requests get to finish when the proxy shuts down [default: 30].
+    #[arg(
+        long = "drain-timeout",
+        env = "DRAIN_TIMEOUT_SECS",
+        global = true,
+        value_name = "SECS"
+    )]
+    pub drain_timeout: Option<u64>,
+}
+
+/// Worker flags.
+#[derive(Debug, Default, Clone, Args)]
+pub struct WorkerArgs {
+    /// URL of the proxy to join; https:// connects over wss:// [default: http://127.0.0.1:8080].
+    #[arg(long, env = "PROXY_URL", global = true, value_name = "URL")]
+    pub proxy_url: Option<String>,
+
+    /// This worker's name as the proxy shows it [default: the host name].
+    #[arg(long, env = "WORKER_NAME", global = true, value_name = "NAME")]
+    pub worker_name: Option<String>,
+
+    /// Model server(s) to forward to, comma-separated [default: http://127.0.0.1:8000; with no
+    /// command: every server discovered on this machine].
+    #[arg(long, env = "BACKEND_URL", global = true, value_name = "URL")]
+    pub backend_url: Option<String>,
+
+    /// Models to advertise, comma-separated; `*` asks the backend [default: *].
+    #[arg(long, env = "MODELS", global = true, value_name = "LIST")]
+    pub models: Option<String>,
+
+    /// Requests this worker runs at once; match the backend's parallel slots [default: 4].
+    #[arg(long, env = "MAX_CONCURRENCY", global = true, value_name = "N")]
+    pub max_concurrency: Option<u32>,
+
+    /// Protocol version announced to the proxy; `none` sends none [default: 2026-04-bridge-v1].
+    #[arg(long, env = "PROTOCOL_VERSION", global = true, value_name = "VERSION")]
+    pub protocol_version: Option<String>,
+
+    /// Seconds in-flight requests get to finish when the worker stops [default: 30].
+    #[arg(
+        long = "worker-drain-timeout",
+        env = "WORKER_DRAIN_TIMEOUT_SECS",
+        global = true,
+        value_name = "SECS"
+    )]
+    pub worker_drain_timeout: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn flags_work_before_and_after_the_command() {
+        let cli = Cli::try_parse_from([
+            "modelrelay",
+            "--listen",
+            "0.0.0.0:9",
+            "serve",
+            "--max-queue-len",
+            "5",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Some(Command::Serve)));
+        assert_eq!(cli.proxy.listen.as_deref(), Some("0.0.0.0:9"));
+        assert_eq!(cli.proxy.max_queue_len, Some(5));
+        let cli = Cli::try_parse_from([
+            "modelrelay",
+            "worker",
+            "--models",
+            "a,b",
+            "--backend-url",
+            "http://x:1",
+        ])
+        .unwrap();
+        assert_eq!(cli.worker.models.as_deref(), Some("a,b"));
+    }
+}

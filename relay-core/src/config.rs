@@ -1,0 +1,492 @@
+//! Settings, layered: built-in defaults < TOML config file < environment < command-line flags.
+//!
+//! The flags and environment variables (see [`crate::cli`]) keep the names of the seeds and the
+//! published ModelRelay binaries, so existing scripts and unit files keep working. The file uses
+//! the same names in snake case, grouped under `[proxy]` and `[worker]`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::cli::{ProxyArgs, WorkerArgs};
+use crate::discovery::DiscoveryOptions;
+use crate::protocol::BRIDGE_PROTOCOL_VERSION;
+use crate::proxy::scheduler::ProviderLimits;
+use crate::proxy::{ProviderConfig, ProxyConfig};
+use crate::worker::{Backends, WorkerConfig};
+
+/// The default listen address: loopback, on llama-server's usual port.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// The default backend of a worker: vLLM's and many servers' port.
+pub const DEFAULT_BACKEND_URL: &str = "http://127.0.0.1:8000";
+/// The default proxy a worker joins.
+pub const DEFAULT_PROXY_URL: &str = "http://127.0.0.1:8080";
+
+/// The config file, as written by people. Every field is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// `trace`, `debug`, `info`, `warn` or `error`.
+    pub log_level: Option<String>,
+    /// Proxy settings.
+    #[serde(default)]
+    pub proxy: ProxyFile,
+    /// Worker settings.
+    #[serde(default)]
+    pub worker: WorkerFile,
+}
+
+/// `[proxy]` in the config file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyFile {
+    /// `LISTEN_ADDR`.
+    pub listen: Option<String>,
+    /// `WORKER_SECRET` of the default provider.
+    pub worker_secret: Option<String>,
+    /// `PROVIDER_NAME`: the default provider's name.
+    pub provider: Option<String>,
+    /// `MAX_QUEUE_LEN`.
+    pub max_queue_len: Option<usize>,
+    /// `QUEUE_TIMEOUT_SECS`.
+    pub queue_timeout_secs: Option<u64>,
+    /// `REQUEST_TIMEOUT_SECS`.
+    pub request_timeout_secs: Option<u64>,
+    /// `MAX_BODY_BYTES`.
+    pub max_body_bytes: Option<usize>,
+    /// `MAX_STREAM_BYTES`.
+    pub max_stream_bytes: Option<u64>,
+    /// `HEARTBEAT_INTERVAL_SECS`.
+    pub heartbeat_interval_secs: Option<u64>,
+    /// `HEARTBEAT_TIMEOUT_SECS`.
+    pub heartbeat_timeout_secs: Option<u64>,
+    /// `DRAIN_TIMEOUT_SECS`.
+    pub drain_timeout_secs: Option<u64>,
+    /// Seconds a cancelled request keeps its worker slot waiting for the worker to confirm.
+    pub cancel_grace_secs: Option<u64>,
+    /// Models per worker accepted at registration.
+    pub max_models_per_worker: Option<usize>,
+    /// Models routed to the default provider even while no worker serves them.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// More virtual providers, each with its own secret, queue and timeouts.
+    #[serde(default)]
+    pub providers: Vec<ProviderFile>,
+}
+
+/// `[[proxy.providers]]` in the config file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderFile {
+    /// Name workers join with.
+    pub name: String,
+    /// Its workers' secret.
+    pub worker_secret: String,
+    /// Defaults to the proxy-wide value.
+    pub max_queue_len: Option<usize>,
+    /// Defaults to the proxy-wide value.
+    pub queue_timeout_secs: Option<u64>,
+    /// Defaults to the proxy-wide value.
+    pub request_timeout_secs: Option<u64>,
+    /// A disabled provider refuses workers and requests.
+    pub enabled: Option<bool>,
+    /// Models routed here even while no worker serves them.
+    #[serde(default)]
+    pub models: Vec<String>,
+}
+
+/// `[worker]` in the config file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerFile {
+    /// `PROXY_URL`.
+    pub proxy_url: Option<String>,
+    /// `WORKER_SECRET`.
+    pub worker_secret: Option<String>,
+    /// `WORKER_NAME`.
+    pub worker_name: Option<String>,
+    /// `BACKEND_URL`: one URL, or several separated by commas.
+    pub backend_url: Option<String>,
+    /// `MODELS`: a list; `["*"]` asks the backend.
+    pub models: Option<Vec<String>>,
+    /// `MAX_CONCURRENCY`.
+    pub max_concurrency: Option<u32>,
+    /// `PROVIDER_NAME` to join.
+    pub provider: Option<String>,
+    /// `PROTOCOL_VERSION` announced in `register`.
+    pub protocol_version: Option<String>,
+    /// Seconds between re-reads of the backends' model lists.
+    pub model_refresh_secs: Option<u64>,
+    /// `DRAIN_TIMEOUT_SECS` on SIGTERM.
+    pub drain_timeout_secs: Option<u64>,
+}
+
+/// Errors in configuration, each naming the setting and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for these settings.
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's explanation (line, column, field).
+        message: String,
+    },
+    /// A value is out of range or inconsistent.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Loads `path`, or the default file in the OS config directory when it exists.
+pub fn load_file(path: Option<&Path>) -> Result<FileConfig, ConfigError> {
+    let path = match path {
+        Some(path) => path.to_path_buf(),
+        None => match default_config_path().filter(|p| p.exists()) {
+            Some(path) => path,
+            None => return Ok(FileConfig::default()),
+        },
+    };
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    parse_file(&text).map_err(|message| ConfigError::Parse { path, message })
+}
+
+/// Parses config file text.
+pub fn parse_file(text: &str) -> Result<FileConfig, String> {
+    toml::from_str(text).map_err(|e| e.to_string())
+}
+
+/// `<OS config dir>/modelrelay/config.toml`, e.g. `~/.config/modelrelay/config.toml` on Linux.
+pub fn default_config_path() -> Option<PathBuf> {
+    directories::ProjectDirs::from("", "", "modelrelay").map(|d| d.config_dir().join("config.toml"))
+}
+
+fn secs(value: Option<u64>, default: u64) -> Duration {
+    Duration::from_secs(value.unwrap_or(default))
+}
+
+/// The proxy's listen address, and whether it was chosen explicitly (an explicit address that is
+/// taken is an error; the default moves to the next free port).
+pub fn listen_address(args: &ProxyArgs, file: &FileConfig) -> (String, bool) {
+    match args.listen.clone().or_else(|| file.proxy.listen.clone()) {
+        Some(listen) => (listen, true),
+        None => (DEFAULT_LISTEN.to_string(), false),
+    }
+}
+
+/// The proxy configuration from flags/env over the file over defaults, with `secret` for the
+/// default provider.
+pub fn proxy_config(
+    args: &ProxyArgs,
+    file: &FileConfig,
+    secret: String,
+) -> Result<ProxyConfig, ConfigError> {
+    let p = &file.proxy;
+    let mut config = ProxyConfig::with_secret(secret);
+    let max_queue_len = args.max_queue_len.or(p.max_queue_len).unwrap_or(100);
+    let queue_timeout = secs(args.queue_timeout.or(p.queue_timeout_secs), 30);
+    let request_timeout = secs(args.request_timeout.or(p.request_timeout_secs), 300);
+    if queue_timeout.is_zero() || request_timeout.is_zero() {
+        return Err(ConfigError::Invalid(
+            "QUEUE_TIMEOUT_SECS and REQUEST_TIMEOUT_SECS must be at least 1".to_string(),
+        ));
+    }
+    let max_models = p.max_models_per_worker.unwrap_or(256);
+    let default_provider = &mut config.providers[0];
+    default_provider.name = args
+        .provider
+        .clone()
+        .or_else(|| p.provider.clone())
+        .unwrap_or_else(|| "local".to_string());
+    default_provider.limits = ProviderLimits {
+        max_queue_len,
+        queue_timeout,
+        request_timeout,
+        max_models_per_worker: max_models,
+        enabled: true,
+        models: p.models.clone(),
+    };
+    for extra in &p.providers {
+        if extra.name.trim().is_empty() || extra.worker_secret.is_empty() {
+            return Err(ConfigError::Invalid(
+                "every [[proxy.providers]] entry needs a name and a worker_secret".to_string(),
+            ));
+        }
+        if config
+            .providers
+            .iter()
+            .any(|existing| existing.name == extra.name)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "provider {:?} is configured twice",
+                extra.name
+            )));
+        }
+        config.providers.push(ProviderConfig {
+            name: extra.name.clone(),
+            secret: extra.worker_secret.clone(),
+            limits: ProviderLimits {
+                max_queue_len: extra.max_queue_len.unwrap_or(max_queue_len),
+                queue_timeout: extra
+                    .queue_timeout_secs
+                    .map(Duration::from_secs)
+                    .unwrap_or(queue_timeout),
+                request_timeout: extra
+                    .request_timeout_secs
+                    .map(Duration::from_secs)
+                    .unwrap_or(request_timeout),
+                max_models_per_worker: max_models,
+                enabled: extra.enabled.unwrap_or(true),
+                models: extra.models.clone(),
+            },
+        });
+    }
+    if let Some(bytes) = args.max_body_bytes.or(p.max_body_bytes) {
+        config.max_body_bytes = bytes;
+    }
+    if let Some(bytes) = p.max_stream_bytes {
+        config.max_stream_bytes = bytes;
+    }
+    config.heartbeat_interval = secs(args.heartbeat_interval.or(p.heartbeat_interval_secs), 15);
+    config.heartbeat_timeout = secs(args.heartbeat_timeout.or(p.heartbeat_timeout_secs), 45);
+    if config.heartbeat_interval.is_zero() || config.heartbeat_timeout < config.heartbeat_interval {
+        return Err(ConfigError::Invalid(
+            "HEARTBEAT_INTERVAL_SECS must be at least 1 and HEARTBEAT_TIMEOUT_SECS at least the interval"
+                .to_string(),
+        ));
+    }
+    config.drain_timeout = secs(args.drain_timeout.or(p.drain_timeout_secs), 30);
+    config.cancel_grace = secs(p.cancel_grace_secs, 5);
+    Ok(config)
+}
+
+/// Splits a `MODELS` value: comma-separated names; `*` (or nothing) means "ask the backend".
+pub fn parse_models(value: &str) -> Option<Vec<String>> {
+    let models: Vec<String> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+        .collect();
+    if models.is_empty() || models.iter().any(|m| m == "*") {
+        None
+    } else {
+        Some(models)
+    }
+}
+
+/// The worker configuration from flags/env over the file over defaults. `discover` is used when
+/// no backend URL is configured anywhere (zero-config mode); otherwise `BACKEND_URL` or its
+/// default.
+pub fn worker_config(
+    args: &WorkerArgs,
+    proxy_args: &ProxyArgs,
+    file: &FileConfig,
+    secret: String,
+    discover: Option<DiscoveryOptions>,
+) -> Result<WorkerConfig, ConfigError> {
+    let w = &file.worker;
+    let proxy_url = args
+        .proxy_url
+        .clone()
+        .or_else(|| w.proxy_url.clone())
+        .unwrap_or_else(|| DEFAULT_PROXY_URL.to_string());
+    let backend = args.backend_url.clone().or_else(|| w.backend_url.clone());
+    let backends = match (backend, discover) {
+        (Some(urls), _) => Backends::Fixed(
+            urls.split(',')
+                .map(|u| u.trim().trim_end_matches('/').to_string())
+                .filter(|u| !u.is_empty())
+                .collect(),
+        ),
+        (None, Some(options)) => Backends::Discover(options),
+        (None, None) => Backends::Fixed(vec![DEFAULT_BACKEND_URL.to_string()]),
+    };
+    let models = match (&args.models, &w.models) {
+        (Some(value), _) => parse_models(value),
+        (None, Some(list)) => parse_models(&list.join(",")),
+        (None, None) => None,
+    };
+    let max_concurrent = args.max_concurrency.or(w.max_concurrency).unwrap_or(4);
+    if max_concurrent == 0 {
+        return Err(ConfigError::Invalid(
+            "MAX_CONCURRENCY must be at least 1".to_string(),
+        ));
+    }
+    let protocol_version = args
+        .protocol_version
+        .clone()
+        .or_else(|| w.protocol_version.clone())
+        .unwrap_or_else(|| BRIDGE_PROTOCOL_VERSION.to_string());
+    Ok(WorkerConfig {
+        proxy_url,
+        secret,
+        provider: proxy_args
+            .provider
+            .clone()
+            .or_else(|| w.provider.clone())
+            .unwrap_or_else(|| "local".to_string()),
+        name: args
+            .worker_name
+            .clone()
+            .or_else(|| w.worker_name.clone())
+            .unwrap_or_else(default_worker_name),
+        backends,
+        models,
+        max_concurrent,
+        protocol_version: (!protocol_version.is_empty() && protocol_version != "none")
+            .then_some(protocol_version),
+        model_refresh_interval: secs(w.model_refresh_secs, 30),
+        drain_timeout: secs(args.worker_drain_timeout.or(w.drain_timeout_secs), 30),
+        reconnect_min: Duration::from_secs(1),
+        reconnect_max: Duration::from_secs(30),
+    })
+}
+
+/// This machine's host name, the natural worker name.
+pub fn default_worker_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "worker".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_star_or_empty_means_ask_the_backend() {
+        assert_eq!(parse_models("*"), None);
+        assert_eq!(parse_models(""), None);
+        assert_eq!(
+            parse_models(" a, b ,,c"),
+            Some(vec!["a".into(), "b".into(), "c".into()])
+        );
+    }
+
+    #[test]
+    fn file_values_apply_and_flags_override_them() {
+        let file = parse_file(
+            r#"
+            log_level = "debug"
+            [proxy]
+            listen = "0.0.0.0:9000"
+            max_queue_len = 7
+            queue_timeout_secs = 12
+            [[proxy.providers]]
+            name = "lab"
+            worker_secret = "lab-secret"
+            enabled = false
+            [worker]
+            proxy_url = "https://relay.example.com"
+            models = ["a", "b"]
+            max_concurrency = 2
+            "#,
+        )
+        .unwrap();
+        let mut args = ProxyArgs::default();
+        let config = proxy_config(&args, &file, "s".into()).unwrap();
+        assert_eq!(config.providers[0].limits.max_queue_len, 7);
+        assert_eq!(
+            config.providers[0].limits.queue_timeout,
+            Duration::from_secs(12)
+        );
+        assert_eq!(config.providers[1].name, "lab");
+        assert!(!config.providers[1].limits.enabled);
+        assert_eq!(
+            config.providers[1].limits.max_queue_len, 7,
+            "inherits the proxy-wide value"
+        );
+        args.max_queue_len = Some(3);
+        assert_eq!(
+            proxy_config(&args, &file, "s".into()).unwrap().providers[0]
+                .limits
+                .max_queue_len,
+            3
+        );
+        assert_eq!(
+            listen_address(&ProxyArgs::default(), &file),
+            ("0.0.0.0:9000".to_string(), true)
+        );
+        let worker = worker_config(
+            &WorkerArgs::default(),
+            &ProxyArgs::default(),
+            &file,
+            "s".into(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(worker.proxy_url, "https://relay.example.com");
+        assert_eq!(worker.models, Some(vec!["a".to_string(), "b".to_string()]));
+        assert_eq!(worker.max_concurrent, 2);
+        assert_eq!(
+            worker.protocol_version.as_deref(),
+            Some(BRIDGE_PROTOCOL_VERSION)
+        );
+    }
+
+    #[test]
+    fn defaults_match_the_documented_ones() {
+        let file = FileConfig::default();
+        let config = proxy_config(&ProxyArgs::default(), &file, "s".into()).unwrap();
+        let limits = &config.providers[0].limits;
+        assert_eq!(config.providers[0].name, "local");
+        assert_eq!(limits.max_queue_len, 100);
+        assert_eq!(limits.queue_timeout, Duration::from_secs(30));
+        assert_eq!(limits.request_timeout, Duration::from_secs(300));
+        assert_eq!(config.heartbeat_interval, Duration::from_secs(15));
+        assert_eq!(config.heartbeat_timeout, Duration::from_secs(45));
+        assert_eq!(
+            listen_address(&ProxyArgs::default(), &file),
+            (DEFAULT_LISTEN.to_string(), false)
+        );
+        let worker = worker_config(
+            &WorkerArgs::default(),
+            &ProxyArgs::default(),
+            &file,
+            "s".into(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(worker.proxy_url, DEFAULT_PROXY_URL);
+        assert!(
+            matches!(worker.backends, Backends::Fixed(ref urls) if urls == &[DEFAULT_BACKEND_URL.to_string()])
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_reported_with_their_location() {
+        let error = parse_file("[proxy]\nlisten_addr = \"x\"\n").unwrap_err();
+        assert!(error.contains("listen_addr"), "{error}");
+        let error = parse_file("[proxy]\nmax_queue_len = \"many\"\n").unwrap_err();
+        assert!(error.contains("max_queue_len"), "{error}");
+    }
+
+    #[test]
+    fn inconsistent_values_are_rejected_with_the_setting_named() {
+        let args = ProxyArgs {
+            queue_timeout: Some(0),
+            ..ProxyArgs::default()
+        };
+        let error = proxy_config(&args, &FileConfig::default(), "s".into()).unwrap_err();
+        assert!(error.to_string().contains("QUEUE_TIMEOUT_SECS"));
+        let file =
+            parse_file("[[proxy.providers]]\nname = \"local\"\nworker_secret = \"x\"\n").unwrap();
+        let error = proxy_config(&ProxyArgs::default(), &file, "s".into()).unwrap_err();
+        assert!(error.to_string().contains("twice"));
+    }
+}
