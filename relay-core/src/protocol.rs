@@ -23,6 +23,10 @@ pub const SEED_PROTOCOL_VERSION: &str = "1";
 /// is accepted too.
 pub const ACCEPTED_PROTOCOL_VERSIONS: &[&str] = &[SEED_PROTOCOL_VERSION, BRIDGE_PROTOCOL_VERSION];
 
+/// The `error.code` with which our worker confirms a `cancel`, so the proxy frees the slot at
+/// once. (A published worker sends nothing; the proxy's grace timer covers that.)
+pub const CANCELLED_CODE: &str = "cancelled";
+
 /// Whether a worker announcing `version` may register.
 pub fn is_accepted_protocol_version(version: Option<&str>) -> bool {
     version.is_none_or(|v| ACCEPTED_PROTOCOL_VERSIONS.contains(&v))

@@ -135,12 +135,11 @@ impl Waiter {
                 if done {
                     return None;
                 }
-                if let Some(first) = first {
-                    let bytes = waiter.coalesce(first);
-                    return Some((Ok::<_, Infallible>(bytes), (waiter, None, false)));
-                }
-                let (bytes, done) = waiter.next_piece().await;
-                Some((Ok(bytes), (waiter, None, done)))
+                let (bytes, done) = match first {
+                    Some(first) => (waiter.coalesce(first), false),
+                    None => waiter.next_piece().await?,
+                };
+                Some((Ok::<_, Infallible>(bytes), (waiter, None, done)))
             },
         );
         let mut response = Response::new(Body::from_stream(body));
@@ -177,30 +176,31 @@ impl Waiter {
         merged.map_or(first, BytesMut::freeze)
     }
 
-    /// The next bytes of the stream, and whether the stream ends after them.
-    async fn next_piece(&mut self) -> (Bytes, bool) {
+    /// The next bytes of the stream and whether the stream ends after them; `None` when it has
+    /// ended cleanly.
+    async fn next_piece(&mut self) -> Option<(Bytes, bool)> {
         let event = match self.pending_terminal.take() {
             Some(event) => Some(event),
             None => tokio::select! {
                 event = self.events.recv() => event,
                 _ = sleep_until(self.deadline) => {
                     self.guard.cancel(CancelReason::Timeout);
-                    return (fail_error(FailReason::RequestTimeout).to_sse(self.dialect), true);
+                    return Some((fail_error(FailReason::RequestTimeout).to_sse(self.dialect), true));
                 }
             },
         };
         match event {
-            Some(ResponseEvent::Chunk(bytes)) => (self.coalesce(bytes), false),
+            Some(ResponseEvent::Chunk(bytes)) => Some((self.coalesce(bytes), false)),
             Some(ResponseEvent::Complete(_)) => {
                 self.guard.disarm();
-                (Bytes::new(), true)
+                None
             }
             Some(ResponseEvent::Failed(error)) => {
                 self.guard.disarm();
-                (error.to_sse(self.dialect), true)
+                Some((error.to_sse(self.dialect), true))
             }
             Some(ResponseEvent::Requeued { .. }) | None => {
-                (lost_request().to_sse(self.dialect), true)
+                Some((lost_request().to_sse(self.dialect), true))
             }
         }
     }

@@ -21,7 +21,7 @@ use crate::dialect::ApiError;
 use crate::protocol::{
     is_accepted_protocol_version, CancelReason, ErrorMessage, PingMessage, RegisterMessage,
     ResponseChunkMessage, ResponseCompleteMessage, ServerToWorker, WorkerToServer,
-    ACCEPTED_PROTOCOL_VERSIONS,
+    ACCEPTED_PROTOCOL_VERSIONS, CANCELLED_CODE,
 };
 
 /// WebSocket close code for a protocol violation (RFC 6455).
@@ -197,7 +197,7 @@ impl Connection {
                     }
                 },
                 message = outbound.recv() => {
-                    let Some(message) = message else { return None };
+                    let message = message?;
                     if let Err(reason) = self.write(sink, message, &mut outbound).await {
                         return reason;
                     }
@@ -359,6 +359,11 @@ impl Connection {
                 "worker error for a finished or cancelled request: {}",
                 error.message
             );
+            return;
+        }
+        if error.code == CANCELLED_CODE {
+            // The worker confirmed a cancel: the slot is free now; the client is already gone.
+            tracing::debug!(request = wire_id, "worker confirmed the cancellation");
             return;
         }
         tracing::warn!(worker = %worker_wire_id(self.worker), request = wire_id, code = %error.code, "worker failed request: {}", error.message);

@@ -21,7 +21,7 @@ use super::{connect_url, WorkerConfig};
 use crate::dialect::Dialect;
 use crate::protocol::{
     ErrorMessage, ModelsUpdateMessage, PongMessage, RegisterMessage, RequestMessage,
-    ResponseCompleteMessage, ServerToWorker, WorkerToServer,
+    ResponseCompleteMessage, ServerToWorker, WorkerToServer, CANCELLED_CODE,
 };
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -261,7 +261,7 @@ impl Session<'_> {
                     // Confirm the end so the proxy frees the slot at once.
                     let confirm = WorkerToServer::Error(ErrorMessage {
                         request_id: Some(cancel.request_id),
-                        code: "cancelled".to_string(),
+                        code: CANCELLED_CODE.to_string(),
                         message: format!("request cancelled: {}", cancel.reason.as_str()),
                     });
                     if send(socket, &confirm).await.is_err() {
