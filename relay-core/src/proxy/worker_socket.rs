@@ -361,8 +361,9 @@ impl Connection {
             );
             return;
         }
-        if error.code == CANCELLED_CODE {
-            // The worker confirmed a cancel: the slot is free now; the client is already gone.
+        let client_gone = route.as_ref().is_none_or(|r| r.events.is_closed());
+        if error.code == CANCELLED_CODE && client_gone {
+            // The worker confirmed our cancel: the slot is free now.
             tracing::debug!(request = wire_id, "worker confirmed the cancellation");
             return;
         }
