@@ -166,10 +166,11 @@ async fn start_proxy(
     args: &crate::cli::ProxyArgs,
     file: &FileConfig,
 ) -> Result<(RunningProxy, String), AppError> {
+    let (address, explicit) = config::listen_address(args, file);
+    // Bind before touching the secret, so a run that cannot listen leaves nothing behind.
+    let listener = bind(&address, explicit).await?;
     let secret = proxy_secret(args.worker_secret.as_ref(), file)?;
     let config = config::proxy_config(args, file, secret.clone())?;
-    let (address, explicit) = config::listen_address(args, file);
-    let listener = bind(&address, explicit).await?;
     let proxy = proxy::start(config, listener).map_err(|e| AppError::Listen {
         address,
         reason: e.to_string(),
@@ -189,7 +190,7 @@ fn print_banner(proxy: &RunningProxy, secret: &str, provider: Option<&String>) {
             "restart with --listen 0.0.0.0:{} and run on each box:",
             proxy.addr.port()
         );
-        format!("<this-machine's-address>:{}", proxy.addr.port())
+        format!("THIS-MACHINE:{}", proxy.addr.port())
     } else {
         println!("ModelRelay is serving at {url}");
         println!("To join another GPU box, run on it:");

@@ -1,5 +1,7 @@
 //! `modelrelay`: the headless command. See `modelrelay --help`.
 
+use std::io::IsTerminal;
+
 use clap::Parser;
 use relay_core::app;
 use relay_core::cli::Cli;
@@ -17,9 +19,11 @@ fn init_logging(level: Option<&str>) {
         eprintln!("LOG_LEVEL {level:?} is not valid ({error}); using info");
         EnvFilter::new("warn,relay_core=info,modelrelay=info")
     });
+    // Colour only for a terminal: journald and log files get plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 

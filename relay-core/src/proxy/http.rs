@@ -50,9 +50,11 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/messages", post(relay))
         .route("/v1/messages/count_tokens", post(relay))
         .route("/v1/models", get(list_models))
+        .route("/v1/models/{*id}", get(get_model))
         .route("/health", get(health))
         .route("/v1/worker/connect", get(worker_connect))
         .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
 }
 
 /// The two fields the proxy reads; every other field is skipped without being built.
@@ -176,15 +178,22 @@ async fn relay(
     .await
 }
 
+fn model_object(id: &str, provider: &str, anthropic: bool) -> Value {
+    if anthropic {
+        json!({"type": "model", "id": id, "display_name": id, "created_at": "1970-01-01T00:00:00Z"})
+    } else {
+        json!({"id": id, "object": "model", "created": 0, "owned_by": provider})
+    }
+}
+
 async fn list_models(State(state): State<AppState>, headers: HeaderMap) -> Json<Value> {
     let models = state.hub.models();
-    if headers.contains_key("anthropic-version") {
-        let data: Vec<Value> = models
-            .iter()
-            .map(|(id, _)| {
-                json!({"type": "model", "id": id, "display_name": id, "created_at": "1970-01-01T00:00:00Z"})
-            })
-            .collect();
+    let anthropic = headers.contains_key("anthropic-version");
+    let data: Vec<Value> = models
+        .iter()
+        .map(|(id, provider)| model_object(id, provider, anthropic))
+        .collect();
+    if anthropic {
         Json(json!({
             "data": data,
             "has_more": false,
@@ -192,11 +201,33 @@ async fn list_models(State(state): State<AppState>, headers: HeaderMap) -> Json<
             "last_id": models.last().map(|(id, _)| id.as_str()),
         }))
     } else {
-        let data: Vec<Value> = models
-            .iter()
-            .map(|(id, provider)| json!({"id": id, "object": "model", "created": 0, "owned_by": provider}))
-            .collect();
         Json(json!({"object": "list", "data": data}))
+    }
+}
+
+async fn get_model(
+    State(state): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let anthropic = headers.contains_key("anthropic-version");
+    match state
+        .hub
+        .models()
+        .into_iter()
+        .find(|(model, _)| *model == id)
+    {
+        Some((model, provider)) => Json(model_object(&model, &provider, anthropic)).into_response(),
+        None => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+            format!("no worker serves model {id}"),
+        )
+        .into_response(if anthropic {
+            Dialect::Anthropic
+        } else {
+            Dialect::OpenAi
+        }),
     }
 }
 
@@ -216,6 +247,15 @@ async fn unknown_route(OriginalUri(uri): OriginalUri) -> Response {
         StatusCode::NOT_FOUND,
         "unknown_route",
         format!("no route for {}", uri.path()),
+    )
+    .into_response(Dialect::for_path(uri.path()))
+}
+
+async fn wrong_method(method: axum::http::Method, OriginalUri(uri): OriginalUri) -> Response {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not supported on {}", uri.path()),
     )
     .into_response(Dialect::for_path(uri.path()))
 }

@@ -168,6 +168,12 @@ struct Session<'a> {
     drain_deadline: Option<Instant>,
 }
 
+/// A freshly read catalog, and whether the proxy asked for it.
+struct Refreshed {
+    catalog: Catalog,
+    requested: bool,
+}
+
 /// What the loop should do after handling a message.
 enum Next {
     Continue,
@@ -184,7 +190,7 @@ impl Session<'_> {
         let period = self.config.model_refresh_interval;
         let mut refresh = interval_at(Instant::now() + period, period);
         refresh.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let (catalog_tx, mut catalogs) = mpsc::channel::<Catalog>(1);
+        let (catalog_tx, mut catalogs) = mpsc::channel::<Refreshed>(1);
         let mut local_shutdown = false;
         loop {
             let drain_deadline = self.drain_deadline;
@@ -200,9 +206,9 @@ impl Session<'_> {
                     None => Next::End(disconnected(true, "the connection closed")),
                 },
                 Some(event) = events.recv() => self.on_task_event(socket, event, &mut events).await,
-                Some(catalog) = catalogs.recv() => self.on_catalog(socket, catalog).await,
+                Some(refreshed) = catalogs.recv() => self.on_catalog(socket, refreshed).await,
                 _ = refresh.tick() => {
-                    self.spawn_refresh(&catalog_tx);
+                    self.spawn_refresh(&catalog_tx, false);
                     Next::Continue
                 }
                 changed = shutdown.changed(), if !local_shutdown => {
@@ -240,7 +246,7 @@ impl Session<'_> {
         &mut self,
         socket: &mut Socket,
         text: &str,
-        catalog_tx: &mpsc::Sender<Catalog>,
+        catalog_tx: &mpsc::Sender<Refreshed>,
     ) -> Next {
         let message = match serde_json::from_str::<ServerToWorker>(text) {
             Ok(message) => message,
@@ -299,7 +305,7 @@ impl Session<'_> {
                     reason = message.reason.as_deref().unwrap_or(""),
                     "models refresh requested"
                 );
-                self.spawn_refresh(catalog_tx);
+                self.spawn_refresh(catalog_tx, true);
                 Next::Continue
             }
             ServerToWorker::RegisterAck(_) => Next::Continue,
@@ -384,13 +390,18 @@ impl Session<'_> {
         Next::Continue
     }
 
-    async fn on_catalog(&mut self, socket: &mut Socket, catalog: Catalog) -> Next {
-        if catalog == self.catalog || self.draining {
+    /// A re-read catalog: advertised when it changed, or always when the proxy asked for it
+    /// (`models_refresh` is answered with `models_update`, as the wire traces show).
+    async fn on_catalog(&mut self, socket: &mut Socket, refreshed: Refreshed) -> Next {
+        let changed = refreshed.catalog != self.catalog;
+        if self.draining || !(changed || refreshed.requested) {
             return Next::Continue;
         }
-        let models = catalog.models();
-        tracing::info!(?models, "backend models changed");
-        self.catalog = catalog;
+        let models = refreshed.catalog.models();
+        if changed {
+            tracing::info!(?models, "backend models changed");
+        }
+        self.catalog = refreshed.catalog;
         let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             models,
             current_load: self.active.len() as u32,
@@ -401,13 +412,14 @@ impl Session<'_> {
         }
     }
 
-    fn spawn_refresh(&self, catalog_tx: &mpsc::Sender<Catalog>) {
+    /// Re-reads the catalog in the background; `requested` marks a refresh the proxy asked for.
+    fn spawn_refresh(&self, catalog_tx: &mpsc::Sender<Refreshed>, requested: bool) {
         let config = self.config.clone();
         let client = self.client.clone();
         let catalog_tx = catalog_tx.clone();
         tokio::spawn(async move {
             let catalog = catalog::load(&config, &client).await;
-            let _ = catalog_tx.send(catalog).await;
+            let _ = catalog_tx.send(Refreshed { catalog, requested }).await;
         });
     }
 

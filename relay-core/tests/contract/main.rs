@@ -3,5 +3,11 @@
 //!
 //! One test binary with modules keeps link time down on small machines.
 
+mod bad_input;
+mod dispatch;
+mod lifecycle;
+mod registration;
+mod streaming;
 mod support;
 mod walkthrough;
+mod wire_fixtures;

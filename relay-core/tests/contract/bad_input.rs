@@ -1,0 +1,415 @@
+//! Bad input: every malformed request gets a precise error in its endpoint's dialect (OpenAI
+//! `{"error":{"message","type","code"}}`, Anthropic `{"type":"error","error":{"type","message"}}`),
+//! nothing reaches a worker, nothing stays tracked, and the proxy keeps serving. On the worker
+//! side, an oversized WebSocket message ends that connection without losing its request.
+
+use std::collections::BTreeSet;
+
+use axum::http::{HeaderMap, StatusCode};
+use relay_core::proxy::{ProxyConfig, RunningProxy};
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+const MODEL: &str = "llama3-8b";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    OpenAi,
+    Anthropic,
+}
+
+/// Every inference endpoint and the error dialect its clients expect.
+const ENDPOINTS: [(&str, Shape); 6] = [
+    ("/v1/chat/completions", Shape::OpenAi),
+    ("/v1/completions", Shape::OpenAi),
+    ("/v1/embeddings", Shape::OpenAi),
+    ("/v1/responses", Shape::OpenAi),
+    ("/v1/messages", Shape::Anthropic),
+    ("/v1/messages/count_tokens", Shape::Anthropic),
+];
+
+/// A proxy with a real worker in front of a mock backend.
+struct Setup {
+    proxy: RunningProxy,
+    backend: MockBackend,
+    worker: RunningWorker,
+}
+
+async fn setup(config: ProxyConfig) -> Setup {
+    let proxy = start_proxy(config).await;
+    let backend = MockBackend::start(&[MODEL]).await;
+    let worker = RunningWorker::start(&proxy, &backend.url(), None, 4);
+    wait_until("the worker registers", || proxy.hub.counts().0 == 1).await;
+    Setup {
+        proxy,
+        backend,
+        worker,
+    }
+}
+
+impl Setup {
+    fn url(&self) -> String {
+        self.proxy.url()
+    }
+
+    /// Nothing leaked or reached the backend, and every endpoint still serves a valid request.
+    async fn assert_still_serving(self) {
+        assert_eq!(
+            self.proxy.hub.tracked_requests(),
+            0,
+            "a rejected request stayed tracked"
+        );
+        assert_eq!(
+            self.backend.seen().len(),
+            0,
+            "a rejected request reached the backend"
+        );
+        for (path, _) in ENDPOINTS {
+            let (status, _, body) = post(
+                &self.url(),
+                path,
+                &json!({"model": MODEL, "max_tokens": 8, "messages": [], "input": "hi"}),
+            )
+            .await;
+            assert_eq!(status, 200, "{path} after bad input: {body}");
+        }
+        assert_eq!(self.backend.seen().len(), ENDPOINTS.len());
+        assert_eq!(self.proxy.hub.tracked_requests(), 0);
+        self.worker.stop().await;
+        self.proxy.shutdown().await;
+    }
+}
+
+type Answer = (StatusCode, HeaderMap, String);
+
+/// POSTs raw bytes with a JSON content type.
+async fn send(base: &str, path: &str, body: impl Into<reqwest::Body>) -> Answer {
+    let response = tokio::time::timeout(
+        WAIT,
+        http()
+            .post(format!("{base}{path}"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send(),
+    )
+    .await
+    .expect("response in time")
+    .expect("request sent");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let text = response.text().await.expect("body");
+    (status, headers, text)
+}
+
+/// The `type` an SDK of `shape` expects for `status`.
+fn expected_type(shape: Shape, status: u16) -> &'static str {
+    match (shape, status) {
+        (Shape::Anthropic, 404) => "not_found_error",
+        (Shape::Anthropic, 413) => "request_too_large",
+        _ => "invalid_request_error",
+    }
+}
+
+fn keys(value: &Value) -> BTreeSet<&str> {
+    value
+        .as_object()
+        .unwrap_or_else(|| panic!("expected a JSON object: {value}"))
+        .keys()
+        .map(String::as_str)
+        .collect()
+}
+
+/// Asserts a `want` error in `shape`'s dialect (OpenAI `code` one of `codes`); returns the message.
+fn assert_error(
+    shape: Shape,
+    what: &str,
+    (status, headers, body): &Answer,
+    want: u16,
+    codes: &[&str],
+) -> String {
+    assert_eq!(status.as_u16(), want, "{what}: {body}");
+    assert_eq!(
+        headers["content-type"], "application/json",
+        "{what}: error bodies are JSON"
+    );
+    let value: Value = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("{what}: error body is not JSON ({e}): {body}"));
+    let error = &value["error"];
+    match shape {
+        Shape::OpenAi => {
+            assert_eq!(keys(&value), BTreeSet::from(["error"]), "{what}: {body}");
+            assert_eq!(
+                keys(error),
+                BTreeSet::from(["message", "type", "code"]),
+                "{what}: {body}"
+            );
+            let code = error["code"].as_str().unwrap_or_default();
+            assert!(
+                codes.contains(&code),
+                "{what}: code {code:?} not in {codes:?}"
+            );
+        }
+        Shape::Anthropic => {
+            assert_eq!(value["type"], "error", "{what}: {body}");
+            assert_eq!(
+                keys(error),
+                BTreeSet::from(["type", "message"]),
+                "{what}: {body}"
+            );
+        }
+    }
+    assert_eq!(error["type"], expected_type(shape, want), "{what}: {body}");
+    let message = error["message"].as_str().unwrap_or_default().to_string();
+    assert!(!message.is_empty(), "{what}: empty message");
+    message
+}
+
+#[tokio::test]
+async fn malformed_json_is_400_invalid_json_in_each_endpoint_dialect() {
+    let setup = setup(test_config()).await;
+    let bodies: [&[u8]; 5] = [
+        br#"{"model": "llama3-8b","#,
+        br#"{model: llama3-8b}"#,
+        br#"{"model": "llama3-8b"} trailing"#,
+        br#"{"model": "llama3-8b", "messages": [}"#,
+        b"{\"model\": \"llama3-8b\", \"x\": \"\xff\xfe\"}",
+    ];
+    for (path, shape) in ENDPOINTS {
+        for body in bodies {
+            let what = format!("{path} {}", String::from_utf8_lossy(body));
+            let answer = send(&setup.url(), path, body.to_vec()).await;
+            assert_error(shape, &what, &answer, 400, &["invalid_json"]);
+        }
+    }
+    setup.assert_still_serving().await;
+}
+
+#[tokio::test]
+async fn body_that_is_not_a_json_object_is_400_in_each_endpoint_dialect() {
+    let setup = setup(test_config()).await;
+    let bodies = [
+        r#"[{"model": "llama3-8b"}]"#,
+        r#""llama3-8b""#,
+        "42",
+        "null",
+        "true",
+        "",
+        "   \n",
+    ];
+    for (path, shape) in ENDPOINTS {
+        for body in bodies {
+            let what = format!("{path} {body:?}");
+            let answer = send(&setup.url(), path, body.to_string()).await;
+            let message = assert_error(shape, &what, &answer, 400, &["invalid_json"]);
+            assert!(message.contains("JSON object"), "{what}: {message}");
+        }
+    }
+    setup.assert_still_serving().await;
+}
+
+#[tokio::test]
+async fn missing_model_is_400_missing_model_in_each_endpoint_dialect() {
+    let setup = setup(test_config()).await;
+    let bodies = [
+        json!({}),
+        json!({"messages": [{"role": "user", "content": "hi"}]}),
+        json!({"Model": MODEL}),
+        json!({"params": {"model": MODEL}}),
+    ];
+    for (path, shape) in ENDPOINTS {
+        for body in &bodies {
+            let what = format!("{path} {body}");
+            let answer = send(&setup.url(), path, body.to_string()).await;
+            let message = assert_error(shape, &what, &answer, 400, &["missing_model"]);
+            assert!(message.contains("model"), "{what}: {message}");
+        }
+    }
+    setup.assert_still_serving().await;
+}
+
+#[tokio::test]
+async fn model_that_is_not_a_non_empty_string_is_400_in_each_endpoint_dialect() {
+    let setup = setup(test_config()).await;
+    let bodies = [
+        json!({"model": 42}),
+        json!({"model": null}),
+        json!({"model": {"id": MODEL}}),
+        json!({"model": [MODEL]}),
+        json!({"model": true}),
+        json!({"model": ""}),
+        json!({"model": "   "}),
+    ];
+    for (path, shape) in ENDPOINTS {
+        for body in &bodies {
+            let what = format!("{path} {body}");
+            let answer = send(&setup.url(), path, body.to_string()).await;
+            let message = assert_error(
+                shape,
+                &what,
+                &answer,
+                400,
+                &["invalid_model", "missing_model"],
+            );
+            assert!(message.contains("model"), "{what}: {message}");
+        }
+    }
+    setup.assert_still_serving().await;
+}
+
+const LIMIT: usize = 1024;
+
+fn small_body_config() -> ProxyConfig {
+    let mut config = test_config();
+    config.max_body_bytes = LIMIT;
+    config
+}
+
+/// A valid request body of exactly `len` bytes.
+fn body_of_len(len: usize) -> String {
+    let empty = json!({"model": MODEL, "pad": ""}).to_string();
+    let body = json!({"model": MODEL, "pad": "x".repeat(len - empty.len())}).to_string();
+    assert_eq!(body.len(), len);
+    body
+}
+
+#[tokio::test]
+async fn body_over_the_limit_with_content_length_is_413_in_each_endpoint_dialect() {
+    let setup = setup(small_body_config()).await;
+    for (path, shape) in ENDPOINTS {
+        for len in [LIMIT + 1, 4 * LIMIT] {
+            let what = format!("{path} {len} bytes");
+            let answer = send(&setup.url(), path, body_of_len(len)).await;
+            let message = assert_error(shape, &what, &answer, 413, &["request_too_large"]);
+            assert!(message.contains(&LIMIT.to_string()), "{what}: {message}");
+        }
+    }
+    setup.assert_still_serving().await;
+}
+
+/// A body sent with chunked transfer encoding (no Content-Length), in 256-byte pieces.
+fn chunked(body: String) -> reqwest::Body {
+    let pieces: Vec<Result<Vec<u8>, std::io::Error>> = body
+        .into_bytes()
+        .chunks(256)
+        .map(|piece| Ok(piece.to_vec()))
+        .collect();
+    reqwest::Body::wrap_stream(futures_util::stream::iter(pieces))
+}
+
+#[tokio::test]
+async fn chunked_body_over_the_limit_is_413_in_each_endpoint_dialect() {
+    let setup = setup(small_body_config()).await;
+    for (path, shape) in ENDPOINTS {
+        for len in [LIMIT + 1, 4 * LIMIT] {
+            let what = format!("{path} chunked {len} bytes");
+            let answer = send(&setup.url(), path, chunked(body_of_len(len))).await;
+            assert_error(shape, &what, &answer, 413, &["request_too_large"]);
+        }
+    }
+    setup.assert_still_serving().await;
+}
+
+#[tokio::test]
+async fn body_of_exactly_the_limit_is_accepted_with_or_without_content_length() {
+    let setup = setup(small_body_config()).await;
+    let (status, _, body) = send(&setup.url(), "/v1/chat/completions", body_of_len(LIMIT)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = send(&setup.url(), "/v1/messages", chunked(body_of_len(LIMIT))).await;
+    assert_eq!(status, 200, "{body}");
+    let seen = setup.backend.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[1].body["pad"].as_str().unwrap().len(),
+        seen[0].body["pad"].as_str().unwrap().len()
+    );
+    setup.worker.stop().await;
+    setup.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn unknown_model_is_404_model_not_found_in_each_endpoint_dialect() {
+    let setup = setup(test_config()).await;
+    for (path, shape) in ENDPOINTS {
+        let what = format!("{path} unknown model");
+        let answer = send(
+            &setup.url(),
+            path,
+            json!({"model": "no-such-model", "messages": []}).to_string(),
+        )
+        .await;
+        let message = assert_error(shape, &what, &answer, 404, &["model_not_found"]);
+        assert!(message.contains("no-such-model"), "{what}: {message}");
+    }
+    setup.assert_still_serving().await;
+}
+
+#[tokio::test]
+async fn unknown_route_is_404_json_in_the_paths_dialect() {
+    let setup = setup(test_config()).await;
+    let cases = [
+        ("GET", "/v1/unknown", Shape::OpenAi),
+        ("POST", "/v1/chat/complete", Shape::OpenAi),
+        ("POST", "/v2/chat/completions", Shape::OpenAi),
+        ("GET", "/", Shape::OpenAi),
+        ("POST", "/v1/messages/batches", Shape::Anthropic),
+    ];
+    for (method, path, shape) in cases {
+        let what = format!("{method} {path}");
+        let request = match method {
+            "GET" => http().get(format!("{}{path}", setup.url())),
+            _ => http()
+                .post(format!("{}{path}", setup.url()))
+                .header("content-type", "application/json")
+                .body(json!({"model": MODEL}).to_string()),
+        };
+        let response = request.send().await.expect("response");
+        let answer = (
+            response.status(),
+            response.headers().clone(),
+            response.text().await.expect("body"),
+        );
+        let message = assert_error(shape, &what, &answer, 404, &["unknown_route"]);
+        assert!(message.contains(path), "{what}: {message}");
+    }
+    setup.assert_still_serving().await;
+}
+
+#[tokio::test]
+async fn oversized_websocket_message_closes_that_worker_and_its_request_is_requeued() {
+    let mut config = test_config();
+    config.max_ws_message_bytes = 4096;
+    let proxy = start_proxy(config).await;
+    let (mut oversized, _) = ScriptedWorker::join(proxy.addr, "oversized", &[MODEL], 1).await;
+    let base = proxy.url();
+    let client =
+        tokio::spawn(
+            async move { post(&base, "/v1/chat/completions", &json!({"model": MODEL})).await },
+        );
+    let request = oversized.next_request().await;
+    let huge = json!({"content": "x".repeat(8192)}).to_string();
+    oversized.complete(&request.request_id, &huge).await;
+    tokio::time::timeout(WAIT, oversized.closed())
+        .await
+        .expect("the proxy ends the connection");
+    wait_until("the oversized worker is gone", || proxy.hub.counts().0 == 0).await;
+    assert_eq!(
+        proxy.hub.tracked_requests(),
+        1,
+        "the request is still alive, waiting for another worker"
+    );
+
+    let (mut next, _) = ScriptedWorker::join(proxy.addr, "next", &[MODEL], 1).await;
+    let again = next.next_request().await;
+    assert_eq!(
+        again.request_id, request.request_id,
+        "the same request, requeued"
+    );
+    next.complete(&again.request_id, r#"{"ok":true}"#).await;
+    let (status, _, body) = client.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, r#"{"ok":true}"#);
+    wait_until("nothing is tracked", || proxy.hub.tracked_requests() == 0).await;
+    assert_eq!(proxy.hub.counts().0, 1, "the well-behaved worker stays");
+    proxy.shutdown().await;
+}

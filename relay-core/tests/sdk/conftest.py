@@ -1,0 +1,245 @@
+"""Fixtures: the mock backend and a real `modelrelay` process (proxy + in-process worker) in front
+of it. Nothing is built here: the binary comes from `MODELRELAY_BIN`, by default
+`<repo>/target/debug/modelrelay` (run `cargo build` first). Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mock_backend import CHAT_MODEL, EMBED_MODEL, MockBackend  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_BIN = REPO_ROOT / "target" / "debug" / "modelrelay"
+
+#: Bound on the relay printing its URL.
+STARTUP_TIMEOUT = 15.0
+#: Bound on the in-process worker registering the backend's models.
+READY_TIMEOUT = 15.0
+#: Bound on a clean exit after SIGTERM.
+SHUTDOWN_TIMEOUT = 10.0
+
+#: Every environment variable `modelrelay` reads (see `modelrelay --help`).
+RELAY_ENV = {
+    "LISTEN_ADDR", "WORKER_SECRET", "PROVIDER_NAME", "MAX_QUEUE_LEN", "QUEUE_TIMEOUT_SECS",
+    "REQUEST_TIMEOUT_SECS", "MAX_BODY_BYTES", "HEARTBEAT_INTERVAL_SECS", "HEARTBEAT_TIMEOUT_SECS",
+    "DRAIN_TIMEOUT_SECS", "LOG_LEVEL", "PROXY_URL", "WORKER_NAME", "BACKEND_URL", "MODELS",
+    "MAX_CONCURRENCY", "PROTOCOL_VERSION", "WORKER_DRAIN_TIMEOUT_SECS",
+}
+
+URL_PATTERN = re.compile(r"ModelRelay is serving at (http://\S+)")
+
+
+def http_get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
+    """GET `url` without any proxy; returns (status, parsed JSON body)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+class _Pump(threading.Thread):
+    """Reads one pipe line by line into a list so the child never blocks on a full pipe."""
+
+    def __init__(self, pipe, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.pipe = pipe
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+
+    def run(self) -> None:
+        for raw in iter(self.pipe.readline, b""):
+            with self.changed:
+                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    def text(self) -> str:
+        with self.changed:
+            return "\n".join(self.lines)
+
+    def wait_for(self, pattern: re.Pattern, timeout: float) -> re.Match | None:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                for line in self.lines:
+                    match = pattern.search(line)
+                    if match:
+                        return match
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.is_alive():
+                    return None
+                self.changed.wait(min(left, 0.2))
+
+
+class Relay:
+    """A running `modelrelay` child process."""
+
+    def __init__(self, process: subprocess.Popen, data_dir: Path) -> None:
+        self.process = process
+        self.data_dir = data_dir
+        self.stdout = _Pump(process.stdout, "relay-stdout")
+        self.stderr = _Pump(process.stderr, "relay-stderr")
+        self.stdout.start()
+        self.stderr.start()
+        self.url = ""
+
+    def output(self) -> str:
+        return f"--- stdout ---\n{self.stdout.text()}\n--- stderr ---\n{self.stderr.text()}"
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=5)
+
+    def kill_if_running_after(self, check) -> None:
+        """Runs `check(self)`; whatever happens, no process outlives it."""
+        try:
+            check(self)
+        finally:
+            self.kill()
+
+    def terminate_and_wait(self) -> int | None:
+        """SIGTERM, then the exit code within SHUTDOWN_TIMEOUT (None if it had to be killed)."""
+        if self.process.poll() is not None:
+            return self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=SHUTDOWN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+
+def relay_binary() -> Path:
+    binary = Path(os.environ.get("MODELRELAY_BIN", DEFAULT_BIN))
+    if not binary.is_file():
+        pytest.fail(f"modelrelay binary not found at {binary}: run `cargo build` or set MODELRELAY_BIN", pytrace=False)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def backend():
+    server = MockBackend(chunk_delay=0.005).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def start_relay(backend: MockBackend, data_dir: Path) -> Relay:
+    """Starts `modelrelay --listen 127.0.0.1:0` (proxy + in-process worker) in front of `backend`
+    and waits until it lists the backend's models."""
+    # Settings from the developer's shell must not leak into the run under test.
+    env = {key: value for key, value in os.environ.items() if key not in RELAY_ENV and not key.startswith("MODELRELAY_")}
+    env.update(
+        {
+            "BACKEND_URL": backend.url,
+            "MODELRELAY_DATA_DIR": str(data_dir),
+            # The default config file lives under XDG_CONFIG_HOME: point it at a directory with
+            # none, so the developer's ~/.config/modelrelay/config.toml is not read.
+            "XDG_CONFIG_HOME": str(data_dir / "xdg-config"),
+            "LOG_LEVEL": "info",
+            "NO_COLOR": "1",
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+        }
+    )
+    process = subprocess.Popen(
+        [str(relay_binary()), "--listen", "127.0.0.1:0"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    relay = Relay(process, data_dir)
+    try:
+        match = relay.stdout.wait_for(URL_PATTERN, STARTUP_TIMEOUT)
+        if match is None:
+            pytest.fail(f"modelrelay printed no URL within {STARTUP_TIMEOUT}s\n{relay.output()}", pytrace=False)
+        relay.url = match.group(1).rstrip("/")
+        wait_for_models(relay, {CHAT_MODEL, EMBED_MODEL})
+    except BaseException:
+        relay.kill()
+        raise
+    return relay
+
+
+def assert_clean_exit(relay: Relay) -> None:
+    """SIGTERM must drain and exit 0 within SHUTDOWN_TIMEOUT (the process is killed otherwise)."""
+    code = relay.terminate_and_wait()
+    assert code == 0, f"modelrelay did not exit 0 within {SHUTDOWN_TIMEOUT}s of SIGTERM (got {code})\n{relay.output()}"
+
+
+@pytest.fixture(scope="session")
+def relay(backend, tmp_path_factory):
+    """The relay shared by the SDK and curl tests."""
+    relay = start_relay(backend, tmp_path_factory.mktemp("modelrelay-data"))
+    try:
+        yield relay
+    finally:
+        relay.kill_if_running_after(assert_clean_exit)
+
+
+@pytest.fixture
+def own_relay(backend, tmp_path):
+    """A relay of the test's own, for tests that stop it; killed at teardown if still running."""
+    data_dir = tmp_path / "modelrelay-data"
+    data_dir.mkdir()
+    relay = start_relay(backend, data_dir)
+    try:
+        yield relay
+    finally:
+        relay.kill()
+
+
+def wait_for_models(relay: Relay, wanted: set[str]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    listed: set[str] = set()
+    while time.monotonic() < deadline:
+        if relay.process.poll() is not None:
+            pytest.fail(f"modelrelay exited with {relay.process.returncode}\n{relay.output()}", pytrace=False)
+        try:
+            status, body = http_get_json(f"{relay.url}/v1/models", timeout=2)
+            if status == 200:
+                listed = {m["id"] for m in body.get("data", [])}
+                if wanted <= listed:
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    pytest.fail(
+        f"the relay did not list {sorted(wanted)} within {READY_TIMEOUT}s (listed {sorted(listed)})\n{relay.output()}",
+        pytrace=False,
+    )
+
+
+@pytest.fixture
+def seen(backend):
+    """Clears the backend's request log and returns a function reading it through `GET /_seen`."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    opener.open(urllib.request.Request(f"{backend.url}/_seen", method="DELETE"), timeout=5).read()
+
+    def read() -> list[dict]:
+        status, body = http_get_json(f"{backend.url}/_seen")
+        assert status == 200
+        return body
+
+    return read
