@@ -611,3 +611,53 @@ fn discover_json_prints_a_json_array() {
         assert!(backend.is_object(), "{backend}");
     }
 }
+
+#[test]
+fn secrets_never_appear_in_logs_even_at_trace_level() {
+    const SECRET: &str = "s3cret-value-that-must-not-leak";
+    const WRONG: &str = "wrong-secret-that-must-not-leak";
+    let data = TempDir::new("secret-logs");
+    let mut command = modelrelay(data.path());
+    command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("WORKER_SECRET", SECRET)
+        .env("LOG_LEVEL", "trace");
+    let mut proxy = Running::spawn(command);
+    let url = proxy.relay_url();
+    let worker_data = TempDir::new("secret-logs-worker");
+    let join = |secret: &str| {
+        let mut command = modelrelay(worker_data.path());
+        command
+            .args(["worker", "--proxy-url", &url, "--models", "m1"])
+            .args([
+                "--backend-url",
+                &format!("http://127.0.0.1:{}", unused_port()),
+            ])
+            .env("WORKER_SECRET", secret)
+            .env("LOG_LEVEL", "trace");
+        Running::spawn(command)
+    };
+    let mut rejected = join(WRONG);
+    eventually("the rejected worker logs its refusal", &rejected, || {
+        rejected.stderr().contains("401")
+    });
+    let mut accepted = join(SECRET);
+    eventually("the worker joins", &accepted, || {
+        get_json(&format!("{url}/health"))["workers_connected"] == 1
+    });
+    rejected.terminate();
+    accepted.terminate_cleanly();
+    proxy.terminate_cleanly();
+    for (who, logs) in [
+        ("proxy", proxy.stderr()),
+        ("rejected worker", rejected.stderr()),
+        ("accepted worker", accepted.stderr()),
+    ] {
+        assert!(!logs.is_empty(), "{who} logged nothing at trace level");
+        assert!(!logs.contains(SECRET), "{who} logged the secret:\n{logs}");
+        assert!(
+            !logs.contains(WRONG),
+            "{who} logged the presented secret:\n{logs}"
+        );
+    }
+}

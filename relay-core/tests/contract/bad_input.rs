@@ -413,3 +413,19 @@ async fn oversized_websocket_message_closes_that_worker_and_its_request_is_reque
     assert_eq!(proxy.hub.counts().0, 1, "the well-behaved worker stays");
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn wrong_method_is_405_json_in_the_paths_dialect() {
+    let proxy = start_proxy(test_config()).await;
+    let (status, body) = get_json(&proxy.url(), "/v1/chat/completions", &[]).await;
+    assert_eq!(status, 405);
+    assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    let (status, body) = get_json(&proxy.url(), "/v1/messages", &[]).await;
+    assert_eq!(status, 405);
+    assert_eq!(body["type"], "error", "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("GET"),
+        "{body}"
+    );
+}

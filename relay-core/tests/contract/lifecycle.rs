@@ -351,3 +351,35 @@ async fn disconnected_worker_leaves_health_and_models() {
     let (_, list) = get_json(&proxy.url(), "/v1/models", &[]).await;
     assert_eq!(list["data"], json!([]), "its models are gone: {list}");
 }
+
+#[tokio::test]
+async fn single_model_endpoint_answers_a_served_model_and_404s_others_in_the_dialect() {
+    let proxy = start_proxy(test_config()).await;
+    let (_a, _) = ScriptedWorker::join(proxy.addr, "a", &["meta-llama/Llama-3-8B"], 1).await;
+    let (status, model) = get_json(&proxy.url(), "/v1/models/meta-llama/Llama-3-8B", &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        model["id"], "meta-llama/Llama-3-8B",
+        "ids with slashes work: {model}"
+    );
+    assert_eq!(model["object"], "model");
+    let (status, model) = get_json(
+        &proxy.url(),
+        "/v1/models/meta-llama/Llama-3-8B",
+        &[("anthropic-version", "2023-06-01")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(model["type"], "model", "{model}");
+    let (status, error) = get_json(&proxy.url(), "/v1/models/nope", &[]).await;
+    assert_eq!(status, 404);
+    assert_eq!(error["error"]["code"], "model_not_found", "{error}");
+    let (status, error) = get_json(
+        &proxy.url(),
+        "/v1/models/nope",
+        &[("anthropic-version", "2023-06-01")],
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_eq!(error["error"]["type"], "not_found_error", "{error}");
+}
