@@ -25,14 +25,17 @@ use crate::protocol::{
 };
 
 /// What a waiting client hears about its request.
+///
+/// The rare variants are boxed: the answer channel allocates slots in blocks sized by the largest
+/// variant, and thousands of open streams each hold one such block.
 #[derive(Debug)]
 pub enum ResponseEvent {
     /// SSE bytes of a streaming answer, in order.
     Chunk(Bytes),
     /// The end: final status, headers and (for non-streaming answers) the body.
-    Complete(ResponseCompleteMessage),
+    Complete(Box<ResponseCompleteMessage>),
     /// The relay gave up on the request.
-    Failed(ApiError),
+    Failed(Box<ApiError>),
     /// The worker died before any byte was sent; the request waits in the queue again.
     Requeued {
         /// The new queue deadline.
@@ -463,7 +466,7 @@ impl Inner {
                     if let Some(pending) = self.pending.remove(&request) {
                         let _ = pending
                             .events
-                            .send(ResponseEvent::Failed(fail_error(reason)));
+                            .send(ResponseEvent::Failed(Box::new(fail_error(reason))));
                     }
                 }
                 Action::CloseDrained { worker } => {

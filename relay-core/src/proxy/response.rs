@@ -99,7 +99,7 @@ impl Waiter {
                         self.queue_deadline = Some(Instant::from_std(queue_deadline));
                     }
                     Some(event) => break event,
-                    None => break ResponseEvent::Failed(lost_request()),
+                    None => break ResponseEvent::Failed(Box::new(lost_request())),
                 },
                 _ = sleep_until(self.queue_deadline.unwrap_or(self.deadline)), if self.queue_deadline.is_some() => {
                     if self.guard.hub.expire_queued(self.guard.request) {
@@ -118,11 +118,11 @@ impl Waiter {
             ResponseEvent::Chunk(bytes) => self.stream(bytes),
             ResponseEvent::Complete(complete) => {
                 self.guard.disarm();
-                pass_through(complete)
+                pass_through(*complete)
             }
             ResponseEvent::Failed(error) => {
                 self.guard.disarm();
-                error.into_response(self.dialect)
+                (*error).into_response(self.dialect)
             }
             ResponseEvent::Requeued { .. } => unreachable!("handled in the loop"),
         }

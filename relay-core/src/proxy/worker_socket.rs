@@ -305,11 +305,13 @@ impl Connection {
         if route.bytes > self.settings.max_stream_bytes {
             let limit = self.settings.max_stream_bytes;
             let route = self.routes.remove(&request).expect("present");
-            let _ = route.events.send(ResponseEvent::Failed(ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "stream_too_large",
-                format!("the response exceeded the relay's stream size limit of {limit} bytes"),
-            )));
+            let _ = route
+                .events
+                .send(ResponseEvent::Failed(Box::new(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "stream_too_large",
+                    format!("the response exceeded the relay's stream size limit of {limit} bytes"),
+                ))));
             tracing::warn!(request = %chunk.request_id, limit, "stream size limit exceeded; cancelling");
             self.hub.cancel(request, CancelReason::ClientDisconnect);
             return;
@@ -336,7 +338,9 @@ impl Connection {
         }
         tracing::debug!(request = %complete.request_id, status = complete.status_code, tokens = ?complete.token_counts, "response complete");
         if let Some(route) = route {
-            let _ = route.events.send(ResponseEvent::Complete(complete));
+            let _ = route
+                .events
+                .send(ResponseEvent::Complete(Box::new(complete)));
         }
     }
 
@@ -369,11 +373,13 @@ impl Connection {
         }
         tracing::warn!(worker = %worker_wire_id(self.worker), request = wire_id, code = %error.code, "worker failed request: {}", error.message);
         if let Some(route) = route {
-            let _ = route.events.send(ResponseEvent::Failed(ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "worker_error",
-                format!("the worker failed this request: {}", error.message),
-            )));
+            let _ = route
+                .events
+                .send(ResponseEvent::Failed(Box::new(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "worker_error",
+                    format!("the worker failed this request: {}", error.message),
+                ))));
         }
     }
 }

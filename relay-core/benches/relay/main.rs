@@ -1,0 +1,456 @@
+//! The relay benchmark: the direct path (client → mock backend) and the relay path
+//! (client → proxy → WebSocket → worker → mock backend), measured in one run on this machine,
+//! each figure printed with its ratio to direct.
+//!
+//! Run: `cargo bench -p relay-core --bench relay` (all scenarios), or name scenarios:
+//! `cargo bench -p relay-core --bench relay -- unary1 stream64`; `--quick` shortens every scenario
+//! for a smoke run. Results: `target/bench/relay.md` and `target/bench/relay.json`.
+//! The method is described in BENCHMARKS.md.
+
+mod backend;
+mod fake_workers;
+mod load;
+mod procs;
+mod report;
+
+use std::time::{Duration, Instant};
+
+use procs::{start_backend, start_proxy, start_worker, wait_for_workers, ChildProcess};
+use report::Row;
+
+const SCENARIOS: &[&str] = &[
+    "unary1",
+    "unary64",
+    "stream64",
+    "idle10k",
+    "workers1k",
+    "queue",
+];
+const KB: f64 = 1024.0;
+const MB: f64 = 1024.0 * 1024.0;
+
+/// Sizes of a run: full, or `--quick` for a smoke run.
+struct Plan {
+    duration: Duration,
+    idle_streams: usize,
+    idle_events: u64,
+    fake_workers: usize,
+    idle_window: Duration,
+    flood: usize,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                duration: Duration::from_secs(1),
+                idle_streams: 500,
+                idle_events: 3,
+                fake_workers: 100,
+                idle_window: Duration::from_secs(3),
+                flood: 1000,
+            }
+        } else {
+            Plan {
+                duration: Duration::from_secs(5),
+                idle_streams: 10_000,
+                idle_events: 10,
+                fake_workers: 1000,
+                idle_window: Duration::from_secs(20),
+                flood: 10_000,
+            }
+        }
+    }
+}
+
+/// A backend, a proxy and one worker.
+struct Stack {
+    _backend: ChildProcess,
+    backend_port: u16,
+    proxy: ChildProcess,
+    proxy_port: u16,
+    worker: ChildProcess,
+}
+
+impl Stack {
+    async fn start(proxy_flags: &[&str], max_concurrency: u32) -> Stack {
+        let (backend, backend_port) = start_backend();
+        let (proxy, proxy_port) = start_proxy(proxy_flags);
+        let worker = start_worker(proxy_port, backend_port, max_concurrency);
+        wait_for_workers(&load::client(1), proxy_port, 1).await;
+        Stack {
+            _backend: backend,
+            backend_port,
+            proxy,
+            proxy_port,
+            worker,
+        }
+    }
+
+    fn direct(&self) -> String {
+        format!("http://127.0.0.1:{}", self.backend_port)
+    }
+
+    fn relay(&self) -> String {
+        format!("http://127.0.0.1:{}", self.proxy_port)
+    }
+}
+
+fn info(scenario: &'static str, figure: &'static str, direct: Option<f64>, relay: f64) -> Row {
+    Row {
+        scenario,
+        figure,
+        direct,
+        relay,
+        target: "–".to_string(),
+        met: None,
+    }
+}
+
+async fn unary_rows(stack: &Stack, plan: &Plan, connections: usize) -> Vec<Row> {
+    let scenario = if connections == 1 {
+        "unary1"
+    } else {
+        "unary64"
+    };
+    let mut direct = load::unary(&stack.direct(), connections, plan.duration).await;
+    let mut relay = load::unary(&stack.relay(), connections, plan.duration).await;
+    eprintln!(
+        "{scenario}: direct {} ok / {} failed; relay {} ok / {} failed",
+        direct.ok, direct.failed, relay.ok, relay.failed
+    );
+    let (d50, r50) = (direct.quantile_ms(0.5), relay.quantile_ms(0.5));
+    let (d99, r99) = (direct.quantile_ms(0.99), relay.quantile_ms(0.99));
+    let (drate, rrate) = (direct.rate(), relay.rate());
+    let mut rows = Vec::new();
+    if connections == 1 {
+        rows.push(Row {
+            scenario,
+            figure: "p50 latency (ms)",
+            direct: Some(d50),
+            relay: r50,
+            target: "added ≤ 0.5 ms".to_string(),
+            met: Some(r50 - d50 <= 0.5),
+        });
+        rows.push(info(scenario, "p99 latency (ms)", Some(d99), r99));
+        rows.push(info(scenario, "requests/s", Some(drate), rrate));
+    } else {
+        rows.push(Row {
+            scenario,
+            figure: "requests/s",
+            direct: Some(drate),
+            relay: rrate,
+            target: "≥ 35% of direct".to_string(),
+            met: Some(rrate >= 0.35 * drate),
+        });
+        rows.push(info(scenario, "p50 latency (ms)", Some(d50), r50));
+        rows.push(info(scenario, "p99 latency (ms)", Some(d99), r99));
+    }
+    rows.push(Row {
+        scenario,
+        figure: "failed requests",
+        direct: Some(direct.failed as f64),
+        relay: relay.failed as f64,
+        target: "0".to_string(),
+        met: Some(relay.failed == 0),
+    });
+    rows
+}
+
+async fn stream_rows(stack: &Stack, plan: &Plan) -> Vec<Row> {
+    let scenario = "stream64";
+    let mut direct = load::streams(&stack.direct(), 64, 200, plan.duration).await;
+    let mut relay = load::streams(&stack.relay(), 64, 200, plan.duration).await;
+    eprintln!(
+        "{scenario}: direct {} streams, relay {} streams ({} failed)",
+        direct.ok, relay.ok, relay.failed
+    );
+    let (drate, rrate) = (direct.events_rate(), relay.events_rate());
+    let (d50, r50) = (direct.quantile_ms(0.5), relay.quantile_ms(0.5));
+    let (d99, r99) = (direct.quantile_ms(0.99), relay.quantile_ms(0.99));
+    vec![
+        Row {
+            scenario,
+            figure: "chunks/s",
+            direct: Some(drate),
+            relay: rrate,
+            target: "≥ 50% of direct".to_string(),
+            met: Some(rrate >= 0.5 * drate),
+        },
+        Row {
+            scenario,
+            figure: "TTFB p50 (ms)",
+            direct: Some(d50),
+            relay: r50,
+            target: "added ≤ 2 ms".to_string(),
+            met: Some(r50 - d50 <= 2.0),
+        },
+        info(scenario, "TTFB p99 (ms)", Some(d99), r99),
+        Row {
+            scenario,
+            figure: "failed streams",
+            direct: Some(direct.failed as f64),
+            relay: relay.failed as f64,
+            target: "0".to_string(),
+            met: Some(relay.failed == 0),
+        },
+    ]
+}
+
+async fn idle_rows(plan: &Plan) -> Vec<Row> {
+    let scenario = "idle10k";
+    let count = plan.idle_streams;
+    let stack = Stack::start(&["--max-queue-len", "100000"], count as u32 + 100).await;
+    let settle = || std::thread::sleep(Duration::from_millis(500));
+    settle();
+    let (proxy_before, worker_before) = (stack.proxy.rss(), stack.worker.rss());
+    let mut peak = (0u64, 0u64);
+    let outcome = load::idle_streams(
+        &stack.relay(),
+        count,
+        plan.idle_events,
+        Duration::from_secs(1),
+        || {
+            peak = (stack.proxy.rss(), stack.worker.rss());
+        },
+    )
+    .await;
+    std::thread::sleep(Duration::from_secs(2));
+    let (proxy_after, worker_after) = (stack.proxy.rss(), stack.worker.rss());
+    eprintln!(
+        "{scenario}: {} complete, {} failed; proxy RSS {:.1} → {:.1} → {:.1} MB; worker RSS {:.1} → {:.1} → {:.1} MB",
+        outcome.complete, outcome.failed,
+        proxy_before as f64 / MB, peak.0 as f64 / MB, proxy_after as f64 / MB,
+        worker_before as f64 / MB, peak.1 as f64 / MB, worker_after as f64 / MB
+    );
+    let per_stream =
+        |peak: u64, before: u64| peak.saturating_sub(before) as f64 / count as f64 / KB;
+    let proxy_per_stream = per_stream(peak.0, proxy_before);
+    vec![
+        Row {
+            scenario,
+            figure: "streams completed",
+            direct: None,
+            relay: outcome.complete as f64,
+            target: format!("all {count}"),
+            met: Some(outcome.complete == count as u64),
+        },
+        Row {
+            scenario,
+            figure: "proxy KB per open stream",
+            direct: None,
+            relay: proxy_per_stream,
+            target: "≤ 8 KB".to_string(),
+            met: Some(proxy_per_stream <= 8.0),
+        },
+        info(
+            scenario,
+            "worker KB per open stream",
+            None,
+            per_stream(peak.1, worker_before),
+        ),
+        Row {
+            scenario,
+            figure: "proxy RSS after / before",
+            direct: None,
+            relay: proxy_after as f64 / proxy_before as f64,
+            target: "back to baseline (≤ 1.10)".to_string(),
+            met: Some(proxy_after as f64 <= proxy_before as f64 * 1.10),
+        },
+    ]
+}
+
+async fn workers_rows(plan: &Plan) -> Vec<Row> {
+    let scenario = "workers1k";
+    let count = plan.fake_workers;
+    let (proxy, port) = start_proxy(&[]);
+    let workers = fake_workers::connect(port, count).await;
+    wait_for_workers(&load::client(1), port, count as u64).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss = proxy.rss();
+    let cpu_start = proxy.cpu_seconds();
+    let window = Instant::now();
+    tokio::time::sleep(plan.idle_window).await;
+    let idle_cpu = (proxy.cpu_seconds() - cpu_start) / window.elapsed().as_secs_f64() * 100.0;
+    let base = format!("http://127.0.0.1:{port}");
+    let mut dispatch = load::unary(&base, 64, plan.duration).await;
+    eprintln!(
+        "{scenario}: RSS {:.1} MB, idle CPU {idle_cpu:.2}%, {} dispatched ({} failed)",
+        rss as f64 / MB,
+        dispatch.ok,
+        dispatch.failed
+    );
+    for worker in workers {
+        worker.abort();
+    }
+    vec![
+        Row {
+            scenario,
+            figure: "proxy RSS (MB)",
+            direct: None,
+            relay: rss as f64 / MB,
+            target: "≤ 64 MB".to_string(),
+            met: Some(rss as f64 <= 64.0 * MB),
+        },
+        Row {
+            scenario,
+            figure: "proxy idle CPU (% of a core)",
+            direct: None,
+            relay: idle_cpu,
+            target: "≤ 2%".to_string(),
+            met: Some(idle_cpu <= 2.0),
+        },
+        info(
+            scenario,
+            "dispatch p50 (ms)",
+            None,
+            dispatch.quantile_ms(0.5),
+        ),
+        info(
+            scenario,
+            "dispatch p99 (ms)",
+            None,
+            dispatch.quantile_ms(0.99),
+        ),
+        info(scenario, "dispatched requests/s", None, dispatch.rate()),
+    ]
+}
+
+async fn queue_rows(plan: &Plan) -> Vec<Row> {
+    let scenario = "queue";
+    let count = plan.flood;
+    let stack = Stack::start(&["--max-queue-len", &count.to_string()], 8).await;
+    std::thread::sleep(Duration::from_millis(500));
+    let before = stack.proxy.rss();
+    let outcome = load::flood(&stack.relay(), count).await;
+    std::thread::sleep(Duration::from_secs(2));
+    let after = stack.proxy.rss();
+    let answered = outcome.served + outcome.rejected + outcome.timed_out;
+    eprintln!(
+        "{scenario}: {outcome:?}; proxy RSS {:.1} → {:.1} MB",
+        before as f64 / MB,
+        after as f64 / MB
+    );
+    vec![
+        Row {
+            scenario,
+            figure: "requests answered (served, 429 or 504)",
+            direct: None,
+            relay: answered as f64,
+            target: format!("all {count}"),
+            met: Some(answered == count as u64),
+        },
+        info(scenario, "served", None, outcome.served as f64),
+        info(
+            scenario,
+            "drain rate (requests/s)",
+            None,
+            outcome.served as f64 / outcome.elapsed.as_secs_f64(),
+        ),
+        Row {
+            scenario,
+            figure: "proxy RSS after / before",
+            direct: None,
+            relay: after as f64 / before as f64,
+            target: "≤ 1.10".to_string(),
+            met: Some(after as f64 <= before as f64 * 1.10),
+        },
+    ]
+}
+
+fn footprint_rows(idle_rss: u64) -> Vec<Row> {
+    let size = std::fs::metadata(env!("CARGO_BIN_EXE_modelrelay"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    vec![
+        Row {
+            scenario: "footprint",
+            figure: "proxy idle RSS (MB)",
+            direct: None,
+            relay: idle_rss as f64 / MB,
+            target: "≤ 10 MB".to_string(),
+            met: Some(idle_rss as f64 <= 10.0 * MB),
+        },
+        Row {
+            scenario: "footprint",
+            figure: "binary size (MB)",
+            direct: None,
+            relay: size as f64 / MB,
+            target: "≤ 15 MB".to_string(),
+            met: Some(size as f64 <= 15.0 * MB),
+        },
+    ]
+}
+
+async fn run(selected: Vec<String>, plan: Plan) -> Vec<Row> {
+    let wants = |name: &str| selected.is_empty() || selected.iter().any(|s| s == name);
+    let mut rows = Vec::new();
+    if ["unary1", "unary64", "stream64"].iter().any(|s| wants(s)) || selected.is_empty() {
+        let stack = Stack::start(&[], 1024).await;
+        std::thread::sleep(Duration::from_millis(300));
+        rows.extend(footprint_rows(stack.proxy.rss()));
+        if wants("unary1") {
+            rows.extend(unary_rows(&stack, &plan, 1).await);
+        }
+        if wants("unary64") {
+            rows.extend(unary_rows(&stack, &plan, 64).await);
+        }
+        if wants("stream64") {
+            rows.extend(stream_rows(&stack, &plan).await);
+        }
+    }
+    if wants("idle10k") {
+        rows.extend(idle_rows(&plan).await);
+    }
+    if wants("workers1k") {
+        rows.extend(workers_rows(&plan).await);
+    }
+    if wants("queue") {
+        rows.extend(queue_rows(&plan).await);
+    }
+    rows
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    if args.iter().any(|a| a == "--backend") {
+        runtime.block_on(backend::serve());
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    // `cargo bench` passes `--bench`; anything else that is not a flag names a scenario.
+    let selected: Vec<String> = args.into_iter().filter(|a| !a.starts_with("--")).collect();
+    for name in &selected {
+        assert!(
+            SCENARIOS.contains(&name.as_str()),
+            "unknown scenario {name}; choose from {SCENARIOS:?}"
+        );
+    }
+    let started = Instant::now();
+    let rows = runtime.block_on(run(selected, Plan::new(quick)));
+    let table = report::markdown(&rows);
+    let machine = format!(
+        "{} cores, {}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        std::env::consts::ARCH
+    );
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join("relay.md"), &table);
+    let _ = std::fs::write(
+        dir.join("relay.json"),
+        serde_json::to_string_pretty(&report::json(&rows, &machine)).unwrap_or_default(),
+    );
+    println!("\n{table}");
+    println!(
+        "({} in {:.0}s; written to target/bench/relay.md and relay.json)",
+        if quick { "quick run" } else { "full run" },
+        started.elapsed().as_secs_f64()
+    );
+}
