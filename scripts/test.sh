@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "==> cargo test (unit, contract and command-line suites)"
-cargo test --workspace --all-targets
+cargo test --workspace
 
 echo "==> SDK compatibility suite (official openai and anthropic Python SDKs, curl)"
 if [ ! -x .venv/bin/pytest ] || ! cmp -s relay-core/tests/sdk/requirements.txt .venv/requirements.installed; then

@@ -9,7 +9,7 @@ use rand::distr::{Alphanumeric, SampleString};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, ModelsCommand};
 use crate::config::{self, ConfigError, FileConfig};
 use crate::discovery::{self, DiscoveryOptions};
 use crate::proxy::{self, RunningProxy};
@@ -43,6 +43,9 @@ pub enum AppError {
     /// A worker has no secret to present.
     #[error("no worker secret: pass --worker-secret (or set WORKER_SECRET) to the secret the proxy printed when it started")]
     MissingSecret,
+    /// `models scan` could not read its directory.
+    #[error(transparent)]
+    Scan(#[from] crate::lifecycle::scan::ScanError),
 }
 
 /// Runs the command line.
@@ -61,6 +64,9 @@ pub async fn run(cli: Cli) -> Result<(), AppError> {
             run_discover(json).await;
             Ok(())
         }
+        Some(Command::Models {
+            command: ModelsCommand::Scan { dir },
+        }) => Ok(crate::lifecycle::scan::run(&dir)?),
     }
 }
 

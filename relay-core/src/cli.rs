@@ -54,6 +54,22 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Model files and the worker's model map.
+    Models {
+        /// What to do.
+        #[command(subcommand)]
+        command: ModelsCommand,
+    },
+}
+
+/// `modelrelay models ...`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum ModelsCommand {
+    /// Find .gguf model files under DIR and print model-map entries for the config file.
+    Scan {
+        /// The directory to search (recursively).
+        dir: PathBuf,
+    },
 }
 
 /// Proxy flags.

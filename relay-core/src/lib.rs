@@ -4,11 +4,13 @@
 //!
 //! Start with `ARCHITECTURE.md` at the repository root for the map.
 
+pub mod adapter;
 pub mod app;
 pub mod cli;
 pub mod config;
 pub mod dialect;
 pub mod discovery;
+pub mod lifecycle;
 pub mod protocol;
 pub mod proxy;
 pub mod worker;

@@ -62,6 +62,13 @@ impl ChildProcess {
         rss_of(self.pid())
     }
 
+    /// Open file descriptors (sockets, mostly).
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|dir| dir.count())
+            .unwrap_or(0)
+    }
+
     /// User plus system CPU time so far, in seconds.
     pub fn cpu_seconds(&self) -> f64 {
         cpu_seconds_of(self.pid())

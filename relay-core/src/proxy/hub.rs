@@ -258,6 +258,7 @@ impl Hub {
         let expired = inner.scheduler.expire_queued(request, Instant::now());
         if expired {
             inner.pending.remove(&request);
+            inner.release_idle_capacity();
             tracing::warn!(request = %request_wire_id(request), "queue timeout");
         }
         expired
@@ -315,6 +316,7 @@ impl Hub {
             inner.pending.remove(&request);
         }
         inner.execute(actions);
+        inner.release_idle_capacity();
         known
     }
 
@@ -422,7 +424,19 @@ impl Hub {
     }
 }
 
+/// Maps that grew past this many slots are shrunk once they empty.
+const IDLE_SHRINK_THRESHOLD: usize = 1024;
+
 impl Inner {
+    /// After a burst, give back the capacity the request maps grew to: a proxy idle after
+    /// 10,000 streams should use the memory of an idle proxy.
+    fn release_idle_capacity(&mut self) {
+        if self.pending.is_empty() && self.pending.capacity() > IDLE_SHRINK_THRESHOLD {
+            self.pending.shrink_to_fit();
+            self.scheduler.shrink_if_idle();
+        }
+    }
+
     fn send(&self, worker: WorkerId, message: Outbound) {
         if let Some(link) = self.links.get(&worker) {
             // A closed channel means the connection task is exiting; it will call worker_gone,

@@ -778,6 +778,20 @@ impl Scheduler {
         (actions, workers)
     }
 
+    /// Gives back map capacity left over from a burst once no request is tracked.
+    pub fn shrink_if_idle(&mut self) {
+        if !self.requests.is_empty() {
+            return;
+        }
+        self.requests.shrink_to_fit();
+        for worker in self.workers.values_mut() {
+            worker.in_flight.shrink_to_fit();
+        }
+        for provider in &mut self.providers {
+            provider.queues.shrink_to_fit();
+        }
+    }
+
     /// Requests still running on workers (for the shutdown drain).
     pub fn in_flight_count(&self) -> usize {
         self.workers.values().map(|w| w.in_flight.len()).sum()

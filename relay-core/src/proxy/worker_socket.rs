@@ -326,12 +326,20 @@ impl Connection {
         }
     }
 
+    /// Gives back the route map's capacity after a burst.
+    fn shrink_routes_if_idle(&mut self) {
+        if self.routes.is_empty() && self.routes.capacity() > 1024 {
+            self.routes.shrink_to_fit();
+        }
+    }
+
     fn on_complete(&mut self, complete: ResponseCompleteMessage) {
         let Some(id) = parse_request_wire_id(&complete.request_id) else {
             tracing::warn!(request = %complete.request_id, "ignoring response_complete for an id this proxy never issued");
             return;
         };
         let route = self.routes.remove(&id);
+        self.shrink_routes_if_idle();
         if !self.hub.finish(self.worker, id) {
             tracing::warn!(worker = %worker_wire_id(self.worker), request = %complete.request_id, "ignoring response_complete for an unknown or already completed request");
             return;

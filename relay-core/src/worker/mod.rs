@@ -110,6 +110,10 @@ pub async fn run(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) {
 fn backend_client() -> reqwest::Client {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
+        // Reuse a few warm connections; after a burst of thousands of streams, don't keep
+        // thousands of idle sockets (and their buffers) open to the backend.
+        .pool_max_idle_per_host(32)
+        .pool_idle_timeout(Duration::from_secs(30))
         .no_proxy()
         .tcp_nodelay(true)
         .build()

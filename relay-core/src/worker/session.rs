@@ -376,6 +376,10 @@ impl Session<'_> {
                 }
                 TaskEvent::Done(id) => {
                     self.active.remove(&id);
+                    if self.active.is_empty() && self.active.capacity() > 1024 {
+                        // Give back what a burst of requests grew the map to.
+                        self.active.shrink_to_fit();
+                    }
                     any_done = true;
                 }
             }

@@ -1,0 +1,417 @@
+//! Anthropic Messages ⇄ canonical.
+//!
+//! `parse_request` and `build_response` serve an Anthropic client (Claude Code, the SDKs) from a
+//! chat backend. `build_request` is the reverse direction, for round-trip tests now and an
+//! Anthropic upstream later.
+
+use serde_json::{json, Map, Value};
+
+use super::canonical::{
+    Image, Message, Part, Request, Response, Role, StopReason, Thinking, Tool, ToolCall,
+    ToolChoice, ToolResult, Usage,
+};
+use super::error::AdapterError;
+use super::json::At;
+use super::openai_chat::empty_schema;
+use super::Identity;
+
+/// Reads a Messages request.
+///
+/// Dropped without error, because a chat backend has no use for them: `cache_control`,
+/// `metadata` (except `user_id`), `thinking` and `output_config` settings, `context_management`,
+/// `redacted_thinking` blocks, citations, and server-side tools (`web_search_*`, ...) — a tool
+/// the backend cannot run only narrows what the model may do, which beats failing an agent's
+/// whole request. A `system`-role entry inside `messages` (Claude Code sends one) joins the
+/// system prompt: local chat templates often reject system messages after the first turn.
+pub fn parse_request(body: &Value) -> Result<Request, AdapterError> {
+    let root = At::root(body);
+    root.object()?;
+    let mut request = Request {
+        model: root.opt_str("model")?.unwrap_or_default().to_string(),
+        max_tokens: root.opt_u64("max_tokens")?,
+        temperature: root.opt_f64("temperature")?,
+        top_p: root.opt_f64("top_p")?,
+        top_k: root.opt_u64("top_k")?,
+        stream: root.opt_bool("stream")?.unwrap_or(false),
+        ..Request::default()
+    };
+    if let Some(stop) = root.get("stop_sequences") {
+        for s in stop.items()? {
+            request.stop.push(s.str()?.to_string());
+        }
+    }
+    if let Some(metadata) = root.get("metadata") {
+        request.user = metadata.opt_str("user_id")?.map(str::to_string);
+    }
+    if let Some(system) = root.get("system") {
+        request.system = system_texts(&system)?;
+    }
+    for message in root.require("messages")?.items()? {
+        let role = message.require("role")?;
+        let content = message.require("content")?;
+        let role = match role.str()? {
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "system" => {
+                request.system.extend(system_texts(&content)?);
+                continue;
+            }
+            other => return Err(role.error(format!("{other} is not supported"))),
+        };
+        request.messages.push(Message {
+            role,
+            content: content_parts(&content)?,
+        });
+    }
+    if let Some(tools) = root.get("tools") {
+        for tool in tools.items()? {
+            if let Some(tool) = parse_tool(&tool)? {
+                request.tools.push(tool);
+            }
+        }
+    }
+    if let Some(choice) = root.get("tool_choice") {
+        let (choice, parallel) = parse_tool_choice(&choice)?;
+        request.tool_choice = Some(choice);
+        request.parallel_tool_calls = parallel;
+    }
+    Ok(request)
+}
+
+/// `system`: a string or a list of text blocks.
+fn system_texts(at: &At) -> Result<Vec<String>, AdapterError> {
+    if let Some(text) = at.value().as_str() {
+        return Ok(vec![text.to_string()]);
+    }
+    at.items()?
+        .iter()
+        .map(|block| match block.kind()? {
+            "text" => Ok(block.require("text")?.str()?.to_string()),
+            other => Err(block.unsupported_type(other)),
+        })
+        .collect()
+}
+
+/// Message content: a string or a list of blocks.
+fn content_parts(at: &At) -> Result<Vec<Part>, AdapterError> {
+    if let Some(text) = at.value().as_str() {
+        return Ok(vec![Part::Text(text.to_string())]);
+    }
+    let mut parts = Vec::new();
+    for block in at.items()? {
+        if let Some(part) = parse_block(&block)? {
+            parts.push(part);
+        }
+    }
+    Ok(parts)
+}
+
+fn parse_block(at: &At) -> Result<Option<Part>, AdapterError> {
+    let part = match at.kind()? {
+        "text" => Part::Text(at.require("text")?.str()?.to_string()),
+        "image" => Part::Image(parse_image(&at.require("source")?)?),
+        "document" => Part::Text(parse_text_document(&at.require("source")?)?),
+        "tool_use" => Part::ToolCall(ToolCall {
+            id: at.require("id")?.str()?.to_string(),
+            name: at.require("name")?.str()?.to_string(),
+            arguments: at
+                .get("input")
+                .map(|input| input.object().map(|_| input.value().to_string()))
+                .transpose()?
+                .unwrap_or_else(|| "{}".to_string()),
+        }),
+        "tool_result" => Part::ToolResult(ToolResult {
+            call_id: at.require("tool_use_id")?.str()?.to_string(),
+            content: match at.get("content") {
+                Some(content) => tool_result_parts(&content)?,
+                None => Vec::new(),
+            },
+            is_error: at.opt_bool("is_error")?.unwrap_or(false),
+        }),
+        "thinking" => Part::Thinking(Thinking {
+            text: at.require("thinking")?.str()?.to_string(),
+            signature: at.opt_str("signature")?.map(str::to_string),
+        }),
+        // Encrypted reasoning only Anthropic's own models can read.
+        "redacted_thinking" => return Ok(None),
+        other => return Err(at.unsupported_type(other)),
+    };
+    Ok(Some(part))
+}
+
+fn tool_result_parts(at: &At) -> Result<Vec<Part>, AdapterError> {
+    if let Some(text) = at.value().as_str() {
+        return Ok(vec![Part::Text(text.to_string())]);
+    }
+    at.items()?
+        .iter()
+        .map(|block| match block.kind()? {
+            "text" => Ok(Part::Text(block.require("text")?.str()?.to_string())),
+            "image" => Ok(Part::Image(parse_image(&block.require("source")?)?)),
+            // A tool search result naming a deferred tool. The backend is offered every tool up
+            // front, so the reference only needs to read as what it means.
+            "tool_reference" => Ok(Part::Text(format!(
+                "Tool {} is available.",
+                block.require("tool_name")?.str()?
+            ))),
+            other => Err(block.unsupported_type(other)),
+        })
+        .collect()
+}
+
+fn parse_image(source: &At) -> Result<Image, AdapterError> {
+    match source.kind()? {
+        "base64" => Ok(Image::Base64 {
+            media_type: source.require("media_type")?.str()?.to_string(),
+            data: source.require("data")?.str()?.to_string(),
+        }),
+        "url" => Ok(Image::Url(source.require("url")?.str()?.to_string())),
+        other => Err(source.unsupported_type(other)),
+    }
+}
+
+/// A plain-text document is just text to a chat model; PDFs and file references are not.
+fn parse_text_document(source: &At) -> Result<String, AdapterError> {
+    let kind = source.kind()?;
+    if kind != "text" {
+        return Err(source.field_error(
+            "type",
+            format!("documents with a {kind} source are not supported"),
+        ));
+    }
+    Ok(source.require("data")?.str()?.to_string())
+}
+
+/// A tool, or `None` for a server-side tool the backend cannot run (see [`parse_request`]).
+fn parse_tool(at: &At) -> Result<Option<Tool>, AdapterError> {
+    match at.opt_str("type")? {
+        None | Some("custom") => {}
+        Some(_) => return Ok(None),
+    }
+    Ok(Some(Tool {
+        name: at.require("name")?.str()?.to_string(),
+        description: at.opt_str("description")?.map(str::to_string),
+        parameters: at
+            .get("input_schema")
+            .map(|s| s.value().clone())
+            .unwrap_or_else(empty_schema),
+    }))
+}
+
+fn parse_tool_choice(at: &At) -> Result<(ToolChoice, Option<bool>), AdapterError> {
+    let choice = match at.kind()? {
+        "auto" => ToolChoice::Auto,
+        "any" => ToolChoice::Required,
+        "none" => ToolChoice::None,
+        "tool" => ToolChoice::Named(at.require("name")?.str()?.to_string()),
+        other => return Err(at.unsupported_type(other)),
+    };
+    // Only an explicit `true` changes anything; `false` is the default.
+    let parallel = match at.opt_bool("disable_parallel_tool_use")? {
+        Some(true) => Some(false),
+        _ => None,
+    };
+    Ok((choice, parallel))
+}
+
+/// The Messages request for `request`. System-role messages join the top-level `system`, the
+/// only place Anthropic takes them; consecutive messages of one role are merged, since turns
+/// alternate there; content is always written as a block list.
+pub fn build_request(request: &Request) -> Value {
+    let mut out = Map::new();
+    out.insert("model".into(), json!(request.model));
+    let mut system: Vec<Value> = request
+        .system
+        .iter()
+        .map(|text| json!({"type": "text", "text": text}))
+        .collect();
+    let mut messages: Vec<Value> = Vec::new();
+    for message in &request.messages {
+        let role = match message.role {
+            Role::System => {
+                system.extend(message.content.iter().map(|p| block(p, false)));
+                continue;
+            }
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        };
+        let content = message.content.iter().map(|p| block(p, false));
+        match messages.last_mut() {
+            // Chat's one-message-per-tool-result becomes one user turn holding all results, the
+            // shape Anthropic expects after a turn with several tool calls.
+            Some(last) if last["role"] == role => {
+                if let Some(blocks) = last["content"].as_array_mut() {
+                    blocks.extend(content);
+                }
+            }
+            _ => messages.push(json!({"role": role, "content": content.collect::<Vec<_>>()})),
+        }
+    }
+    if !system.is_empty() {
+        out.insert("system".into(), Value::Array(system));
+    }
+    out.insert("messages".into(), Value::Array(messages));
+    if let Some(n) = request.max_tokens {
+        out.insert("max_tokens".into(), json!(n));
+    }
+    if !request.stop.is_empty() {
+        out.insert("stop_sequences".into(), json!(request.stop));
+    }
+    if let Some(t) = request.temperature {
+        out.insert("temperature".into(), json!(t));
+    }
+    if let Some(p) = request.top_p {
+        out.insert("top_p".into(), json!(p));
+    }
+    if let Some(k) = request.top_k {
+        out.insert("top_k".into(), json!(k));
+    }
+    if request.stream {
+        out.insert("stream".into(), json!(true));
+    }
+    if !request.tools.is_empty() {
+        let tools: Vec<Value> = request.tools.iter().map(build_tool).collect();
+        out.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(choice) = build_tool_choice(request) {
+        out.insert("tool_choice".into(), choice);
+    }
+    if let Some(user) = &request.user {
+        out.insert("metadata".into(), json!({"user_id": user}));
+    }
+    Value::Object(out)
+}
+
+fn build_tool(tool: &Tool) -> Value {
+    let mut out = Map::new();
+    out.insert("name".into(), json!(tool.name));
+    if let Some(description) = &tool.description {
+        out.insert("description".into(), json!(description));
+    }
+    out.insert("input_schema".into(), tool.parameters.clone());
+    Value::Object(out)
+}
+
+fn build_tool_choice(request: &Request) -> Option<Value> {
+    let no_parallel = request.parallel_tool_calls == Some(false);
+    let mut choice = match (&request.tool_choice, no_parallel) {
+        (None, false) => return None,
+        (None, true) | (Some(ToolChoice::Auto), _) => json!({"type": "auto"}),
+        (Some(ToolChoice::None), _) => json!({"type": "none"}),
+        (Some(ToolChoice::Required), _) => json!({"type": "any"}),
+        (Some(ToolChoice::Named(name)), _) => json!({"type": "tool", "name": name}),
+    };
+    if no_parallel {
+        choice["disable_parallel_tool_use"] = json!(true);
+    }
+    Some(choice)
+}
+
+/// The content block for `part`. A response always carries a thinking `signature` (the SDKs'
+/// types require it); a request carries one only if it had one.
+fn block(part: &Part, response: bool) -> Value {
+    match part {
+        Part::Text(text) => json!({"type": "text", "text": text}),
+        Part::Image(image) => json!({"type": "image", "source": image_source(image)}),
+        Part::ToolCall(call) => json!({
+            "type": "tool_use",
+            "id": call.id,
+            "name": call.name,
+            "input": tool_input(&call.arguments),
+        }),
+        Part::ToolResult(result) => {
+            let content: Vec<Value> = result.content.iter().map(|p| block(p, response)).collect();
+            let mut out = json!({
+                "type": "tool_result",
+                "tool_use_id": result.call_id,
+                "content": content,
+            });
+            if result.is_error {
+                out["is_error"] = json!(true);
+            }
+            out
+        }
+        Part::Thinking(thinking) => {
+            let mut out = json!({"type": "thinking", "thinking": thinking.text});
+            match (&thinking.signature, response) {
+                (Some(signature), _) => out["signature"] = json!(signature),
+                (None, true) => out["signature"] = json!(""),
+                (None, false) => {}
+            }
+            out
+        }
+    }
+}
+
+fn image_source(image: &Image) -> Value {
+    match image {
+        Image::Base64 { media_type, data } => {
+            json!({"type": "base64", "media_type": media_type, "data": data})
+        }
+        Image::Url(url) => json!({"type": "url", "url": url}),
+    }
+}
+
+/// A `tool_use.input` object from chat argument text. Empty text means no arguments. Text that is
+/// not a JSON object (a model's malformed output) is passed on under `_raw_arguments` instead of
+/// failing the answer: the client's tool-input validation then tells the model what went wrong.
+pub(crate) fn tool_input(arguments: &str) -> Value {
+    if arguments.trim().is_empty() {
+        return json!({});
+    }
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(value @ Value::Object(_)) => value,
+        _ => json!({"_raw_arguments": arguments}),
+    }
+}
+
+/// The Messages answer for `response`, under the client-facing `model` name.
+pub fn build_response(response: &Response, model: &str, identity: &Identity) -> Value {
+    let content: Vec<Value> = response
+        .content
+        .iter()
+        .filter(|p| !p.is_blank())
+        .map(|p| block(p, true))
+        .collect();
+    json!({
+        "id": message_id(identity),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason_name(response.stop_reason),
+        "stop_sequence": null,
+        "usage": usage_object(&response.usage),
+    })
+}
+
+/// The client-facing message id.
+pub(crate) fn message_id(identity: &Identity) -> String {
+    format!("msg_{}", identity.id)
+}
+
+/// Anthropic's name for a stop reason.
+pub(crate) fn stop_reason_name(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::EndTurn => "end_turn",
+        StopReason::MaxTokens => "max_tokens",
+        StopReason::ToolUse => "tool_use",
+        StopReason::StopSequence => "stop_sequence",
+        StopReason::ContentFilter => "refusal",
+    }
+}
+
+/// A full Anthropic usage object. Anthropic's `input_tokens` excludes cached tokens, which it
+/// reports separately; clients add the three up for the context size.
+pub(crate) fn usage_object(usage: &Usage) -> Value {
+    let uncached = usage
+        .input_tokens
+        .saturating_sub(usage.cache_read_tokens)
+        .saturating_sub(usage.cache_creation_tokens);
+    json!({
+        "input_tokens": uncached,
+        "output_tokens": usage.output_tokens,
+        "cache_creation_input_tokens": usage.cache_creation_tokens,
+        "cache_read_input_tokens": usage.cache_read_tokens,
+    })
+}

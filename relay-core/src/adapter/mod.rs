@@ -1,0 +1,170 @@
+//! Protocol adapter: serves Anthropic Messages and OpenAI Responses clients from backends that
+//! speak only OpenAI Chat Completions.
+//!
+//! Everything here is pure (no I/O): the worker calls [`client_api_for_path`] to learn whether a
+//! request needs translating, [`to_chat_request`] for the body it sends the backend, and then
+//! [`from_chat_response`] for a complete answer or a [`StreamTranslator`] fed the backend's SSE
+//! text chunk by chunk. Every dialect goes through one provider-neutral form in [`canonical`].
+//!
+//! Errors are [`AdapterError`]s naming the offending field, for a 400 in the client's dialect.
+
+pub mod anthropic_messages;
+pub mod canonical;
+mod error;
+mod json;
+pub mod openai_chat;
+pub mod openai_responses;
+mod sse;
+mod stream;
+
+#[cfg(test)]
+mod tests;
+
+use serde_json::{json, Value};
+
+pub use error::AdapterError;
+pub use stream::StreamTranslator;
+
+/// The API a client speaks, as chosen by the request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientApi {
+    /// `POST /v1/chat/completions`: the backend's own form, passed through.
+    OpenAiChat,
+    /// `POST /v1/messages`.
+    AnthropicMessages,
+    /// `POST /v1/responses`.
+    OpenAiResponses,
+}
+
+/// The generation API of a request path (a query string is allowed: Claude Code sends
+/// `/v1/messages?beta=true`). `None` for everything the adapter does not translate: other routes,
+/// and sub-resources such as `/v1/messages/count_tokens` or `/v1/responses/{id}`.
+pub fn client_api_for_path(path: &str) -> Option<ClientApi> {
+    let path = path.split('?').next().unwrap_or(path);
+    match path.trim_end_matches('/') {
+        "/v1/chat/completions" => Some(ClientApi::OpenAiChat),
+        "/v1/messages" => Some(ClientApi::AnthropicMessages),
+        "/v1/responses" => Some(ClientApi::OpenAiResponses),
+        _ => None,
+    }
+}
+
+/// The chat-completions body to send a backend for a client's request `body`.
+///
+/// A chat request is returned unchanged: the backend speaks that dialect, and a round trip
+/// through the canonical form would only lose fields it does not model (`response_format`,
+/// `seed`, `logprobs`, ...). Translated streaming requests ask for usage in the stream
+/// (`stream_options.include_usage`), which the Anthropic and Responses events report.
+pub fn to_chat_request(api: ClientApi, body: &Value) -> Result<Value, AdapterError> {
+    let request = match api {
+        ClientApi::OpenAiChat => return Ok(body.clone()),
+        ClientApi::AnthropicMessages => anthropic_messages::parse_request(body)?,
+        ClientApi::OpenAiResponses => openai_responses::parse_request(body)?,
+    };
+    Ok(chat_request_for(&request))
+}
+
+/// The backend body for a canonical request from a translated dialect: what [`to_chat_request`]
+/// sends, exposed for a response store that built the request with
+/// [`openai_responses::expand_with_history`].
+///
+/// System messages at the start of the conversation join the system prompt, so the backend sees
+/// one leading system message: many local chat templates (Qwen's, for one) reject a second.
+pub fn chat_request_for(request: &canonical::Request) -> Value {
+    let mut request = request.clone();
+    let leading = request
+        .messages
+        .iter()
+        .take_while(|m| m.role == canonical::Role::System)
+        .count();
+    for message in request.messages.drain(..leading) {
+        for part in message.content {
+            if let canonical::Part::Text(text) = part {
+                request.system.push(text);
+            }
+        }
+    }
+    let mut body = openai_chat::build_request(&request);
+    if request.stream {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
+}
+
+/// The client's non-streaming answer, from the backend's complete chat-completions answer to
+/// `request` (the client's original body, needed for the model name and Responses echo fields).
+/// Ids are freshly minted; see [`from_chat_response_with`] for fixed ones.
+///
+/// An error here means the backend's answer was not a chat completion (a 502, not a 400).
+pub fn from_chat_response(
+    api: ClientApi,
+    request: &Value,
+    chat_response: &Value,
+) -> Result<Value, AdapterError> {
+    from_chat_response_with(api, request, chat_response, &Identity::fresh())
+}
+
+/// [`from_chat_response`] with the client-facing ids and timestamp given by `identity`.
+pub fn from_chat_response_with(
+    api: ClientApi,
+    request: &Value,
+    chat_response: &Value,
+    identity: &Identity,
+) -> Result<Value, AdapterError> {
+    match api {
+        ClientApi::OpenAiChat => Ok(chat_response.clone()),
+        ClientApi::AnthropicMessages => {
+            let response = openai_chat::parse_response(chat_response)?;
+            let model = client_model(request, &response.model);
+            Ok(anthropic_messages::build_response(
+                &response, &model, identity,
+            ))
+        }
+        ClientApi::OpenAiResponses => {
+            let response = openai_chat::parse_response(chat_response)?;
+            Ok(openai_responses::build_response(
+                request, &response, identity,
+            ))
+        }
+    }
+}
+
+/// The client-facing ids and creation time of one translated answer.
+///
+/// The relay mints its own ids rather than reusing the backend's: some backends' ids are short
+/// and repeat (Ollama's), and a response store keys stored conversations by them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// A unique suffix: the answer is `msg_<id>` (Anthropic) or `resp_<id>` (Responses), and
+    /// output items derive their ids from it.
+    pub id: String,
+    /// Unix seconds, for Responses' `created_at`.
+    pub created: u64,
+}
+
+impl Identity {
+    /// A new random id, created now.
+    pub fn fresh() -> Self {
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Identity {
+            id: format!(
+                "{:016x}{:08x}",
+                rand::random::<u64>(),
+                rand::random::<u32>()
+            ),
+            created,
+        }
+    }
+}
+
+/// The model name the client sees: the one it asked for (it may be an alias the relay mapped to
+/// a local model), else the backend's.
+pub(crate) fn client_model(request: &Value, backend_model: &str) -> String {
+    match request.get("model").and_then(Value::as_str) {
+        Some(model) if !model.is_empty() => model.to_string(),
+        _ => backend_model.to_string(),
+    }
+}

@@ -1,0 +1,11 @@
+//! Model lifecycle process tests: a real `LifecycleManager` starting, probing, idling, switching
+//! and killing real child processes (a fake llama-server built by the harness). Everything binds
+//! 127.0.0.1, every test is bounded in time and checks that no process outlives it.
+
+mod failures;
+mod orphans;
+mod sessions;
+mod start;
+mod supervision;
+mod support;
+mod switching;
