@@ -77,7 +77,7 @@ impl WorkerConfig {
 /// Runs the worker until `shutdown` turns true; then it stops taking work, finishes what is in
 /// flight (up to the drain timeout) and returns.
 pub async fn run(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) {
-    let client = backend_client();
+    let client = backend_client(config.max_concurrent);
     let mut delay = config.reconnect_min;
     loop {
         if *shutdown.borrow() {
@@ -105,14 +105,18 @@ pub async fn run(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
+/// Idle backend connections kept per backend at most, whatever the concurrency.
+const MAX_IDLE_BACKEND_CONNECTIONS: usize = 256;
+
 /// The HTTP client for backends: no overall timeout (generations can be long), a short connect
 /// timeout, and no system proxy (backends are local).
-fn backend_client() -> reqwest::Client {
+fn backend_client(max_concurrent: u32) -> reqwest::Client {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
-        // Reuse a few warm connections; after a burst of thousands of streams, don't keep
-        // thousands of idle sockets (and their buffers) open to the backend.
-        .pool_max_idle_per_host(32)
+        // Keep a warm connection per request slot (fewer would mean a new TCP connection per
+        // request under full load), but after a burst of thousands of streams don't keep
+        // thousands of idle sockets and their buffers open to the backend.
+        .pool_max_idle_per_host((max_concurrent as usize).min(MAX_IDLE_BACKEND_CONNECTIONS))
         .pool_idle_timeout(Duration::from_secs(30))
         .no_proxy()
         .tcp_nodelay(true)
