@@ -181,21 +181,10 @@ impl Connection {
         let mut last_heard = Instant::now();
         loop {
             tokio::select! {
-                frame = stream.next() => match frame {
-                    Some(Ok(Message::Text(text))) => {
-                        last_heard = Instant::now();
-                        self.on_text(&text);
-                    }
-                    Some(Ok(Message::Binary(_))) => {
-                        tracing::warn!(worker = %worker_wire_id(self.worker), "ignoring binary frame from worker: the protocol is JSON text");
-                    }
-                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => last_heard = Instant::now(),
-                    Some(Ok(Message::Close(_))) | None => return None,
-                    Some(Err(error)) => {
-                        tracing::warn!(worker = %worker_wire_id(self.worker), "worker connection error: {error}");
-                        return None;
-                    }
-                },
+                // Writes first: a new request's dispatch must not wait behind a backlog of
+                // other streams' chunks (a client's time to first byte waits on it); then the
+                // heartbeat, which a steady stream of frames must not starve.
+                biased;
                 message = outbound.recv() => {
                     let message = message?;
                     if let Err(reason) = self.write(sink, message, &mut outbound).await {
@@ -212,6 +201,21 @@ impl Connection {
                         return None;
                     }
                 }
+                frame = stream.next() => match frame {
+                    Some(Ok(Message::Text(text))) => {
+                        last_heard = Instant::now();
+                        self.on_text(&text);
+                    }
+                    Some(Ok(Message::Binary(_))) => {
+                        tracing::warn!(worker = %worker_wire_id(self.worker), "ignoring binary frame from worker: the protocol is JSON text");
+                    }
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => last_heard = Instant::now(),
+                    Some(Ok(Message::Close(_))) | None => return None,
+                    Some(Err(error)) => {
+                        tracing::warn!(worker = %worker_wire_id(self.worker), "worker connection error: {error}");
+                        return None;
+                    }
+                },
             }
         }
     }
