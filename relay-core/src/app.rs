@@ -67,6 +67,13 @@ pub async fn run(cli: Cli) -> Result<(), AppError> {
         Some(Command::Models {
             command: ModelsCommand::Scan { dir },
         }) => Ok(crate::lifecycle::scan::run(&dir)?),
+        Some(Command::Models {
+            command: ModelsCommand::Status,
+        }) => {
+            let mapped: Vec<String> = file.worker.model_map.keys().cloned().collect();
+            crate::lifecycle::inspect::run(&mapped, &data_dir()).await;
+            Ok(())
+        }
     }
 }
 

@@ -70,6 +70,9 @@ pub enum ModelsCommand {
         /// The directory to search (recursively).
         dir: PathBuf,
     },
+    /// Show the model map and which of its models run on this machine (port, pid, whether
+    /// /health answers), including servers a killed worker left behind.
+    Status,
 }
 
 /// Proxy flags.

@@ -4,6 +4,7 @@
 //! published ModelRelay binaries, so existing scripts and unit files keep working. The file uses
 //! the same names in snake case, grouped under `[proxy]` and `[worker]`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -11,6 +12,8 @@ use serde::Deserialize;
 
 use crate::cli::{ProxyArgs, WorkerArgs};
 use crate::discovery::DiscoveryOptions;
+use crate::lifecycle::config::{LifecycleFile, ModelFile};
+use crate::lifecycle::{LifecycleConfig, LifecycleSection};
 use crate::protocol::BRIDGE_PROTOCOL_VERSION;
 use crate::proxy::scheduler::ProviderLimits;
 use crate::proxy::{ProviderConfig, ProxyConfig};
@@ -73,6 +76,19 @@ pub struct ProxyFile {
     /// More virtual providers, each with its own secret, queue and timeouts.
     #[serde(default)]
     pub providers: Vec<ProviderFile>,
+    /// Seconds a stored OpenAI Responses answer can be continued or fetched (0 turns the store
+    /// off).
+    pub responses_store_ttl_secs: Option<u64>,
+    /// Most Responses answers kept at once; the oldest are evicted.
+    pub responses_store_max_entries: Option<usize>,
+    /// Most bytes the Responses store holds; the oldest answers are evicted.
+    pub responses_store_max_bytes: Option<usize>,
+    /// `[proxy.aliases]`: client-facing model names or glob patterns (`"claude-*"`) mapped to
+    /// served models.
+    #[serde(default)]
+    pub aliases: BTreeMap<String, String>,
+    /// The model for requests naming a model nobody serves (and no alias matches).
+    pub default_model: Option<String>,
 }
 
 /// `[[proxy.providers]]` in the config file.
@@ -120,6 +136,16 @@ pub struct WorkerFile {
     pub model_refresh_secs: Option<u64>,
     /// `DRAIN_TIMEOUT_SECS` on SIGTERM.
     pub drain_timeout_secs: Option<u64>,
+    /// Whether backends serve `/v1/messages` themselves; unset probes each backend.
+    pub native_messages: Option<bool>,
+    /// Whether backends serve `/v1/responses` themselves; unset probes each backend.
+    pub native_responses: Option<bool>,
+    /// `[worker.lifecycle]`: box-wide model lifecycle settings (used with a model map).
+    #[serde(default)]
+    pub lifecycle: LifecycleFile,
+    /// `[worker.model_map.NAME]`: models this worker starts on demand.
+    #[serde(default)]
+    pub model_map: BTreeMap<String, ModelFile>,
 }
 
 /// Errors in configuration, each naming the setting and what to do.
@@ -268,7 +294,32 @@ pub fn proxy_config(
     }
     config.drain_timeout = secs(args.drain_timeout.or(p.drain_timeout_secs), 30);
     config.cancel_grace = secs(p.cancel_grace_secs, 5);
+    responses_store_limits(p, &mut config.responses_store);
+    if let Some((name, _)) = p
+        .aliases
+        .iter()
+        .find(|(_, target)| target.trim().is_empty())
+    {
+        return Err(ConfigError::Invalid(format!(
+            "[proxy.aliases] {name:?} maps to an empty model name"
+        )));
+    }
+    config.aliases =
+        crate::proxy::aliases::ModelAliases::new(p.aliases.clone(), p.default_model.clone());
     Ok(config)
+}
+
+/// `[proxy] responses_store_*` over the store's defaults.
+fn responses_store_limits(p: &ProxyFile, limits: &mut crate::proxy::responses_store::StoreLimits) {
+    if let Some(ttl) = p.responses_store_ttl_secs {
+        limits.ttl = Duration::from_secs(ttl);
+    }
+    if let Some(entries) = p.responses_store_max_entries {
+        limits.max_entries = entries;
+    }
+    if let Some(bytes) = p.responses_store_max_bytes {
+        limits.max_bytes = bytes;
+    }
 }
 
 /// Splits a `MODELS` value: comma-separated names; `*` (or nothing) means "ask the backend".
@@ -302,6 +353,7 @@ pub fn worker_config(
         .clone()
         .or_else(|| w.proxy_url.clone())
         .unwrap_or_else(|| DEFAULT_PROXY_URL.to_string());
+    let lifecycle = lifecycle_config(w)?;
     let backend = args.backend_url.clone().or_else(|| w.backend_url.clone());
     let backends = match (backend, discover) {
         (Some(urls), _) => Backends::Fixed(
@@ -311,6 +363,8 @@ pub fn worker_config(
                 .collect(),
         ),
         (None, Some(options)) => Backends::Discover(options),
+        // A worker with a model map starts its own servers: no default backend to warn about.
+        (None, None) if lifecycle.is_some() => Backends::Fixed(Vec::new()),
         (None, None) => Backends::Fixed(vec![DEFAULT_BACKEND_URL.to_string()]),
     };
     let models = match (&args.models, &w.models) {
@@ -351,7 +405,28 @@ pub fn worker_config(
         drain_timeout: secs(args.worker_drain_timeout.or(w.drain_timeout_secs), 30),
         reconnect_min: Duration::from_secs(1),
         reconnect_max: Duration::from_secs(30),
+        lifecycle,
+        data_dir: crate::app::data_dir(),
+        native_routes: crate::worker::native_routes::NativeOverrides {
+            messages: w.native_messages,
+            responses: w.native_responses,
+        },
     })
+}
+
+/// The worker's model lifecycle: `None` without a model map (`[worker.lifecycle]` alone
+/// changes nothing).
+fn lifecycle_config(w: &WorkerFile) -> Result<Option<LifecycleConfig>, ConfigError> {
+    if w.model_map.is_empty() {
+        return Ok(None);
+    }
+    let section = LifecycleSection {
+        lifecycle: w.lifecycle.clone(),
+        model_map: w.model_map.clone(),
+    };
+    LifecycleConfig::resolve(&section)
+        .map(Some)
+        .map_err(ConfigError::Invalid)
 }
 
 /// This machine's host name, the natural worker name.
@@ -488,5 +563,110 @@ mod tests {
             parse_file("[[proxy.providers]]\nname = \"local\"\nworker_secret = \"x\"\n").unwrap();
         let error = proxy_config(&ProxyArgs::default(), &file, "s".into()).unwrap_err();
         assert!(error.to_string().contains("twice"));
+    }
+
+    fn worker_of(text: &str) -> Result<WorkerConfig, ConfigError> {
+        let file = parse_file(text).map_err(ConfigError::Invalid)?;
+        worker_config(
+            &WorkerArgs::default(),
+            &ProxyArgs::default(),
+            &file,
+            "s".into(),
+            None,
+        )
+    }
+
+    #[test]
+    fn a_worker_model_map_resolves_to_a_lifecycle_config_without_a_default_backend() {
+        let worker = worker_of(
+            r#"
+            [worker.lifecycle]
+            max_loaded_models = 2
+            session_restart = true
+            [worker.model_map."qwen2.5:7b"]
+            llama_server = "/opt/llama-server"
+            model_file = "/models/q.gguf"
+            idle_timeout_secs = 60
+            "#,
+        )
+        .unwrap();
+        let lifecycle = worker
+            .lifecycle
+            .expect("a model map gives a lifecycle config");
+        assert_eq!(lifecycle.model_names(), ["qwen2.5:7b"]);
+        assert_eq!(lifecycle.max_loaded_models, Some(2));
+        assert!(lifecycle.session_restart);
+        assert!(matches!(worker.backends, Backends::Fixed(ref urls) if urls.is_empty()));
+
+        let without_map = worker_of("[worker.lifecycle]\nmax_loaded_models = 2\n").unwrap();
+        assert!(
+            without_map.lifecycle.is_none(),
+            "no model map, no lifecycle"
+        );
+        let with_backend = worker_of(
+            "[worker]\nbackend_url = \"http://b:1\"\n[worker.model_map.m]\nstart_script = \"s\"\n",
+        )
+        .unwrap();
+        assert!(
+            matches!(with_backend.backends, Backends::Fixed(ref urls) if urls == &["http://b:1".to_string()])
+        );
+    }
+
+    #[test]
+    fn an_invalid_model_map_is_rejected_with_the_entry_named() {
+        let error = worker_of("[worker.model_map.m]\nllama_server = \"x\"\n").unwrap_err();
+        assert!(error.to_string().contains("needs a model_file"), "{error}");
+        let error =
+            worker_of("[worker.model_map.m]\nstart_script = \"s\"\nbogus = 1\n").unwrap_err();
+        assert!(error.to_string().contains("bogus"), "{error}");
+    }
+
+    #[test]
+    fn responses_store_bounds_come_from_the_proxy_section() {
+        let defaults = proxy_config(&ProxyArgs::default(), &FileConfig::default(), "s".into())
+            .unwrap()
+            .responses_store;
+        assert_eq!(defaults.ttl, Duration::from_secs(3600));
+        assert_eq!((defaults.max_entries, defaults.max_bytes), (1000, 64 << 20));
+        let file = parse_file(
+            "[proxy]\nresponses_store_ttl_secs = 60\nresponses_store_max_entries = 5\nresponses_store_max_bytes = 1024\n",
+        )
+        .unwrap();
+        let limits = proxy_config(&ProxyArgs::default(), &file, "s".into())
+            .unwrap()
+            .responses_store;
+        assert_eq!(limits.ttl, Duration::from_secs(60));
+        assert_eq!((limits.max_entries, limits.max_bytes), (5, 1024));
+    }
+
+    #[test]
+    fn native_route_overrides_come_from_the_worker_section() {
+        let file = parse_file("[worker]\nnative_messages = false\n").unwrap();
+        let worker = worker_config(
+            &WorkerArgs::default(),
+            &ProxyArgs::default(),
+            &file,
+            "s".into(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(worker.native_routes.messages, Some(false));
+        assert_eq!(worker.native_routes.responses, None, "absent means probe");
+    }
+
+    #[test]
+    fn model_aliases_and_the_default_model_come_from_the_proxy_section() {
+        let file = parse_file(
+            "[proxy]\ndefault_model = \"qwen\"\n[proxy.aliases]\n\"claude-*\" = \"coder\"\n",
+        )
+        .unwrap();
+        let aliases = proxy_config(&ProxyArgs::default(), &file, "s".into())
+            .unwrap()
+            .aliases;
+        assert_eq!(aliases.resolve("claude-opus-5-5", |_| false), Some("coder"));
+        assert_eq!(aliases.resolve("gpt-4o", |_| false), Some("qwen"));
+        let empty = parse_file("[proxy.aliases]\nx = \"\"\n").unwrap();
+        let error = proxy_config(&ProxyArgs::default(), &empty, "s".into()).unwrap_err();
+        assert!(error.to_string().contains("empty model name"), "{error}");
     }
 }

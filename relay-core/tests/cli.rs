@@ -661,3 +661,84 @@ fn secrets_never_appear_in_logs_even_at_trace_level() {
         );
     }
 }
+
+/// A `sleep` child standing in for a model server; killed on drop.
+struct Sleeper(Child);
+
+impl Sleeper {
+    fn start() -> Sleeper {
+        Sleeper(Command::new("sleep").arg("30").spawn().expect("run sleep"))
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn models_status_lists_the_model_map_and_the_recorded_servers_with_orphans_flagged() {
+    use relay_core::lifecycle::os;
+    use relay_core::lifecycle::pidfile::PidRecord;
+    let data = TempDir::new("models-status");
+    let config = data.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[worker.model_map.a]\nstart_script = \"/s/a.sh\"\n[worker.model_map.b]\nstart_script = \"/s/b.sh\"\n",
+    )
+    .unwrap();
+    let pids = data.path().join("lifecycle/pids");
+    std::fs::create_dir_all(&pids).unwrap();
+    let (me, my_identity) = os::me();
+    let dead_worker = {
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    };
+    let (running, orphan) = (Sleeper::start(), Sleeper::start());
+    let record = |server: &Sleeper, model: &str, owner_pid: u32| PidRecord {
+        pid: server.0.id(),
+        identity: os::identity(server.0.id()).expect("sleep runs"),
+        model: model.to_string(),
+        port: unused_port(),
+        command: "llama-server".to_string(),
+        owner_pid,
+        owner: my_identity.clone(),
+    };
+    for record in [
+        record(&running, "a", me),
+        record(&orphan, "old", dead_worker),
+    ] {
+        let path = pids.join(format!("{}.json", record.pid));
+        std::fs::write(path, serde_json::to_string(&record).unwrap()).unwrap();
+    }
+    let mut command = modelrelay(data.path());
+    command
+        .arg("--config")
+        .arg(&config)
+        .args(["models", "status"]);
+    let (status, stdout, stderr) = run_to_exit(command);
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let row = |model: &str| {
+        stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(model))
+            .unwrap_or_else(|| panic!("no row for {model}:\n{stdout}"))
+            .to_string()
+    };
+    let a = row("a");
+    assert!(
+        a.contains("starting"),
+        "running, /health not answering: {a}"
+    );
+    assert!(a.contains(&running.0.id().to_string()), "{a}");
+    assert!(row("b").contains("stopped"), "{stdout}");
+    let old = row("old");
+    assert!(
+        old.contains("orphaned") && old.contains("its worker is gone"),
+        "{old}"
+    );
+}

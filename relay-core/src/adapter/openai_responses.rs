@@ -365,3 +365,123 @@ pub(crate) fn usage_object(usage: &Usage) -> Value {
         "total_tokens": usage.total_tokens(),
     })
 }
+
+/// The answer's `output` items as conversation messages, for storing the exchange: output items
+/// have the shape of input items, so they are read as such. Items a chat backend cannot have
+/// produced (built-in tool calls of a native server) are skipped.
+pub fn output_messages(response: &Value) -> Result<Vec<Message>, AdapterError> {
+    let root = At::root(response);
+    let mut messages = Vec::new();
+    for item in root.require("output")?.items()? {
+        if matches!(
+            item.opt_str("type")?,
+            Some("message" | "function_call" | "reasoning")
+        ) {
+            push_item(&mut messages, &item)?;
+        }
+    }
+    Ok(messages)
+}
+
+/// A conversation as Responses `input` items: what a request continuing a stored conversation
+/// sends in place of `previous_response_id`, so any worker and backend can serve it. Reading
+/// the items back ([`expand_with_history`] or [`parse_request`]) gives the same conversation,
+/// except that tool results lose `is_error` (Responses has no such flag) and thinking its
+/// signature.
+pub fn input_items(messages: &[Message]) -> Vec<Value> {
+    let mut items = Vec::new();
+    for message in messages {
+        match message.role {
+            Role::Assistant => push_assistant_items(&mut items, &message.content),
+            Role::User | Role::System => {
+                let role = if message.role == Role::System {
+                    "system"
+                } else {
+                    "user"
+                };
+                push_input_items(&mut items, role, &message.content);
+            }
+        }
+    }
+    items
+}
+
+fn push_assistant_items(items: &mut Vec<Value>, parts: &[Part]) {
+    let mut text = Vec::new();
+    let flush = |items: &mut Vec<Value>, text: &mut Vec<Value>| {
+        if !text.is_empty() {
+            items.push(json!({
+                "type": "message",
+                "role": "assistant",
+                "content": std::mem::take(text),
+            }));
+        }
+    };
+    for part in parts {
+        match part {
+            Part::Text(t) => text.push(output_text(t)),
+            Part::Thinking(thinking) => {
+                flush(items, &mut text);
+                items.push(json!({
+                    "type": "reasoning",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": thinking.text}],
+                }));
+            }
+            Part::ToolCall(call) => {
+                flush(items, &mut text);
+                items.push(json!({
+                    "type": "function_call",
+                    "call_id": call.id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                }));
+            }
+            // Not part of an assistant turn.
+            Part::Image(_) | Part::ToolResult(_) => {}
+        }
+    }
+    flush(items, &mut text);
+}
+
+fn push_input_items(items: &mut Vec<Value>, role: &str, parts: &[Part]) {
+    let mut content = Vec::new();
+    let flush = |items: &mut Vec<Value>, content: &mut Vec<Value>| {
+        if !content.is_empty() {
+            items.push(json!({
+                "type": "message",
+                "role": role,
+                "content": std::mem::take(content),
+            }));
+        }
+    };
+    for part in parts {
+        match part {
+            Part::Text(_) | Part::Image(_) => content.extend(input_part(part)),
+            Part::ToolResult(result) => {
+                flush(items, &mut content);
+                let output = match result.content.as_slice() {
+                    [Part::Text(text)] => json!(text),
+                    parts => Value::Array(parts.iter().filter_map(input_part).collect()),
+                };
+                items.push(json!({
+                    "type": "function_call_output",
+                    "call_id": result.call_id,
+                    "output": output,
+                }));
+            }
+            // Not part of a user turn.
+            Part::Thinking(_) | Part::ToolCall(_) => {}
+        }
+    }
+    flush(items, &mut content);
+}
+
+/// An `input_text` or `input_image` content part.
+fn input_part(part: &Part) -> Option<Value> {
+    match part {
+        Part::Text(text) => Some(json!({"type": "input_text", "text": text})),
+        Part::Image(image) => Some(json!({"type": "input_image", "image_url": image.to_url()})),
+        _ => None,
+    }
+}

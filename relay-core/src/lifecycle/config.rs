@@ -104,8 +104,8 @@ pub struct ModelFile {
     pub vram_mb: Option<u64>,
 }
 
-/// The two `[worker]` keys this module reads. Phase 2 adds them to `config::WorkerFile` as
-/// `lifecycle: LifecycleFile` and `model_map: BTreeMap<String, ModelFile>`.
+/// The two `[worker]` keys this module reads (`config::WorkerFile` has the same two fields and
+/// builds one of these to resolve them).
 #[derive(Debug, Default, Clone, Deserialize)]
 pub struct LifecycleSection {
     /// `[worker.lifecycle]`.

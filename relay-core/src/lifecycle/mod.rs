@@ -9,10 +9,13 @@
 //! - [`LifecycleManager`]: the async side. The worker calls [`LifecycleManager::acquire`] for each
 //!   request to a mapped model and forwards to [`Lease::base_url`] while holding the lease.
 //! - [`scan`]: `modelrelay models scan DIR`, proposing model-map entries from `.gguf` files.
+//! - [`inspect`]: `modelrelay models status`, the model map and the servers running, from the
+//!   pid files.
 
 pub mod config;
 pub mod error;
 pub mod gguf;
+pub mod inspect;
 mod lease;
 mod manager;
 pub mod os;

@@ -20,15 +20,17 @@ use tokio::time::Instant;
 
 use super::auth::secrets_match;
 use super::hub::RequestSpec;
-use super::response::{CancelGuard, Waiter};
+use super::response::{AnswerObserver, CancelGuard, Waiter};
+use super::responses_api;
 use super::scheduler::{RegisterError, Submitted};
 use super::worker_socket::serve_worker;
 use super::AppState;
 use crate::dialect::{ApiError, Dialect};
 
-/// Client headers carried to the worker: authentication, content type, and the OpenAI and
-/// Anthropic version and feature headers. Transport headers (user-agent, accept-encoding, ...)
-/// stay behind, as the contract says.
+/// Client headers carried to the worker: authentication, content type, the OpenAI and
+/// Anthropic version and feature headers, and the session ids a worker's model lifecycle can
+/// restart a model on. Transport headers (user-agent, accept-encoding, ...) stay behind, as the
+/// contract says.
 const FORWARDED_HEADERS: &[&str] = &[
     "authorization",
     "content-type",
@@ -38,6 +40,11 @@ const FORWARDED_HEADERS: &[&str] = &[
     "x-api-key",
     "anthropic-version",
     "anthropic-beta",
+    "session-id",
+    "session_id",
+    "x-session-affinity",
+    "x-client-request-id",
+    "x-claude-code-session-id",
 ];
 
 /// Read buffer of each worker connection (see `worker_connect`).
@@ -50,6 +57,10 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/completions", post(relay))
         .route("/v1/embeddings", post(relay))
         .route("/v1/responses", post(relay))
+        .route(
+            "/v1/responses/{id}",
+            get(responses_api::get_response).delete(responses_api::delete_response),
+        )
         .route("/v1/messages", post(relay))
         .route("/v1/messages/count_tokens", post(relay))
         .route("/v1/models", get(list_models))
@@ -144,6 +155,24 @@ async fn relay(
             Ok(parts) => parts,
             Err(error) => return error.into_response(dialect),
         };
+    let (model, body) = match apply_aliases(&state, model, body) {
+        Ok(parts) => parts,
+        Err(error) => return error.into_response(dialect),
+    };
+    // Only Responses requests pay for the store: continuation, then recording the answer.
+    let (body, observer) = if uri.path() == "/v1/responses" {
+        match responses_api::prepare(&state.responses, body, state.config.max_body_bytes) {
+            Ok(prepared) => (
+                prepared.body,
+                prepared
+                    .recorder
+                    .map(|r| Box::new(r) as Box<dyn AnswerObserver>),
+            ),
+            Err(error) => return error.into_response(dialect),
+        }
+    } else {
+        (body, None)
+    };
     let forwarded = FORWARDED_HEADERS
         .iter()
         .filter_map(|name| {
@@ -177,8 +206,30 @@ async fn relay(
         queue_deadline,
         dialect,
     )
+    .observe(observer)
     .respond()
     .await
+}
+
+/// The model (and body) after `[proxy.aliases]` and `default_model`; untouched when none are
+/// configured or the name needs no mapping. The body is re-serialized only when rewritten.
+fn apply_aliases(
+    state: &AppState,
+    model: String,
+    body: String,
+) -> Result<(String, String), ApiError> {
+    let aliases = &state.config.aliases;
+    if aliases.is_empty() {
+        return Ok((model, body));
+    }
+    let Some(target) = aliases.resolve(&model, |m| state.hub.serves(m)) else {
+        return Ok((model, body));
+    };
+    let mut value: Value = serde_json::from_str(&body)
+        .map_err(|e| bad_request("invalid_json", format!("invalid JSON in request body: {e}")))?;
+    value["model"] = Value::String(target.to_string());
+    tracing::debug!(requested = %model, served = %target, "model alias applied");
+    Ok((target.to_string(), value.to_string()))
 }
 
 fn model_object(id: &str, provider: &str, anthropic: bool) -> Value {

@@ -408,6 +408,11 @@ impl Hub {
         inner.scheduler.tracked_requests().max(inner.pending.len())
     }
 
+    /// Whether a request for `model` would be routed now (model aliasing asks this).
+    pub fn serves(&self, model: &str) -> bool {
+        self.lock().scheduler.is_routable(model, Instant::now())
+    }
+
     /// Routable models with their providers.
     pub fn models(&self) -> Vec<(String, String)> {
         self.lock().scheduler.models()

@@ -3,10 +3,14 @@
 //! [`start`] binds nothing itself: it serves on a listener the caller bound, so tests use
 //! `127.0.0.1:0` and the command can pick the next free port. [`RunningProxy::shutdown`] drains.
 
+pub mod aliases;
 pub mod auth;
+mod completed_event;
 pub mod http;
 pub mod hub;
 pub mod response;
+pub mod responses_api;
+pub mod responses_store;
 pub mod scheduler;
 pub mod worker_socket;
 
@@ -19,8 +23,10 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use aliases::ModelAliases;
 use auth::{FailureLimiter, FailureLimits};
 use hub::{Hub, HubSettings};
+use responses_store::{ResponsesStore, StoreLimits};
 use scheduler::{ProviderLimits, Scheduler};
 use worker_socket::SocketSettings;
 
@@ -58,6 +64,10 @@ pub struct ProxyConfig {
     pub drain_timeout: Duration,
     /// Limits on failed worker authentication per IP.
     pub auth_failures: FailureLimits,
+    /// Bounds of the Responses store behind `previous_response_id`.
+    pub responses_store: StoreLimits,
+    /// Client-facing model names mapped to served models.
+    pub aliases: ModelAliases,
 }
 
 impl ProxyConfig {
@@ -78,6 +88,8 @@ impl ProxyConfig {
             cancel_grace: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(30),
             auth_failures: FailureLimits::default(),
+            responses_store: StoreLimits::default(),
+            aliases: ModelAliases::default(),
         }
     }
 }
@@ -93,6 +105,8 @@ pub struct AppState {
     pub limiter: Arc<FailureLimiter>,
     /// Per-connection worker settings.
     pub socket_settings: SocketSettings,
+    /// Finished OpenAI Responses, for `previous_response_id` and `GET /v1/responses/{id}`.
+    pub responses: Arc<ResponsesStore>,
 }
 
 /// A proxy serving in the background.
@@ -131,6 +145,7 @@ pub fn router(config: ProxyConfig) -> (axum::Router, Arc<Hub>) {
             register_timeout: config.register_timeout,
             max_stream_bytes: config.max_stream_bytes,
         },
+        responses: Arc::new(ResponsesStore::new(config.responses_store)),
         config: Arc::new(config),
     };
     (http::routes().with_state(state), hub)

@@ -57,6 +57,15 @@ impl Drop for CancelGuard {
     }
 }
 
+/// Watches an answer on its way to the client; the Responses store records completed answers
+/// this way. Only requests that set one pay anything for it.
+pub trait AnswerObserver: Send {
+    /// A whole (non-streaming) answer, before it is sent; it may be rewritten.
+    fn complete(&mut self, complete: &mut ResponseCompleteMessage);
+    /// Bytes of a streaming answer, as they are sent.
+    fn chunk(&mut self, bytes: &[u8]);
+}
+
 /// A request in flight, from the client's side.
 pub struct Waiter {
     guard: CancelGuard,
@@ -68,6 +77,8 @@ pub struct Waiter {
     dialect: Dialect,
     /// A terminal event found while coalescing chunks, handled on the next poll.
     pending_terminal: Option<ResponseEvent>,
+    /// Sees the answer as it goes out.
+    observer: Option<Box<dyn AnswerObserver>>,
 }
 
 impl Waiter {
@@ -87,7 +98,14 @@ impl Waiter {
             queue_deadline,
             dialect,
             pending_terminal: None,
+            observer: None,
         }
+    }
+
+    /// Lets `observer` see the answer as it goes out.
+    pub fn observe(mut self, observer: Option<Box<dyn AnswerObserver>>) -> Self {
+        self.observer = observer;
+        self
     }
 
     /// Waits for the answer's first event and builds the response.
@@ -116,8 +134,11 @@ impl Waiter {
         };
         match first {
             ResponseEvent::Chunk(bytes) => self.stream(bytes),
-            ResponseEvent::Complete(complete) => {
+            ResponseEvent::Complete(mut complete) => {
                 self.guard.disarm();
+                if let Some(observer) = self.observer.as_mut() {
+                    observer.complete(&mut complete);
+                }
                 pass_through(*complete)
             }
             ResponseEvent::Failed(error) => {
@@ -139,6 +160,9 @@ impl Waiter {
                     Some(first) => (waiter.coalesce(first), false),
                     None => waiter.next_piece().await?,
                 };
+                if let Some(observer) = waiter.observer.as_mut() {
+                    observer.chunk(&bytes);
+                }
                 Some((Ok::<_, Infallible>(bytes), (waiter, None, done)))
             },
         );

@@ -438,6 +438,16 @@ impl Scheduler {
         })
     }
 
+    /// Whether a request for `model` would be routed at `now`: a worker serves it, a provider
+    /// lists it, or its last worker left moments ago (see [`Scheduler::submit`]).
+    pub fn is_routable(&self, model: &str, now: Instant) -> bool {
+        self.providers.iter().any(|p| {
+            p.model_workers.contains_key(model)
+                || p.limits.models.iter().any(|m| m == model)
+                || p.lingering.get(model).is_some_and(|until| *until > now)
+        })
+    }
+
     /// Client request `request` arrived for `model`.
     pub fn submit(
         &mut self,

@@ -1,45 +1,75 @@
-//! Which backend serves which model: built from `MODELS` or from the backends' own model lists,
-//! and rebuilt at each refresh so models that appear or vanish change what the worker advertises.
+//! Which backend serves which model: built from the model map (models the worker starts on
+//! demand), `MODELS` or the backends' own model lists, and rebuilt at each refresh so models that
+//! appear or vanish change what the worker advertises.
 
 use futures_util::future::join_all;
 
 use super::{Backends, WorkerConfig};
 use crate::discovery::{discover, fetch_models};
 
-/// Models and the backend base URL that serves each, in advertisement order.
+/// Models and where each is served, in advertisement order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Catalog {
+    /// Models of the model map: advertised whether loaded or not, and served by the lifecycle
+    /// manager even when a backend lists the same name (the map is the user's explicit choice).
+    managed: Vec<String>,
     routes: Vec<(String, String)>,
     /// Where requests for models nobody listed go (the first backend).
     fallback: Option<String>,
 }
 
+/// Where a request for one model goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route<'a> {
+    /// A model of the model map: through the lifecycle manager.
+    Managed,
+    /// A backend, by base URL.
+    Backend(&'a str),
+}
+
 impl Catalog {
-    /// The advertised model names.
+    /// The advertised model names: the mapped ones first.
     pub fn models(&self) -> Vec<String> {
-        self.routes.iter().map(|(model, _)| model.clone()).collect()
+        self.managed
+            .iter()
+            .cloned()
+            .chain(self.routes.iter().map(|(model, _)| model.clone()))
+            .collect()
     }
 
-    /// The backend for `model`: its own, or the first backend.
-    pub fn backend_for(&self, model: &str) -> Option<&str> {
+    /// Where `model` goes: the model map, the backend listing it, or the first backend.
+    pub fn route(&self, model: &str) -> Option<Route<'_>> {
+        if self.managed.iter().any(|m| m == model) {
+            return Some(Route::Managed);
+        }
         self.routes
             .iter()
             .find(|(m, _)| m == model)
             .map(|(_, backend)| backend.as_str())
             .or(self.fallback.as_deref())
+            .map(Route::Backend)
     }
 
     fn add(&mut self, model: String, backend: &str) {
-        if !self.routes.iter().any(|(m, _)| *m == model) {
-            self.routes.push((model, backend.to_string()));
+        if self.managed.contains(&model) || self.routes.iter().any(|(m, _)| *m == model) {
+            return;
         }
+        self.routes.push((model, backend.to_string()));
     }
 }
 
-/// Reads the current catalog. A backend that cannot be listed contributes no models (it is down
-/// or not ready), and the reason is logged once per refresh.
-pub async fn load(config: &WorkerConfig, client: &reqwest::Client) -> Catalog {
-    let mut catalog = Catalog::default();
+/// Reads the current catalog: `managed` (the model map's models) and the backends' models. A
+/// backend that cannot be listed contributes no models (it is down or not ready), and the reason
+/// is logged once per refresh.
+pub async fn load(
+    config: &WorkerConfig,
+    client: &reqwest::Client,
+    managed: Vec<String>,
+) -> Catalog {
+    let mut catalog = Catalog {
+        managed,
+        ..Catalog::default()
+    };
     let backends: Vec<(String, Option<Vec<String>>)> = match &config.backends {
         Backends::Fixed(urls) => urls.iter().map(|u| (u.clone(), None)).collect(),
         Backends::Discover(options) => discover(options)
@@ -91,8 +121,28 @@ mod tests {
         catalog.add("m2".to_string(), "http://b");
         catalog.add("m1".to_string(), "http://b");
         assert_eq!(catalog.models(), vec!["m1", "m2"]);
-        assert_eq!(catalog.backend_for("m2"), Some("http://b"));
-        assert_eq!(catalog.backend_for("m1"), Some("http://a"));
-        assert_eq!(catalog.backend_for("other"), Some("http://a"));
+        assert_eq!(catalog.route("m2"), Some(Route::Backend("http://b")));
+        assert_eq!(catalog.route("m1"), Some(Route::Backend("http://a")));
+        assert_eq!(catalog.route("other"), Some(Route::Backend("http://a")));
+    }
+
+    #[test]
+    fn mapped_models_are_advertised_first_and_take_precedence_over_backend_routes() {
+        let mut catalog = Catalog {
+            managed: vec!["mapped".to_string(), "both".to_string()],
+            fallback: Some("http://a".to_string()),
+            ..Catalog::default()
+        };
+        catalog.add("both".to_string(), "http://a");
+        catalog.add("plain".to_string(), "http://a");
+        assert_eq!(catalog.models(), vec!["mapped", "both", "plain"]);
+        assert_eq!(catalog.route("mapped"), Some(Route::Managed));
+        assert_eq!(catalog.route("both"), Some(Route::Managed));
+        assert_eq!(catalog.route("plain"), Some(Route::Backend("http://a")));
+        let without_backends = Catalog {
+            managed: vec!["mapped".to_string()],
+            ..Catalog::default()
+        };
+        assert_eq!(without_backends.route("other"), None);
     }
 }

@@ -9,6 +9,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::sse::{SseSplitter, UsageTracker};
+use super::translate;
 use crate::dialect::Dialect;
 use crate::protocol::{
     ErrorMessage, HeaderMap, RequestMessage, ResponseChunkMessage, ResponseCompleteMessage,
@@ -35,27 +36,48 @@ fn skip_request_header(name: &str) -> bool {
     )
 }
 
-/// Forwards `request` to `backend_url` and reports everything through `events`.
+/// Forwards `request` to `backend_url` and reports everything through `events`. Anthropic
+/// Messages and OpenAI Responses requests go through [`translate`], which passes them through
+/// when the backend serves the route itself and translates them to chat completions when not.
 pub async fn forward(
     client: reqwest::Client,
     backend_url: String,
     request: RequestMessage,
     events: mpsc::Sender<TaskEvent>,
 ) {
-    let request_id = request.request_id.clone();
-    let report = |message: WorkerToServer| {
-        let events = events.clone();
-        async move { events.send(TaskEvent::Send(message)).await.is_ok() }
-    };
-    let url = format!(
-        "{}{}",
-        backend_url.trim_end_matches('/'),
-        request.endpoint_path
-    );
-    tracing::debug!(request = %request_id, %url, "forwarding request");
-    let mut builder = client.post(&url).body(request.body);
+    match translate::route_of(&request.endpoint_path) {
+        Some(route) => translate::forward(client, backend_url, request, route, events).await,
+        None => forward_native(client, backend_url, request, events).await,
+    }
+}
+
+/// Forwards `request` to the backend's own route for it, untouched.
+pub(super) async fn forward_native(
+    client: reqwest::Client,
+    backend_url: String,
+    request: RequestMessage,
+    events: mpsc::Sender<TaskEvent>,
+) {
+    let path = request.endpoint_path.clone();
+    match send(&client, &backend_url, &path, &request.headers, request.body).await {
+        Ok(response) => deliver(response, &request.request_id, request.is_streaming, &events).await,
+        Err(error) => unreachable(&backend_url, &path, &request.request_id, &error, &events).await,
+    }
+}
+
+/// POSTs `body` with the client's `headers` to `path` on the backend.
+pub(super) async fn send(
+    client: &reqwest::Client,
+    backend_url: &str,
+    path: &str,
+    headers: &HeaderMap,
+    body: String,
+) -> Result<reqwest::Response, reqwest::Error> {
+    let url = format!("{}{}", backend_url.trim_end_matches('/'), path);
+    tracing::debug!(%url, "forwarding request");
+    let mut builder = client.post(&url).body(body);
     let mut has_content_type = false;
-    for (name, value) in &request.headers {
+    for (name, value) in headers {
         let name = name.to_ascii_lowercase();
         if skip_request_header(&name) {
             continue;
@@ -66,45 +88,91 @@ pub async fn forward(
     if !has_content_type {
         builder = builder.header("content-type", "application/json");
     }
-    let response = match builder.send().await {
-        Ok(response) => response,
-        Err(error) => {
-            tracing::warn!(request = %request_id, %url, "backend error: {error}");
-            let dialect = Dialect::for_path(&request.endpoint_path);
-            let message = format!(
-                "the worker's backend at {backend_url} is unreachable: {}",
-                error_chain(&error)
-            );
-            report(WorkerToServer::ResponseComplete(ResponseCompleteMessage {
-                request_id: request_id.clone(),
-                status_code: StatusCode::BAD_GATEWAY.as_u16(),
-                headers: json_headers(),
-                body: Some(dialect.error_body(
-                    StatusCode::BAD_GATEWAY,
-                    "backend_unavailable",
-                    &message,
-                )),
-                token_counts: None,
-            }))
-            .await;
-            let _ = events.send(TaskEvent::Done(request_id)).await;
-            return;
-        }
-    };
-    let status = response.status();
-    let headers: HeaderMap = response
+    builder.send().await
+}
+
+/// Reports a backend that could not be reached: a 502 in the dialect of `path`.
+pub(super) async fn unreachable(
+    backend_url: &str,
+    path: &str,
+    request_id: &str,
+    error: &reqwest::Error,
+    events: &mpsc::Sender<TaskEvent>,
+) {
+    tracing::warn!(request = %request_id, %backend_url, "backend error: {error}");
+    let message = format!(
+        "the worker's backend at {backend_url} is unreachable: {}",
+        error_chain(error)
+    );
+    let body = Dialect::for_path(path).error_body(
+        StatusCode::BAD_GATEWAY,
+        "backend_unavailable",
+        &message,
+    );
+    let complete = complete_message(request_id, StatusCode::BAD_GATEWAY, json_headers(), body);
+    finish(events, request_id, complete).await;
+}
+
+/// A `response_complete` with a JSON body and no token counts.
+pub(super) fn complete_message(
+    request_id: &str,
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+) -> WorkerToServer {
+    WorkerToServer::ResponseComplete(ResponseCompleteMessage {
+        request_id: request_id.to_string(),
+        status_code: status.as_u16(),
+        headers,
+        body: Some(body),
+        token_counts: None,
+    })
+}
+
+/// Sends a request's final message, then tells the connection loop the task is done.
+pub(super) async fn finish(
+    events: &mpsc::Sender<TaskEvent>,
+    request_id: &str,
+    message: WorkerToServer,
+) {
+    let _ = events.send(TaskEvent::Send(message)).await;
+    let _ = events.send(TaskEvent::Done(request_id.to_string())).await;
+}
+
+/// The backend's headers that are valid text.
+pub(super) fn response_headers(response: &reqwest::Response) -> HeaderMap {
+    response
         .headers()
         .iter()
         .filter_map(|(name, value)| {
             Some((name.as_str().to_string(), value.to_str().ok()?.to_string()))
         })
-        .collect();
-    let is_sse = headers
+        .collect()
+}
+
+/// Whether the backend answered with an SSE stream.
+pub(super) fn is_sse(headers: &HeaderMap) -> bool {
+    headers
         .get("content-type")
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// Reports the backend's answer as it is: a stream as chunks, anything else as one body.
+pub(super) async fn deliver(
+    response: reqwest::Response,
+    request_id: &str,
+    is_streaming: bool,
+    events: &mpsc::Sender<TaskEvent>,
+) {
+    let report = |message: WorkerToServer| {
+        let events = events.clone();
+        async move { events.send(TaskEvent::Send(message)).await.is_ok() }
+    };
+    let status = response.status();
+    let headers = response_headers(&response);
     let mut usage = UsageTracker::default();
-    let outcome = if request.is_streaming && status.is_success() && is_sse {
-        stream_body(response, &request_id, &mut usage, &report).await
+    let outcome = if is_streaming && status.is_success() && is_sse(&headers) {
+        stream_body(response, request_id, &mut usage, &report).await
     } else {
         read_body(response, &mut usage).await.map(Some)
     };
@@ -114,24 +182,26 @@ pub async fn forward(
                 tracing::warn!(request = %request_id, status = status.as_u16(), "backend error status");
             }
             WorkerToServer::ResponseComplete(ResponseCompleteMessage {
-                request_id: request_id.clone(),
+                request_id: request_id.to_string(),
                 status_code: status.as_u16(),
                 headers,
                 body,
                 token_counts: usage.token_counts(),
             })
         }
-        Err(message) => {
-            tracing::warn!(request = %request_id, "backend error: {message}");
-            WorkerToServer::Error(ErrorMessage {
-                request_id: Some(request_id.clone()),
-                code: "backend_error".to_string(),
-                message,
-            })
-        }
+        Err(message) => backend_error(request_id, message),
     };
-    report(final_message).await;
-    let _ = events.send(TaskEvent::Done(request_id)).await;
+    finish(events, request_id, final_message).await;
+}
+
+/// A request-scoped `error`: the backend failed mid-answer.
+pub(super) fn backend_error(request_id: &str, message: String) -> WorkerToServer {
+    tracing::warn!(request = %request_id, "backend error: {message}");
+    WorkerToServer::Error(ErrorMessage {
+        request_id: Some(request_id.to_string()),
+        code: "backend_error".to_string(),
+        message,
+    })
 }
 
 /// Sends the SSE body as chunks of whole events; `Ok(None)` when it ended cleanly.
@@ -164,7 +234,8 @@ where
     Ok(None)
 }
 
-fn chunk(request_id: &str, text: String) -> WorkerToServer {
+/// A `response_chunk` of SSE text.
+pub(super) fn chunk(request_id: &str, text: String) -> WorkerToServer {
     WorkerToServer::ResponseChunk(ResponseChunkMessage {
         request_id: request_id.to_string(),
         chunk: text,
@@ -172,7 +243,7 @@ fn chunk(request_id: &str, text: String) -> WorkerToServer {
 }
 
 /// Reads a whole body, bounded by [`MAX_BODY_BYTES`].
-async fn read_body(
+pub(super) async fn read_body(
     response: reqwest::Response,
     usage: &mut UsageTracker,
 ) -> Result<String, String> {
@@ -193,7 +264,8 @@ async fn read_body(
         .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
-fn json_headers() -> HeaderMap {
+/// `content-type: application/json`.
+pub(super) fn json_headers() -> HeaderMap {
     HeaderMap::from([("content-type".to_string(), "application/json".to_string())])
 }
 

@@ -2,16 +2,22 @@
 //! backends, and reconnects with exponential backoff when the connection ends.
 
 pub mod catalog;
+pub mod count_tokens;
 pub mod forward;
+pub mod managed;
+pub mod native_routes;
 pub mod session;
 pub mod sse;
+pub mod translate;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use rand::Rng;
 use tokio::sync::watch;
 
 use crate::discovery::DiscoveryOptions;
+use crate::lifecycle::{LifecycleConfig, LifecycleManager};
 use crate::protocol::BRIDGE_PROTOCOL_VERSION;
 use session::SessionEnd;
 
@@ -51,6 +57,14 @@ pub struct WorkerConfig {
     pub reconnect_min: Duration,
     /// Longest reconnect delay.
     pub reconnect_max: Duration,
+    /// The model map and lifecycle settings: models this worker starts on demand. `None`
+    /// without a model map.
+    pub lifecycle: Option<LifecycleConfig>,
+    /// Where the worker keeps state; the model servers' pid files go to `lifecycle/pids/`.
+    pub data_dir: PathBuf,
+    /// Whether backends serve `/v1/messages` and `/v1/responses` themselves; unset routes are
+    /// probed (see [`native_routes`]).
+    pub native_routes: native_routes::NativeOverrides,
 }
 
 impl WorkerConfig {
@@ -70,20 +84,70 @@ impl WorkerConfig {
             drain_timeout: Duration::from_secs(30),
             reconnect_min: Duration::from_secs(1),
             reconnect_max: Duration::from_secs(30),
+            lifecycle: None,
+            data_dir: crate::app::data_dir(),
+            native_routes: native_routes::NativeOverrides::default(),
         }
     }
 }
 
 /// Runs the worker until `shutdown` turns true; then it stops taking work, finishes what is in
-/// flight (up to the drain timeout) and returns.
+/// flight (up to the drain timeout), stops the model servers it started and returns.
 pub async fn run(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) {
     let client = backend_client(config.max_concurrent);
+    configure_native_routes(&config);
+    // One manager for the worker's whole life: a reconnect to the proxy must not restart models.
+    let lifecycle = start_lifecycle(&config).await;
+    serve_until_shutdown(&config, &client, lifecycle.as_ref(), &mut shutdown).await;
+    if let Some(manager) = lifecycle {
+        // The servers run in process groups of their own: nothing else would stop them.
+        tracing::info!("stopping model servers");
+        manager.shutdown().await;
+        tracing::info!("model servers stopped");
+    }
+}
+
+/// The lifecycle manager for the model map, after killing the servers a previous run of this
+/// worker left behind. `None` without a model map, or when its data directory is unusable (then
+/// the mapped models are not advertised, and the log says why).
+async fn start_lifecycle(config: &WorkerConfig) -> Option<LifecycleManager> {
+    let lifecycle = config.lifecycle.clone()?;
+    let dir = config.data_dir.join("lifecycle");
+    let manager = match LifecycleManager::new(lifecycle, &dir) {
+        Ok(manager) => manager,
+        Err(error) => {
+            tracing::error!(
+                dir = %dir.display(),
+                "cannot use the lifecycle data directory: {error}; the model map is not served"
+            );
+            return None;
+        }
+    };
+    // Before serving, so the survivors' ports are free again; the manager logs what it killed.
+    let report = manager.cleanup_orphans().await;
+    if report.stale > 0 {
+        tracing::info!(
+            stale = report.stale,
+            "removed pid files of processes already gone"
+        );
+    }
+    tracing::info!(models = ?manager.models(), "model map: these models start on demand");
+    Some(manager)
+}
+
+/// Connects, serves and reconnects until shutdown.
+async fn serve_until_shutdown(
+    config: &WorkerConfig,
+    client: &reqwest::Client,
+    lifecycle: Option<&LifecycleManager>,
+    shutdown: &mut watch::Receiver<bool>,
+) {
     let mut delay = config.reconnect_min;
     loop {
         if *shutdown.borrow() {
             return;
         }
-        match session::serve(&config, &client, &mut shutdown).await {
+        match session::serve(config, client, lifecycle, shutdown).await {
             SessionEnd::Shutdown => return,
             SessionEnd::Disconnected { registered, reason } => {
                 if registered {
@@ -103,6 +167,16 @@ pub async fn run(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) {
             }
         }
     }
+}
+
+/// Records which routes this worker's backends serve natively, where configured, and how long
+/// a probe result lasts: one model refresh, so a swapped server is probed again.
+fn configure_native_routes(config: &WorkerConfig) {
+    let fixed = match &config.backends {
+        Backends::Fixed(urls) => urls.as_slice(),
+        Backends::Discover(_) => &[],
+    };
+    native_routes::configure(fixed, config.native_routes, config.model_refresh_interval);
 }
 
 /// Idle backend connections kept per backend at most, whatever the concurrency.

@@ -15,10 +15,11 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use super::catalog::{self, Catalog};
+use super::catalog::{self, Catalog, Route};
 use super::forward::{error_chain, forward, TaskEvent};
-use super::{connect_url, WorkerConfig};
+use super::{connect_url, managed, WorkerConfig};
 use crate::dialect::Dialect;
+use crate::lifecycle::LifecycleManager;
 use crate::protocol::{
     ErrorMessage, ModelsUpdateMessage, PongMessage, RegisterMessage, RequestMessage,
     ResponseCompleteMessage, ServerToWorker, WorkerToServer, CANCELLED_CODE,
@@ -50,13 +51,15 @@ fn disconnected(registered: bool, reason: impl Into<String>) -> SessionEnd {
     }
 }
 
-/// Connects, registers and serves until the connection ends or shutdown is requested.
+/// Connects, registers and serves until the connection ends or shutdown is requested. Requests
+/// for the model map's models go through `lifecycle`.
 pub async fn serve(
     config: &WorkerConfig,
     client: &reqwest::Client,
+    lifecycle: Option<&LifecycleManager>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> SessionEnd {
-    let catalog = catalog::load(config, client).await;
+    let catalog = catalog::load(config, client, mapped_models(lifecycle)).await;
     let mut socket = match connect(config).await {
         Ok(socket) => socket,
         Err(reason) => return disconnected(false, reason),
@@ -81,6 +84,7 @@ pub async fn serve(
     let mut session = Session {
         config,
         client,
+        lifecycle,
         catalog,
         active: HashMap::new(),
         events_tx,
@@ -157,9 +161,23 @@ async fn await_ack(socket: &mut Socket) -> Result<(), String> {
     Err("the connection closed during registration".to_string())
 }
 
+/// The model map's models, advertised whether loaded or not.
+fn mapped_models(lifecycle: Option<&LifecycleManager>) -> Vec<String> {
+    lifecycle.map(LifecycleManager::models).unwrap_or_default()
+}
+
+/// Where one request is forwarded.
+enum Target {
+    /// A model of the model map: a lease first, then its server.
+    Managed(LifecycleManager),
+    /// A backend's base URL.
+    Backend(String),
+}
+
 struct Session<'a> {
     config: &'a WorkerConfig,
     client: &'a reqwest::Client,
+    lifecycle: Option<&'a LifecycleManager>,
     catalog: Catalog,
     /// Running requests by wire id.
     active: HashMap<String, AbortHandle>,
@@ -313,7 +331,11 @@ impl Session<'_> {
     }
 
     async fn start_request(&mut self, socket: &mut Socket, request: RequestMessage) {
-        let backend = self.catalog.backend_for(&request.model).map(str::to_string);
+        let target = match self.catalog.route(&request.model) {
+            Some(Route::Managed) => self.lifecycle.cloned().map(Target::Managed),
+            Some(Route::Backend(url)) => Some(Target::Backend(url.to_string())),
+            None => None,
+        };
         let refusal = if self.draining {
             Some((
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -321,7 +343,7 @@ impl Session<'_> {
                 "this worker is draining and takes no new requests".to_string(),
             ))
         } else {
-            backend.is_none().then(|| {
+            target.is_none().then(|| {
                 (StatusCode::BAD_GATEWAY, "backend_unavailable", "this worker has no backend; start one (llama-server, Ollama, ...) or set BACKEND_URL".to_string())
             })
         };
@@ -338,12 +360,16 @@ impl Session<'_> {
             return;
         }
         let id = request.request_id.clone();
-        let task = tokio::spawn(forward(
-            self.client.clone(),
-            backend.expect("checked above"),
-            request,
-            self.events_tx.clone(),
-        ));
+        let client = self.client.clone();
+        let events = self.events_tx.clone();
+        // Aborting the task (cancel, disconnect) drops what it holds: the backend response and,
+        // for a mapped model, its lease (or its wait for a start, which goes on for others).
+        let task = match target.expect("checked above") {
+            Target::Managed(manager) => {
+                tokio::spawn(managed::serve(manager, client, request, events))
+            }
+            Target::Backend(url) => tokio::spawn(forward(client, url, request, events)),
+        };
         self.active.insert(id, task.abort_handle());
     }
 
@@ -420,9 +446,10 @@ impl Session<'_> {
     fn spawn_refresh(&self, catalog_tx: &mpsc::Sender<Refreshed>, requested: bool) {
         let config = self.config.clone();
         let client = self.client.clone();
+        let mapped = mapped_models(self.lifecycle);
         let catalog_tx = catalog_tx.clone();
         tokio::spawn(async move {
-            let catalog = catalog::load(&config, &client).await;
+            let catalog = catalog::load(&config, &client, mapped).await;
             let _ = catalog_tx.send(Refreshed { catalog, requested }).await;
         });
     }

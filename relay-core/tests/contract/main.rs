@@ -3,6 +3,7 @@
 //!
 //! One test binary with modules keeps link time down on small machines.
 
+mod adapter_e2e;
 mod bad_input;
 mod dispatch;
 mod lifecycle;

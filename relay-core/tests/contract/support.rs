@@ -943,3 +943,252 @@ impl RawHttpClient {
         drop(self.stream);
     }
 }
+
+// --- protocol adapter (issue 3): a backend that speaks only OpenAI chat completions ---
+
+/// What [`ChatOnlyBackend`] answers with text: `reply to: ` and the last message's text.
+pub const CHAT_ONLY_REPLY_PREFIX: &str = "reply to: ";
+/// The usage every [`ChatOnlyBackend`] answer reports.
+pub const CHAT_ONLY_USAGE: (u64, u64) = (11, 7);
+
+#[derive(Default)]
+struct ChatOnlyState {
+    models: Vec<String>,
+    seen: Mutex<Vec<SeenRequest>>,
+}
+
+/// A backend like Ollama before 0.14 or llamafile: `/v1/models` and `/v1/chat/completions`
+/// only; every other route is a 404 (`404 page not found`). Answers are deterministic:
+///
+/// - with `tools` and a last message that is not a tool result: a call of the first tool, each
+///   schema property filled with `"mock <name>"` (streamed as id/name, then the arguments in
+///   two fragments);
+/// - otherwise text: [`CHAT_ONLY_REPLY_PREFIX`] + the last message's text (streamed word by
+///   word);
+/// - model `broken`: a 503 OpenAI error; model `cut-off`: a stream that stops after its first
+///   text chunk, without a finish reason or `[DONE]`.
+pub struct ChatOnlyBackend {
+    pub addr: SocketAddr,
+    state: Arc<ChatOnlyState>,
+    task: JoinHandle<()>,
+}
+
+impl ChatOnlyBackend {
+    /// Starts a backend listing `models`.
+    pub async fn start(models: &[&str]) -> ChatOnlyBackend {
+        let state = Arc::new(ChatOnlyState {
+            models: models.iter().map(|m| m.to_string()).collect(),
+            ..ChatOnlyState::default()
+        });
+        let app = Router::new()
+            .route("/v1/models", routing::get(chat_only_models))
+            .route("/v1/chat/completions", routing::post(chat_only_chat))
+            .fallback(chat_only_missing)
+            .with_state(state.clone());
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind backend");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.expect("backend serves");
+        });
+        ChatOnlyBackend { addr, state, task }
+    }
+
+    /// Its base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Requests seen so far, 404s included.
+    pub fn seen(&self) -> Vec<SeenRequest> {
+        self.state.seen.lock().unwrap().clone()
+    }
+
+    /// The paths of the requests seen so far.
+    pub fn paths(&self) -> Vec<String> {
+        self.seen().into_iter().map(|r| r.path).collect()
+    }
+
+    /// The chat-completions bodies seen so far.
+    pub fn chat_bodies(&self) -> Vec<Value> {
+        self.seen()
+            .into_iter()
+            .filter(|r| r.path == "/v1/chat/completions")
+            .map(|r| r.body)
+            .collect()
+    }
+}
+
+impl Drop for ChatOnlyBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn chat_only_models(State(state): State<Arc<ChatOnlyState>>) -> Json<Value> {
+    let data: Vec<Value> = state
+        .models
+        .iter()
+        .map(|m| json!({"id": m, "object": "model", "owned_by": "chat-only"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+fn chat_only_record(state: &ChatOnlyState, uri: &Uri, headers: HeaderMap, body: &Bytes) {
+    state.seen.lock().unwrap().push(SeenRequest {
+        path: uri.to_string(),
+        headers,
+        body: serde_json::from_slice(body).unwrap_or(Value::Null),
+    });
+}
+
+async fn chat_only_missing(
+    State(state): State<Arc<ChatOnlyState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    chat_only_record(&state, &uri, headers, &body);
+    (
+        StatusCode::NOT_FOUND,
+        [("content-type", "text/plain")],
+        "404 page not found",
+    )
+        .into_response()
+}
+
+/// The text of a chat message's content (a string or a list of text parts).
+fn chat_text(content: &Value) -> String {
+    match content {
+        Value::String(text) => text.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+async fn chat_only_chat(
+    State(state): State<Arc<ChatOnlyState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    chat_only_record(&state, &uri, headers, &body);
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let model = body["model"].as_str().unwrap_or_default().to_string();
+    if model == "broken" {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [("content-type", "application/json")],
+            json!({"error": {"message": "mock backend is overloaded", "type": "server_error", "code": null}}).to_string(),
+        )
+            .into_response();
+    }
+    let last = body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap_or(Value::Null);
+    let tool = body["tools"]
+        .as_array()
+        .and_then(|t| t.first())
+        .filter(|_| last["role"] != "tool")
+        .map(|t| t["function"].clone());
+    let (input, output) = CHAT_ONLY_USAGE;
+    let usage = json!({"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output});
+    let streaming = body["stream"].as_bool().unwrap_or(false);
+    let text = format!("{CHAT_ONLY_REPLY_PREFIX}{}", chat_text(&last["content"]));
+    let call = tool.map(|function| {
+        let properties = function["parameters"]["properties"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        let arguments: serde_json::Map<String, Value> = properties
+            .keys()
+            .map(|name| (name.clone(), json!(format!("mock {name}"))))
+            .collect();
+        (
+            function["name"].as_str().unwrap_or("tool").to_string(),
+            Value::Object(arguments).to_string(),
+        )
+    });
+    if !streaming {
+        let (message, finish) = match &call {
+            Some((name, arguments)) => (
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_mock_1", "type": "function", "function": {"name": name, "arguments": arguments}}]}),
+                "tool_calls",
+            ),
+            None => (json!({"role": "assistant", "content": text}), "stop"),
+        };
+        return Json(json!({
+            "id": "chatcmpl-chat-only",
+            "object": "chat.completion",
+            "created": 1,
+            "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": usage,
+        }))
+        .into_response();
+    }
+    let chunk = |delta: Value, finish: Value| {
+        format!(
+            "data: {}\n\n",
+            json!({"id": "chatcmpl-chat-only", "object": "chat.completion.chunk", "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        )
+    };
+    let mut events = vec![chunk(
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
+    match &call {
+        Some((name, arguments)) => {
+            let half = arguments.len() / 2;
+            events.push(chunk(
+                json!({"tool_calls": [{"index": 0, "id": "call_mock_1", "type": "function", "function": {"name": name, "arguments": ""}}]}),
+                Value::Null,
+            ));
+            for fragment in [&arguments[..half], &arguments[half..]] {
+                events.push(chunk(
+                    json!({"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}),
+                    Value::Null,
+                ));
+            }
+            events.push(chunk(json!({}), json!("tool_calls")));
+        }
+        None => {
+            for (i, word) in text.split(' ').enumerate() {
+                let piece = if i == 0 {
+                    word.to_string()
+                } else {
+                    format!(" {word}")
+                };
+                events.push(chunk(json!({"content": piece}), Value::Null));
+            }
+            events.push(chunk(json!({}), json!("stop")));
+        }
+    }
+    if model == "cut-off" {
+        events.truncate(2);
+    } else {
+        if body["stream_options"]["include_usage"] == true {
+            events.push(format!(
+                "data: {}\n\n",
+                json!({"id": "chatcmpl-chat-only", "object": "chat.completion.chunk", "model": model, "choices": [], "usage": usage})
+            ));
+        }
+        events.push("data: [DONE]\n\n".to_string());
+    }
+    let stream = futures_util::stream::iter(
+        events
+            .into_iter()
+            .map(|e| Ok::<_, std::convert::Infallible>(Bytes::from(e))),
+    );
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(stream))
+        .expect("response")
+}

@@ -144,9 +144,9 @@ def backend():
         server.stop()
 
 
-def start_relay(backend: MockBackend, data_dir: Path) -> Relay:
+def start_relay(backend: MockBackend, data_dir: Path, config_text: str | None = None) -> Relay:
     """Starts `modelrelay --listen 127.0.0.1:0` (proxy + in-process worker) in front of `backend`
-    and waits until it lists the backend's models."""
+    and waits until it lists the backend's models. `config_text` becomes its config file."""
     # Settings from the developer's shell must not leak into the run under test.
     env = {key: value for key, value in os.environ.items() if key not in RELAY_ENV and not key.startswith("MODELRELAY_")}
     env.update(
@@ -162,8 +162,13 @@ def start_relay(backend: MockBackend, data_dir: Path) -> Relay:
             "no_proxy": "127.0.0.1,localhost",
         }
     )
+    args = [str(relay_binary()), "--listen", "127.0.0.1:0"]
+    if config_text is not None:
+        config_file = data_dir / "config.toml"
+        config_file.write_text(config_text)
+        args += ["--config", str(config_file)]
     process = subprocess.Popen(
-        [str(relay_binary()), "--listen", "127.0.0.1:0"],
+        args,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -231,9 +236,8 @@ def wait_for_models(relay: Relay, wanted: set[str]) -> None:
     )
 
 
-@pytest.fixture
-def seen(backend):
-    """Clears the backend's request log and returns a function reading it through `GET /_seen`."""
+def seen_reader(backend: MockBackend):
+    """Clears `backend`'s request log and returns a function reading it through `GET /_seen`."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     opener.open(urllib.request.Request(f"{backend.url}/_seen", method="DELETE"), timeout=5).read()
 
@@ -243,3 +247,42 @@ def seen(backend):
         return body
 
     return read
+
+
+@pytest.fixture
+def seen(backend):
+    """The backend's request log, cleared for this test."""
+    return seen_reader(backend)
+
+
+#: The relay in front of the chat-only backend maps Claude model names to the mock's model, as
+#: a Claude Code user would configure it.
+TRANSLATING_RELAY_CONFIG = f'''[proxy.aliases]
+"claude-*" = "{CHAT_MODEL}"
+'''
+
+
+@pytest.fixture(scope="session")
+def chat_backend():
+    """A backend that speaks only chat completions: the relay translates for it."""
+    server = MockBackend(chunk_delay=0.005, chat_only=True).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def chat_relay(chat_backend, tmp_path_factory):
+    """A relay in front of the chat-only backend, with `claude-*` aliased to the mock model."""
+    relay = start_relay(chat_backend, tmp_path_factory.mktemp("modelrelay-chat-only"), TRANSLATING_RELAY_CONFIG)
+    try:
+        yield relay
+    finally:
+        relay.kill_if_running_after(assert_clean_exit)
+
+
+@pytest.fixture
+def chat_seen(chat_backend):
+    """The chat-only backend's request log, cleared for this test."""
+    return seen_reader(chat_backend)

@@ -8,7 +8,13 @@ Streams use HTTP/1.1 chunked transfer encoding with a flush after every event, s
 the process on its own. A request body may carry `"mock_chunk_delay": SECONDS` to slow a stream
 down (the relay passes bodies through untouched, so this reaches the backend).
 
-Run it alone with `python3 mock_backend.py` to poke at it with curl.
+With `chat_only=True` it plays a backend that speaks only OpenAI chat completions (Ollama before
+0.14, llamafile, ...): `/v1/messages`, `/v1/messages/count_tokens` and `/v1/responses` answer
+`404 page not found`, so the relay must translate. In either mode a chat request with `tools`
+whose last message is not a tool result is answered with a call of the first tool, each of its
+schema's properties filled with `"mock <name>"`.
+
+Run it alone with `python3 mock_backend.py [--chat-only]` to poke at it with curl.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ REPLY_PIECES = ["Hello", " from", " the", " mock", " backend", "."]
 REPLY = "".join(REPLY_PIECES)
 #: The length of every embedding vector.
 EMBED_DIM = 4
+#: Routes a chat-only backend does not have.
+NATIVE_ONLY_ROUTES = ("/v1/messages", "/v1/messages/count_tokens", "/v1/responses")
+#: The id of the tool call the mock makes.
+TOOL_CALL_ID = "call_mock_1"
 #: Fixed token counts reported in every usage object.
 PROMPT_TOKENS = 7
 COMPLETION_TOKENS = len(REPLY_PIECES)
@@ -42,6 +52,13 @@ def _now() -> int:
 
 def _short_id() -> str:
     return uuid.uuid4().hex[:24]
+
+
+def tool_call_for(tools: list) -> tuple[str, str]:
+    """The mock's call of the first tool: (name, JSON arguments filling each property)."""
+    function = tools[0].get("function", {}) if isinstance(tools[0], dict) else {}
+    properties = (function.get("parameters") or {}).get("properties") or {}
+    return function.get("name", "tool"), json.dumps({name: f"mock {name}" for name in properties})
 
 
 def embedding_for(index: int) -> list[float]:
@@ -153,6 +170,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
         self.wfile.flush()
 
+    def _send_text(self, status: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+
     def _openai_error(self, status: int, message: str) -> None:
         self._send_json(status, {"error": {"message": message, "type": "invalid_request_error", "code": None}})
 
@@ -234,7 +260,12 @@ class _Handler(BaseHTTPRequestHandler):
             "/v1/messages/count_tokens": self._count_tokens,
         }
         handler = routes.get(path)
+        if self.server.chat_only and path in NATIVE_ONLY_ROUTES:
+            handler = None
         if handler is None:
+            if self.server.chat_only:
+                self._send_text(404, "404 page not found")
+                return
             self._openai_error(404, f"mock backend: no route for POST {path}")
             return
         if not isinstance(body, dict):
@@ -254,6 +285,12 @@ class _Handler(BaseHTTPRequestHandler):
             "completion_tokens": COMPLETION_TOKENS,
             "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
         }
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        last_role = messages[-1].get("role") if messages and isinstance(messages[-1], dict) else None
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+        if tools and last_role != "tool":
+            self._chat_tool_call(body, chat_id, created, usage, tool_call_for(tools))
+            return
         if not body.get("stream"):
             self._send_json(
                 200,
@@ -293,6 +330,58 @@ class _Handler(BaseHTTPRequestHandler):
                 yield self._data(chunk({"content": piece}, None))
             yield self._data(chunk({}, "stop"))
             if include_usage:
+                final = chunk({}, None)
+                final["choices"] = []
+                final["usage"] = usage
+                yield self._data(final)
+            yield "data: [DONE]\n\n"
+
+        self._stream(events())
+
+    def _chat_tool_call(self, body: dict, chat_id: str, created: int, usage: dict, call: tuple[str, str]) -> None:
+        """Answers with a call of the first tool (streamed as id and name, then the arguments in
+        two fragments)."""
+        model = body.get("model", CHAT_MODEL)
+        name, arguments = call
+        if not body.get("stream"):
+            tool_call = {"id": TOOL_CALL_ID, "type": "function", "function": {"name": name, "arguments": arguments}}
+            self._send_json(
+                200,
+                {
+                    "id": chat_id,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": None, "tool_calls": [tool_call]},
+                            "finish_reason": "tool_calls",
+                        }
+                    ],
+                    "usage": usage,
+                },
+            )
+            return
+
+        def chunk(delta: dict, finish: str | None) -> dict:
+            return {
+                "id": chat_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+
+        def events() -> Iterable[str]:
+            yield self._data(chunk({"role": "assistant", "content": None}, None))
+            first = {"index": 0, "id": TOOL_CALL_ID, "type": "function", "function": {"name": name, "arguments": ""}}
+            yield self._data(chunk({"tool_calls": [first]}, None))
+            half = len(arguments) // 2
+            for fragment in (arguments[:half], arguments[half:]):
+                yield self._data(chunk({"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}, None))
+            yield self._data(chunk({}, "tool_calls"))
+            if (body.get("stream_options") or {}).get("include_usage"):
                 final = chunk({}, None)
                 final["choices"] = []
                 final["usage"] = usage
@@ -469,12 +558,14 @@ class MockBackend:
         seen: list
         lock: threading.Lock
         chunk_delay: float
+        chat_only: bool
 
-    def __init__(self, chunk_delay: float = 0.0) -> None:
+    def __init__(self, chunk_delay: float = 0.0, chat_only: bool = False) -> None:
         self._server = self._Server(("127.0.0.1", 0), _Handler)
         self._server.seen = []
         self._server.lock = threading.Lock()
         self._server.chunk_delay = chunk_delay
+        self._server.chat_only = chat_only
         self._thread = threading.Thread(target=self._server.serve_forever, name="mock-backend", daemon=True)
 
     @property
@@ -498,7 +589,9 @@ class MockBackend:
 
 
 if __name__ == "__main__":
-    backend = MockBackend().start()
+    import sys
+
+    backend = MockBackend(chat_only="--chat-only" in sys.argv[1:]).start()
     print(f"mock backend at {backend.url}", flush=True)
     try:
         threading.Event().wait()

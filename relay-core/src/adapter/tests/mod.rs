@@ -4,6 +4,7 @@
 
 mod errors;
 mod golden;
+mod history;
 mod roundtrip;
 mod streams;
 

@@ -1,0 +1,222 @@
+//! `POST /v1/responses` with the [`ResponsesStore`], and `GET` / `DELETE /v1/responses/{id}`.
+//!
+//! A request with `previous_response_id` is expanded here, before dispatch: the stored
+//! conversation and the new input become one standalone Responses request (the id removed), so
+//! whichever worker gets it — translating for a chat-only backend or passing through to a
+//! native one — sees the whole conversation. The answer is watched on its way to the client
+//! (the whole body, or the `response.completed` event of a stream) and stored under its id
+//! unless the request said `store: false`. Only `/v1/responses` requests pay for any of this.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::completed_event::CompletedWatch;
+use super::response::AnswerObserver;
+use super::responses_store::{ResponsesStore, StoredResponse};
+use super::AppState;
+use crate::adapter::canonical::Message;
+use crate::adapter::openai_responses::{
+    expand_with_history, input_items, output_messages, parse_request, StoredConversation,
+};
+use crate::dialect::{ApiError, Dialect};
+use crate::protocol::ResponseCompleteMessage;
+
+/// A `POST /v1/responses` body ready for dispatch.
+pub struct Prepared {
+    /// What the worker receives: the client's body, or the expanded one for a continuation.
+    pub body: String,
+    /// Stores the answer; `None` for `store: false` or a body the store cannot keep.
+    pub recorder: Option<Recorder>,
+}
+
+/// Resolves `previous_response_id` against `store` and sets up recording of the answer. An
+/// unknown (or expired) id is a 404, as OpenAI answers it. An expanded request may not exceed
+/// `max_body_bytes` either, so no worker gets more than a client could send it directly.
+pub fn prepare(
+    store: &Arc<ResponsesStore>,
+    body: String,
+    max_body_bytes: usize,
+) -> Result<Prepared, ApiError> {
+    let mut request: Value = serde_json::from_str(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("invalid JSON in request body: {e}"),
+        )
+    })?;
+    let wants_storing = request.get("store") != Some(&Value::Bool(false));
+    let previous = match request.get("previous_response_id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(id)) => Some(id.clone()),
+        Some(_) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "previous_response_id: expected a string",
+            ))
+        }
+    };
+    let Some(previous) = previous else {
+        // A standalone request goes out as the client sent it. One the adapter cannot read is
+        // still dispatched (a native backend may take it); it just cannot be continued.
+        let recorder = wants_storing
+            .then(|| parse_request(&request).ok())
+            .flatten()
+            .map(|parsed| Recorder::new(store, parsed.messages, None));
+        return Ok(Prepared { body, recorder });
+    };
+    let stored = store
+        .get(&previous, Instant::now())
+        .ok_or_else(|| previous_not_found(&previous))?;
+    let expanded = expand_with_history(&stored.conversation, &request)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()))?;
+    if let Some(fields) = request.as_object_mut() {
+        fields.remove("previous_response_id");
+        fields.insert(
+            "input".to_string(),
+            Value::Array(input_items(&expanded.messages)),
+        );
+    }
+    let body = request.to_string();
+    if body.len() > max_body_bytes {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!(
+                "the conversation continued from {previous} with this input is {} bytes, over \
+                 the relay's limit of {max_body_bytes} bytes (MAX_BODY_BYTES); start a new one",
+                body.len()
+            ),
+        ));
+    }
+    let recorder =
+        wants_storing.then(|| Recorder::new(store, expanded.messages, Some(previous.clone())));
+    Ok(Prepared { body, recorder })
+}
+
+fn previous_not_found(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "previous_response_not_found",
+        format!("Previous response with id '{id}' not found."),
+    )
+}
+
+fn response_not_found(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "response_not_found",
+        format!("Response with id '{id}' not found."),
+    )
+}
+
+/// Stores a request's answer once it is complete.
+pub struct Recorder {
+    store: Arc<ResponsesStore>,
+    /// The conversation the request carried (the stored history plus its own input).
+    history: Vec<Message>,
+    /// The id the request continued, echoed in the stored response.
+    previous: Option<String>,
+    watch: CompletedWatch,
+    done: bool,
+}
+
+impl Recorder {
+    fn new(store: &Arc<ResponsesStore>, history: Vec<Message>, previous: Option<String>) -> Self {
+        Recorder {
+            watch: CompletedWatch::new(store.limits().max_bytes),
+            store: store.clone(),
+            history,
+            previous,
+            done: false,
+        }
+    }
+
+    /// Sets `previous_response_id` in an answer made from the expanded request (which had none).
+    fn echo_previous(&self, response: &mut Value) -> bool {
+        match (&self.previous, response.get("previous_response_id")) {
+            (Some(previous), None | Some(Value::Null)) => {
+                response["previous_response_id"] = json!(previous);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn record(&mut self, mut response: Value) {
+        self.done = true;
+        self.echo_previous(&mut response);
+        let Some(id) = response
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+        else {
+            return;
+        };
+        let output = match output_messages(&response) {
+            Ok(output) => output,
+            Err(error) => {
+                tracing::info!(%id, "response not stored: its output cannot be read: {error}");
+                return;
+            }
+        };
+        let mut messages = std::mem::take(&mut self.history);
+        messages.extend(output);
+        let stored = StoredResponse {
+            response,
+            conversation: StoredConversation { messages },
+        };
+        self.store.insert(&id, stored, Instant::now());
+    }
+}
+
+impl AnswerObserver for Recorder {
+    fn complete(&mut self, complete: &mut ResponseCompleteMessage) {
+        if self.done || !(200..300).contains(&complete.status_code) {
+            return;
+        }
+        let Some(mut response) = complete
+            .body
+            .as_deref()
+            .and_then(|body| serde_json::from_str::<Value>(body).ok())
+        else {
+            return;
+        };
+        if self.echo_previous(&mut response) {
+            complete.body = Some(response.to_string());
+        }
+        self.record(response);
+    }
+
+    fn chunk(&mut self, bytes: &[u8]) {
+        if self.done {
+            return;
+        }
+        if let Some(response) = self.watch.push(bytes) {
+            self.record(response);
+        }
+    }
+}
+
+/// `GET /v1/responses/{id}`: the stored response object.
+pub async fn get_response(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    match state.responses.get(&id, Instant::now()) {
+        Some(stored) => Json(stored.response.clone()).into_response(),
+        None => response_not_found(&id).into_response(Dialect::OpenAiResponses),
+    }
+}
+
+/// `DELETE /v1/responses/{id}`: forgets a stored response.
+pub async fn delete_response(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    if state.responses.remove(&id) {
+        Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
+    } else {
+        response_not_found(&id).into_response(Dialect::OpenAiResponses)
+    }
+}

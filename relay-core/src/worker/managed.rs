@@ -1,0 +1,389 @@
+//! One request for a model of the model map: a lease on its server (started first when needed,
+//! with SSE keep-alive comments to a streaming client while it starts), the forward to that
+//! server raced against the end of its process, and lifecycle failures as clean answers.
+//!
+//! The lease lives in the request's task, so the task's end (or its abort on cancel) releases it.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use tokio::sync::mpsc;
+use tokio::time::{interval_at, timeout, Instant};
+
+use super::forward::{forward, TaskEvent};
+use crate::dialect::Dialect;
+use crate::lifecycle::{Lease, LifecycleError, LifecycleManager};
+use crate::protocol::{
+    ErrorMessage, HeaderMap, RequestMessage, ResponseChunkMessage, ResponseCompleteMessage,
+    WorkerToServer,
+};
+
+/// How often a streaming client waiting for a model start gets an SSE comment. The first comes
+/// after one period, so a quick start or a quick failure still answers with a plain status (and a
+/// request that sent no byte can still be requeued by the proxy).
+pub const LOADING_COMMENT_EVERY: Duration = Duration::from_secs(2);
+
+/// How long a failed forward waits for its process's end to be reported: "crashed (exit code
+/// 3)" tells the client more than "connection reset".
+const CRASH_REPORT_GRACE: Duration = Duration::from_secs(2);
+
+/// Serves `request` for a mapped model through `manager`, reporting through `events`.
+pub async fn serve(
+    manager: LifecycleManager,
+    client: reqwest::Client,
+    request: RequestMessage,
+    events: mpsc::Sender<TaskEvent>,
+) {
+    let session = manager.config().session_id(
+        request
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str())),
+    );
+    let mut reply = Reply {
+        request_id: request.request_id.clone(),
+        model: request.model.clone(),
+        dialect: Dialect::for_path(&request.endpoint_path),
+        events,
+        streaming: false,
+    };
+    let acquired = acquire(&manager, &request, session.as_deref(), &mut reply).await;
+    match acquired {
+        Ok(lease) => relay(lease, client, request, &mut reply).await,
+        Err(error) => reply.lifecycle_error(&error).await,
+    }
+    let _ = reply.events.send(TaskEvent::Done(reply.request_id)).await;
+}
+
+/// A lease on the request's model; a streaming request gets `: loading model NAME` comments
+/// while it waits.
+async fn acquire(
+    manager: &LifecycleManager,
+    request: &RequestMessage,
+    session: Option<&str>,
+    reply: &mut Reply,
+) -> Result<Lease, LifecycleError> {
+    let acquiring = manager.acquire(&request.model, session);
+    if !request.is_streaming {
+        return acquiring.await;
+    }
+    tokio::pin!(acquiring);
+    let start = Instant::now() + LOADING_COMMENT_EVERY;
+    let mut ticks = interval_at(start, LOADING_COMMENT_EVERY);
+    let comment = format!(": loading model {}\n\n", one_line(&request.model));
+    loop {
+        tokio::select! {
+            biased;
+            acquired = &mut acquiring => return acquired,
+            _ = ticks.tick() => reply.chunk(comment.clone()).await,
+        }
+    }
+}
+
+/// Forwards to the lease's server until the answer is complete or the process ends.
+async fn relay(
+    mut lease: Lease,
+    client: reqwest::Client,
+    request: RequestMessage,
+    reply: &mut Reply,
+) {
+    // The forward reports into a channel of its own, so its messages can be held back when the
+    // process turns out to have died under it.
+    let (tx, mut rx) = mpsc::channel(16);
+    let forwarding = forward(client, lease.base_url().to_string(), request, tx);
+    tokio::pin!(forwarding);
+    let mut forwarded = false;
+    loop {
+        // What the forward already reported goes first: an answer that arrived just before the
+        // process died is still the answer.
+        tokio::select! {
+            biased;
+            event = rx.recv() => match event {
+                Some(TaskEvent::Send(message)) => {
+                    if is_failure(&message) {
+                        if let Ok(ended) = timeout(CRASH_REPORT_GRACE, lease.ended()).await {
+                            return reply.process_ended(&ended).await;
+                        }
+                    }
+                    reply.pass(message).await;
+                }
+                Some(TaskEvent::Done(_)) | None => return,
+            },
+            ended = lease.ended() => return reply.process_ended(&ended).await,
+            () = &mut forwarding, if !forwarded => forwarded = true,
+        }
+    }
+}
+
+/// A forward's final message that says the server failed (rather than answered).
+fn is_failure(message: &WorkerToServer) -> bool {
+    match message {
+        WorkerToServer::Error(_) => true,
+        WorkerToServer::ResponseComplete(complete) => complete.status_code == 502,
+        _ => false,
+    }
+}
+
+/// The request's way back to the connection loop.
+struct Reply {
+    request_id: String,
+    model: String,
+    dialect: Dialect,
+    events: mpsc::Sender<TaskEvent>,
+    /// Keep-alive comments went out: the proxy answers with an SSE stream now, so a failure
+    /// must be an SSE error event rather than a status.
+    streaming: bool,
+}
+
+impl Reply {
+    async fn send(&self, message: WorkerToServer) {
+        let _ = self.events.send(TaskEvent::Send(message)).await;
+    }
+
+    async fn chunk(&mut self, text: String) {
+        self.streaming = true;
+        self.send(chunk(&self.request_id, text)).await;
+    }
+
+    /// A forward's message; after keep-alives a final whole-body answer becomes stream events.
+    async fn pass(&mut self, message: WorkerToServer) {
+        let messages = if self.streaming {
+            as_stream(message, self.dialect)
+        } else {
+            vec![message]
+        };
+        for message in messages {
+            self.send(message).await;
+        }
+    }
+
+    /// The model could not be leased: its status and a short message in the dialect's shape;
+    /// the whole story (command, process output) goes to the log.
+    async fn lifecycle_error(&mut self, error: &LifecycleError) {
+        tracing::warn!(request = %self.request_id, model = %self.model, "{error}");
+        for message in lifecycle_answer(&self.request_id, self.dialect, error, self.streaming) {
+            self.send(message).await;
+        }
+    }
+
+    /// The process ended under the request: an `error` for it (an SSE error event if the client
+    /// already got bytes; a failed request the proxy can tell apart otherwise).
+    async fn process_ended(&mut self, error: &LifecycleError) {
+        tracing::warn!(request = %self.request_id, model = %self.model, "request failed: {error}");
+        self.send(WorkerToServer::Error(ErrorMessage {
+            request_id: Some(self.request_id.clone()),
+            code: error.code().to_string(),
+            message: short_message(error),
+        }))
+        .await;
+    }
+}
+
+fn chunk(request_id: &str, text: String) -> WorkerToServer {
+    WorkerToServer::ResponseChunk(ResponseChunkMessage {
+        request_id: request_id.to_string(),
+        chunk: text,
+    })
+}
+
+/// The first line of a lifecycle error (the rest is the command and the process's output),
+/// with a pointer to the log when something was left out.
+fn short_message(error: &LifecycleError) -> String {
+    let full = error.to_string();
+    let mut lines = full.lines();
+    let first = lines.next().unwrap_or_default().to_string();
+    if lines.next().is_some() {
+        format!("{first} (the worker's log has the details)")
+    } else {
+        first
+    }
+}
+
+/// The answer to a request whose model could not be leased.
+fn lifecycle_answer(
+    request_id: &str,
+    dialect: Dialect,
+    error: &LifecycleError,
+    streaming: bool,
+) -> Vec<WorkerToServer> {
+    let status = StatusCode::from_u16(error.status_code()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let message = short_message(error);
+    let mut headers = HeaderMap::new();
+    if let LifecycleError::BreakerOpen { retry_in, .. } = error {
+        headers.insert(
+            "retry-after".to_string(),
+            retry_in.as_secs().max(1).to_string(),
+        );
+    }
+    if streaming {
+        let event = dialect.sse_error(status, error.code(), &message);
+        return vec![
+            chunk(request_id, String::from_utf8_lossy(&event).into_owned()),
+            complete(request_id, status.as_u16(), headers, None),
+        ];
+    }
+    headers.insert("content-type".to_string(), "application/json".to_string());
+    let body = dialect.error_body(status, error.code(), &message);
+    vec![complete(request_id, status.as_u16(), headers, Some(body))]
+}
+
+fn complete(
+    request_id: &str,
+    status_code: u16,
+    headers: HeaderMap,
+    body: Option<String>,
+) -> WorkerToServer {
+    WorkerToServer::ResponseComplete(ResponseCompleteMessage {
+        request_id: request_id.to_string(),
+        status_code,
+        headers,
+        body,
+        token_counts: None,
+    })
+}
+
+/// A forward's message for a client that already gets an SSE stream (keep-alives went out): a
+/// whole-body answer would be lost at the proxy, which ends a stream at `response_complete`, so
+/// an error body becomes an error event and any other body a data event.
+fn as_stream(message: WorkerToServer, dialect: Dialect) -> Vec<WorkerToServer> {
+    let WorkerToServer::ResponseComplete(mut complete) = message else {
+        return vec![message];
+    };
+    let Some(body) = complete.body.take().filter(|b| !b.is_empty()) else {
+        return vec![WorkerToServer::ResponseComplete(complete)];
+    };
+    let status = StatusCode::from_u16(complete.status_code).unwrap_or(StatusCode::BAD_GATEWAY);
+    let event = if status.is_success() {
+        format!("data: {}\n\n", one_line(&body))
+    } else {
+        let message = error_message_of(&body);
+        String::from_utf8_lossy(&dialect.sse_error(status, "backend_error", &message)).into_owned()
+    };
+    let request_id = complete.request_id.clone();
+    vec![
+        chunk(&request_id, event),
+        WorkerToServer::ResponseComplete(complete),
+    ]
+}
+
+/// The message of an error body (`{"error":{"message"}}`, `{"error":"..."}`), or its text.
+fn error_message_of(body: &str) -> String {
+    let parsed: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    let error = &parsed["error"];
+    error["message"]
+        .as_str()
+        .or_else(|| error.as_str())
+        .map(str::to_string)
+        .unwrap_or_else(|| body.chars().take(500).collect())
+}
+
+/// `text` without line breaks, so it cannot end an SSE line early.
+fn one_line(text: &str) -> String {
+    text.replace(['\r', '\n'], " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start_failed() -> LifecycleError {
+        LifecycleError::StartFailed {
+            model: "m".into(),
+            command: "llama-server --port 8081".into(),
+            reason: "it exited during startup (exit code 1)".into(),
+            output: vec!["error: out of memory".into()],
+        }
+    }
+
+    fn completion(message: &WorkerToServer) -> &ResponseCompleteMessage {
+        match message {
+            WorkerToServer::ResponseComplete(complete) => complete,
+            other => panic!("expected response_complete, got {other:?}"),
+        }
+    }
+
+    fn chunk_text(message: &WorkerToServer) -> &str {
+        match message {
+            WorkerToServer::ResponseChunk(chunk) => &chunk.chunk,
+            other => panic!("expected response_chunk, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_lifecycle_error_answers_with_its_status_and_a_short_dialect_shaped_message() {
+        let answer = lifecycle_answer("r1", Dialect::Anthropic, &start_failed(), false);
+        assert_eq!(answer.len(), 1);
+        let complete = completion(&answer[0]);
+        assert_eq!(complete.status_code, 502);
+        let body: serde_json::Value =
+            serde_json::from_str(complete.body.as_deref().unwrap()).unwrap();
+        assert_eq!(body["type"], "error");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("model \"m\" failed to start: it exited during startup"));
+        assert!(
+            message.ends_with("(the worker's log has the details)"),
+            "{message}"
+        );
+        assert!(
+            !message.contains("out of memory"),
+            "the output stays in the log"
+        );
+
+        let open = LifecycleError::BreakerOpen {
+            model: "m".into(),
+            retry_in: Duration::from_secs(42),
+            last_error: start_failed().to_string(),
+        };
+        let answer = lifecycle_answer("r1", Dialect::OpenAi, &open, false);
+        let complete = completion(&answer[0]);
+        assert_eq!(complete.status_code, 503);
+        assert_eq!(complete.headers["retry-after"], "42");
+        let body: serde_json::Value =
+            serde_json::from_str(complete.body.as_deref().unwrap()).unwrap();
+        assert_eq!(body["error"]["code"], "model_failed");
+    }
+
+    #[test]
+    fn after_keep_alives_a_lifecycle_error_is_an_sse_error_event() {
+        let answer = lifecycle_answer("r1", Dialect::OpenAi, &start_failed(), true);
+        assert_eq!(answer.len(), 2);
+        let event = chunk_text(&answer[0]);
+        assert!(event.starts_with("data: {\"error\""), "{event}");
+        assert!(event.contains("model_start_failed"));
+        assert!(event.ends_with("\n\n"));
+        assert_eq!(completion(&answer[1]).body, None);
+    }
+
+    #[test]
+    fn after_keep_alives_a_whole_body_answer_becomes_stream_events() {
+        let failed = complete(
+            "r1",
+            400,
+            HeaderMap::new(),
+            Some(r#"{"error":{"code":400,"message":"bad\nrequest"}}"#.into()),
+        );
+        let events = as_stream(failed, Dialect::Anthropic);
+        let event = chunk_text(&events[0]);
+        assert!(event.starts_with("event: error\ndata: "), "{event}");
+        assert!(event.contains("bad\\nrequest"));
+        assert_eq!(completion(&events[1]).body, None);
+
+        let answered = complete("r1", 200, HeaderMap::new(), Some("{\"a\":\n1}".into()));
+        let events = as_stream(answered, Dialect::OpenAi);
+        assert_eq!(chunk_text(&events[0]), "data: {\"a\": 1}\n\n");
+
+        let streamed = complete("r1", 200, HeaderMap::new(), None);
+        assert_eq!(as_stream(streamed, Dialect::OpenAi).len(), 1);
+    }
+
+    #[test]
+    fn a_forward_failure_is_told_apart_from_an_answer() {
+        assert!(is_failure(&complete("r", 502, HeaderMap::new(), None)));
+        assert!(!is_failure(&complete("r", 500, HeaderMap::new(), None)));
+        assert!(is_failure(&WorkerToServer::Error(ErrorMessage {
+            request_id: Some("r".into()),
+            code: "backend_error".into(),
+            message: "broke off".into(),
+        })));
+    }
+}

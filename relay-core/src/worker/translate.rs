@@ -1,0 +1,397 @@
+//! Anthropic Messages and OpenAI Responses requests for backends that speak only OpenAI chat
+//! completions.
+//!
+//! For each such request the worker asks [`native_routes`] whether the backend serves the route
+//! itself. If it does, the request passes through untouched; if it does not, the body is
+//! converted by the [`adapter`], sent to `/v1/chat/completions`, and the answer converted back:
+//! a whole answer at once, a stream event by event as it arrives (nothing waits for the end).
+//! Token counts come from the backend's usage, read by the translator. `count_tokens` is
+//! forwarded when the backend has it, and estimated ([`count_tokens::estimate`]) when not.
+//!
+//! Content the adapter cannot translate (an audio block, say) is answered here with a 400 in the
+//! client's dialect naming the field, as a `response_complete`: the backend never sees it.
+
+use axum::http::StatusCode;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::count_tokens;
+use super::forward::{
+    backend_error, chunk, complete_message, deliver, error_chain, finish, forward_native, is_sse,
+    json_headers, read_body, response_headers, send, unreachable, TaskEvent,
+};
+use super::native_routes::{self, Route, Support};
+use super::sse::{SseSplitter, UsageTracker};
+use crate::adapter::{self, canonical::Usage, AdapterError, ClientApi, StreamTranslator};
+use crate::dialect::Dialect;
+use crate::protocol::{
+    HeaderMap, RequestMessage, ResponseCompleteMessage, TokenCounts, WorkerToServer,
+};
+
+/// Where translated requests go on the backend.
+const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// The translatable route of a request path (query string allowed), if any.
+pub fn route_of(path: &str) -> Option<Route> {
+    let path = path.split('?').next().unwrap_or(path).trim_end_matches('/');
+    match path {
+        "/v1/messages" => Some(Route::Messages),
+        "/v1/responses" => Some(Route::Responses),
+        "/v1/messages/count_tokens" => Some(Route::CountTokens),
+        _ => None,
+    }
+}
+
+/// Serves `request` for `route`: passed through, probed, or translated.
+pub async fn forward(
+    client: reqwest::Client,
+    backend_url: String,
+    request: RequestMessage,
+    route: Route,
+    events: mpsc::Sender<TaskEvent>,
+) {
+    match native_routes::support(&backend_url, route) {
+        Support::Native => forward_native(client, backend_url, request, events).await,
+        Support::Translated => {
+            serve_translated(&client, &backend_url, request, route, &events).await
+        }
+        Support::Probe => probe(&client, &backend_url, request, route, &events).await,
+    }
+}
+
+/// Sends the request to its own route; an answer saying the route does not exist switches to
+/// translation (for this request and, for a while, the backend), any other answer is passed on.
+async fn probe(
+    client: &reqwest::Client,
+    backend_url: &str,
+    request: RequestMessage,
+    route: Route,
+    events: &mpsc::Sender<TaskEvent>,
+) {
+    let path = &request.endpoint_path;
+    let response = match send(
+        client,
+        backend_url,
+        path,
+        &request.headers,
+        request.body.clone(),
+    )
+    .await
+    {
+        Ok(response) => response,
+        Err(error) => {
+            return unreachable(backend_url, path, &request.request_id, &error, events).await
+        }
+    };
+    let status = response.status();
+    let headers = response_headers(&response);
+    if is_sse(&headers) {
+        native_routes::learn(backend_url, route, true);
+        return deliver(response, &request.request_id, request.is_streaming, events).await;
+    }
+    let mut usage = UsageTracker::default();
+    let body = match read_body(response, &mut usage).await {
+        Ok(body) => body,
+        Err(message) => {
+            let failure = backend_error(&request.request_id, message);
+            return finish(events, &request.request_id, failure).await;
+        }
+    };
+    if native_routes::route_missing(status, &body) {
+        native_routes::learn(backend_url, route, false);
+        return serve_translated(client, backend_url, request, route, events).await;
+    }
+    native_routes::learn(backend_url, route, true);
+    let id = &request.request_id;
+    let complete = response_complete(id, status, headers, Some(body), usage.token_counts());
+    finish(events, id, complete).await;
+}
+
+/// Serves `request` through the backend's chat completions (or, for `count_tokens`, the
+/// estimate).
+async fn serve_translated(
+    client: &reqwest::Client,
+    backend_url: &str,
+    request: RequestMessage,
+    route: Route,
+    events: &mpsc::Sender<TaskEvent>,
+) {
+    let dialect = Dialect::for_path(&request.endpoint_path);
+    let id = request.request_id.as_str();
+    let body: Value = match serde_json::from_str(&request.body) {
+        Ok(body) => body,
+        Err(error) => {
+            let error = AdapterError {
+                path: "body".into(),
+                message: format!("invalid JSON: {error}"),
+            };
+            return finish(events, id, rejection(id, dialect, &error)).await;
+        }
+    };
+    let api = match route {
+        Route::Messages => ClientApi::AnthropicMessages,
+        Route::Responses => ClientApi::OpenAiResponses,
+        Route::CountTokens => {
+            let answer = match count_tokens::estimate(&body) {
+                Ok(tokens) => complete_message(
+                    id,
+                    StatusCode::OK,
+                    json_headers(),
+                    json!({"input_tokens": tokens}).to_string(),
+                ),
+                Err(error) => rejection(id, dialect, &error),
+            };
+            return finish(events, id, answer).await;
+        }
+    };
+    let chat = match adapter::to_chat_request(api, &body) {
+        Ok(chat) => chat,
+        Err(error) => return finish(events, id, rejection(id, dialect, &error)).await,
+    };
+    let headers = chat_headers(&request.headers);
+    let response = match send(client, backend_url, CHAT_PATH, &headers, chat.to_string()).await {
+        Ok(response) => response,
+        Err(error) => {
+            return unreachable(backend_url, &request.endpoint_path, id, &error, events).await
+        }
+    };
+    let status = response.status();
+    if request.is_streaming && status.is_success() && is_sse(&response_headers(&response)) {
+        stream_translated(response, api, &body, id, events).await;
+    } else {
+        complete_translated(response, api, dialect, &body, id, events).await;
+    }
+}
+
+/// Converts a whole chat answer (or a backend error) into the client's dialect.
+async fn complete_translated(
+    response: reqwest::Response,
+    api: ClientApi,
+    dialect: Dialect,
+    client_body: &Value,
+    id: &str,
+    events: &mpsc::Sender<TaskEvent>,
+) {
+    let status = response.status();
+    let mut usage = UsageTracker::default();
+    let text = match read_body(response, &mut usage).await {
+        Ok(text) => text,
+        Err(message) => return finish(events, id, backend_error(id, message)).await,
+    };
+    let (status, body) = if status.is_success() {
+        let translated = serde_json::from_str::<Value>(&text)
+            .map_err(|e| e.to_string())
+            .and_then(|chat| {
+                adapter::from_chat_response(api, client_body, &chat).map_err(|e| e.to_string())
+            });
+        match translated {
+            Ok(answer) => (status, answer.to_string()),
+            Err(error) => {
+                tracing::warn!(request = %id, "untranslatable backend answer: {error}");
+                let message =
+                    format!("the backend's chat completion could not be translated: {error}");
+                let status = StatusCode::BAD_GATEWAY;
+                (
+                    status,
+                    dialect.error_body(status, "invalid_backend_response", &message),
+                )
+            }
+        }
+    } else {
+        tracing::warn!(request = %id, status = status.as_u16(), "backend error status");
+        (
+            status,
+            dialect.error_body(status, "backend_error", &error_message(&text)),
+        )
+    };
+    let complete = response_complete(id, status, json_headers(), Some(body), usage.token_counts());
+    finish(events, id, complete).await;
+}
+
+/// Translates a chat stream as it arrives: each burst of whole backend events becomes the
+/// client's events at once; the end (or a stream cut off without `[DONE]`) gets the closing
+/// events the client's SDK needs.
+async fn stream_translated(
+    response: reqwest::Response,
+    api: ClientApi,
+    client_body: &Value,
+    id: &str,
+    events: &mpsc::Sender<TaskEvent>,
+) {
+    let mut translator = StreamTranslator::new(api, client_body);
+    let mut splitter = SseSplitter::default();
+    let mut body = response.bytes_stream();
+    let send_text = |text: String| async move {
+        text.is_empty() || events.send(TaskEvent::Send(chunk(id, text))).await.is_ok()
+    };
+    while let Some(piece) = body.next().await {
+        let piece = match piece {
+            Ok(piece) => piece,
+            Err(error) => {
+                let message = format!("the backend stream broke off: {}", error_chain(&error));
+                return finish(events, id, backend_error(id, message)).await;
+            }
+        };
+        if let Some(text) = splitter.push(&piece) {
+            if !send_text(translator.push(&text)).await {
+                break;
+            }
+        }
+    }
+    let mut tail = splitter
+        .finish()
+        .map(|rest| translator.push(&rest))
+        .unwrap_or_default();
+    tail.push_str(&translator.finish());
+    send_text(tail).await;
+    let headers = HeaderMap::from([("content-type".to_string(), "text/event-stream".to_string())]);
+    let usage = translator.usage().map(token_counts);
+    let complete = response_complete(id, StatusCode::OK, headers, None, usage);
+    finish(events, id, complete).await;
+}
+
+/// A `response_complete` with everything given.
+fn response_complete(
+    id: &str,
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Option<String>,
+    token_counts: Option<TokenCounts>,
+) -> WorkerToServer {
+    WorkerToServer::ResponseComplete(ResponseCompleteMessage {
+        request_id: id.to_string(),
+        status_code: status.as_u16(),
+        headers,
+        body,
+        token_counts,
+    })
+}
+
+/// A 400 in the client's dialect naming the field the adapter could not take. OpenAI clients
+/// also get the field as `param`, where their SDKs look for it.
+fn rejection(id: &str, dialect: Dialect, error: &AdapterError) -> WorkerToServer {
+    tracing::info!(request = %id, "untranslatable request: {error}");
+    let status = StatusCode::BAD_REQUEST;
+    let body = match dialect {
+        Dialect::Anthropic => dialect.error_body(status, "invalid_request", &error.to_string()),
+        Dialect::OpenAi | Dialect::OpenAiResponses => json!({"error": {
+            "message": error.to_string(),
+            "type": "invalid_request_error",
+            "param": error.path,
+            "code": "invalid_request",
+        }})
+        .to_string(),
+    };
+    complete_message(id, status, json_headers(), body)
+}
+
+/// The headers for the backend's chat route: the client's, without the Anthropic ones a chat
+/// route has no use for, and with an `x-api-key` also offered as a bearer token (chat servers
+/// such as vLLM only read `Authorization`).
+fn chat_headers(client: &HeaderMap) -> HeaderMap {
+    let mut headers: HeaderMap = client
+        .iter()
+        .filter(|(name, _)| !name.to_ascii_lowercase().starts_with("anthropic-"))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    let has_authorization = headers
+        .keys()
+        .any(|name| name.eq_ignore_ascii_case("authorization"));
+    if !has_authorization {
+        let key = headers
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case("x-api-key"))
+            .map(|(_, value)| value.clone());
+        if let Some(key) = key {
+            headers.insert("authorization".to_string(), format!("Bearer {key}"));
+        }
+    }
+    headers
+}
+
+/// The message of a backend's error body: OpenAI's `error.message`, a plain `error` string
+/// (LM Studio), `message` or `detail`, else the text itself (shortened).
+fn error_message(text: &str) -> String {
+    let parsed: Option<Value> = serde_json::from_str(text).ok();
+    let found = parsed.as_ref().and_then(|v| {
+        [
+            v.pointer("/error/message"),
+            v.get("error"),
+            v.get("message"),
+            v.get("detail"),
+        ]
+        .into_iter()
+        .flatten()
+        .find_map(Value::as_str)
+        .map(str::to_string)
+    });
+    found.unwrap_or_else(|| {
+        let text = text.trim();
+        match text.char_indices().nth(500) {
+            Some((cut, _)) => format!("{}...", &text[..cut]),
+            None if text.is_empty() => "the backend answered with an error".to_string(),
+            None => text.to_string(),
+        }
+    })
+}
+
+fn token_counts(usage: Usage) -> TokenCounts {
+    let count = |n: u64| u32::try_from(n).ok();
+    TokenCounts {
+        prompt_tokens: count(usage.input_tokens),
+        completion_tokens: count(usage.output_tokens),
+        total_tokens: count(usage.total_tokens()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn translatable_routes_are_found_with_or_without_a_query_string() {
+        assert_eq!(route_of("/v1/messages?beta=true"), Some(Route::Messages));
+        assert_eq!(route_of("/v1/responses"), Some(Route::Responses));
+        assert_eq!(
+            route_of("/v1/messages/count_tokens?beta=true"),
+            Some(Route::CountTokens)
+        );
+        assert_eq!(route_of("/v1/chat/completions"), None);
+        assert_eq!(route_of("/v1/responses/resp_1"), None);
+    }
+
+    #[test]
+    fn chat_headers_drop_anthropic_headers_and_offer_the_api_key_as_a_bearer_token() {
+        let client = HeaderMap::from([
+            ("x-api-key".to_string(), "k".to_string()),
+            ("anthropic-version".to_string(), "2023-06-01".to_string()),
+            ("anthropic-beta".to_string(), "a,b".to_string()),
+            ("content-type".to_string(), "application/json".to_string()),
+        ]);
+        let headers = chat_headers(&client);
+        assert_eq!(
+            headers.get("authorization").map(String::as_str),
+            Some("Bearer k")
+        );
+        assert!(!headers.contains_key("anthropic-version"));
+        assert!(!headers.contains_key("anthropic-beta"));
+        let with_bearer = HeaderMap::from([
+            ("authorization".to_string(), "Bearer b".to_string()),
+            ("x-api-key".to_string(), "k".to_string()),
+        ]);
+        assert_eq!(chat_headers(&with_bearer)["authorization"], "Bearer b");
+    }
+
+    #[test]
+    fn backend_error_messages_are_found_in_each_servers_shape() {
+        assert_eq!(
+            error_message(r#"{"error":{"message":"too long"}}"#),
+            "too long"
+        );
+        assert_eq!(error_message(r#"{"error":"bad"}"#), "bad");
+        assert_eq!(error_message(r#"{"detail":"Not Found"}"#), "Not Found");
+        assert_eq!(error_message("plain text"), "plain text");
+        assert_eq!(error_message(""), "the backend answered with an error");
+    }
+}
