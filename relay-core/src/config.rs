@@ -89,6 +89,42 @@ pub struct ProxyFile {
     pub aliases: BTreeMap<String, String>,
     /// The model for requests naming a model nobody serves (and no alias matches).
     pub default_model: Option<String>,
+    /// `[[proxy.upstreams]]`: HTTP APIs the proxy calls itself for models no worker serves.
+    #[serde(default)]
+    pub upstreams: Vec<UpstreamFile>,
+    /// The upstream that takes models nobody serves and requests whose queue is full.
+    pub fallback_upstream: Option<String>,
+}
+
+/// `[[proxy.upstreams]]` in the config file. Not `Debug`: it may hold an API key.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamFile {
+    /// Its name.
+    pub name: String,
+    /// `openai` (default; any OpenAI-compatible API) or `anthropic`.
+    #[serde(default)]
+    pub kind: crate::proxy::upstream::UpstreamKind,
+    /// Base URL, without `/v1` (`https://api.openai.com`).
+    pub base_url: String,
+    /// The API key itself; prefer `api_key_env`.
+    pub api_key: Option<String>,
+    /// The environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    /// Models it serves: exact names or glob patterns.
+    #[serde(default)]
+    pub models: Vec<String>,
+}
+
+impl std::fmt::Debug for UpstreamFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamFile")
+            .field("name", &self.name)
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("api_key_env", &self.api_key_env)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `[[proxy.providers]]` in the config file.
@@ -306,7 +342,51 @@ pub fn proxy_config(
     }
     config.aliases =
         crate::proxy::aliases::ModelAliases::new(p.aliases.clone(), p.default_model.clone());
+    config.upstreams = upstreams(p)?;
+    config.fallback_upstream = p.fallback_upstream.clone();
     Ok(config)
+}
+
+/// `[[proxy.upstreams]]`, checked: unique names, http(s) base URLs, keys found, and a
+/// `fallback_upstream` that names one of them.
+fn upstreams(p: &ProxyFile) -> Result<Vec<crate::proxy::upstream::UpstreamConfig>, ConfigError> {
+    let mut list: Vec<crate::proxy::upstream::UpstreamConfig> = Vec::new();
+    for u in &p.upstreams {
+        let invalid =
+            |why: String| ConfigError::Invalid(format!("[[proxy.upstreams]] {:?}: {why}", u.name));
+        if u.name.trim().is_empty() || list.iter().any(|known| known.name == u.name) {
+            return Err(invalid("needs a name of its own".to_string()));
+        }
+        let base_url = u.base_url.trim().trim_end_matches('/').to_string();
+        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            return Err(invalid(format!(
+                "base_url {base_url:?} must start with http:// or https://"
+            )));
+        }
+        let api_key = match (&u.api_key, &u.api_key_env) {
+            (Some(key), _) => Some(key.clone()),
+            (None, Some(var)) => Some(
+                std::env::var(var)
+                    .map_err(|_| invalid(format!("api_key_env names {var}, which is not set")))?,
+            ),
+            (None, None) => None,
+        };
+        list.push(crate::proxy::upstream::UpstreamConfig {
+            name: u.name.clone(),
+            kind: u.kind,
+            base_url,
+            api_key,
+            models: u.models.clone(),
+        });
+    }
+    if let Some(fallback) = &p.fallback_upstream {
+        if !list.iter().any(|u| &u.name == fallback) {
+            return Err(ConfigError::Invalid(format!(
+                "fallback_upstream {fallback:?} names no [[proxy.upstreams]] entry"
+            )));
+        }
+    }
+    Ok(list)
 }
 
 /// `[proxy] responses_store_*` over the store's defaults.
@@ -668,5 +748,61 @@ mod tests {
         let empty = parse_file("[proxy.aliases]\nx = \"\"\n").unwrap();
         let error = proxy_config(&ProxyArgs::default(), &empty, "s".into()).unwrap_err();
         assert!(error.to_string().contains("empty model name"), "{error}");
+    }
+
+    #[test]
+    fn upstreams_are_read_checked_and_their_keys_found() {
+        std::env::set_var("MODELRELAY_TEST_UPSTREAM_KEY", "sk-from-env");
+        let file = parse_file(
+            r#"
+            [proxy]
+            fallback_upstream = "claude"
+            [[proxy.upstreams]]
+            name = "openai"
+            base_url = "https://api.openai.com/"
+            api_key_env = "MODELRELAY_TEST_UPSTREAM_KEY"
+            models = ["gpt-*"]
+            [[proxy.upstreams]]
+            name = "claude"
+            kind = "anthropic"
+            base_url = "https://api.anthropic.com"
+            api_key = "sk-ant-inline"
+            "#,
+        )
+        .unwrap();
+        let config = proxy_config(&ProxyArgs::default(), &file, "s".into()).unwrap();
+        assert_eq!(config.upstreams.len(), 2);
+        assert_eq!(config.upstreams[0].base_url, "https://api.openai.com");
+        assert_eq!(config.upstreams[0].api_key.as_deref(), Some("sk-from-env"));
+        assert_eq!(
+            config.upstreams[1].kind,
+            crate::proxy::upstream::UpstreamKind::Anthropic
+        );
+        assert_eq!(config.fallback_upstream.as_deref(), Some("claude"));
+        assert!(
+            !format!("{config:?} {file:?}").contains("sk-"),
+            "keys are redacted"
+        );
+
+        let bad = [
+            ("[proxy]\nfallback_upstream = \"x\"\n", "names no"),
+            (
+                "[[proxy.upstreams]]\nname = \"a\"\nbase_url = \"api.x.com\"\n",
+                "must start with http",
+            ),
+            (
+                "[[proxy.upstreams]]\nname = \"a\"\nbase_url = \"http://x\"\napi_key_env = \"MODELRELAY_TEST_UNSET_VAR\"\n",
+                "not set",
+            ),
+            (
+                "[[proxy.upstreams]]\nname = \"a\"\nbase_url = \"http://x\"\n[[proxy.upstreams]]\nname = \"a\"\nbase_url = \"http://y\"\n",
+                "a name of its own",
+            ),
+        ];
+        for (text, expected) in bad {
+            let file = parse_file(text).unwrap();
+            let error = proxy_config(&ProxyArgs::default(), &file, "s".into()).unwrap_err();
+            assert!(error.to_string().contains(expected), "{text}: {error}");
+        }
     }
 }

@@ -27,6 +27,11 @@ pub const ACCEPTED_PROTOCOL_VERSIONS: &[&str] = &[SEED_PROTOCOL_VERSION, BRIDGE_
 /// once. (A published worker sends nothing; the proxy's grace timer covers that.)
 pub const CANCELLED_CODE: &str = "cancelled";
 
+/// `error.code` values meaning "this attempt failed before producing any output and may be retried
+/// on another attempt" (a managed model process crashed). Our proxy requeues such a request when no
+/// byte of it reached the client; an older proxy answers it with a 502 like any other error.
+pub const RETRYABLE_ERROR_CODES: &[&str] = &["model_crashed"];
+
 /// Whether a worker announcing `version` may register.
 pub fn is_accepted_protocol_version(version: Option<&str>) -> bool {
     version.is_none_or(|v| ACCEPTED_PROTOCOL_VERSIONS.contains(&v))

@@ -742,3 +742,86 @@ fn models_status_lists_the_model_map_and_the_recorded_servers_with_orphans_flagg
         "{old}"
     );
 }
+
+/// A one-request HTTP server standing in for a cloud API: answers one chat completion and
+/// returns the request it received (head and body).
+fn one_shot_upstream() -> (u16, thread::JoinHandle<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind upstream");
+    let port = listener.local_addr().unwrap().port();
+    let handle = thread::spawn(move || {
+        let (mut stream, _) = listener.accept().expect("the relay connects");
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Read the head, then as many body bytes as it announces.
+        loop {
+            let n = stream.read(&mut buf).expect("read request");
+            raw.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&raw).to_string();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                    })
+                    .unwrap_or(0);
+                if body.len() >= length || n == 0 {
+                    break;
+                }
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        let answer = r#"{"id":"chatcmpl-up","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"from upstream"},"finish_reason":"stop"}]}"#;
+        let response = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+            answer.len()
+        );
+        stream.write_all(response.as_bytes()).expect("answer");
+        String::from_utf8_lossy(&raw).into_owned()
+    });
+    (port, handle)
+}
+
+#[test]
+fn upstream_api_keys_never_appear_in_logs_even_at_trace_level() {
+    const KEY: &str = "sk-upstream-key-that-must-not-leak";
+    let data = TempDir::new("upstream-key-logs");
+    let (port, upstream) = one_shot_upstream();
+    let config = data.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[proxy.upstreams]]\nname = \"cloud\"\nbase_url = \"http://127.0.0.1:{port}\"\n\
+             api_key = \"{KEY}\"\nmodels = [\"gpt-*\"]\n"
+        ),
+    )
+    .unwrap();
+    let mut command = modelrelay(data.path());
+    command
+        .arg("--config")
+        .arg(&config)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("LOG_LEVEL", "trace");
+    let mut proxy = Running::spawn(command);
+    let url = proxy.relay_url();
+    let (status, body) = http(
+        "POST",
+        &format!("{url}/v1/chat/completions"),
+        Some(r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#),
+    );
+    assert_eq!(status, 200, "{body}\n{}", proxy.output());
+    assert!(body.contains("from upstream"), "{body}");
+    let received = upstream.join().expect("upstream thread");
+    assert!(
+        received.contains(&format!("Bearer {KEY}")),
+        "the key was used: {received}"
+    );
+    proxy.terminate_cleanly();
+    let logs = proxy.output();
+    assert!(logs.contains("request sent upstream"), "{logs}");
+    assert!(!logs.contains(KEY), "the upstream key was logged:\n{logs}");
+}

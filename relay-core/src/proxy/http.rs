@@ -23,6 +23,7 @@ use super::hub::RequestSpec;
 use super::response::{AnswerObserver, CancelGuard, Waiter};
 use super::responses_api;
 use super::scheduler::{RegisterError, Submitted};
+use super::upstream::UpstreamRequest;
 use super::worker_socket::serve_worker;
 use super::AppState;
 use crate::dialect::{ApiError, Dialect};
@@ -173,7 +174,7 @@ async fn relay(
     } else {
         (body, None)
     };
-    let forwarded = FORWARDED_HEADERS
+    let forwarded: crate::protocol::HeaderMap = FORWARDED_HEADERS
         .iter()
         .filter_map(|name| {
             let value = headers.get(*name)?.to_str().ok()?;
@@ -184,6 +185,14 @@ async fn relay(
         .path_and_query()
         .map(|pq| pq.as_str().to_string())
         .unwrap_or_else(|| uri.path().to_string());
+    // The hub consumes the request; a copy is kept only when an upstream may take it instead.
+    let spare = (!state.upstreams.is_empty()).then(|| UpstreamRequest {
+        model: model.clone(),
+        endpoint_path: endpoint_path.clone(),
+        is_streaming,
+        body: body.clone(),
+        headers: forwarded.clone(),
+    });
     let accepted = match state.hub.submit(RequestSpec {
         model,
         endpoint_path,
@@ -192,7 +201,20 @@ async fn relay(
         headers: forwarded,
     }) {
         Ok(accepted) => accepted,
-        Err(error) => return error.into_response(dialect),
+        Err(error) => {
+            let upstream = spare
+                .as_ref()
+                .and_then(|r| state.upstreams.for_refusal(&r.model, &error));
+            return match (upstream, spare) {
+                (Some(upstream), Some(request)) => {
+                    state
+                        .upstreams
+                        .serve(upstream, request, dialect, observer)
+                        .await
+                }
+                _ => error.into_response(dialect),
+            };
+        }
     };
     let queue_deadline = match accepted.submitted {
         Submitted::Queued { queue_deadline, .. } => Some(Instant::from_std(queue_deadline)),

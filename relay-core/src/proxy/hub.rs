@@ -320,6 +320,18 @@ impl Hub {
         known
     }
 
+    /// The worker's attempt at `request` failed retryably before any output: requeue it (or fail
+    /// it if it may not be). False if it was not running on that worker.
+    pub fn retry(&self, worker: WorkerId, request: RequestId) -> bool {
+        let mut inner = self.lock();
+        let mut actions = Vec::new();
+        let known = inner
+            .scheduler
+            .retry(worker, request, Instant::now(), &mut actions);
+        inner.execute(actions);
+        known
+    }
+
     /// The first byte of `request`'s answer went to its client: it may no longer be requeued.
     pub fn mark_started(&self, request: RequestId) {
         self.lock().scheduler.mark_started(request);
@@ -518,7 +530,7 @@ pub fn fail_error(reason: FailReason) -> ApiError {
         FailReason::RequeueExhausted => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "requeue_exhausted",
-            "requeue attempts exhausted: the workers serving this request disconnected 3 times",
+            "requeue attempts exhausted: the workers serving this request failed or disconnected 3 times",
         ),
         FailReason::WorkerLostMidStream => ApiError::new(
             StatusCode::BAD_GATEWAY,

@@ -12,6 +12,7 @@ pub mod response;
 pub mod responses_api;
 pub mod responses_store;
 pub mod scheduler;
+pub mod upstream;
 pub mod worker_socket;
 
 use std::net::SocketAddr;
@@ -28,6 +29,7 @@ use auth::{FailureLimiter, FailureLimits};
 use hub::{Hub, HubSettings};
 use responses_store::{ResponsesStore, StoreLimits};
 use scheduler::{ProviderLimits, Scheduler};
+use upstream::{UpstreamConfig, Upstreams};
 use worker_socket::SocketSettings;
 
 /// One virtual provider: a pool of workers sharing a secret, a queue and timeouts.
@@ -68,6 +70,10 @@ pub struct ProxyConfig {
     pub responses_store: StoreLimits,
     /// Client-facing model names mapped to served models.
     pub aliases: ModelAliases,
+    /// HTTP APIs the proxy calls itself for models no worker serves.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// The upstream that takes models nobody serves and requests whose queue is full.
+    pub fallback_upstream: Option<String>,
 }
 
 impl ProxyConfig {
@@ -90,6 +96,8 @@ impl ProxyConfig {
             auth_failures: FailureLimits::default(),
             responses_store: StoreLimits::default(),
             aliases: ModelAliases::default(),
+            upstreams: Vec::new(),
+            fallback_upstream: None,
         }
     }
 }
@@ -107,6 +115,8 @@ pub struct AppState {
     pub socket_settings: SocketSettings,
     /// Finished OpenAI Responses, for `previous_response_id` and `GET /v1/responses/{id}`.
     pub responses: Arc<ResponsesStore>,
+    /// Upstream providers.
+    pub upstreams: Arc<Upstreams>,
 }
 
 /// A proxy serving in the background.
@@ -146,6 +156,12 @@ pub fn router(config: ProxyConfig) -> (axum::Router, Arc<Hub>) {
             max_stream_bytes: config.max_stream_bytes,
         },
         responses: Arc::new(ResponsesStore::new(config.responses_store)),
+        upstreams: Arc::new(Upstreams::new(
+            config.upstreams.clone(),
+            config.fallback_upstream.as_deref(),
+            config.providers[0].limits.request_timeout,
+            config.max_stream_bytes,
+        )),
         config: Arc::new(config),
     };
     (http::routes().with_state(state), hub)

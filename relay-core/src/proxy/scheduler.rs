@@ -705,48 +705,80 @@ impl Scheduler {
         let mut orphans: Vec<RequestId> = entry.in_flight.into_iter().collect();
         orphans.sort_unstable();
         for request in orphans {
-            let Some(r) = self.requests.get_mut(&request) else {
-                continue;
-            };
-            let fail = if matches!(r.phase, Phase::Cancelling { .. }) {
-                self.requests.remove(&request);
-                continue;
-            } else if r.started {
-                Some(FailReason::WorkerLostMidStream)
-            } else if r.requeues >= MAX_REQUEUE_COUNT {
-                Some(FailReason::RequeueExhausted)
-            } else if now >= r.deadline {
-                Some(FailReason::RequestTimeout)
-            } else if self.shutting_down {
-                Some(FailReason::ShuttingDown)
-            } else {
-                None
-            };
-            if let Some(reason) = fail {
-                self.requests.remove(&request);
-                actions.push(Action::Fail { request, reason });
-                continue;
-            }
-            r.requeues += 1;
-            let (provider, model, deadline) = (r.provider, r.model.clone(), r.deadline);
-            if let Some(next) = self.pick_worker(provider, &model) {
-                self.assign(request, next);
-                actions.push(Action::Dispatch {
-                    request,
-                    worker: next,
-                });
-            } else {
-                // Accepted requests are never dropped: a requeue may exceed the admission bound.
-                let queue_timeout = self.providers[provider].limits.queue_timeout;
-                let queue_deadline = (now + queue_timeout).min(deadline);
-                self.enqueue(request, queue_deadline);
-                actions.push(Action::Requeued {
-                    request,
-                    queue_deadline,
-                });
-            }
+            self.requeue_or_fail(request, now, &mut actions);
         }
         actions
+    }
+
+    /// The worker says its attempt at `request` failed before any output and may be retried
+    /// elsewhere (a model process crashed): free its slot and requeue the request under the same
+    /// rules as a worker death. Returns false if the request was not running on that worker.
+    pub fn retry(
+        &mut self,
+        worker: WorkerId,
+        request: RequestId,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        let running_here = matches!(
+            self.requests.get(&request).map(|r| r.phase),
+            Some(Phase::Assigned { worker: w } | Phase::Cancelling { worker: w }) if w == worker
+        );
+        if !running_here {
+            return false;
+        }
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.in_flight.remove(&request);
+        }
+        self.requeue_or_fail(request, now, actions);
+        self.fill_worker(worker, actions);
+        true
+    }
+
+    /// A request whose worker can no longer serve it: requeue it if no byte of its answer reached
+    /// the client (at most [`MAX_REQUEUE_COUNT`] times, never past its original deadline), else
+    /// fail it. A request already cancelled by its client is simply forgotten.
+    fn requeue_or_fail(&mut self, request: RequestId, now: Instant, actions: &mut Vec<Action>) {
+        let Some(r) = self.requests.get_mut(&request) else {
+            return;
+        };
+        let fail = if matches!(r.phase, Phase::Cancelling { .. }) {
+            self.requests.remove(&request);
+            return;
+        } else if r.started {
+            Some(FailReason::WorkerLostMidStream)
+        } else if r.requeues >= MAX_REQUEUE_COUNT {
+            Some(FailReason::RequeueExhausted)
+        } else if now >= r.deadline {
+            Some(FailReason::RequestTimeout)
+        } else if self.shutting_down {
+            Some(FailReason::ShuttingDown)
+        } else {
+            None
+        };
+        if let Some(reason) = fail {
+            self.requests.remove(&request);
+            actions.push(Action::Fail { request, reason });
+            return;
+        }
+        r.requeues += 1;
+        let (provider, model, deadline) = (r.provider, r.model.clone(), r.deadline);
+        if let Some(next) = self.pick_worker(provider, &model) {
+            self.assign(request, next);
+            actions.push(Action::Dispatch {
+                request,
+                worker: next,
+            });
+        } else {
+            // Accepted requests are never dropped: a requeue may exceed the admission bound.
+            let queue_timeout = self.providers[provider].limits.queue_timeout;
+            let queue_deadline = (now + queue_timeout).min(deadline);
+            self.enqueue(request, queue_deadline);
+            actions.push(Action::Requeued {
+                request,
+                queue_deadline,
+            });
+        }
     }
 
     /// Stop routing new work to `worker`; it is closed once idle.

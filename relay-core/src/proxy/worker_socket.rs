@@ -21,7 +21,7 @@ use crate::dialect::ApiError;
 use crate::protocol::{
     is_accepted_protocol_version, CancelReason, ErrorMessage, PingMessage, RegisterMessage,
     ResponseChunkMessage, ResponseCompleteMessage, ServerToWorker, WorkerToServer,
-    ACCEPTED_PROTOCOL_VERSIONS, CANCELLED_CODE,
+    ACCEPTED_PROTOCOL_VERSIONS, CANCELLED_CODE, RETRYABLE_ERROR_CODES,
 };
 
 /// WebSocket close code for a protocol violation (RFC 6455).
@@ -369,6 +369,13 @@ impl Connection {
             return;
         };
         let route = self.routes.remove(&id);
+        let unstarted = route.as_ref().is_some_and(|r| !r.started);
+        if unstarted && RETRYABLE_ERROR_CODES.contains(&error.code.as_str()) {
+            if self.hub.retry(self.worker, id) {
+                tracing::info!(worker = %worker_wire_id(self.worker), request = wire_id, code = %error.code, "request requeued after a retryable worker error: {}", error.message);
+            }
+            return;
+        }
         if !self.hub.finish(self.worker, id) {
             tracing::debug!(
                 request = wire_id,

@@ -185,9 +185,24 @@ fn table() -> MutexGuard<'static, Table> {
     TABLE.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
-/// Records a starting worker's settings (see [`Table::configure`]).
+/// Records a starting worker's settings: `overrides` for each of its fixed `backends` and for
+/// any backend found later, and how long a probe result lasts.
 pub fn configure(backends: &[String], overrides: NativeOverrides, reprobe_after: Duration) {
     table().configure(backends, overrides, reprobe_after);
+}
+
+/// Settles the routes of one backend only (an upstream provider the proxy calls), leaving the
+/// settings of every other backend as they are.
+pub fn configure_backend(backend: &str, overrides: NativeOverrides) {
+    let mut table = table();
+    let reprobe_after = table.fallback.reprobe_after;
+    table.by_backend.insert(
+        key(backend),
+        Settings {
+            overrides,
+            reprobe_after,
+        },
+    );
 }
 
 /// How to serve `route` on `backend` now.

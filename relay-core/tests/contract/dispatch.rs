@@ -787,3 +787,67 @@ async fn requeued_request_keeps_its_place_ahead_of_later_arrivals() {
     assert_eq!(answer_of(older).await.2, r#"{"seq":"older"}"#);
     assert_eq!(answer_of(newer).await.2, r#"{"seq":"newer"}"#);
 }
+
+#[tokio::test]
+async fn retryable_worker_error_before_any_byte_requeues_the_request() {
+    let proxy = start_proxy(test_config()).await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "gpu", &["m"], 1).await;
+    let client = spawn_post(&proxy.url(), "/v1/chat/completions", json!({"model": "m"}));
+    let first = worker.next_request().await;
+    worker
+        .send(&WorkerToServer::Error(relay_core::protocol::ErrorMessage {
+            request_id: Some(first.request_id.clone()),
+            code: "model_crashed".to_string(),
+            message: "model m crashed (exit code 3)".to_string(),
+        }))
+        .await;
+    let again = worker.next_request().await;
+    assert_eq!(
+        again.request_id, first.request_id,
+        "the same request, sent again"
+    );
+    worker.complete(&again.request_id, r#"{"ok":true}"#).await;
+    let (status, _, body) = answer_of(client).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, r#"{"ok":true}"#);
+    wait_until("nothing is tracked", || proxy.hub.tracked_requests() == 0).await;
+}
+
+#[tokio::test]
+async fn retryable_worker_error_after_the_first_chunk_ends_the_stream_with_an_error_event() {
+    let proxy = start_proxy(test_config()).await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "gpu", &["m"], 1).await;
+    let client = spawn_post(
+        &proxy.url(),
+        "/v1/chat/completions",
+        json!({"model": "m", "stream": true}),
+    );
+    let request = worker.next_request().await;
+    worker
+        .chunk(&request.request_id, "data: {\"choices\":[]}\n\n")
+        .await;
+    worker
+        .send(&WorkerToServer::Error(relay_core::protocol::ErrorMessage {
+            request_id: Some(request.request_id.clone()),
+            code: "model_crashed".to_string(),
+            message: "model m crashed".to_string(),
+        }))
+        .await;
+    let (status, _, body) = answer_of(client).await;
+    assert_eq!(status, 200);
+    let events = sse_data(&body);
+    assert_eq!(events.len(), 2, "{body}");
+    let error: Value = serde_json::from_str(&events[1]).expect("error event");
+    assert_eq!(error["error"]["code"], "worker_error", "{body}");
+    assert!(
+        worker_is_silent(&mut worker).await,
+        "a stream that already sent bytes is never sent again"
+    );
+}
+
+/// True when no request reaches the worker for a short while.
+async fn worker_is_silent(worker: &mut ScriptedWorker) -> bool {
+    tokio::time::timeout(Duration::from_millis(300), worker.next_request())
+        .await
+        .is_err()
+}

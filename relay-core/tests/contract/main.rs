@@ -10,5 +10,6 @@ mod lifecycle;
 mod registration;
 mod streaming;
 mod support;
+mod upstreams;
 mod walkthrough;
 mod wire_fixtures;

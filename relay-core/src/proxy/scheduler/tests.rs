@@ -517,3 +517,78 @@ fn wire_ids_round_trip_and_foreign_ids_are_rejected() {
     assert_eq!(parse_request_wire_id("r-x"), None);
     assert_eq!(parse_request_wire_id("req-1"), None);
 }
+
+#[test]
+fn retryable_failure_before_any_byte_requeues_to_another_worker() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let now = Instant::now();
+    let r = submit(&mut s, "m", now).unwrap().request();
+    let b = register(&mut s, "b", &["m"], 1).worker;
+    let mut actions = Vec::new();
+    assert!(s.retry(a, r, now, &mut actions));
+    assert_eq!(
+        actions,
+        vec![Action::Dispatch {
+            request: r,
+            worker: b
+        }]
+    );
+    assert_eq!(
+        s.workers()[0].in_flight,
+        0,
+        "the failed worker's slot is free"
+    );
+}
+
+#[test]
+fn retryable_failure_after_bytes_reached_the_client_fails_the_request() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let now = Instant::now();
+    let r = submit(&mut s, "m", now).unwrap().request();
+    s.mark_started(r);
+    let mut actions = Vec::new();
+    assert!(s.retry(a, r, now, &mut actions));
+    assert_eq!(
+        actions,
+        vec![Action::Fail {
+            request: r,
+            reason: FailReason::WorkerLostMidStream
+        }]
+    );
+}
+
+#[test]
+fn retryable_failures_share_the_requeue_cap_with_worker_deaths() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let now = Instant::now();
+    let r = submit(&mut s, "m", now).unwrap().request();
+    for _ in 0..MAX_REQUEUE_COUNT {
+        let mut actions = Vec::new();
+        assert!(s.retry(a, r, now, &mut actions));
+        assert_eq!(
+            actions,
+            vec![Action::Dispatch {
+                request: r,
+                worker: a
+            }],
+            "same worker restarts its model"
+        );
+    }
+    let mut actions = Vec::new();
+    assert!(s.retry(a, r, now, &mut actions));
+    assert_eq!(
+        actions,
+        vec![Action::Fail {
+            request: r,
+            reason: FailReason::RequeueExhausted
+        }]
+    );
+    let mut stray = Vec::new();
+    assert!(
+        !s.retry(a, r, now, &mut stray),
+        "an unknown request is not retried"
+    );
+}

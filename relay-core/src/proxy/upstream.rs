@@ -1,0 +1,416 @@
+//! Upstream providers: an OpenAI-compatible or an Anthropic HTTP API (a cloud provider, or any
+//! server the proxy can reach) that the proxy calls itself, without a worker.
+//!
+//! Workers come first: a request goes upstream only when no worker serves its model (then to
+//! the first upstream whose `models` match, exactly or by glob, else to `fallback_upstream`),
+//! or when the model's queue is full (then to `fallback_upstream`). The proxy runs the worker's
+//! own forwarding in-process, so an upstream gets the same treatment as a local backend: routes
+//! it lacks (an OpenAI-compatible API has no `/v1/messages`) are translated by the adapter, and
+//! streams are relayed as they arrive. The client's credentials never travel upstream; the
+//! upstream's API key replaces them, and it is never logged (`Debug` redacts it).
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use super::aliases::glob_match;
+use super::response::{pass_through, AnswerObserver};
+use crate::dialect::{ApiError, Dialect};
+use crate::protocol::{HeaderMap, RequestMessage, WorkerToServer};
+use crate::worker::forward::{forward, TaskEvent};
+use crate::worker::native_routes::{self, NativeOverrides};
+
+/// The API an upstream speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum UpstreamKind {
+    /// OpenAI's API, or a compatible one (Groq, DeepSeek, OpenRouter, vLLM, ...): chat
+    /// completions always; `/v1/messages` and `/v1/responses` are probed and translated.
+    #[default]
+    #[serde(rename = "openai")]
+    OpenAi,
+    /// Anthropic's API: `/v1/messages` and `/v1/messages/count_tokens` only.
+    #[serde(rename = "anthropic")]
+    Anthropic,
+}
+
+/// One upstream provider (`[[proxy.upstreams]]`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// Its name, for `fallback_upstream` and the logs.
+    pub name: String,
+    /// The API it speaks.
+    pub kind: UpstreamKind,
+    /// The base URL the routes are appended to (`https://api.openai.com`, without `/v1`).
+    pub base_url: String,
+    /// Sent as `Authorization: Bearer` (OpenAI) or `x-api-key` (Anthropic).
+    pub api_key: Option<String>,
+    /// Models it serves: exact names or glob patterns (`gpt-*`).
+    pub models: Vec<String>,
+}
+
+impl fmt::Debug for UpstreamConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpstreamConfig")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("models", &self.models)
+            .finish()
+    }
+}
+
+/// The routes an Anthropic upstream has.
+fn is_anthropic_route(path: &str) -> bool {
+    path.split('?')
+        .next()
+        .unwrap_or(path)
+        .starts_with("/v1/messages")
+}
+
+impl UpstreamConfig {
+    /// Whether `model` is one of its models.
+    pub fn serves(&self, model: &str) -> bool {
+        self.models.iter().any(|pattern| glob_match(pattern, model))
+    }
+
+    /// The client's headers without its credentials, with the upstream's.
+    fn headers(&self, client: &HeaderMap) -> HeaderMap {
+        let mut headers: HeaderMap = client
+            .iter()
+            .filter(|(name, _)| {
+                !matches!(
+                    name.to_ascii_lowercase().as_str(),
+                    "authorization" | "x-api-key"
+                )
+            })
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+        match self.kind {
+            UpstreamKind::OpenAi => {
+                if let Some(key) = &self.api_key {
+                    headers.insert("authorization".into(), format!("Bearer {key}"));
+                }
+            }
+            UpstreamKind::Anthropic => {
+                if let Some(key) = &self.api_key {
+                    headers.insert("x-api-key".into(), key.clone());
+                }
+                headers
+                    .entry("anthropic-version".into())
+                    .or_insert_with(|| "2023-06-01".into());
+            }
+        }
+        headers
+    }
+}
+
+/// A request the workers could not take, ready to go upstream.
+pub struct UpstreamRequest {
+    /// The model asked for (after aliases).
+    pub model: String,
+    /// The route, query string included.
+    pub endpoint_path: String,
+    /// Whether the client wants a stream.
+    pub is_streaming: bool,
+    /// The body as dispatched to a worker.
+    pub body: String,
+    /// The forwarded client headers.
+    pub headers: HeaderMap,
+}
+
+/// The configured upstreams and the HTTP client that reaches them.
+pub struct Upstreams {
+    list: Vec<UpstreamConfig>,
+    fallback: Option<usize>,
+    client: reqwest::Client,
+    max_stream_bytes: u64,
+    next_id: AtomicU64,
+}
+
+impl Upstreams {
+    /// Upstreams from `list`; `fallback` names the one that takes overflow and unknown models.
+    /// `request_timeout` bounds each upstream request, body included.
+    pub fn new(
+        list: Vec<UpstreamConfig>,
+        fallback: Option<&str>,
+        request_timeout: Duration,
+        max_stream_bytes: u64,
+    ) -> Self {
+        for upstream in &list {
+            // An Anthropic API has Messages and nothing else; an OpenAI-compatible one is probed.
+            if upstream.kind == UpstreamKind::Anthropic {
+                let overrides = NativeOverrides {
+                    messages: Some(true),
+                    responses: Some(false),
+                };
+                native_routes::configure_backend(&upstream.base_url, overrides);
+            }
+        }
+        let fallback = fallback.and_then(|name| list.iter().position(|u| u.name == name));
+        Upstreams {
+            list,
+            fallback,
+            // Unlike local backends, cloud APIs may sit behind the system's HTTP proxy.
+            client: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .timeout(request_timeout)
+                .build()
+                .expect("a client with these options always builds"),
+            max_stream_bytes,
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Whether none are configured (then requests never look here).
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The upstream for a request the workers refused with `refusal`, if any: an unknown model
+    /// goes to the first upstream serving it, else to the fallback; a full queue to the
+    /// fallback.
+    pub fn for_refusal(&self, model: &str, refusal: &ApiError) -> Option<&UpstreamConfig> {
+        let fallback = self.fallback.map(|i| &self.list[i]);
+        match refusal.code {
+            "model_not_found" => self.list.iter().find(|u| u.serves(model)).or(fallback),
+            "queue_full" => fallback,
+            _ => None,
+        }
+    }
+
+    /// Serves `request` from `upstream` and answers the client in `dialect`.
+    pub async fn serve(
+        &self,
+        upstream: &UpstreamConfig,
+        request: UpstreamRequest,
+        dialect: Dialect,
+        mut observer: Option<Box<dyn AnswerObserver>>,
+    ) -> Response {
+        if upstream.kind == UpstreamKind::Anthropic && !is_anthropic_route(&request.endpoint_path) {
+            let message = format!(
+                "model {} is served by upstream {}, which speaks only Anthropic Messages \
+                 (/v1/messages)",
+                request.model, upstream.name
+            );
+            return ApiError::new(StatusCode::BAD_REQUEST, "unsupported_route", message)
+                .into_response(dialect);
+        }
+        let id = format!("upstream-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        tracing::info!(request = %id, upstream = %upstream.name, model = %request.model, "request sent upstream");
+        let message = RequestMessage {
+            request_id: id,
+            model: request.model,
+            endpoint_path: request.endpoint_path,
+            is_streaming: request.is_streaming,
+            body: request.body,
+            headers: upstream.headers(&request.headers),
+        };
+        // Small: the stream is relayed as the client reads it, so a slow client slows the
+        // upstream read instead of filling memory.
+        let (events, mut answers) = mpsc::channel(16);
+        let task = tokio::spawn(forward(
+            self.client.clone(),
+            upstream.base_url.clone(),
+            message,
+            events,
+        ));
+        let guard = AbortOnDrop(task.abort_handle());
+        match next_message(&mut answers).await {
+            Some(WorkerToServer::ResponseComplete(mut complete)) => {
+                if let Some(observer) = observer.as_mut() {
+                    observer.complete(&mut complete);
+                }
+                pass_through(complete)
+            }
+            Some(WorkerToServer::ResponseChunk(chunk)) => {
+                let relay = StreamRelay {
+                    answers,
+                    _guard: guard,
+                    observer,
+                    dialect,
+                    sent: 0,
+                    limit: self.max_stream_bytes,
+                };
+                relay.into_response(Bytes::from(chunk.chunk))
+            }
+            Some(WorkerToServer::Error(error)) => {
+                upstream_failed(&upstream.name, &error.message).into_response(dialect)
+            }
+            _ => upstream_failed(&upstream.name, "no answer").into_response(dialect),
+        }
+    }
+}
+
+fn upstream_failed(name: &str, why: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "upstream_error",
+        format!("upstream {name} failed: {why}"),
+    )
+}
+
+/// The next message the forwarding task sends (its `Done` notes are not messages).
+async fn next_message(answers: &mut mpsc::Receiver<TaskEvent>) -> Option<WorkerToServer> {
+    loop {
+        match answers.recv().await? {
+            TaskEvent::Send(message) => return Some(message),
+            TaskEvent::Done(_) => continue,
+        }
+    }
+}
+
+/// Aborts the forwarding task (closing the upstream connection) when the client goes away.
+struct AbortOnDrop(AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// An upstream stream on its way to the client.
+struct StreamRelay {
+    answers: mpsc::Receiver<TaskEvent>,
+    _guard: AbortOnDrop,
+    observer: Option<Box<dyn AnswerObserver>>,
+    dialect: Dialect,
+    sent: u64,
+    limit: u64,
+}
+
+impl StreamRelay {
+    /// The next piece for the client and whether it is the last.
+    async fn next_piece(&mut self) -> Option<(Bytes, bool)> {
+        match next_message(&mut self.answers).await? {
+            WorkerToServer::ResponseChunk(chunk) => Some((Bytes::from(chunk.chunk), false)),
+            WorkerToServer::Error(error) => {
+                let error = upstream_failed("stream", &error.message);
+                Some((error.to_sse(self.dialect), true))
+            }
+            _ => None,
+        }
+    }
+
+    /// Counts and observes a piece; past the stream limit it becomes the closing error.
+    fn pass(&mut self, bytes: Bytes) -> (Bytes, bool) {
+        self.sent += bytes.len() as u64;
+        if self.sent > self.limit {
+            let error = ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "stream_too_large",
+                format!("the upstream's answer exceeds {} bytes", self.limit),
+            );
+            return (error.to_sse(self.dialect), true);
+        }
+        if let Some(observer) = self.observer.as_mut() {
+            observer.chunk(&bytes);
+        }
+        (bytes, false)
+    }
+
+    fn into_response(self, first: Bytes) -> Response {
+        let body = futures_util::stream::unfold(
+            (self, Some(first), false),
+            |(mut relay, first, done)| async move {
+                if done {
+                    return None;
+                }
+                let (bytes, last) = match first {
+                    Some(first) => (first, false),
+                    None => relay.next_piece().await?,
+                };
+                let (bytes, over) = relay.pass(bytes);
+                Some((
+                    Ok::<_, std::convert::Infallible>(bytes),
+                    (relay, None, last || over),
+                ))
+            },
+        );
+        let mut response = Response::new(Body::from_stream(body));
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(kind: UpstreamKind) -> UpstreamConfig {
+        UpstreamConfig {
+            name: "cloud".into(),
+            kind,
+            base_url: "https://api.example.com".into(),
+            api_key: Some("sk-upstream-secret".into()),
+            models: vec!["gpt-4o".into(), "claude-*".into()],
+        }
+    }
+
+    #[test]
+    fn upstream_api_keys_are_redacted_from_debug_output() {
+        let text = format!("{:?}", upstream(UpstreamKind::OpenAi));
+        assert!(!text.contains("sk-upstream-secret"), "{text}");
+        assert!(text.contains("<redacted>"));
+    }
+
+    #[test]
+    fn upstream_headers_replace_the_clients_credentials_with_the_upstreams() {
+        let client = HeaderMap::from([
+            ("authorization".to_string(), "Bearer client".to_string()),
+            ("x-api-key".to_string(), "client".to_string()),
+            ("anthropic-beta".to_string(), "b".to_string()),
+        ]);
+        let openai = upstream(UpstreamKind::OpenAi).headers(&client);
+        assert_eq!(openai["authorization"], "Bearer sk-upstream-secret");
+        assert!(!openai.contains_key("x-api-key"));
+        let anthropic = upstream(UpstreamKind::Anthropic).headers(&client);
+        assert_eq!(anthropic["x-api-key"], "sk-upstream-secret");
+        assert_eq!(anthropic["anthropic-version"], "2023-06-01");
+        assert_eq!(anthropic["anthropic-beta"], "b");
+        assert!(!anthropic.contains_key("authorization"));
+    }
+
+    #[test]
+    fn refused_requests_go_to_the_serving_upstream_or_the_fallback() {
+        let mut other = upstream(UpstreamKind::OpenAi);
+        other.name = "spare".into();
+        other.models = Vec::new();
+        let upstreams = Upstreams::new(
+            vec![upstream(UpstreamKind::OpenAi), other],
+            Some("spare"),
+            Duration::from_secs(5),
+            1 << 20,
+        );
+        let unknown = ApiError::new(StatusCode::NOT_FOUND, "model_not_found", "");
+        let full = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", "");
+        let draining = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "");
+        let name = |u: Option<&UpstreamConfig>| u.map(|u| u.name.clone());
+        assert_eq!(
+            name(upstreams.for_refusal("claude-x", &unknown)),
+            Some("cloud".into())
+        );
+        assert_eq!(
+            name(upstreams.for_refusal("llama", &unknown)),
+            Some("spare".into())
+        );
+        assert_eq!(
+            name(upstreams.for_refusal("gpt-4o", &full)),
+            Some("spare".into())
+        );
+        assert_eq!(name(upstreams.for_refusal("gpt-4o", &draining)), None);
+    }
+}

@@ -1,0 +1,239 @@
+//! Upstream providers (issue 3, cloud mode): HTTP APIs the proxy calls itself for models no
+//! worker serves, or when a model's queue is full. Mock backends stand in for the cloud.
+
+use relay_core::proxy::upstream::{UpstreamConfig, UpstreamKind};
+use relay_core::proxy::{ProxyConfig, RunningProxy};
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+const LOCAL: &str = "local-model";
+const UPSTREAM_KEY: &str = "sk-upstream-key";
+
+fn upstream(name: &str, kind: UpstreamKind, base_url: &str, models: &[&str]) -> UpstreamConfig {
+    UpstreamConfig {
+        name: name.to_string(),
+        kind,
+        base_url: base_url.to_string(),
+        api_key: Some(UPSTREAM_KEY.to_string()),
+        models: models.iter().map(|m| m.to_string()).collect(),
+    }
+}
+
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+async fn proxy_with(upstreams: Vec<UpstreamConfig>, fallback: Option<&str>) -> RunningProxy {
+    let mut config: ProxyConfig = test_config();
+    config.upstreams = upstreams;
+    config.fallback_upstream = fallback.map(str::to_string);
+    start_proxy(config).await
+}
+
+#[tokio::test]
+async fn an_openai_compatible_upstream_serves_its_models_with_its_own_key() {
+    let cloud = ChatOnlyBackend::start(&[]).await;
+    let proxy = proxy_with(
+        vec![upstream(
+            "cloud",
+            UpstreamKind::OpenAi,
+            &cloud.url(),
+            &["gpt-*"],
+        )],
+        None,
+    )
+    .await;
+    let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _, text) = post_raw(
+        &proxy.url(),
+        "/v1/chat/completions",
+        body.to_string(),
+        &[("authorization", "Bearer client-key")],
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        parse(&text)["choices"][0]["message"]["content"],
+        "reply to: hi"
+    );
+    let seen = cloud.seen();
+    assert_eq!(
+        seen[0].headers["authorization"],
+        format!("Bearer {UPSTREAM_KEY}"),
+        "the upstream's key replaces the client's"
+    );
+    let (status, _, text) = post(
+        &proxy.url(),
+        "/v1/chat/completions",
+        &json!({"model": "llama", "messages": []}),
+    )
+    .await;
+    assert_eq!(status, 404, "not an upstream model, no fallback: {text}");
+    assert_eq!(proxy.hub.tracked_requests(), 0);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn anthropic_clients_reach_an_openai_compatible_upstream_through_the_adapter() {
+    let cloud = ChatOnlyBackend::start(&[]).await;
+    let proxy = proxy_with(
+        vec![upstream(
+            "cloud",
+            UpstreamKind::OpenAi,
+            &cloud.url(),
+            &["gpt-4o"],
+        )],
+        None,
+    )
+    .await;
+    let body = json!({"model": "gpt-4o", "max_tokens": 16, "stream": true,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let (status, headers, text) = post_raw(
+        &proxy.url(),
+        "/v1/messages?beta=true",
+        body.to_string(),
+        &[
+            ("x-api-key", "client-key"),
+            ("anthropic-version", "2023-06-01"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(headers["content-type"], "text/event-stream");
+    assert!(text.starts_with("event: message_start"), "{text}");
+    assert!(text.contains("event: message_stop"), "{text}");
+    assert_eq!(
+        cloud.paths(),
+        ["/v1/messages?beta=true", "/v1/chat/completions"]
+    );
+    for request in cloud.seen() {
+        assert_eq!(
+            request.headers["authorization"],
+            format!("Bearer {UPSTREAM_KEY}")
+        );
+        assert!(
+            request.headers.get("x-api-key").is_none(),
+            "the client's key never travels upstream"
+        );
+    }
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_anthropic_upstream_gets_messages_with_its_key_and_refuses_other_routes() {
+    // The mock answers /v1/messages with whatever it answers; what matters is what it was sent.
+    let cloud = MockBackend::start(&[]).await;
+    let proxy = proxy_with(
+        vec![upstream(
+            "claude",
+            UpstreamKind::Anthropic,
+            &cloud.url(),
+            &["claude-*"],
+        )],
+        None,
+    )
+    .await;
+    let body = json!({"model": "claude-opus-5-5", "max_tokens": 16,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _, text) = post_raw(
+        &proxy.url(),
+        "/v1/messages?beta=true",
+        body.to_string(),
+        &[("authorization", "Bearer client-key")],
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let seen = cloud.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].path, "/v1/messages?beta=true",
+        "passed through, no probe"
+    );
+    assert_eq!(seen[0].headers["x-api-key"], UPSTREAM_KEY);
+    assert_eq!(seen[0].headers["anthropic-version"], "2023-06-01");
+    assert!(seen[0].headers.get("authorization").is_none());
+    let (status, _, text) = post(
+        &proxy.url(),
+        "/v1/chat/completions",
+        &json!({"model": "claude-opus-5-5", "messages": []}),
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    assert_eq!(parse(&text)["error"]["code"], "unsupported_route");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn models_no_worker_serves_fall_back_to_the_named_upstream() {
+    let cloud = ChatOnlyBackend::start(&[]).await;
+    let local = ChatOnlyBackend::start(&[LOCAL]).await;
+    let proxy = proxy_with(
+        vec![upstream("cloud", UpstreamKind::OpenAi, &cloud.url(), &[])],
+        Some("cloud"),
+    )
+    .await;
+    let worker = RunningWorker::start(&proxy, &local.url(), None, 4);
+    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    for model in [LOCAL, "anything-else"] {
+        let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+        let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &body).await;
+        assert_eq!(status, 200, "{model}: {text}");
+    }
+    assert_eq!(local.chat_bodies().len(), 1, "workers come first");
+    assert_eq!(cloud.chat_bodies()[0]["model"], "anything-else");
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_full_queue_falls_back_to_the_named_upstream() {
+    let cloud = ChatOnlyBackend::start(&[]).await;
+    let local = ControlledBackend::start(&[LOCAL]).await;
+    let mut config = test_config();
+    config.providers[0].limits.max_queue_len = 0;
+    config.upstreams = vec![upstream("cloud", UpstreamKind::OpenAi, &cloud.url(), &[])];
+    config.fallback_upstream = Some("cloud".to_string());
+    let proxy = start_proxy(config).await;
+    let worker = RunningWorker::start(&proxy, &local.url(), None, 1);
+    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    // The worker's only slot is taken by a request its backend never answers.
+    let hanging = spawn_post(
+        &proxy.url(),
+        "/v1/chat/completions",
+        json!({"model": LOCAL, "messages": [], "mock": {"hang": true}}),
+    );
+    wait_until("the local backend is busy", || local.started() == 1).await;
+    let body = json!({"model": LOCAL, "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(cloud.chat_bodies().len(), 1, "the overflow went upstream");
+    hanging.abort();
+    wait_until("the cancelled request is released", || {
+        proxy.hub.tracked_requests() == 0
+    })
+    .await;
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_upstream_that_is_down_is_a_502_in_the_clients_dialect() {
+    let dead = dead_addr().await;
+    let proxy = proxy_with(
+        vec![upstream(
+            "cloud",
+            UpstreamKind::OpenAi,
+            &format!("http://{dead}"),
+            &["gpt-*"],
+        )],
+        None,
+    )
+    .await;
+    let body = json!({"model": "gpt-4o", "max_tokens": 8, "messages": []});
+    let (status, _, text) = post(&proxy.url(), "/v1/messages", &body).await;
+    assert_eq!(status, 502, "{text}");
+    assert_eq!(parse(&text)["type"], "error");
+    assert!(!text.contains(UPSTREAM_KEY));
+    proxy.shutdown().await;
+}
