@@ -323,6 +323,8 @@ impl Session<'_> {
                     reason = message.reason.as_deref().unwrap_or(""),
                     "models refresh requested"
                 );
+                // The server behind a backend URL may have changed: learn its routes again.
+                super::native_routes::forget(None);
                 self.spawn_refresh(catalog_tx, true);
                 Next::Continue
             }
