@@ -617,6 +617,15 @@ impl Scheduler {
         }
     }
 
+    /// Whether `request` is running (or being cancelled) on `worker`: a message from any other
+    /// worker about it is stray.
+    fn is_running_on(&self, request: RequestId, worker: WorkerId) -> bool {
+        matches!(
+            self.requests.get(&request).map(|r| r.phase),
+            Some(Phase::Assigned { worker: w } | Phase::Cancelling { worker: w }) if w == worker
+        )
+    }
+
     /// The worker finished `request` (`response_complete` or a request `error`): free its slot and
     /// hand the worker more work. Returns false if the request was not running on that worker
     /// (a duplicate or stray message), in which case nothing changed.
@@ -626,11 +635,7 @@ impl Scheduler {
         request: RequestId,
         actions: &mut Vec<Action>,
     ) -> bool {
-        let running_here = matches!(
-            self.requests.get(&request).map(|r| r.phase),
-            Some(Phase::Assigned { worker: w } | Phase::Cancelling { worker: w }) if w == worker
-        );
-        if !running_here {
+        if !self.is_running_on(request, worker) {
             return false;
         }
         self.requests.remove(&request);
@@ -720,11 +725,7 @@ impl Scheduler {
         now: Instant,
         actions: &mut Vec<Action>,
     ) -> bool {
-        let running_here = matches!(
-            self.requests.get(&request).map(|r| r.phase),
-            Some(Phase::Assigned { worker: w } | Phase::Cancelling { worker: w }) if w == worker
-        );
-        if !running_here {
+        if !self.is_running_on(request, worker) {
             return false;
         }
         if let Some(w) = self.workers.get_mut(&worker) {
