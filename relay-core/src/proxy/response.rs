@@ -166,18 +166,7 @@ impl Waiter {
                 Some((Ok::<_, Infallible>(bytes), (waiter, None, done)))
             },
         );
-        let mut response = Response::new(Body::from_stream(body));
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        headers.insert(
-            HeaderName::from_static("x-accel-buffering"),
-            HeaderValue::from_static("no"),
-        );
-        response
+        sse_response(Body::from_stream(body))
     }
 
     /// Appends chunks that are already waiting, so a burst becomes one write.
@@ -236,6 +225,23 @@ fn lost_request() -> ApiError {
         "request_lost",
         "the relay lost track of this request; retry it",
     )
+}
+
+/// A streaming answer: SSE headers, and `X-Accel-Buffering: no` so reverse proxies such as nginx
+/// pass each chunk on at once instead of buffering the stream.
+pub fn sse_response(body: Body) -> Response {
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(
+        HeaderName::from_static("x-accel-buffering"),
+        HeaderValue::from_static("no"),
+    );
+    response
 }
 
 /// Headers that describe one HTTP hop, or that the relay recomputes, are not copied.

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use bytes::Bytes;
 use serde::Deserialize;
@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use super::aliases::glob_match;
-use super::response::{pass_through, AnswerObserver};
+use super::response::{pass_through, sse_response, AnswerObserver};
 use crate::dialect::{ApiError, Dialect};
 use crate::protocol::{HeaderMap, RequestMessage, WorkerToServer};
 use crate::worker::forward::{forward, TaskEvent};
@@ -335,14 +335,7 @@ impl StreamRelay {
                 ))
             },
         );
-        let mut response = Response::new(Body::from_stream(body));
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        response
+        sse_response(Body::from_stream(body))
     }
 }
 

@@ -101,6 +101,10 @@ async fn anthropic_clients_reach_an_openai_compatible_upstream_through_the_adapt
     .await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(headers["content-type"], "text/event-stream");
+    assert_eq!(
+        headers["x-accel-buffering"], "no",
+        "upstream streams are not buffered by reverse proxies either"
+    );
     assert!(text.starts_with("event: message_start"), "{text}");
     assert!(text.contains("event: message_stop"), "{text}");
     assert_eq!(
