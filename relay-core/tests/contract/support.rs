@@ -378,13 +378,7 @@ impl MockBackend {
             .route("/v1/messages", routing::post(mock_inference))
             .route("/v1/messages/count_tokens", routing::post(mock_inference))
             .with_state(state.clone());
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind backend");
-        let addr = listener.local_addr().expect("addr");
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.expect("backend serves");
-        });
+        let (addr, task) = serve_app(app, "127.0.0.1:0".parse().expect("address")).await;
         MockBackend { addr, state, task }
     }
 
@@ -592,6 +586,16 @@ impl ScriptedWorker {
     }
 }
 
+/// Serves a mock backend's `app` on `addr` (port 0 for any free port) until the task is aborted.
+pub async fn serve_app(app: Router, addr: SocketAddr) -> (SocketAddr, JoinHandle<()>) {
+    let listener = TcpListener::bind(addr).await.expect("bind backend");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("backend serves");
+    });
+    (addr, task)
+}
+
 /// An address on 127.0.0.1 where nothing listens (a backend that is down).
 pub async fn dead_addr() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -612,10 +616,7 @@ impl MockBackend {
             .route("/v1/chat/completions", routing::post(mock_inference))
             .route("/v1/messages", routing::post(mock_inference))
             .with_state(state.clone());
-        let listener = TcpListener::bind(addr).await.expect("bind backend again");
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.expect("backend serves");
-        });
+        let (addr, task) = serve_app(app, addr).await;
         MockBackend { addr, state, task }
     }
 }
@@ -660,13 +661,7 @@ impl ControlledBackend {
             .route("/v1/models", routing::get(controlled_models))
             .route("/v1/chat/completions", routing::post(controlled_inference))
             .with_state(state.clone());
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind backend");
-        let addr = listener.local_addr().expect("addr");
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.expect("backend serves");
-        });
+        let (addr, task) = serve_app(app, "127.0.0.1:0".parse().expect("address")).await;
         ControlledBackend { addr, state, task }
     }
 
@@ -985,13 +980,7 @@ impl ChatOnlyBackend {
             .route("/v1/chat/completions", routing::post(chat_only_chat))
             .fallback(chat_only_missing)
             .with_state(state.clone());
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind backend");
-        let addr = listener.local_addr().expect("addr");
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.expect("backend serves");
-        });
+        let (addr, task) = serve_app(app, "127.0.0.1:0".parse().expect("address")).await;
         ChatOnlyBackend { addr, state, task }
     }
 
