@@ -839,15 +839,10 @@ async fn retryable_worker_error_after_the_first_chunk_ends_the_stream_with_an_er
     assert_eq!(events.len(), 2, "{body}");
     let error: Value = serde_json::from_str(&events[1]).expect("error event");
     assert_eq!(error["error"]["code"], "worker_error", "{body}");
-    assert!(
-        worker_is_silent(&mut worker).await,
-        "a stream that already sent bytes is never sent again"
-    );
-}
-
-/// True when no request reaches the worker for a short while.
-async fn worker_is_silent(worker: &mut ScriptedWorker) -> bool {
-    tokio::time::timeout(Duration::from_millis(300), worker.next_request())
-        .await
-        .is_err()
+    worker
+        .assert_nothing_for(
+            Duration::from_millis(300),
+            "a stream that already sent bytes is never sent again",
+        )
+        .await;
 }

@@ -481,22 +481,20 @@ async fn client_leaving_while_queued_removes_the_request_and_sends_no_cancel() {
     queued_client.abort();
     wait_until("the queue empties", || proxy.hub.counts().1 == 0).await;
     assert_eq!(proxy.hub.tracked_requests(), 1);
-    assert!(
-        worker
-            .recv_within(Duration::from_millis(300))
-            .await
-            .is_none(),
-        "no cancel for a request that never reached a worker"
-    );
+    worker
+        .assert_nothing_for(
+            Duration::from_millis(300),
+            "no cancel for a request that never reached a worker",
+        )
+        .await;
     worker.complete(&held.request_id, "{}").await;
     assert_eq!(held_client.await.unwrap().0, 200);
-    assert!(
-        worker
-            .recv_within(Duration::from_millis(300))
-            .await
-            .is_none(),
-        "the abandoned request is never dispatched"
-    );
+    worker
+        .assert_nothing_for(
+            Duration::from_millis(300),
+            "the abandoned request is never dispatched",
+        )
+        .await;
     assert_eq!(proxy.hub.tracked_requests(), 0);
     proxy.shutdown().await;
 }
@@ -996,23 +994,21 @@ async fn queue_timeout_answers_504_and_no_cancel_reaches_the_busy_worker() {
         .as_str()
         .unwrap()
         .contains("queue timeout: no worker available within deadline"));
-    assert!(
-        worker
-            .recv_within(Duration::from_millis(300))
-            .await
-            .is_none(),
-        "no cancel: the request never reached a worker"
-    );
+    worker
+        .assert_nothing_for(
+            Duration::from_millis(300),
+            "no cancel: the request never reached a worker",
+        )
+        .await;
 
     worker.complete(&held.request_id, "{}").await;
     assert_eq!(first.await.unwrap().0, 200);
-    assert!(
-        worker
-            .recv_within(Duration::from_millis(300))
-            .await
-            .is_none(),
-        "the expired request is not dispatched when the slot frees"
-    );
+    worker
+        .assert_nothing_for(
+            Duration::from_millis(300),
+            "the expired request is not dispatched when the slot frees",
+        )
+        .await;
     assert_eq!(proxy.hub.tracked_requests(), 0);
     proxy.shutdown().await;
 }
