@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use crate::cli::{Cli, Command, ModelsCommand};
 use crate::config::{self, ConfigError, FileConfig};
 use crate::discovery::{self, DiscoveryOptions};
-use crate::proxy::{self, RunningProxy};
+use crate::node::{Node, NodeOptions, Roles};
 use crate::worker;
 
 /// How many ports after the default one are tried when it is taken.
@@ -50,16 +50,27 @@ pub enum AppError {
 
 /// Runs the command line.
 pub async fn run(cli: Cli) -> Result<(), AppError> {
-    let file = config::load_file(cli.config.as_deref())?;
+    // A node creates its config file when settings are first saved, so only the other
+    // commands need it to exist.
+    let file = || config::load_file(cli.config.as_deref());
     let command = if cli.serve {
         Some(Command::Serve)
     } else {
         cli.command.clone()
     };
     match command {
-        None => run_both(&cli.proxy, &cli.worker, &file).await,
-        Some(Command::Serve) => run_proxy_only(&cli.proxy, &file).await,
-        Some(Command::Worker) => run_worker_only(&cli.proxy, &cli.worker, &file).await,
+        None => run_node(&cli, None).await,
+        Some(Command::Serve) => {
+            run_node(
+                &cli,
+                Some(Roles {
+                    proxy: true,
+                    worker: false,
+                }),
+            )
+            .await
+        }
+        Some(Command::Worker) => run_worker_only(&cli.proxy, &cli.worker, &file()?).await,
         Some(Command::Discover { json }) => {
             run_discover(json).await;
             Ok(())
@@ -70,7 +81,7 @@ pub async fn run(cli: Cli) -> Result<(), AppError> {
         Some(Command::Models {
             command: ModelsCommand::Status,
         }) => {
-            let mapped: Vec<String> = file.worker.model_map.keys().cloned().collect();
+            let mapped: Vec<String> = file()?.worker.model_map.keys().cloned().collect();
             crate::lifecycle::inspect::run(&mapped, &data_dir()).await;
             Ok(())
         }
@@ -90,7 +101,17 @@ pub fn data_dir() -> PathBuf {
 
 /// The stored worker secret, created on first use with 32 random characters (owner-only file).
 pub fn stored_secret(create: bool) -> Result<Option<String>, AppError> {
-    let path = data_dir().join("worker-secret");
+    stored_value("worker-secret", create)
+}
+
+/// The stored admin token of the control API, created on first use like the worker secret.
+pub fn stored_admin_token() -> Result<String, AppError> {
+    Ok(stored_value("admin-token", true)?.expect("created when missing"))
+}
+
+/// A generated secret kept in the data directory file `name`.
+fn stored_value(name: &str, create: bool) -> Result<Option<String>, AppError> {
+    let path = data_dir().join(name);
     let failure = |reason: String| AppError::Secret {
         path: path.clone(),
         reason,
@@ -109,12 +130,13 @@ pub fn stored_secret(create: bool) -> Result<Option<String>, AppError> {
         std::fs::create_dir_all(dir).map_err(|e| failure(e.to_string()))?;
     }
     write_private(&path, &secret).map_err(|e| failure(e.to_string()))?;
-    tracing::info!(path = %path.display(), "generated a new worker secret");
+    tracing::info!(path = %path.display(), "generated a new {name}");
     Ok(Some(secret))
 }
 
+/// Writes `text` to `path`, readable by its owner only.
 #[cfg(unix)]
-fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+pub(crate) fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut file = std::fs::OpenOptions::new()
@@ -126,13 +148,14 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     file.write_all(text.as_bytes())
 }
 
+/// Writes `text` to `path`.
 #[cfg(not(unix))]
-fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+pub(crate) fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     std::fs::write(path, text)
 }
 
 /// The proxy's secret: flag/env, file, or the stored one (generated on first run).
-fn proxy_secret(flag: Option<&String>, file: &FileConfig) -> Result<String, AppError> {
+pub(crate) fn proxy_secret(flag: Option<&String>, file: &FileConfig) -> Result<String, AppError> {
     if let Some(secret) = flag.or(file.proxy.worker_secret.as_ref()) {
         return Ok(secret.clone());
     }
@@ -175,83 +198,57 @@ pub async fn bind(address: &str, explicit: bool) -> Result<TcpListener, AppError
     Err(in_use(parsed))
 }
 
-async fn start_proxy(
-    args: &crate::cli::ProxyArgs,
-    file: &FileConfig,
-) -> Result<(RunningProxy, String), AppError> {
-    let (address, explicit) = config::listen_address(args, file);
-    // Bind before touching the secret, so a run that cannot listen leaves nothing behind.
-    let listener = bind(&address, explicit).await?;
-    let secret = proxy_secret(args.worker_secret.as_ref(), file)?;
-    let config = config::proxy_config(args, file, secret.clone())?;
-    let proxy = proxy::start(config, listener).map_err(|e| AppError::Listen {
-        address,
-        reason: e.to_string(),
-    })?;
-    tracing::info!(addr = %proxy.addr, "proxy listening");
-    Ok((proxy, secret))
-}
-
-fn print_banner(proxy: &RunningProxy, secret: &str, provider: Option<&String>) {
-    let url = proxy.url();
-    let join_host = if proxy.addr.ip().is_loopback() {
-        println!("ModelRelay is serving at {url}");
+fn print_banner(node: &Node) {
+    let url = node.url();
+    let addr = node.addr();
+    let roles = node.roles();
+    println!("ModelRelay is serving at {url}");
+    println!("  Dashboard:           {url}/");
+    if roles.proxy {
         println!("  OpenAI base URL:     {url}/v1");
         println!("  Anthropic base URL:  {url}   (e.g. ANTHROPIC_BASE_URL={url})");
+    } else {
+        println!("  The proxy role is off: this node only runs its worker.");
+    }
+    if let Some(token) = node.admin_token() {
+        println!("  Admin token (dashboard and /api): {token}");
+    }
+    if !roles.proxy {
+        return;
+    }
+    let join_host = if addr.ip().is_loopback() {
         println!("Other machines cannot reach a loopback address; to let GPU boxes join,");
         println!(
             "restart with --listen 0.0.0.0:{} and run on each box:",
-            proxy.addr.port()
+            addr.port()
         );
-        format!("THIS-MACHINE:{}", proxy.addr.port())
+        format!("THIS-MACHINE:{}", addr.port())
     } else {
-        println!("ModelRelay is serving at {url}");
         println!("To join another GPU box, run on it:");
-        proxy.addr.to_string()
+        addr.to_string()
     };
-    let provider = provider
-        .map(|p| format!(" --provider {p}"))
-        .unwrap_or_default();
+    let provider = match node.provider() {
+        "local" => String::new(),
+        other => format!(" --provider {other}"),
+    };
     println!(
-        "  modelrelay worker --proxy-url http://{join_host} --worker-secret {secret}{provider}"
+        "  modelrelay worker --proxy-url http://{join_host} --worker-secret {}{provider}",
+        node.secret()
     );
 }
 
-async fn run_both(
-    proxy_args: &crate::cli::ProxyArgs,
-    worker_args: &crate::cli::WorkerArgs,
-    file: &FileConfig,
-) -> Result<(), AppError> {
-    let (proxy, secret) = start_proxy(proxy_args, file).await?;
-    let discovery = DiscoveryOptions {
-        exclude_ports: vec![proxy.addr.port()],
-        ..DiscoveryOptions::default()
-    };
-    let mut worker_args = worker_args.clone();
-    // The in-process worker joins over the same WebSocket path as any other worker.
-    worker_args.proxy_url = Some(proxy.url());
-    let worker_config = config::worker_config(
-        &worker_args,
-        proxy_args,
-        file,
-        secret.clone(),
-        Some(discovery),
-    )?;
-    print_banner(&proxy, &secret, proxy_args.provider.as_ref());
-    let (stop, stopped) = watch::channel(false);
-    let worker = tokio::spawn(worker::run(worker_config, stopped));
+/// Runs a node (proxy and/or worker, with the dashboard) until Ctrl-C or SIGTERM.
+async fn run_node(cli: &Cli, roles: Option<Roles>) -> Result<(), AppError> {
+    let node = Node::start(NodeOptions {
+        config_path: cli.config.clone(),
+        proxy_args: cli.proxy.clone(),
+        worker_args: cli.worker.clone(),
+        roles,
+    })
+    .await?;
+    print_banner(&node);
     shutdown_signal().await;
-    let _ = stop.send(true);
-    proxy.shutdown().await;
-    let _ = worker.await;
-    Ok(())
-}
-
-async fn run_proxy_only(args: &crate::cli::ProxyArgs, file: &FileConfig) -> Result<(), AppError> {
-    let (proxy, secret) = start_proxy(args, file).await?;
-    print_banner(&proxy, &secret, args.provider.as_ref());
-    shutdown_signal().await;
-    proxy.shutdown().await;
+    node.shutdown().await;
     Ok(())
 }
 

@@ -93,6 +93,17 @@ pub struct ProxyArgs {
     )]
     pub worker_secret: Option<String>,
 
+    /// Token the control API (dashboard) requires; one is generated and stored in the data
+    /// directory when the proxy listens beyond loopback and none is given.
+    #[arg(
+        long,
+        env = "MODELRELAY_ADMIN_TOKEN",
+        global = true,
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+
     /// Provider name: the proxy's default provider, and the one a worker joins [default: local].
     #[arg(long, env = "PROVIDER_NAME", global = true, value_name = "NAME")]
     pub provider: Option<String>,

@@ -38,12 +38,27 @@ pub struct FileConfig {
     /// Worker settings.
     #[serde(default)]
     pub worker: WorkerFile,
+    /// Which roles the node runs (the dashboard's and the tray's switches).
+    #[serde(default)]
+    pub roles: RolesFile,
+}
+
+/// `[roles]` in the config file: what `modelrelay` (with no subcommand) and the desktop app run.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolesFile {
+    /// Serve clients and accept workers [default: true].
+    pub proxy: Option<bool>,
+    /// Run a worker [default: true].
+    pub worker: Option<bool>,
 }
 
 /// `[proxy]` in the config file.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProxyFile {
+    /// The control API's admin token (`MODELRELAY_ADMIN_TOKEN`).
+    pub admin_token: Option<String>,
     /// `LISTEN_ADDR`.
     pub listen: Option<String>,
     /// `WORKER_SECRET` of the default provider.
@@ -344,6 +359,12 @@ pub fn proxy_config(
         crate::proxy::aliases::ModelAliases::new(p.aliases.clone(), p.default_model.clone());
     config.upstreams = upstreams(p)?;
     config.fallback_upstream = p.fallback_upstream.clone();
+    config.admin_token = args
+        .admin_token
+        .clone()
+        .or_else(|| p.admin_token.clone())
+        .filter(|t| !t.trim().is_empty())
+        .map(crate::proxy::control::AdminToken);
     Ok(config)
 }
 
@@ -491,6 +512,7 @@ pub fn worker_config(
             messages: w.native_messages,
             responses: w.native_responses,
         },
+        report: std::sync::Arc::default(),
     })
 }
 

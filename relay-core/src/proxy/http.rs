@@ -67,6 +67,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(get_model))
         .route("/health", get(health))
+        .route("/", get(index_page))
         .route("/v1/worker/connect", get(worker_connect))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
@@ -79,6 +80,14 @@ struct Sniffed {
     model: Option<Value>,
     #[serde(default)]
     stream: Option<Value>,
+}
+
+fn proxy_role_off() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "proxy_role_off",
+        "this node's proxy role is off: turn on \"Run proxy\" in the tray menu or the dashboard's settings, or use the proxy this node's worker joins",
+    )
 }
 
 fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
@@ -151,6 +160,9 @@ async fn relay(
     body: Body,
 ) -> Response {
     let dialect = Dialect::for_path(uri.path());
+    if !state.hub.is_serving() {
+        return proxy_role_off().into_response(dialect);
+    }
     let (model, body, is_streaming) =
         match read_request(body, &headers, state.config.max_body_bytes).await {
             Ok(parts) => parts,
@@ -193,6 +205,7 @@ async fn relay(
         body: body.clone(),
         headers: forwarded.clone(),
     });
+    let model_name = model.clone();
     let accepted = match state.hub.submit(RequestSpec {
         model,
         endpoint_path,
@@ -221,6 +234,10 @@ async fn relay(
         Submitted::Dispatched { .. } => None,
     };
     let guard = CancelGuard::new(state.hub.clone(), accepted.request);
+    let tracked = state
+        .hub
+        .telemetry()
+        .begin(accepted.request, &model_name, is_streaming);
     Waiter::new(
         guard,
         accepted.events,
@@ -229,6 +246,7 @@ async fn relay(
         dialect,
     )
     .observe(observer)
+    .track(tracked)
     .respond()
     .await
 }
@@ -318,7 +336,25 @@ async fn health(State(state): State<AppState>) -> Json<Value> {
     }))
 }
 
-async fn unknown_route(OriginalUri(uri): OriginalUri) -> Response {
+async fn index_page() -> Response {
+    super::control::assets::serve("/").unwrap_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "ui_not_built",
+            "this build has no web UI: run `npm ci && npm run build` in ui/ and rebuild",
+        )
+        .into_response(Dialect::OpenAi)
+    })
+}
+
+/// Files of the web UI; anything else is an unknown route in the client's dialect.
+async fn unknown_route(method: axum::http::Method, OriginalUri(uri): OriginalUri) -> Response {
+    let asset = (method == axum::http::Method::GET && !uri.path().starts_with("/v1/"))
+        .then(|| super::control::assets::serve(uri.path()))
+        .flatten();
+    if let Some(asset) = asset {
+        return asset;
+    }
     ApiError::new(
         StatusCode::NOT_FOUND,
         "unknown_route",
@@ -344,6 +380,9 @@ async fn worker_connect(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     let dialect = Dialect::OpenAi;
+    if !state.hub.is_serving() {
+        return proxy_role_off().into_response(dialect);
+    }
     let now = StdInstant::now();
     if let Err(retry_after) = state.limiter.check(peer.ip(), now) {
         tracing::warn!(peer = %peer.ip(), "worker auth rate-limited");
@@ -375,6 +414,12 @@ async fn worker_connect(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting_down",
                 "the proxy is shutting down".to_string(),
+            ),
+            RegisterError::Drained => (
+                StatusCode::FORBIDDEN,
+                "worker_drained",
+                "this worker was drained by an admin; it may rejoin after the proxy restarts"
+                    .to_string(),
             ),
         };
         return ApiError::new(status, code, message).into_response(dialect);
@@ -426,6 +471,6 @@ async fn worker_connect(
         .read_buffer_size(WORKER_READ_BUFFER_BYTES)
         .max_message_size(state.config.max_ws_message_bytes)
         .max_frame_size(state.config.max_ws_message_bytes)
-        .on_upgrade(move |socket| serve_worker(socket, hub, provider, settings))
+        .on_upgrade(move |socket| serve_worker(socket, hub, provider, settings, peer.ip()))
         .into_response()
 }

@@ -3,8 +3,8 @@
 //! and it carries out the scheduler's [`Action`]s. Nothing here waits on I/O while holding the
 //! lock: sends go into unbounded channels that the socket tasks drain.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -14,9 +14,10 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::scheduler::{
-    request_wire_id, worker_wire_id, Action, CancelOutcome, FailReason, RegisterError, RequestId,
-    Scheduler, SubmitError, Submitted, WorkerId, WorkerSnapshot,
+    parse_worker_wire_id, request_wire_id, worker_wire_id, Action, CancelOutcome, FailReason,
+    RegisterError, RequestId, Scheduler, SubmitError, Submitted, WorkerId, WorkerSnapshot,
 };
+use super::telemetry::Telemetry;
 use crate::dialect::ApiError;
 use crate::protocol::{
     CancelMessage, CancelReason, GracefulShutdownMessage, HeaderMap, ModelsRefreshMessage,
@@ -88,6 +89,10 @@ struct Inner {
     scheduler: Scheduler,
     pending: HashMap<RequestId, Pending>,
     links: HashMap<WorkerId, WorkerLink>,
+    /// Names of workers an admin drained: they may not rejoin until the proxy restarts (our
+    /// worker reconnects after a close, which would undo the drain at once).
+    drained_names: HashSet<String>,
+    telemetry: Arc<Telemetry>,
 }
 
 /// Shared proxy state; one per proxy, behind an `Arc`.
@@ -96,6 +101,9 @@ pub struct Hub {
     next_request: AtomicU64,
     settings: HubSettings,
     started: Instant,
+    telemetry: Arc<Telemetry>,
+    /// False while the node's proxy role is off: clients and workers are turned away.
+    serving: AtomicBool,
 }
 
 /// A request accepted by [`Hub::submit`].
@@ -137,16 +145,40 @@ pub struct RequestSpec {
 impl Hub {
     /// A hub around `scheduler`.
     pub fn new(scheduler: Scheduler, settings: HubSettings) -> Arc<Hub> {
+        let telemetry = Arc::new(Telemetry::default());
         Arc::new(Hub {
             inner: Mutex::new(Inner {
                 scheduler,
                 pending: HashMap::new(),
                 links: HashMap::new(),
+                drained_names: HashSet::new(),
+                telemetry: Arc::clone(&telemetry),
             }),
             next_request: AtomicU64::new(1),
             settings,
             started: Instant::now(),
+            telemetry,
+            serving: AtomicBool::new(true),
         })
+    }
+
+    /// Whether the proxy role is on.
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::Relaxed)
+    }
+
+    /// Turns the proxy role on or off; turning it off closes every worker connection (their
+    /// running requests are requeued or failed as on any disconnect).
+    pub fn set_serving(&self, serving: bool) {
+        if self.serving.swap(serving, Ordering::Relaxed) && !serving {
+            self.close_all_workers("the proxy role was turned off on this node");
+        }
+        self.telemetry.touch();
+    }
+
+    /// What the dashboard sees: worker hosts and heartbeats, request progress, totals, series.
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -277,6 +309,9 @@ impl Hub {
     ) -> Result<Joined, RegisterError> {
         let (outbound, receiver) = mpsc::unbounded_channel();
         let mut inner = self.lock();
+        if inner.drained_names.contains(&message.worker_name) {
+            return Err(RegisterError::Drained);
+        }
         let registered = inner.scheduler.register_worker(provider, message)?;
         inner
             .links
@@ -305,6 +340,42 @@ impl Hub {
         inner.links.remove(&worker);
         let actions = inner.scheduler.worker_gone(worker, Instant::now());
         inner.execute(actions);
+        drop(inner);
+        self.telemetry.worker_left(&worker_wire_id(worker));
+    }
+
+    /// An admin drains a connected worker (by wire id): no new work; it is closed once idle and
+    /// refused if it rejoins under the same name. False if no such worker is connected.
+    pub fn drain_worker(&self, wire_id: &str) -> bool {
+        let Some(id) = parse_worker_wire_id(wire_id) else {
+            return false;
+        };
+        let mut inner = self.lock();
+        let Some(name) = inner.scheduler.worker_name(id).map(str::to_string) else {
+            return false;
+        };
+        inner.drained_names.insert(name.clone());
+        let actions = inner.scheduler.drain_worker(id);
+        inner.execute(actions);
+        drop(inner);
+        tracing::info!(worker = wire_id, name, "worker drained by an admin");
+        self.telemetry.touch();
+        true
+    }
+
+    /// For each request, where it is: `None` untracked, `Some(None)` queued, `Some(Some(id))`
+    /// running on the worker with that wire id.
+    pub fn assignments(&self, requests: &[RequestId]) -> Vec<Option<Option<String>>> {
+        let inner = self.lock();
+        requests
+            .iter()
+            .map(|r| {
+                inner
+                    .scheduler
+                    .assignment(*r)
+                    .map(|w| w.map(worker_wire_id))
+            })
+            .collect()
     }
 
     /// The worker finished `request`; false if it was not running there (duplicate or stray).
@@ -342,6 +413,8 @@ impl Hub {
         let mut inner = self.lock();
         let actions = inner.scheduler.update_load(worker, load);
         inner.execute(actions);
+        drop(inner);
+        self.telemetry.touch();
     }
 
     /// A worker sent `models_update`; returns the accepted models and warnings.
@@ -357,11 +430,13 @@ impl Hub {
                 .scheduler
                 .update_models(worker, models, load, Instant::now());
         inner.execute(actions);
+        drop(inner);
+        self.telemetry.touch();
         (accepted, warnings)
     }
 
-    /// Asks every worker to re-read its backend's models.
-    pub fn refresh_models(&self, reason: &str) {
+    /// Asks every worker to re-read its backend's models; returns how many were asked.
+    pub fn refresh_models(&self, reason: &str) -> usize {
         let frame: Utf8Bytes = ServerToWorker::ModelsRefresh(ModelsRefreshMessage {
             reason: Some(reason.to_string()),
         })
@@ -371,6 +446,7 @@ impl Hub {
         for link in inner.links.values() {
             let _ = link.outbound.send(Outbound::Frame(frame.clone()));
         }
+        inner.links.len()
     }
 
     /// Starts the proxy's drain: refuse new work, fail queued requests, and send
@@ -470,6 +546,7 @@ impl Inner {
                         continue;
                     };
                     tracing::debug!(request = %request_wire_id(request), worker = %worker_wire_id(worker), "request dispatched");
+                    self.telemetry.touch();
                     self.send(
                         worker,
                         Outbound::Dispatch {
@@ -502,6 +579,7 @@ impl Inner {
                 }
                 Action::CloseDrained { worker } => {
                     tracing::info!(worker = %worker_wire_id(worker), "worker drained");
+                    self.telemetry.touch();
                     self.send(worker, Outbound::Close("worker drained".to_string()));
                 }
             }

@@ -6,12 +6,14 @@
 pub mod aliases;
 pub mod auth;
 mod completed_event;
+pub mod control;
 pub mod http;
 pub mod hub;
 pub mod response;
 pub mod responses_api;
 pub mod responses_store;
 pub mod scheduler;
+pub mod telemetry;
 pub mod upstream;
 pub mod worker_socket;
 
@@ -21,11 +23,12 @@ use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use aliases::ModelAliases;
 use auth::{FailureLimiter, FailureLimits};
+use control::{AdminAccess, AdminToken, NodeInfo, SharedNodeInfo};
 use hub::{Hub, HubSettings};
 use responses_store::{ResponsesStore, StoreLimits};
 use scheduler::{ProviderLimits, Scheduler};
@@ -85,6 +88,8 @@ pub struct ProxyConfig {
     pub upstreams: Vec<UpstreamConfig>,
     /// The upstream that takes models nobody serves and requests whose queue is full.
     pub fallback_upstream: Option<String>,
+    /// The token the control API requires (see `docs/admin-api.md`).
+    pub admin_token: Option<AdminToken>,
 }
 
 impl ProxyConfig {
@@ -109,6 +114,7 @@ impl ProxyConfig {
             aliases: ModelAliases::default(),
             upstreams: Vec::new(),
             fallback_upstream: None,
+            admin_token: None,
         }
     }
 }
@@ -128,6 +134,10 @@ pub struct AppState {
     pub responses: Arc<ResponsesStore>,
     /// Upstream providers.
     pub upstreams: Arc<Upstreams>,
+    /// What the embedding node reports about itself, for the dashboard.
+    pub node: SharedNodeInfo,
+    /// Who may use the control API.
+    pub admin: AdminAccess,
 }
 
 /// A proxy serving in the background.
@@ -136,13 +146,26 @@ pub struct RunningProxy {
     pub addr: SocketAddr,
     /// Its routing state.
     pub hub: Arc<Hub>,
+    /// What the dashboard shows about the node; the embedding node keeps it current.
+    pub node: SharedNodeInfo,
     drain_timeout: Duration,
     stop: oneshot::Sender<()>,
     task: JoinHandle<std::io::Result<()>>,
 }
 
-/// Builds the router for `config`, returning it with its hub.
-pub fn router(config: ProxyConfig) -> (axum::Router, Arc<Hub>) {
+/// A proxy's router with the state the embedder keeps.
+pub struct Built {
+    /// Every route: client, worker, control API and UI.
+    pub app: axum::Router,
+    /// Its routing state.
+    pub hub: Arc<Hub>,
+    /// Node information shown on the dashboard.
+    pub node: SharedNodeInfo,
+}
+
+/// Builds the router for `config` serving at `addr`, with `extra` routes (the node's settings
+/// and setup API) merged in.
+pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Built {
     let scheduler = Scheduler::new(
         config
             .providers
@@ -157,6 +180,8 @@ pub fn router(config: ProxyConfig) -> (axum::Router, Arc<Hub>) {
             drain_timeout: config.drain_timeout,
         },
     );
+    let admin = AdminAccess::new(config.admin_token.clone(), addr.ip().is_loopback());
+    let node: SharedNodeInfo = Arc::new(watch::Sender::new(NodeInfo::proxy_only(addr)));
     let state = AppState {
         hub: hub.clone(),
         limiter: Arc::new(FailureLimiter::new(config.auth_failures.clone())),
@@ -174,15 +199,31 @@ pub fn router(config: ProxyConfig) -> (axum::Router, Arc<Hub>) {
             config.max_stream_bytes,
         )),
         config: Arc::new(config),
+        node: node.clone(),
+        admin: admin.clone(),
     };
-    (http::routes().with_state(state), hub)
+    let app = http::routes()
+        .merge(control::routes(admin))
+        .with_state(state)
+        .merge(extra);
+    Built { app, hub, node }
 }
 
 /// Serves the proxy on `listener` until [`RunningProxy::shutdown`].
 pub fn start(config: ProxyConfig, listener: TcpListener) -> std::io::Result<RunningProxy> {
+    start_with(config, listener, axum::Router::new())
+}
+
+/// [`start`] with `extra` routes merged in.
+pub fn start_with(
+    config: ProxyConfig,
+    listener: TcpListener,
+    extra: axum::Router,
+) -> std::io::Result<RunningProxy> {
     let addr = listener.local_addr()?;
     let drain_timeout = config.drain_timeout;
-    let (app, hub) = router(config);
+    let Built { app, hub, node } = router(config, addr, extra);
+    control::spawn_sampler(&hub);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         // Small SSE chunks must leave at once, not wait for Nagle's algorithm.
@@ -201,6 +242,7 @@ pub fn start(config: ProxyConfig, listener: TcpListener) -> std::io::Result<Runn
     Ok(RunningProxy {
         addr,
         hub,
+        node,
         drain_timeout,
         stop,
         task,

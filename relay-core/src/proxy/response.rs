@@ -13,6 +13,7 @@ use tokio::time::{sleep_until, Instant};
 
 use super::hub::{fail_error, Hub, ResponseEvent};
 use super::scheduler::{FailReason, RequestId};
+use super::telemetry::TrackedRequest;
 use crate::dialect::{ApiError, Dialect};
 use crate::protocol::{CancelReason, ResponseCompleteMessage};
 
@@ -79,6 +80,8 @@ pub struct Waiter {
     pending_terminal: Option<ResponseEvent>,
     /// Sees the answer as it goes out.
     observer: Option<Box<dyn AnswerObserver>>,
+    /// Records time to first byte, tokens and the outcome for the dashboard.
+    tracked: Option<TrackedRequest>,
 }
 
 impl Waiter {
@@ -99,7 +102,30 @@ impl Waiter {
             dialect,
             pending_terminal: None,
             observer: None,
+            tracked: None,
         }
+    }
+
+    /// Records the request's progress in `tracked`.
+    pub fn track(mut self, tracked: TrackedRequest) -> Self {
+        self.tracked = Some(tracked);
+        self
+    }
+
+    /// The relay answers with `error` instead of the backend.
+    fn relay_error(&mut self, error: ApiError) -> Response {
+        if let Some(tracked) = self.tracked.as_mut() {
+            tracked.fail();
+        }
+        error.into_response(self.dialect)
+    }
+
+    /// The same, mid-stream: the error as an SSE event that ends the stream.
+    fn relay_error_sse(&mut self, error: &ApiError) -> Bytes {
+        if let Some(tracked) = self.tracked.as_mut() {
+            tracked.fail();
+        }
+        error.to_sse(self.dialect)
     }
 
     /// Lets `observer` see the answer as it goes out.
@@ -122,13 +148,13 @@ impl Waiter {
                 _ = sleep_until(self.queue_deadline.unwrap_or(self.deadline)), if self.queue_deadline.is_some() => {
                     if self.guard.hub.expire_queued(self.guard.request) {
                         self.guard.disarm();
-                        return fail_error(FailReason::QueueTimeout).into_response(self.dialect);
+                        return self.relay_error(fail_error(FailReason::QueueTimeout));
                     }
                     self.queue_deadline = None;
                 }
                 _ = sleep_until(self.deadline) => {
                     self.guard.cancel(CancelReason::Timeout);
-                    return fail_error(FailReason::RequestTimeout).into_response(self.dialect);
+                    return self.relay_error(fail_error(FailReason::RequestTimeout));
                 }
             }
         };
@@ -139,11 +165,14 @@ impl Waiter {
                 if let Some(observer) = self.observer.as_mut() {
                     observer.complete(&mut complete);
                 }
+                if let Some(tracked) = self.tracked.as_mut() {
+                    tracked.complete(complete.status_code, complete.token_counts.as_ref());
+                }
                 pass_through(*complete)
             }
             ResponseEvent::Failed(error) => {
                 self.guard.disarm();
-                (*error).into_response(self.dialect)
+                self.relay_error(*error)
             }
             ResponseEvent::Requeued { .. } => unreachable!("handled in the loop"),
         }
@@ -162,6 +191,9 @@ impl Waiter {
                 };
                 if let Some(observer) = waiter.observer.as_mut() {
                     observer.chunk(&bytes);
+                }
+                if let Some(tracked) = waiter.tracked.as_ref() {
+                    tracked.chunk(&bytes);
                 }
                 Some((Ok::<_, Infallible>(bytes), (waiter, None, done)))
             },
@@ -198,22 +230,25 @@ impl Waiter {
                 event = self.events.recv() => event,
                 _ = sleep_until(self.deadline) => {
                     self.guard.cancel(CancelReason::Timeout);
-                    return Some((fail_error(FailReason::RequestTimeout).to_sse(self.dialect), true));
+                    return Some((self.relay_error_sse(&fail_error(FailReason::RequestTimeout)), true));
                 }
             },
         };
         match event {
             Some(ResponseEvent::Chunk(bytes)) => Some((self.coalesce(bytes), false)),
-            Some(ResponseEvent::Complete(_)) => {
+            Some(ResponseEvent::Complete(complete)) => {
                 self.guard.disarm();
+                if let Some(tracked) = self.tracked.as_mut() {
+                    tracked.complete(complete.status_code, complete.token_counts.as_ref());
+                }
                 None
             }
             Some(ResponseEvent::Failed(error)) => {
                 self.guard.disarm();
-                Some((error.to_sse(self.dialect), true))
+                Some((self.relay_error_sse(&error), true))
             }
             Some(ResponseEvent::Requeued { .. }) | None => {
-                Some((lost_request().to_sse(self.dialect), true))
+                Some((self.relay_error_sse(&lost_request()), true))
             }
         }
     }

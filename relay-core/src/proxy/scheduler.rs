@@ -165,6 +165,8 @@ pub enum RegisterError {
     ProviderDisabled,
     /// The proxy is draining.
     ShuttingDown,
+    /// An admin drained a worker of this name; it may not rejoin until the proxy restarts.
+    Drained,
 }
 
 /// A registration the proxy accepted.
@@ -901,6 +903,20 @@ impl Scheduler {
             .collect()
     }
 
+    /// Where a tracked request is: `Some(None)` while queued, `Some(Some(worker))` while it
+    /// runs (or is being cancelled) there, `None` when it is not tracked.
+    pub fn assignment(&self, request: RequestId) -> Option<Option<WorkerId>> {
+        self.requests.get(&request).map(|r| match r.phase {
+            Phase::Queued { .. } => None,
+            Phase::Assigned { worker } | Phase::Cancelling { worker } => Some(worker),
+        })
+    }
+
+    /// The name of a connected worker.
+    pub fn worker_name(&self, worker: WorkerId) -> Option<&str> {
+        self.workers.get(&worker).map(|w| w.name.as_str())
+    }
+
     /// The end of a tracked request's life, fixed when it arrived.
     pub fn request_deadline(&self, request: RequestId) -> Option<Instant> {
         self.requests.get(&request).map(|r| r.deadline)
@@ -920,6 +936,11 @@ pub fn request_wire_id(id: RequestId) -> String {
 /// Parses a wire request id back; `None` for anything we did not issue.
 pub fn parse_request_wire_id(wire: &str) -> Option<RequestId> {
     wire.strip_prefix("r-")?.parse().ok()
+}
+
+/// Parses a worker wire id (`w-N`).
+pub fn parse_worker_wire_id(wire: &str) -> Option<WorkerId> {
+    wire.strip_prefix("w-")?.parse().ok()
 }
 
 /// The contract's registration sanitization: trim whitespace, drop empty names, drop exact

@@ -4,6 +4,7 @@
 //! path takes no shared lock.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +60,7 @@ pub async fn serve_worker(
     hub: Arc<Hub>,
     provider: String,
     settings: SocketSettings,
+    peer: IpAddr,
 ) {
     let (mut sink, mut stream) = socket.split();
     let register = match timeout(settings.register_timeout, read_register(&mut stream)).await {
@@ -93,6 +95,10 @@ pub async fn serve_worker(
                 RegisterError::UnknownProvider => format!("unknown provider {provider}"),
                 RegisterError::ProviderDisabled => "Provider is currently disabled".to_string(),
                 RegisterError::ShuttingDown => "the proxy is shutting down".to_string(),
+                RegisterError::Drained => {
+                    "this worker was drained by an admin; it may rejoin after the proxy restarts"
+                        .to_string()
+                }
             };
             close(&mut sink, CLOSE_POLICY, &reason).await;
             return;
@@ -109,6 +115,7 @@ pub async fn serve_worker(
     for warning in &joined.ack.warnings {
         tracing::warn!(worker = %joined.ack.worker_id, "registration: {warning}");
     }
+    hub.telemetry().worker_joined(&joined.ack.worker_id, peer);
     let ack = ServerToWorker::RegisterAck(joined.ack).to_json();
     if sink.send(Message::Text(ack.into())).await.is_err() {
         hub.worker_gone(joined.worker);
@@ -119,6 +126,7 @@ pub async fn serve_worker(
         worker: joined.worker,
         routes: HashMap::new(),
         settings,
+        ping_sent: None,
     };
     let reason = connection.run(&mut sink, stream, joined.outbound).await;
     if let Some(reason) = &reason {
@@ -165,6 +173,8 @@ struct Connection {
     worker: WorkerId,
     routes: HashMap<RequestId, Route>,
     settings: SocketSettings,
+    /// When the last ping went out, to time the worker's pong.
+    ping_sent: Option<Instant>,
 }
 
 impl Connection {
@@ -200,6 +210,7 @@ impl Connection {
                     if sink.send(Message::Text(ping.into())).await.is_err() {
                         return None;
                     }
+                    self.ping_sent = Some(Instant::now());
                 }
                 frame = stream.next() => match frame {
                     Some(Ok(Message::Text(text))) => {
@@ -275,7 +286,14 @@ impl Connection {
             WorkerToServer::ResponseChunk(chunk) => self.on_chunk(chunk),
             WorkerToServer::ResponseComplete(complete) => self.on_complete(complete),
             WorkerToServer::Error(error) => self.on_error(error),
-            WorkerToServer::Pong(pong) => self.hub.update_load(self.worker, pong.current_load),
+            WorkerToServer::Pong(pong) => {
+                if let Some(sent) = self.ping_sent.take() {
+                    self.hub
+                        .telemetry()
+                        .heartbeat(&worker_wire_id(self.worker), sent.elapsed());
+                }
+                self.hub.update_load(self.worker, pong.current_load);
+            }
             WorkerToServer::ModelsUpdate(update) => {
                 let (models, warnings) =
                     self.hub

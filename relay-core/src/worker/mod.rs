@@ -6,11 +6,13 @@ pub mod count_tokens;
 pub mod forward;
 pub mod managed;
 pub mod native_routes;
+pub mod report;
 pub mod session;
 pub mod sse;
 pub mod translate;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
@@ -19,6 +21,7 @@ use tokio::sync::watch;
 use crate::discovery::DiscoveryOptions;
 use crate::lifecycle::{LifecycleConfig, LifecycleManager};
 use crate::protocol::BRIDGE_PROTOCOL_VERSION;
+use report::{ConnectionState, WorkerReport};
 use session::SessionEnd;
 
 /// Where a worker's backends come from.
@@ -65,6 +68,8 @@ pub struct WorkerConfig {
     /// Whether backends serve `/v1/messages` and `/v1/responses` themselves; unset routes are
     /// probed (see [`native_routes`]).
     pub native_routes: native_routes::NativeOverrides,
+    /// Where the worker reports its connection state and lifecycle manager to its embedder.
+    pub report: Arc<WorkerReport>,
 }
 
 impl WorkerConfig {
@@ -87,6 +92,7 @@ impl WorkerConfig {
             lifecycle: None,
             data_dir: crate::app::data_dir(),
             native_routes: native_routes::NativeOverrides::default(),
+            report: Arc::default(),
         }
     }
 }
@@ -98,7 +104,9 @@ pub async fn run(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) {
     configure_native_routes(&config);
     // One manager for the worker's whole life: a reconnect to the proxy must not restart models.
     let lifecycle = start_lifecycle(&config).await;
+    config.report.set_lifecycle(lifecycle.clone());
     serve_until_shutdown(&config, &client, lifecycle.as_ref(), &mut shutdown).await;
+    config.report.set_lifecycle(None);
     if let Some(manager) = lifecycle {
         // The servers run in process groups of their own: nothing else would stop them.
         tracing::info!("stopping model servers");
@@ -147,9 +155,13 @@ async fn serve_until_shutdown(
         if *shutdown.borrow() {
             return;
         }
+        config.report.set_state(ConnectionState::Connecting, None);
         match session::serve(config, client, lifecycle, shutdown).await {
             SessionEnd::Shutdown => return,
             SessionEnd::Disconnected { registered, reason } => {
+                config
+                    .report
+                    .set_state(ConnectionState::Disconnected, Some(reason.clone()));
                 if registered {
                     delay = config.reconnect_min;
                 }

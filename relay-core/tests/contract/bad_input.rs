@@ -351,7 +351,7 @@ async fn unknown_route_is_404_json_in_the_paths_dialect() {
         ("GET", "/v1/unknown", Shape::OpenAi),
         ("POST", "/v1/chat/complete", Shape::OpenAi),
         ("POST", "/v2/chat/completions", Shape::OpenAi),
-        ("GET", "/", Shape::OpenAi),
+        ("GET", "/no-such-page", Shape::OpenAi),
         ("POST", "/v1/messages/batches", Shape::Anthropic),
     ];
     for (method, path, shape) in cases {

@@ -202,9 +202,10 @@ async fn graceful_shutdown_drains_in_flight_work_fails_queued_work_and_returns()
 #[tokio::test]
 async fn draining_proxy_refuses_new_requests_and_new_workers_with_503() {
     // Serve the router directly so the listener stays open while the hub drains.
-    let (app, hub) = relay_core::proxy::router(test_config());
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let relay_core::proxy::Built { app, hub, .. } =
+        relay_core::proxy::router(test_config(), addr, axum::Router::new());
     let server = tokio::spawn(async move {
         axum::serve(
             listener,

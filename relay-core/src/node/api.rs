@@ -1,0 +1,347 @@
+//! The node's part of the control API: settings, setup (discovery, join codes, joining) and the
+//! model lifecycle of its own worker. The contract is `docs/admin-api.md`.
+
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::middleware::from_fn_with_state;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use super::join_code::{self, JoinDetails};
+use super::settings::{self, SettingsValues};
+use super::{Inner, Node, NodeError};
+use crate::proxy::control::{api_error, auth, AdminAccess, ControlError};
+
+/// How long "test connection" waits for the proxy.
+const JOIN_TEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the routes find their node: built before the node exists (the node's proxy serves
+/// them), filled in once it does. Weak, so the routes never keep a stopped node alive.
+#[derive(Clone, Default)]
+pub struct NodeSlot(Arc<OnceLock<Weak<Inner>>>);
+
+impl NodeSlot {
+    /// Points the routes at `node`.
+    pub fn set(&self, node: &Node) {
+        let _ = self.0.set(Arc::downgrade(&node.inner));
+    }
+
+    fn node(&self) -> Result<Node, ControlError> {
+        self.0
+            .get()
+            .and_then(Weak::upgrade)
+            .map(|inner| Node { inner })
+            .ok_or_else(|| {
+                api_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "node_starting",
+                    "the node is starting or stopping; retry in a moment",
+                )
+            })
+    }
+}
+
+/// The node's control routes, behind the admin check.
+pub fn routes(slot: NodeSlot, access: AdminAccess) -> Router {
+    Router::new()
+        .route("/api/settings", get(get_settings).put(put_settings))
+        .route("/api/config", put(put_config))
+        .route("/api/join", post(join))
+        .route("/api/join/test", post(test_join))
+        .route("/api/join-code", get(join_code))
+        .route("/api/discovery", get(discover))
+        .route("/api/lifecycle", get(lifecycle_status))
+        .route("/api/lifecycle/{model}/{action}", post(lifecycle_action))
+        .route_layer(from_fn_with_state(access, auth::guard))
+        .with_state(slot)
+}
+
+type Answer = Result<Response, ControlError>;
+
+fn invalid(message: impl Into<String>) -> ControlError {
+    api_error(StatusCode::BAD_REQUEST, "invalid_settings", message)
+}
+
+fn node_error(error: NodeError) -> ControlError {
+    match error {
+        NodeError::Invalid(message) => invalid(message),
+        other => api_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "settings_not_applied",
+            other.to_string(),
+        ),
+    }
+}
+
+fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ControlError> {
+    body.map(|Json(value)| value).map_err(|rejection| {
+        api_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("invalid request body: {}", rejection.body_text()),
+        )
+    })
+}
+
+/// `GET /api/settings`'s answer for `node` now.
+fn settings_view(node: &Node) -> Answer {
+    let path = node.config_path();
+    let text = settings::read(path).map_err(|e| {
+        api_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "config_unreadable",
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })?;
+    let file = settings::validate(&text).map_err(|e| {
+        api_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "config_invalid",
+            format!("{} is not valid: {e}", path.display()),
+        )
+    })?;
+    Ok(Json(json!({
+        "path": path.display().to_string(),
+        "toml": text,
+        "settings": SettingsValues::of(&file),
+        "restart_required": node.restart_required(),
+    }))
+    .into_response())
+}
+
+async fn get_settings(State(slot): State<NodeSlot>) -> Answer {
+    settings_view(&slot.node()?)
+}
+
+async fn put_settings(
+    State(slot): State<NodeSlot>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Answer {
+    let node = slot.node()?;
+    let patch = json_body(body)?;
+    node.save_settings(&patch).await.map_err(node_error)?;
+    settings_view(&node)
+}
+
+#[derive(Deserialize)]
+struct ConfigText {
+    toml: String,
+}
+
+async fn put_config(
+    State(slot): State<NodeSlot>,
+    body: Result<Json<ConfigText>, JsonRejection>,
+) -> Answer {
+    let node = slot.node()?;
+    let body = json_body(body)?;
+    node.save_config_text(&body.toml)
+        .await
+        .map_err(node_error)?;
+    settings_view(&node)
+}
+
+/// A join target: a code, or a URL and secret.
+#[derive(Deserialize)]
+struct JoinRequest {
+    code: Option<String>,
+    proxy_url: Option<String>,
+    secret: Option<String>,
+    provider: Option<String>,
+}
+
+impl JoinRequest {
+    fn details(self) -> Result<JoinDetails, ControlError> {
+        if let Some(code) = self.code.filter(|c| !c.trim().is_empty()) {
+            return join_code::decode(&code)
+                .map_err(|m| api_error(StatusCode::BAD_REQUEST, "invalid_join_code", m));
+        }
+        let url = self
+            .proxy_url
+            .map(|u| u.trim().trim_end_matches('/').to_string())
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| invalid("give `proxy_url` and `secret`, or a join `code`"))?;
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(invalid(format!(
+                "`proxy_url` {url:?} must start with http:// or https://"
+            )));
+        }
+        let secret = self
+            .secret
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| invalid("`secret` is required: the proxy's worker secret"))?;
+        Ok(JoinDetails {
+            url,
+            secret,
+            provider: self
+                .provider
+                .filter(|p| !p.trim().is_empty())
+                .unwrap_or_else(|| "local".to_string()),
+        })
+    }
+}
+
+async fn test_join(body: Result<Json<JoinRequest>, JsonRejection>) -> Answer {
+    let details = json_body(body)?.details()?;
+    let (ok, message) = match probe_proxy(&details).await {
+        Ok(()) => (
+            true,
+            format!(
+                "connected to {} and the secret was accepted (provider {})",
+                details.url, details.provider
+            ),
+        ),
+        Err(message) => (false, message),
+    };
+    Ok(Json(json!({"ok": ok, "message": message})).into_response())
+}
+
+/// Opens the proxy's worker WebSocket with the secret and hangs up: proves the URL, the
+/// provider and the secret without registering.
+pub async fn probe_proxy(details: &JoinDetails) -> Result<(), String> {
+    let url = crate::worker::connect_url(&details.url, &details.provider)?;
+    let mut request = url
+        .as_str()
+        .into_client_request()
+        .map_err(|e| format!("{} is not a usable proxy URL: {e}", details.url))?;
+    request.headers_mut().insert(
+        "x-worker-secret",
+        details
+            .secret
+            .parse()
+            .map_err(|_| "the secret contains characters a header cannot carry".to_string())?,
+    );
+    let attempt = tokio::time::timeout(
+        JOIN_TEST_TIMEOUT,
+        tokio_tungstenite::connect_async(request),
+    )
+    .await
+    .map_err(|_| {
+        format!(
+            "{} did not answer within {}s: check the address and that a firewall lets this machine reach it",
+            details.url,
+            JOIN_TEST_TIMEOUT.as_secs()
+        )
+    })?;
+    match attempt {
+        Ok((mut socket, _)) => {
+            let _ = socket.close(None).await;
+            Ok(())
+        }
+        Err(tungstenite::Error::Http(response)) => Err(match response.status().as_u16() {
+            401 => "the proxy refused the secret: copy it again from the proxy's dashboard or start-up banner".to_string(),
+            403 => "the proxy refused this worker (provider disabled, or this worker was drained)".to_string(),
+            404 => format!("the proxy has no provider {:?}", details.provider),
+            429 => "too many failed attempts from this address: wait a minute and retry".to_string(),
+            503 => "the proxy is not accepting workers (its proxy role is off, or it is shutting down)".to_string(),
+            status => format!("the proxy answered HTTP {status} instead of accepting a worker: is {} a ModelRelay proxy?", details.url),
+        }),
+        Err(tungstenite::Error::Io(error)) => Err(format!(
+            "cannot reach {}: {error}; is the proxy running, and listening beyond loopback (--listen 0.0.0.0:PORT)?",
+            details.url
+        )),
+        Err(error) => Err(format!("could not connect to {}: {error}", details.url)),
+    }
+}
+
+async fn join(
+    State(slot): State<NodeSlot>,
+    body: Result<Json<JoinRequest>, JsonRejection>,
+) -> Answer {
+    let node = slot.node()?;
+    let details = json_body(body)?.details()?;
+    let own = super::same_proxy(&details.url, &node.url());
+    // Joining this node's own proxy needs no stored URL or secret: the defaults point there.
+    let patch = if own {
+        json!({"roles": {"worker": true}, "worker": {"proxy_url": null, "worker_secret": null}})
+    } else {
+        json!({
+            "roles": {"worker": true},
+            "worker": {"proxy_url": details.url, "worker_secret": details.secret},
+        })
+    };
+    node.save_settings(&patch).await.map_err(node_error)?;
+    settings_view(&node)
+}
+
+async fn join_code(State(slot): State<NodeSlot>) -> Answer {
+    let node = slot.node()?;
+    if !node.roles().proxy {
+        return Err(api_error(
+            StatusCode::NOT_FOUND,
+            "proxy_role_off",
+            "this node does not run a proxy, so other boxes cannot join it",
+        ));
+    }
+    let details = JoinDetails {
+        url: node.url(),
+        secret: node.secret().to_string(),
+        provider: node.provider().to_string(),
+    };
+    Ok(Json(json!({
+        "url": details.url,
+        "secret": details.secret,
+        "provider": details.provider,
+        "code": join_code::encode(&details),
+    }))
+    .into_response())
+}
+
+async fn discover(State(slot): State<NodeSlot>) -> Answer {
+    let node = slot.node()?;
+    let (backends, proxies) = node.discover().await;
+    let backends: Vec<Value> = backends
+        .iter()
+        .map(|b| json!({"kind": b.kind, "label": b.kind.label(), "url": b.url, "models": b.models}))
+        .collect();
+    Ok(Json(json!({"backends": backends, "proxies": proxies})).into_response())
+}
+
+fn lifecycle(node: &Node) -> Option<crate::lifecycle::LifecycleManager> {
+    node.worker_report()?.lifecycle()
+}
+
+async fn lifecycle_status(State(slot): State<NodeSlot>) -> Answer {
+    let node = slot.node()?;
+    let mut models = lifecycle(&node).map(|m| m.status()).unwrap_or_default();
+    models.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Json(json!({"models": models})).into_response())
+}
+
+async fn lifecycle_action(
+    State(slot): State<NodeSlot>,
+    Path((model, action)): Path<(String, String)>,
+) -> Answer {
+    let node = slot.node()?;
+    let manager = lifecycle(&node)
+        .filter(|m| m.has_model(&model))
+        .ok_or_else(|| {
+            api_error(
+                StatusCode::NOT_FOUND,
+                "model_not_mapped",
+                format!("model {model:?} is not in this node's worker model map"),
+            )
+        })?;
+    let result = match action.as_str() {
+        "load" => manager.load(&model).await,
+        "unload" => manager.unload(&model).await,
+        other => {
+            return Err(api_error(
+                StatusCode::NOT_FOUND,
+                "unknown_action",
+                format!("unknown lifecycle action {other:?}: use load or unload"),
+            ))
+        }
+    };
+    result.map_err(|e| api_error(StatusCode::BAD_GATEWAY, "lifecycle_failed", e.to_string()))?;
+    let status = manager.status().into_iter().find(|s| s.name == model);
+    Ok(Json(json!({"ok": true, "model": status})).into_response())
+}

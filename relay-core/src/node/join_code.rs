@@ -1,0 +1,91 @@
+//! One-line join codes: a proxy URL, its worker secret and provider in one pasteable string.
+//!
+//! Format: `mrj1.` followed by the base64url (no padding) of `{"url","secret","provider"}`. The
+//! version prefix lets a later format be told apart from this one.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+const PREFIX: &str = "mrj1.";
+
+/// What a join code carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinDetails {
+    /// The proxy's base URL.
+    pub url: String,
+    /// Its worker secret.
+    pub secret: String,
+    /// The provider to join.
+    #[serde(default = "default_provider")]
+    pub provider: String,
+}
+
+fn default_provider() -> String {
+    "local".to_string()
+}
+
+/// Encodes `details` as a join code.
+pub fn encode(details: &JoinDetails) -> String {
+    let json = serde_json::to_vec(details).expect("plain strings always serialize");
+    format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(json))
+}
+
+/// Decodes a join code, saying what is wrong with a bad one.
+pub fn decode(code: &str) -> Result<JoinDetails, String> {
+    let body = code.trim().strip_prefix(PREFIX).ok_or_else(|| {
+        format!(
+            "a join code starts with `{PREFIX}`; copy the whole line from the proxy's dashboard"
+        )
+    })?;
+    let json = URL_SAFE_NO_PAD
+        .decode(body.trim_end_matches('='))
+        .map_err(|_| "the join code is damaged (not base64url); copy it again".to_string())?;
+    let details: JoinDetails = serde_json::from_slice(&json)
+        .map_err(|e| format!("the join code's contents are not valid: {e}"))?;
+    if !(details.url.starts_with("http://") || details.url.starts_with("https://")) {
+        return Err(format!(
+            "the join code's proxy URL {:?} must start with http:// or https://",
+            details.url
+        ));
+    }
+    if details.secret.is_empty() {
+        return Err("the join code carries no secret".to_string());
+    }
+    Ok(details)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn details() -> JoinDetails {
+        JoinDetails {
+            url: "http://192.168.1.20:8080".into(),
+            secret: "abc/+=secret".into(),
+            provider: "lab".into(),
+        }
+    }
+
+    #[test]
+    fn a_code_round_trips_and_is_one_url_safe_line() {
+        let code = encode(&details());
+        assert!(code.starts_with("mrj1."));
+        assert!(code
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)));
+        assert_eq!(decode(&code).unwrap(), details());
+        assert_eq!(decode(&format!("  {code}\n")).unwrap(), details());
+    }
+
+    #[test]
+    fn bad_codes_say_what_is_wrong() {
+        assert!(decode("hello").unwrap_err().contains("starts with"));
+        assert!(decode("mrj1.!!!").unwrap_err().contains("damaged"));
+        let no_scheme = encode(&JoinDetails {
+            url: "proxy:8080".into(),
+            ..details()
+        });
+        assert!(decode(&no_scheme).unwrap_err().contains("http://"));
+    }
+}

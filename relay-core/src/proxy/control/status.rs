@@ -1,0 +1,243 @@
+//! `GET /api/status` and its live feed `GET /api/events`.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::Json;
+use futures_util::Stream;
+use serde::Serialize;
+use tokio::time::{interval, Instant, MissedTickBehavior};
+
+use super::NodeInfo;
+use crate::proxy::telemetry::{Series, TotalsSnapshot};
+use crate::proxy::AppState;
+
+/// How often the feed checks for changes: the dashboard sees a change within this.
+const FEED_CHECK: Duration = Duration::from_millis(100);
+/// The feed sends at least this often, so the charts move every second.
+const FEED_HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// The node as the dashboard shows it.
+#[derive(Debug, Serialize)]
+pub struct NodeStatus {
+    /// The crate version.
+    pub version: &'static str,
+    #[serde(flatten)]
+    info: NodeInfo,
+    /// Whether the control API needs the admin token.
+    pub admin_token_required: bool,
+    /// Seconds since start.
+    pub uptime_secs: u64,
+}
+
+/// One connected worker.
+#[derive(Debug, Serialize)]
+pub struct WorkerView {
+    id: String,
+    provider: String,
+    name: String,
+    host: Option<String>,
+    models: Vec<String>,
+    load: u32,
+    max_concurrent: u32,
+    state: &'static str,
+    connected_unix_ms: Option<u64>,
+    heartbeat_ms: Option<f64>,
+}
+
+/// One served model.
+#[derive(Debug, Serialize)]
+pub struct ModelView {
+    name: String,
+    provider: String,
+    workers: Vec<String>,
+}
+
+/// One provider's queue.
+#[derive(Debug, Serialize)]
+pub struct QueueView {
+    provider: String,
+    depth: usize,
+}
+
+/// One request in flight.
+#[derive(Debug, Serialize)]
+pub struct RequestView {
+    id: String,
+    model: String,
+    provider: Option<String>,
+    worker: Option<String>,
+    state: &'static str,
+    streaming: bool,
+    age_ms: u64,
+    ttft_ms: Option<u64>,
+    tokens: u64,
+    tokens_per_sec: Option<f64>,
+}
+
+/// Everything the dashboard shows.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    node: NodeStatus,
+    workers: Vec<WorkerView>,
+    models: Vec<ModelView>,
+    queues: Vec<QueueView>,
+    in_flight: Vec<RequestView>,
+    totals: TotalsSnapshot,
+    series: Series,
+}
+
+/// Builds the status now.
+pub fn snapshot(state: &AppState) -> Status {
+    let hub = &state.hub;
+    let telemetry = hub.telemetry();
+    let snapshots = hub.workers();
+    let workers: Vec<WorkerView> = snapshots
+        .iter()
+        .map(|w| {
+            let record = telemetry.worker(&w.id);
+            let load = w.in_flight + w.external_load;
+            WorkerView {
+                id: w.id.clone(),
+                provider: w.provider.clone(),
+                name: w.name.clone(),
+                host: record.as_ref().map(|r| r.host.clone()),
+                models: w.models.clone(),
+                load,
+                max_concurrent: w.max_concurrent,
+                state: if w.draining {
+                    "draining"
+                } else if load > 0 {
+                    "busy"
+                } else {
+                    "idle"
+                },
+                connected_unix_ms: record.as_ref().map(|r| r.connected_unix_ms),
+                heartbeat_ms: record
+                    .and_then(|r| r.heartbeat)
+                    .map(|d| (d.as_secs_f64() * 1e5).round() / 100.0),
+            }
+        })
+        .collect();
+    let models: Vec<ModelView> = hub
+        .models()
+        .into_iter()
+        .map(|(name, provider)| ModelView {
+            workers: snapshots
+                .iter()
+                .filter(|w| w.provider == provider && w.models.contains(&name))
+                .map(|w| w.id.clone())
+                .collect(),
+            name,
+            provider,
+        })
+        .collect();
+    let provider_of: HashMap<&str, &str> = models
+        .iter()
+        .map(|m| (m.name.as_str(), m.provider.as_str()))
+        .collect();
+    let requests = telemetry.requests();
+    let ids: Vec<_> = requests.iter().map(|(id, _)| *id).collect();
+    let assignments = hub.assignments(&ids);
+    let in_flight = requests
+        .iter()
+        .zip(assignments)
+        .filter_map(|((id, record), assignment)| {
+            // Untracked by the scheduler: answered, the client still reading the last bytes.
+            let worker = assignment?;
+            let age = record.arrived.elapsed();
+            let ttft = record.ttft();
+            let tokens = record.tokens();
+            let generating = ttft.map(|t| age.saturating_sub(t).as_secs_f64());
+            Some(RequestView {
+                id: crate::proxy::scheduler::request_wire_id(*id),
+                provider: provider_of
+                    .get(record.model.as_str())
+                    .map(|p| p.to_string()),
+                model: record.model.clone(),
+                state: if worker.is_some() {
+                    "running"
+                } else {
+                    "queued"
+                },
+                worker,
+                streaming: record.streaming,
+                age_ms: age.as_millis() as u64,
+                ttft_ms: ttft.map(|t| t.as_millis() as u64),
+                tokens,
+                tokens_per_sec: generating
+                    .filter(|secs| *secs > 0.05 && tokens > 0)
+                    .map(|secs| (tokens as f64 / secs * 10.0).round() / 10.0),
+            })
+        })
+        .collect();
+    Status {
+        node: NodeStatus {
+            version: env!("CARGO_PKG_VERSION"),
+            info: state.node.borrow().clone(),
+            admin_token_required: state.admin.required(),
+            uptime_secs: hub.uptime().as_secs(),
+        },
+        workers,
+        models,
+        queues: hub
+            .queue_depths()
+            .into_iter()
+            .map(|(provider, depth)| QueueView { provider, depth })
+            .collect(),
+        in_flight,
+        totals: telemetry.totals(),
+        series: telemetry.series(),
+    }
+}
+
+/// `GET /api/status`.
+pub async fn get_status(State(state): State<AppState>) -> Json<Status> {
+    Json(snapshot(&state))
+}
+
+fn status_event(state: &AppState) -> Event {
+    Event::default()
+        .event("status")
+        .json_data(snapshot(state))
+        .unwrap_or_else(|_| Event::default().comment("status could not be encoded"))
+}
+
+/// `GET /api/events`: the status now, then on every change (at most every 100 ms) and at least
+/// once a second.
+pub async fn events(
+    State(state): State<AppState>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let first = status_event(&state);
+    let mut check = interval(FEED_CHECK);
+    check.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let node_changes = state.node.subscribe();
+    let seen = (state.hub.telemetry().version(), Instant::now());
+    let later = futures_util::stream::unfold(
+        (state, check, node_changes, seen),
+        |(state, mut check, mut node_changes, (mut version, mut sent))| async move {
+            loop {
+                check.tick().await;
+                let now_version = state.hub.telemetry().version();
+                let node_changed = node_changes.has_changed().unwrap_or(false);
+                if now_version != version || node_changed || sent.elapsed() >= FEED_HEARTBEAT {
+                    node_changes.mark_unchanged();
+                    version = now_version;
+                    sent = Instant::now();
+                    let event = status_event(&state);
+                    return Some((Ok(event), (state, check, node_changes, (version, sent))));
+                }
+            }
+        },
+    );
+    let stream =
+        futures_util::StreamExt::chain(futures_util::stream::once(async { Ok(first) }), later);
+    Sse::new(stream).keep_alive(
+        KeepAlive::new()
+            .interval(Duration::from_secs(15))
+            .text("keep-alive"),
+    )
+}

@@ -1,0 +1,91 @@
+//! What a running worker tells whoever embeds it (the node's dashboard, the desktop tray): its
+//! connection to the proxy and its model lifecycle manager.
+
+use std::sync::Mutex;
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::lifecycle::LifecycleManager;
+
+/// Where the worker's connection to its proxy stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConnectionState {
+    /// Connecting or registering.
+    Connecting,
+    /// Registered and serving.
+    Connected,
+    /// The last attempt failed or the connection dropped; retrying with backoff.
+    Disconnected,
+}
+
+/// The connection state with the reason of the last failure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConnectionStatus {
+    /// The state.
+    pub state: ConnectionState,
+    /// Why the last connection failed or ended, if it did.
+    pub last_error: Option<String>,
+}
+
+/// Shared between a running worker and its embedder.
+pub struct WorkerReport {
+    connection: watch::Sender<ConnectionStatus>,
+    lifecycle: Mutex<Option<LifecycleManager>>,
+}
+
+impl std::fmt::Debug for WorkerReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerReport")
+            .field("connection", &*self.connection.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for WorkerReport {
+    fn default() -> Self {
+        WorkerReport {
+            connection: watch::Sender::new(ConnectionStatus {
+                state: ConnectionState::Connecting,
+                last_error: None,
+            }),
+            lifecycle: Mutex::new(None),
+        }
+    }
+}
+
+impl WorkerReport {
+    /// The connection status now.
+    pub fn connection(&self) -> ConnectionStatus {
+        self.connection.borrow().clone()
+    }
+
+    /// Changes of the connection status.
+    pub fn subscribe(&self) -> watch::Receiver<ConnectionStatus> {
+        self.connection.subscribe()
+    }
+
+    /// The worker's model lifecycle manager, when it has a model map.
+    pub fn lifecycle(&self) -> Option<LifecycleManager> {
+        self.lifecycle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_state(&self, state: ConnectionState, error: Option<String>) {
+        self.connection.send_if_modified(|status| {
+            let changed = status.state != state || (error.is_some() && status.last_error != error);
+            status.state = state;
+            if error.is_some() {
+                status.last_error = error;
+            }
+            changed
+        });
+    }
+
+    pub(crate) fn set_lifecycle(&self, manager: Option<LifecycleManager>) {
+        *self.lifecycle.lock().unwrap_or_else(|p| p.into_inner()) = manager;
+    }
+}

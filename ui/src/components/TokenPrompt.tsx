@@ -1,0 +1,73 @@
+import { useEffect, useRef, useState } from 'preact/hooks';
+import { checkToken, errorMessage, setToken } from '../api';
+
+/** Asks for the admin token after the API answered 401; checks it before keeping it. */
+export function TokenPrompt({ onAccepted, hadToken }: { onAccepted: () => void; hadToken: boolean }) {
+  const [value, setValue] = useState('');
+  const [error, setError] = useState<string | null>(hadToken ? 'The saved admin token was refused.' : null);
+  const [busy, setBusy] = useState(false);
+  const input = useRef<HTMLInputElement>(null);
+  useEffect(() => input.current?.focus(), []);
+
+  const submit = async (e: Event) => {
+    e.preventDefault();
+    const candidate = value.trim();
+    if (!candidate) {
+      setError('Enter the admin token.');
+      return;
+    }
+    setBusy(true);
+    setError(null);
+    try {
+      if (await checkToken(candidate)) {
+        setToken(candidate);
+        onAccepted();
+      } else {
+        setError('That admin token was refused. Check it and try again.');
+      }
+    } catch (err) {
+      setError(`Cannot reach the relay: ${errorMessage(err)}`);
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  return (
+    <div class="overlay">
+      <form
+        class="dialog card"
+        role="dialog"
+        aria-modal="true"
+        aria-labelledby="token-title"
+        onSubmit={submit}
+        data-testid="token-prompt"
+      >
+        <h2 id="token-title">Admin token required</h2>
+        <p class="muted">
+          This relay listens beyond this machine, so its control API needs the admin token. It was printed when the
+          relay started, and is stored in the <code>admin-token</code> file of its data directory.
+        </p>
+        <label class="field">
+          <span>Admin token</span>
+          <input
+            ref={input}
+            type="password"
+            autocomplete="current-password"
+            value={value}
+            onInput={(e) => setValue((e.target as HTMLInputElement).value)}
+          />
+        </label>
+        {error ? (
+          <div class="alert alert-error" role="alert" data-testid="token-error">
+            {error}
+          </div>
+        ) : null}
+        <div class="row-end">
+          <button class="btn btn-primary" type="submit" disabled={busy}>
+            {busy ? 'Checking…' : 'Unlock'}
+          </button>
+        </div>
+      </form>
+    </div>
+  );
+}

@@ -1,0 +1,118 @@
+import { describe, expect, it } from 'vitest';
+import { sampleStatus } from './fixtures';
+import { rolesLabel, seriesData, toDashboardView, toLifecycleRows } from './viewmodel';
+
+const NOW = 1_763_740_065_000; // 65 s after the workers connected
+
+describe('toDashboardView', () => {
+  const view = toDashboardView(sampleStatus(), NOW);
+
+  it('describes the node', () => {
+    expect(view.node.url).toBe('http://127.0.0.1:8080');
+    expect(view.node.roles).toEqual(['proxy', 'worker']);
+    expect(view.node.rolesLabel).toBe('proxy + worker');
+    expect(view.node.uptime).toBe('2m 05s');
+    expect(view.node.ownWorker).toMatchObject({ state: 'connected', label: 'connected', tone: 'ok' });
+  });
+
+  it('sorts workers by name and formats their columns', () => {
+    expect(view.workers.map((w) => w.name)).toEqual(['gpu-box', 'zeta']);
+    const w = view.workers[0];
+    expect(w).toMatchObject({
+      id: 'w-1',
+      loadLabel: '1 / 4',
+      loadFraction: 0.25,
+      state: 'busy',
+      tone: 'busy',
+      connectedSince: '1m 05s',
+      heartbeat: '0.80 ms',
+      canDrain: true,
+      modelsLabel: 'qwen2.5-7b',
+    });
+    expect(view.workers[1].heartbeat).toBe('—');
+    expect(view.workers[1].tone).toBe('ok');
+  });
+
+  it('does not offer to drain a draining worker', () => {
+    const s = sampleStatus();
+    s.workers[0].state = 'draining';
+    const v = toDashboardView(s, NOW);
+    const zeta = v.workers.find((w) => w.id === 'w-2')!;
+    expect(zeta.canDrain).toBe(false);
+    expect(zeta.tone).toBe('warn');
+  });
+
+  it('names the workers serving each model', () => {
+    expect(view.models.map((m) => [m.name, m.workersLabel])).toEqual([
+      ['gone', 'no worker (queueing)'],
+      ['llama3', 'zeta'],
+      ['qwen2.5-7b', 'gpu-box'],
+    ]);
+    expect(view.servedModels).toEqual(['llama3', 'qwen2.5-7b']);
+  });
+
+  it('lists in-flight requests oldest first, with worker names', () => {
+    expect(view.inFlight.map((r) => r.id)).toEqual(['r-18', 'r-17']);
+    expect(view.inFlight[1]).toMatchObject({
+      worker: 'gpu-box',
+      age: '1.2 s',
+      ttft: '45 ms',
+      tokens: '120',
+      tokensPerSec: '97.2 tok/s',
+      state: 'running',
+    });
+    expect(view.inFlight[0]).toMatchObject({ worker: 'queued', ttft: '—', tokensPerSec: '—' });
+  });
+
+  it('sums queues and formats totals', () => {
+    expect(view.queueDepthTotal).toBe(2);
+    expect(view.totals).toEqual({ requests: '10', errors: '1', tokens: '1,234', errorRate: '10%' });
+    const empty = toDashboardView(sampleStatus({ totals: { requests: 0, errors: 0, tokens: 0 } }), NOW);
+    expect(empty.totals.errorRate).toBe('—');
+  });
+
+  it('shows an unknown worker id as is', () => {
+    const s = sampleStatus();
+    s.in_flight[0].worker = 'w-404';
+    expect(toDashboardView(s, NOW).inFlight.find((r) => r.id === 'r-17')!.worker).toBe('w-404');
+  });
+
+  it('labels every role combination', () => {
+    expect(rolesLabel({ proxy: true, worker: false })).toBe('proxy');
+    expect(rolesLabel({ proxy: false, worker: true })).toBe('worker');
+    expect(rolesLabel({ proxy: false, worker: false })).toBe('no role');
+    const off = sampleStatus();
+    off.node.worker = { state: 'off', proxy_url: null, name: null, last_error: null };
+    expect(toDashboardView(off, NOW).node.ownWorker).toMatchObject({ label: 'off', tone: 'muted' });
+  });
+});
+
+describe('seriesData', () => {
+  it('pairs timestamps with values, trimmed to the shorter array', () => {
+    const s = sampleStatus();
+    expect(seriesData(s, 'requests_per_sec')).toEqual([[1_763_740_000, 1_763_740_001, 1_763_740_002], [0, 2, 1]]);
+    expect(seriesData(s, 'queue_depth')).toEqual([[1_763_740_001, 1_763_740_002], [0, 1]]);
+  });
+});
+
+describe('toLifecycleRows', () => {
+  it('offers Load for stopped models and Unload for running ones', () => {
+    const rows = toLifecycleRows(
+      [
+        { name: 'b', state: 'ready', port: 9001, pid: 42, last_used_unix_ms: NOW - 30_000, restarts: 1, crashes: 0, in_flight: 1, last_error: null, retry_in_secs: null },
+        { name: 'a', state: 'stopped', port: null, pid: null, last_used_unix_ms: null, restarts: 0, crashes: 0, in_flight: 0, last_error: null, retry_in_secs: null },
+        { name: 'c', state: 'failed', port: null, pid: null, last_used_unix_ms: null, restarts: 0, crashes: 3, in_flight: 0, last_error: 'exit 1', retry_in_secs: 20 },
+      ],
+      NOW,
+    );
+    expect(rows.map((r) => [r.name, r.tone, r.canLoad, r.canUnload])).toEqual([
+      ['a', 'muted', true, false],
+      ['b', 'ok', false, true],
+      ['c', 'bad', true, true],
+    ]);
+    expect(rows[1].detail).toBe('port 9001 · pid 42');
+    expect(rows[1].lastUsed).toBe('30 s ago');
+    expect(rows[0].lastUsed).toBe('never');
+    expect(rows[2].detail).toBe('retry in 20 s');
+  });
+});

@@ -1,0 +1,288 @@
+// Status (from /api/events) → what the dashboard shows. Pure, unit-tested.
+
+import type { ModelStatus, OwnWorkerState, Status, WorkerState } from '../types';
+import {
+  DASH,
+  formatCompact,
+  formatCount,
+  formatDateTime,
+  formatDuration,
+  formatLatency,
+  formatRate,
+  formatSince,
+  formatUptime,
+} from './format';
+
+export type Tone = 'ok' | 'busy' | 'warn' | 'bad' | 'muted';
+
+export interface NodeView {
+  url: string;
+  version: string;
+  listen: string;
+  roles: string[];
+  rolesLabel: string;
+  uptime: string;
+  adminTokenRequired: boolean;
+  ownWorker: {
+    state: OwnWorkerState;
+    label: string;
+    tone: Tone;
+    proxyUrl: string | null;
+    name: string | null;
+    lastError: string | null;
+  };
+}
+
+export interface WorkerRow {
+  id: string;
+  name: string;
+  host: string;
+  provider: string;
+  models: string[];
+  modelsLabel: string;
+  load: number;
+  maxConcurrent: number;
+  loadLabel: string;
+  loadFraction: number;
+  state: WorkerState;
+  tone: Tone;
+  connectedSince: string;
+  connectedAt: string;
+  heartbeat: string;
+  canDrain: boolean;
+}
+
+export interface ModelRow {
+  name: string;
+  provider: string;
+  workerNames: string[];
+  workersLabel: string;
+}
+
+export interface QueueRow {
+  provider: string;
+  depth: number;
+}
+
+export interface InFlightRow {
+  id: string;
+  model: string;
+  provider: string;
+  worker: string;
+  state: 'queued' | 'running';
+  streaming: boolean;
+  age: string;
+  ttft: string;
+  tokens: string;
+  tokensPerSec: string;
+}
+
+export interface TotalsView {
+  requests: string;
+  errors: string;
+  tokens: string;
+  errorRate: string;
+}
+
+export interface DashboardView {
+  node: NodeView;
+  workers: WorkerRow[];
+  models: ModelRow[];
+  queues: QueueRow[];
+  queueDepthTotal: number;
+  inFlight: InFlightRow[];
+  totals: TotalsView;
+  servedModels: string[];
+}
+
+export function rolesList(roles: { proxy: boolean; worker: boolean }): string[] {
+  const out: string[] = [];
+  if (roles.proxy) out.push('proxy');
+  if (roles.worker) out.push('worker');
+  return out;
+}
+
+export function rolesLabel(roles: { proxy: boolean; worker: boolean }): string {
+  if (roles.proxy && roles.worker) return 'proxy + worker';
+  if (roles.proxy) return 'proxy';
+  if (roles.worker) return 'worker';
+  return 'no role';
+}
+
+const OWN_WORKER_LABEL: Record<OwnWorkerState, [string, Tone]> = {
+  off: ['off', 'muted'],
+  connecting: ['connecting…', 'warn'],
+  connected: ['connected', 'ok'],
+  disconnected: ['disconnected', 'bad'],
+};
+
+export function workerTone(state: WorkerState): Tone {
+  switch (state) {
+    case 'idle':
+      return 'ok';
+    case 'busy':
+      return 'busy';
+    case 'draining':
+      return 'warn';
+    default:
+      return 'muted';
+  }
+}
+
+/** Map a Status to the dashboard's rows and labels; `nowMs` is the viewer's clock. */
+export function toDashboardView(status: Status, nowMs: number): DashboardView {
+  const { node } = status;
+  const workerNames = new Map<string, string>();
+  for (const w of status.workers) workerNames.set(w.id, w.name || w.id);
+  const nameOf = (id: string | null) => (id == null ? DASH : (workerNames.get(id) ?? id));
+
+  const [ownLabel, ownTone] = OWN_WORKER_LABEL[node.worker.state] ?? [node.worker.state, 'muted'];
+
+  const workers: WorkerRow[] = [...status.workers]
+    .sort((a, b) => a.name.localeCompare(b.name) || a.id.localeCompare(b.id))
+    .map((w) => ({
+      id: w.id,
+      name: w.name || w.id,
+      host: w.host || DASH,
+      provider: w.provider,
+      models: w.models,
+      modelsLabel: w.models.length ? w.models.join(', ') : 'none',
+      load: w.load,
+      maxConcurrent: w.max_concurrent,
+      loadLabel: `${w.load} / ${w.max_concurrent}`,
+      loadFraction: w.max_concurrent > 0 ? Math.min(1, Math.max(0, w.load / w.max_concurrent)) : 0,
+      state: w.state,
+      tone: workerTone(w.state),
+      connectedSince: formatSince(w.connected_unix_ms, nowMs),
+      connectedAt: formatDateTime(w.connected_unix_ms),
+      heartbeat: formatLatency(w.heartbeat_ms),
+      canDrain: w.state !== 'draining',
+    }));
+
+  const models: ModelRow[] = [...status.models]
+    .sort((a, b) => a.name.localeCompare(b.name) || a.provider.localeCompare(b.provider))
+    .map((m) => {
+      const names = m.workers.map((id) => nameOf(id));
+      return {
+        name: m.name,
+        provider: m.provider,
+        workerNames: names,
+        workersLabel: names.length ? names.join(', ') : 'no worker (queueing)',
+      };
+    });
+
+  const queues = status.queues.map((q) => ({ provider: q.provider, depth: q.depth }));
+
+  const inFlight: InFlightRow[] = [...status.in_flight]
+    .sort((a, b) => b.age_ms - a.age_ms || a.id.localeCompare(b.id))
+    .map((r) => ({
+      id: r.id,
+      model: r.model,
+      provider: r.provider,
+      worker: r.worker == null ? 'queued' : nameOf(r.worker),
+      state: r.state,
+      streaming: r.streaming,
+      age: formatDuration(r.age_ms),
+      ttft: formatDuration(r.ttft_ms),
+      tokens: formatCount(r.tokens),
+      tokensPerSec: formatRate(r.tokens_per_sec, 'tok/s'),
+    }));
+
+  const t = status.totals;
+  const errorRate = t.requests > 0 ? `${formatCompact((100 * t.errors) / t.requests, 1)}%` : DASH;
+
+  const served = Array.from(new Set(status.models.filter((m) => m.workers.length > 0).map((m) => m.name))).sort();
+
+  return {
+    node: {
+      url: node.url,
+      version: node.version,
+      listen: node.listen,
+      roles: rolesList(node.roles),
+      rolesLabel: rolesLabel(node.roles),
+      uptime: formatUptime(node.uptime_secs),
+      adminTokenRequired: node.admin_token_required,
+      ownWorker: {
+        state: node.worker.state,
+        label: ownLabel,
+        tone: ownTone,
+        proxyUrl: node.worker.proxy_url,
+        name: node.worker.name,
+        lastError: node.worker.last_error,
+      },
+    },
+    workers,
+    models,
+    queues,
+    queueDepthTotal: queues.reduce((s, q) => s + q.depth, 0),
+    inFlight,
+    totals: {
+      requests: formatCount(t.requests),
+      errors: formatCount(t.errors),
+      tokens: formatCount(t.tokens),
+      errorRate,
+    },
+    servedModels: served,
+  };
+}
+
+/** uPlot data for one series: [x (unix secs), y]. Arrays are trimmed to the same length. */
+export function seriesData(
+  status: Pick<Status, 'series'>,
+  key: 'requests_per_sec' | 'tokens_per_sec' | 'errors_per_sec' | 'queue_depth',
+): [number[], number[]] {
+  const s = status.series;
+  const xs = s?.unix_secs ?? [];
+  const ys = s?.[key] ?? [];
+  const n = Math.min(xs.length, ys.length);
+  return [xs.slice(xs.length - n), ys.slice(ys.length - n)];
+}
+
+export interface LifecycleRow {
+  name: string;
+  state: string;
+  tone: Tone;
+  detail: string;
+  lastUsed: string;
+  restarts: number;
+  crashes: number;
+  inFlight: number;
+  lastError: string | null;
+  canLoad: boolean;
+  canUnload: boolean;
+}
+
+export function lifecycleTone(state: string): Tone {
+  const s = state.toLowerCase();
+  if (s === 'ready' || s === 'loaded' || s === 'running') return 'ok';
+  if (s === 'starting' || s === 'loading' || s === 'stopping') return 'warn';
+  if (s.includes('fail') || s.includes('crash') || s.includes('broken') || s.includes('open')) return 'bad';
+  return 'muted';
+}
+
+const STOPPED_STATES = new Set(['stopped', 'unloaded', 'idle', 'off', 'not_loaded', 'cold']);
+
+export function toLifecycleRows(models: ModelStatus[], nowMs: number): LifecycleRow[] {
+  return [...models]
+    .sort((a, b) => a.name.localeCompare(b.name))
+    .map((m) => {
+      const stopped = STOPPED_STATES.has(m.state.toLowerCase());
+      const parts: string[] = [];
+      if (m.port != null) parts.push(`port ${m.port}`);
+      if (m.pid != null) parts.push(`pid ${m.pid}`);
+      if (m.retry_in_secs != null) parts.push(`retry in ${formatUptime(m.retry_in_secs)}`);
+      return {
+        name: m.name,
+        state: m.state,
+        tone: lifecycleTone(m.state),
+        detail: parts.join(' · ') || DASH,
+        lastUsed: m.last_used_unix_ms ? `${formatSince(m.last_used_unix_ms, nowMs)} ago` : 'never',
+        restarts: m.restarts,
+        crashes: m.crashes,
+        inFlight: m.in_flight,
+        lastError: m.last_error,
+        canLoad: stopped || lifecycleTone(m.state) === 'bad',
+        canUnload: !stopped,
+      };
+    });
+}

@@ -1,0 +1,453 @@
+import { useCallback, useEffect, useMemo, useState } from 'preact/hooks';
+import { api, errorMessage } from '../api';
+import { Alert, Badge, Card, CopyButton, Spinner } from '../components/common';
+import { Chart } from '../components/Chart';
+import { useLive } from '../live';
+import { seriesData, toDashboardView, toLifecycleRows, type DashboardView, type WorkerRow } from '../lib/viewmodel';
+import type { ModelStatus, Status } from '../types';
+
+export function Dashboard() {
+  const { status, receivedAt } = useLive();
+  const view = useMemo(() => (status ? toDashboardView(status, receivedAt || Date.now()) : null), [status, receivedAt]);
+
+  if (!status || !view) {
+    return (
+      <main class="page" data-testid="dashboard">
+        <Spinner label="Connecting to the relay…" />
+      </main>
+    );
+  }
+  return (
+    <main class="page" data-testid="dashboard">
+      <NodeHeader view={view} />
+      <Charts status={status} />
+      <WorkersCard workers={view.workers} />
+      <div class="grid-2">
+        <ModelsCard view={view} />
+        <QueuesCard view={view} />
+      </div>
+      <InFlightCard view={view} />
+      <LifecycleCard modelsKey={status.models.map((m) => `${m.name}:${m.workers.length}`).join(',')} />
+    </main>
+  );
+}
+
+function NodeHeader({ view }: { view: DashboardView }) {
+  const { node, totals } = view;
+  const own = node.ownWorker;
+  return (
+    <section class="card node-header" data-testid="node-header" aria-label="This node">
+      <div class="node-main">
+        <div class="node-url">
+          <span class="label">Relay URL</span>
+          <a href={node.url} data-testid="node-url" target="_blank" rel="noreferrer">
+            {node.url}
+          </a>
+          <CopyButton text={node.url} label="Copy URL" />
+        </div>
+        <dl class="facts">
+          <div>
+            <dt>Roles</dt>
+            <dd data-testid="node-roles">
+              {node.roles.length ? (
+                node.roles.map((r) => (
+                  <Badge key={r} tone="muted">
+                    {r}
+                  </Badge>
+                ))
+              ) : (
+                <Badge tone="warn">none</Badge>
+              )}
+            </dd>
+          </div>
+          <div>
+            <dt>Own worker</dt>
+            <dd data-testid="own-worker">
+              <Badge tone={own.tone} testid="own-worker-state">
+                {own.label}
+              </Badge>
+              {own.proxyUrl && own.state !== 'off' ? <span class="muted small"> → {own.proxyUrl}</span> : null}
+            </dd>
+          </div>
+          <div>
+            <dt>Listen</dt>
+            <dd>{node.listen}</dd>
+          </div>
+          <div>
+            <dt>Version</dt>
+            <dd>{node.version}</dd>
+          </div>
+          <div>
+            <dt>Uptime</dt>
+            <dd>{node.uptime}</dd>
+          </div>
+        </dl>
+        {own.lastError ? (
+          <Alert kind="warning" testid="own-worker-error">
+            Worker: {own.lastError}
+          </Alert>
+        ) : null}
+      </div>
+      <dl class="totals" aria-label="Totals">
+        <div>
+          <dt>Requests</dt>
+          <dd data-testid="total-requests">{totals.requests}</dd>
+        </div>
+        <div>
+          <dt>Errors</dt>
+          <dd data-testid="total-errors">
+            {totals.errors}
+            {totals.errorRate !== '—' ? <span class="muted small"> {totals.errorRate}</span> : null}
+          </dd>
+        </div>
+        <div>
+          <dt>Tokens</dt>
+          <dd data-testid="total-tokens">{totals.tokens}</dd>
+        </div>
+      </dl>
+    </section>
+  );
+}
+
+function Charts({ status }: { status: Status }) {
+  const req = useMemo(() => seriesData(status, 'requests_per_sec'), [status]);
+  const tok = useMemo(() => seriesData(status, 'tokens_per_sec'), [status]);
+  const queue = useMemo(() => seriesData(status, 'queue_depth'), [status]);
+  const err = useMemo(() => seriesData(status, 'errors_per_sec'), [status]);
+  return (
+    <section class="charts" aria-label="Live charts" data-testid="charts">
+      <Chart title="Requests/s" data={req} color="#2563eb" testid="chart-requests" />
+      <Chart title="Tokens/s" data={tok} color="#16a34a" testid="chart-tokens" />
+      <Chart title="Queue depth" data={queue} color="#d97706" testid="chart-queue" integer />
+      <Chart title="Errors/s" data={err} color="#dc2626" testid="chart-errors" />
+    </section>
+  );
+}
+
+function WorkersCard({ workers }: { workers: WorkerRow[] }) {
+  const [pending, setPending] = useState<Record<string, boolean>>({});
+  const [message, setMessage] = useState<{ kind: 'error' | 'success'; text: string } | null>(null);
+  const [refreshing, setRefreshing] = useState(false);
+
+  const drain = async (w: WorkerRow) => {
+    setPending((p) => ({ ...p, [w.id]: true }));
+    setMessage(null);
+    try {
+      await api.drain(w.id);
+      setMessage({ kind: 'success', text: `Draining ${w.name}: it finishes its requests, then disconnects.` });
+    } catch (e) {
+      setMessage({ kind: 'error', text: `Could not drain ${w.name}: ${errorMessage(e)}` });
+    } finally {
+      setPending((p) => ({ ...p, [w.id]: false }));
+    }
+  };
+
+  const refresh = async () => {
+    setRefreshing(true);
+    setMessage(null);
+    try {
+      const r = await api.refreshModels();
+      setMessage({
+        kind: 'success',
+        text: `Asked ${r.workers} worker${r.workers === 1 ? '' : 's'} to re-read their models.`,
+      });
+    } catch (e) {
+      setMessage({ kind: 'error', text: `Could not refresh models: ${errorMessage(e)}` });
+    } finally {
+      setRefreshing(false);
+    }
+  };
+
+  return (
+    <Card
+      title="Workers"
+      testid="workers"
+      actions={
+        <button type="button" class="btn" onClick={refresh} disabled={refreshing} data-testid="refresh-models">
+          {refreshing ? 'Refreshing…' : 'Refresh models'}
+        </button>
+      }
+    >
+      {message ? (
+        <Alert kind={message.kind} testid="workers-message">
+          {message.text}
+        </Alert>
+      ) : null}
+      {workers.length === 0 ? (
+        <p class="empty" data-testid="no-workers">
+          No worker is connected. Start one on a GPU box, or use <a href="#/setup">Setup</a> to join this node.
+        </p>
+      ) : (
+        <div class="table-wrap">
+          <table aria-label="Workers">
+            <thead>
+              <tr>
+                <th scope="col">Name</th>
+                <th scope="col">Host</th>
+                <th scope="col">Models</th>
+                <th scope="col">Load</th>
+                <th scope="col">State</th>
+                <th scope="col">Connected</th>
+                <th scope="col">Heartbeat</th>
+                <th scope="col">
+                  <span class="sr-only">Actions</span>
+                </th>
+              </tr>
+            </thead>
+            <tbody>
+              {workers.map((w) => (
+                <tr key={w.id} data-testid="worker-row" data-worker-id={w.id} data-worker-name={w.name} data-state={w.state}>
+                  <td>
+                    <strong>{w.name}</strong>
+                    {w.provider !== 'local' ? <span class="muted small"> ({w.provider})</span> : null}
+                  </td>
+                  <td>{w.host}</td>
+                  <td class="models-cell" data-testid="worker-models">
+                    {w.models.length ? w.models.map((m) => <code key={m}>{m}</code>) : <span class="muted">none</span>}
+                  </td>
+                  <td data-testid="worker-load">
+                    <div class="load">
+                      <span>{w.loadLabel}</span>
+                      <span class="bar" aria-hidden="true">
+                        <span style={{ width: `${Math.round(w.loadFraction * 100)}%` }} />
+                      </span>
+                    </div>
+                  </td>
+                  <td>
+                    <Badge tone={w.tone} testid="worker-state">
+                      {w.state}
+                    </Badge>
+                  </td>
+                  <td title={w.connectedAt}>{w.connectedSince}</td>
+                  <td data-testid="worker-heartbeat">{w.heartbeat}</td>
+                  <td class="actions-cell">
+                    <button
+                      type="button"
+                      class="btn btn-small btn-warn"
+                      disabled={!w.canDrain || pending[w.id]}
+                      onClick={() => drain(w)}
+                      aria-label={`Drain ${w.name}`}
+                      title="Stop routing new requests to this worker; it finishes what it runs, then disconnects"
+                      data-testid="drain-button"
+                    >
+                      {w.canDrain ? (pending[w.id] ? 'Draining…' : 'Drain') : 'Draining'}
+                    </button>
+                  </td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
+    </Card>
+  );
+}
+
+function ModelsCard({ view }: { view: DashboardView }) {
+  return (
+    <Card title="Models" testid="models">
+      {view.models.length === 0 ? (
+        <p class="empty">No model is served yet.</p>
+      ) : (
+        <div class="table-wrap">
+          <table aria-label="Models">
+            <thead>
+              <tr>
+                <th scope="col">Model</th>
+                <th scope="col">Provider</th>
+                <th scope="col">Served by</th>
+              </tr>
+            </thead>
+            <tbody>
+              {view.models.map((m) => (
+                <tr key={`${m.provider}/${m.name}`} data-testid="model-row" data-model={m.name}>
+                  <td>
+                    <code>{m.name}</code>
+                  </td>
+                  <td>{m.provider}</td>
+                  <td class={m.workerNames.length ? '' : 'muted'}>{m.workersLabel}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
+    </Card>
+  );
+}
+
+function QueuesCard({ view }: { view: DashboardView }) {
+  return (
+    <Card title="Queues" testid="queues">
+      {view.queues.length === 0 ? (
+        <p class="empty">No provider queue.</p>
+      ) : (
+        <ul class="queue-list">
+          {view.queues.map((q) => (
+            <li key={q.provider} data-testid="queue-row" data-provider={q.provider}>
+              <span>{q.provider}</span>
+              <strong data-testid="queue-depth" class={q.depth > 0 ? 'warn-text' : ''}>
+                {q.depth} queued
+              </strong>
+            </li>
+          ))}
+        </ul>
+      )}
+    </Card>
+  );
+}
+
+function InFlightCard({ view }: { view: DashboardView }) {
+  return (
+    <Card title={`In flight (${view.inFlight.length})`} testid="in-flight">
+      {view.inFlight.length === 0 ? (
+        <p class="empty" data-testid="no-in-flight">
+          No request in flight.
+        </p>
+      ) : (
+        <div class="table-wrap">
+          <table aria-label="In-flight requests">
+            <thead>
+              <tr>
+                <th scope="col">Model</th>
+                <th scope="col">Worker</th>
+                <th scope="col">State</th>
+                <th scope="col">Age</th>
+                <th scope="col">TTFT</th>
+                <th scope="col">Tokens</th>
+                <th scope="col">Tokens/s</th>
+              </tr>
+            </thead>
+            <tbody>
+              {view.inFlight.map((r) => (
+                <tr key={r.id} data-testid="in-flight-row" data-request-id={r.id} data-state={r.state}>
+                  <td>
+                    <code>{r.model}</code>
+                    {r.streaming ? <span class="muted small"> stream</span> : null}
+                  </td>
+                  <td data-testid="in-flight-worker">{r.worker}</td>
+                  <td>
+                    <Badge tone={r.state === 'running' ? 'busy' : 'warn'}>{r.state}</Badge>
+                  </td>
+                  <td>{r.age}</td>
+                  <td>{r.ttft}</td>
+                  <td>{r.tokens}</td>
+                  <td>{r.tokensPerSec}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
+    </Card>
+  );
+}
+
+/** The model map of this node's worker (llama-server processes it starts on demand). */
+function LifecycleCard({ modelsKey }: { modelsKey: string }) {
+  const [models, setModels] = useState<ModelStatus[] | null>(null);
+  const [error, setError] = useState<string | null>(null);
+  const [busy, setBusy] = useState<string | null>(null);
+
+  const load = useCallback(async () => {
+    try {
+      const r = await api.lifecycle();
+      setModels(r.models ?? []);
+      setError(null);
+    } catch (e) {
+      setError(errorMessage(e));
+    }
+  }, []);
+
+  // Re-read when the set of served models changes (a model started or stopped) and on mount.
+  useEffect(() => {
+    void load();
+  }, [load, modelsKey]);
+
+  const act = async (name: string, action: 'load' | 'unload') => {
+    setBusy(`${name}:${action}`);
+    setError(null);
+    try {
+      const r = await api.lifecycleAction(name, action);
+      setModels((prev) => (prev ? prev.map((m) => (m.name === name ? r.model : m)) : prev));
+    } catch (e) {
+      setError(`${action === 'load' ? 'Load' : 'Unload'} ${name}: ${errorMessage(e)}`);
+    } finally {
+      setBusy(null);
+      void load();
+    }
+  };
+
+  // Hidden when this node's worker has no model map.
+  if (!models || models.length === 0) return null;
+  const rows = toLifecycleRows(models, Date.now());
+  return (
+    <Card
+      title="Model lifecycle"
+      testid="lifecycle"
+      actions={
+        <button type="button" class="btn btn-small" onClick={() => void load()}>
+          Reload list
+        </button>
+      }
+    >
+      {error ? <Alert kind="error">{error}</Alert> : null}
+      <div class="table-wrap">
+        <table aria-label="Model lifecycle">
+          <thead>
+            <tr>
+              <th scope="col">Model</th>
+              <th scope="col">State</th>
+              <th scope="col">Process</th>
+              <th scope="col">Last used</th>
+              <th scope="col">In flight</th>
+              <th scope="col">Restarts / crashes</th>
+              <th scope="col">
+                <span class="sr-only">Actions</span>
+              </th>
+            </tr>
+          </thead>
+          <tbody>
+            {rows.map((m) => (
+              <tr key={m.name} data-testid="lifecycle-row" data-model={m.name}>
+                <td>
+                  <code>{m.name}</code>
+                  {m.lastError ? <div class="bad-text small">{m.lastError}</div> : null}
+                </td>
+                <td>
+                  <Badge tone={m.tone}>{m.state}</Badge>
+                </td>
+                <td class="small">{m.detail}</td>
+                <td>{m.lastUsed}</td>
+                <td>{m.inFlight}</td>
+                <td>
+                  {m.restarts} / {m.crashes}
+                </td>
+                <td class="actions-cell">
+                  <button
+                    type="button"
+                    class="btn btn-small"
+                    disabled={!m.canLoad || busy !== null}
+                    onClick={() => act(m.name, 'load')}
+                    aria-label={`Load ${m.name}`}
+                  >
+                    {busy === `${m.name}:load` ? 'Loading…' : 'Load'}
+                  </button>{' '}
+                  <button
+                    type="button"
+                    class="btn btn-small"
+                    disabled={!m.canUnload || busy !== null}
+                    onClick={() => act(m.name, 'unload')}
+                    aria-label={`Unload ${m.name}`}
+                  >
+                    {busy === `${m.name}:unload` ? 'Unloading…' : 'Unload'}
+                  </button>
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </div>
+    </Card>
+  );
+}
