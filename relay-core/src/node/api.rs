@@ -111,7 +111,7 @@ fn settings_view(node: &Node) -> Answer {
     })?;
     Ok(Json(json!({
         "path": path.display().to_string(),
-        "toml": text,
+        "toml": settings::redact(&text),
         "settings": SettingsValues::of(&file),
         "restart_required": node.restart_required(),
     }))

@@ -306,16 +306,18 @@ impl Node {
     }
 
     /// Replaces the whole config file with `text` (validated first) and applies it.
+    /// Secrets shown as [`settings::REDACTED`] keep their saved values.
     pub async fn save_config_text(&self, text: &str) -> Result<settings::Changes, NodeError> {
         let _one_at_a_time = self.inner.apply.lock().await;
-        settings::validate(text).map_err(NodeError::Invalid)?;
         let path = &self.inner.config_path;
         let old = settings::read(path).map_err(|source| NodeError::File {
             path: path.clone(),
             source,
         })?;
-        let changes = settings::diff(&old, text);
-        self.write_and_apply(text, changes).await
+        let text = settings::restore_secrets(text, &old).map_err(NodeError::Invalid)?;
+        settings::validate(&text).map_err(NodeError::Invalid)?;
+        let changes = settings::diff(&old, &text);
+        self.write_and_apply(&text, changes).await
     }
 
     async fn write_and_apply(
@@ -340,9 +342,11 @@ impl Node {
                 }
             }
         }
+        // A role the file leaves unset stays as it runs (it may come from the command line).
+        let running = self.roles();
         let roles = Roles {
-            proxy: file.roles.proxy.unwrap_or(true),
-            worker: file.roles.worker.unwrap_or(true),
+            proxy: file.roles.proxy.unwrap_or(running.proxy),
+            worker: file.roles.worker.unwrap_or(running.worker),
         };
         if changes.touches("worker") && roles.worker && self.roles().worker {
             // New connection or backend settings: a fresh worker picks them up.

@@ -281,6 +281,80 @@ pub fn validate(text: &str) -> Result<FileConfig, String> {
     Ok(file)
 }
 
+/// Shown instead of secrets in the config text the API returns.
+pub const REDACTED: &str = "********";
+
+/// Keys whose values are secrets.
+const SECRET_KEYS: &[&str] = &["worker_secret", "admin_token", "api_key"];
+
+/// Visits every secret value in `table` (nested tables and arrays of tables too).
+fn each_secret(table: &mut dyn toml_edit::TableLike, visit: &mut dyn FnMut(&str, &mut Item)) {
+    for (key, item) in table.iter_mut() {
+        let key = key.get().to_string();
+        if SECRET_KEYS.contains(&key.as_str()) && item.is_str() {
+            visit(&key, item);
+        } else if let Some(inner) = item.as_table_like_mut() {
+            each_secret(inner, &mut |k, i| visit(&format!("{key}.{k}"), i));
+        } else if let Some(array) = item.as_array_of_tables_mut() {
+            for (n, inner) in array.iter_mut().enumerate() {
+                each_secret(inner, &mut |k, i| visit(&format!("{key}.{n}.{k}"), i));
+            }
+        }
+    }
+}
+
+/// The config text with every secret value replaced by [`REDACTED`].
+pub fn redact(text: &str) -> String {
+    let Ok(mut doc) = text.parse::<DocumentMut>() else {
+        return String::new();
+    };
+    each_secret(doc.as_table_mut(), &mut |_, item| {
+        if let Some(v) = item.as_value_mut() {
+            let decor = v.decor().clone();
+            *v = REDACTED.into();
+            *v.decor_mut() = decor;
+        }
+    });
+    doc.to_string()
+}
+
+/// `new` with each [`REDACTED`] placeholder put back to the secret `old` had at the same place,
+/// so a file read through the API and saved back keeps its secrets.
+pub fn restore_secrets(new: &str, old: &str) -> Result<String, String> {
+    let mut secrets = std::collections::HashMap::new();
+    if let Ok(mut doc) = old.parse::<DocumentMut>() {
+        each_secret(doc.as_table_mut(), &mut |path, item| {
+            if let Some(v) = item.as_str() {
+                secrets.insert(path.to_string(), v.to_string());
+            }
+        });
+    }
+    let mut doc: DocumentMut = new
+        .parse()
+        .map_err(|e| format!("the config file is not valid TOML: {e}"))?;
+    let mut missing = None;
+    each_secret(doc.as_table_mut(), &mut |path, item| {
+        if item.as_str() == Some(REDACTED) {
+            match secrets.get(path) {
+                Some(secret) => {
+                    if let Some(v) = item.as_value_mut() {
+                        let decor = v.decor().clone();
+                        *v = secret.as_str().into();
+                        *v.decor_mut() = decor;
+                    }
+                }
+                None => missing = Some(path.to_string()),
+            }
+        }
+    });
+    match missing {
+        Some(path) => Err(format!(
+            "`{path}` is {REDACTED:?} but there is no saved secret at that place to keep: write the secret itself"
+        )),
+        None => Ok(doc.to_string()),
+    }
+}
+
 /// Reads the config file; a missing one is empty.
 pub fn read(path: &Path) -> std::io::Result<String> {
     match std::fs::read_to_string(path) {
@@ -332,6 +406,22 @@ mod tests {
         let changes = diff(old, new);
         assert_eq!(changes.fields, vec!["proxy.max_queue_len", "worker.other"]);
         assert!(diff(old, old).fields.is_empty());
+    }
+
+    #[test]
+    fn secrets_are_redacted_and_restored_on_save() {
+        let text = "[worker]\nworker_secret = \"s3\" # mine\n[[proxy.upstreams]]\nname = \"c\"\napi_key = \"k1\"\n";
+        let shown = redact(text);
+        assert!(!shown.contains("s3") && !shown.contains("k1"), "{shown}");
+        assert!(shown.contains("# mine"), "{shown}");
+        let edited = shown.replace("[worker]", "log_level = \"debug\"\n[worker]");
+        let saved = restore_secrets(&edited, text).unwrap();
+        assert!(
+            saved.contains("worker_secret = \"s3\"") && saved.contains("api_key = \"k1\""),
+            "{saved}"
+        );
+        let error = restore_secrets("[proxy]\nadmin_token = \"********\"\n", text).unwrap_err();
+        assert!(error.contains("proxy.admin_token"), "{error}");
     }
 
     #[test]

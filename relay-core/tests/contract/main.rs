@@ -5,6 +5,7 @@
 
 mod adapter_e2e;
 mod bad_input;
+mod control;
 mod dispatch;
 mod lifecycle;
 mod registration;

@@ -1,0 +1,687 @@
+//! The control API (`docs/admin-api.md`): the live status and its feed, admin actions, the admin
+//! token, the desktop webview's CORS, the embedded UI, and the node's settings, roles and setup.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use relay_core::cli::{ProxyArgs, WorkerArgs};
+use relay_core::node::{Node, NodeOptions, Roles, WorkerState};
+use relay_core::protocol::ServerToWorker;
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+const MODEL: &str = "llama3-8b";
+
+/// A node on loopback with a fixed secret, its config file in a fresh temp dir, and a worker
+/// role (when on) pointed at `backend`.
+async fn start_node(roles: Roles, backend: Option<&str>, listen: &str) -> (Node, TempConfig) {
+    let dir = TempConfig::new();
+    let node = Node::start(NodeOptions {
+        config_path: Some(dir.path.clone()),
+        proxy_args: ProxyArgs {
+            listen: Some(listen.to_string()),
+            worker_secret: Some(SECRET.to_string()),
+            admin_token: (!listen.starts_with("127.")).then(|| "admin-s3cret".to_string()),
+            ..ProxyArgs::default()
+        },
+        worker_args: WorkerArgs {
+            backend_url: Some(backend.unwrap_or("http://127.0.0.1:9").to_string()),
+            worker_name: Some("node-worker".to_string()),
+            ..WorkerArgs::default()
+        },
+        roles: Some(roles),
+    })
+    .await
+    .expect("node starts");
+    (node, dir)
+}
+
+/// A config file path in its own temp directory, removed on drop.
+pub struct TempConfig {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl TempConfig {
+    fn new() -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("mr-control-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempConfig {
+            path: dir.join("config.toml"),
+            dir,
+        }
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.path).unwrap_or_default()
+    }
+}
+
+impl Drop for TempConfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const PROXY_ONLY: Roles = Roles {
+    proxy: true,
+    worker: false,
+};
+
+async fn send_json(request: reqwest::RequestBuilder, body: &Value) -> (u16, Value) {
+    let response = request
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("response");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+async fn put_json(url: &str, body: &Value) -> (u16, Value) {
+    send_json(http().put(url), body).await
+}
+
+async fn post_json(url: &str, body: &Value) -> (u16, Value) {
+    send_json(http().post(url), body).await
+}
+
+/// Reads SSE from `body` until the next `status` event, returning its data.
+async fn next_status(
+    body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    text: &mut String,
+) -> Value {
+    loop {
+        if let Some(end) = text.find("\n\n") {
+            let event: String = text.drain(..end + 2).collect();
+            if let Some(data) = event
+                .lines()
+                .find_map(|l| l.strip_prefix("data:"))
+                .filter(|_| event.contains("event: status"))
+            {
+                return serde_json::from_str::<Value>(data.trim()).expect("status json");
+            }
+            continue;
+        }
+        let chunk = tokio::time::timeout(WAIT, body.next())
+            .await
+            .expect("feed within bound")
+            .expect("feed open")
+            .expect("chunk");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+async fn status_of(base: &str) -> Value {
+    let (status, body) = get_json(base, "/api/status", &[]).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+#[tokio::test]
+async fn status_shows_workers_models_queue_and_in_flight_requests_with_ttft_and_tokens() {
+    let proxy = start_proxy(test_config()).await;
+    let (mut worker, ack) = ScriptedWorker::join(proxy.addr, "gpu-a", &[MODEL], 2).await;
+    let base = proxy.url();
+    let client = tokio::spawn({
+        let base = base.clone();
+        async move {
+            post(
+                &base,
+                "/v1/chat/completions",
+                &json!({"model": MODEL, "stream": true, "messages": []}),
+            )
+            .await
+        }
+    });
+    let request = worker.next_request().await;
+    worker
+        .chunk(
+            &request.request_id,
+            "data: {\"n\":1}\n\ndata: {\"n\":2}\n\n",
+        )
+        .await;
+    let mut status = Value::Null;
+    for _ in 0..50 {
+        status = status_of(&base).await;
+        if status["in_flight"][0]["tokens"] == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let w = &status["workers"][0];
+    assert_eq!(w["id"], ack.worker_id.as_str());
+    assert_eq!(w["name"], "gpu-a");
+    assert_eq!(w["host"], "127.0.0.1");
+    assert_eq!(w["models"], json!([MODEL]));
+    assert_eq!(
+        (w["load"].as_u64(), w["max_concurrent"].as_u64()),
+        (Some(1), Some(2))
+    );
+    assert_eq!(w["state"], "busy");
+    assert!(w["connected_unix_ms"].as_u64().unwrap() > 1_700_000_000_000);
+    assert_eq!(
+        status["models"],
+        json!([{"name": MODEL, "provider": "local", "workers": [ack.worker_id]}])
+    );
+    assert_eq!(status["queues"], json!([{"provider": "local", "depth": 0}]));
+    let r = &status["in_flight"][0];
+    assert_eq!(r["model"], MODEL);
+    assert_eq!(r["worker"], ack.worker_id.as_str());
+    assert_eq!(r["state"], "running");
+    assert_eq!(r["streaming"], true);
+    assert!(r["ttft_ms"].is_u64(), "{r}");
+    assert_eq!(r["tokens"], 2);
+    worker.chunk(&request.request_id, "data: [DONE]\n\n").await;
+    worker.complete(&request.request_id, "").await;
+    let (code, _, _) = client.await.expect("client");
+    assert_eq!(code, 200);
+    wait_until("the request is counted", || {
+        proxy.hub.telemetry().totals().requests == 1
+    })
+    .await;
+    let status = status_of(&base).await;
+    assert_eq!(status["in_flight"], json!([]));
+    assert_eq!(status["totals"]["requests"], 1);
+    assert_eq!(status["totals"]["tokens"], 2);
+    assert_eq!(
+        status["node"]["roles"],
+        json!({"proxy": true, "worker": false})
+    );
+    assert_eq!(status["node"]["admin_token_required"], false);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn heartbeat_round_trip_is_shown_per_worker() {
+    let proxy = start_proxy(test_config()).await;
+    let (mut worker, ack) = ScriptedWorker::join(proxy.addr, "gpu-a", &[MODEL], 1).await;
+    // The test config pings every 200 ms; answer one.
+    loop {
+        if let ServerToWorker::Ping(ping) = worker.recv_any().await {
+            worker
+                .send(&relay_core::protocol::WorkerToServer::Pong(
+                    relay_core::protocol::PongMessage {
+                        current_load: 0,
+                        timestamp_unix_ms: ping.timestamp_unix_ms,
+                    },
+                ))
+                .await;
+            break;
+        }
+    }
+    wait_until("the heartbeat is recorded", || {
+        proxy
+            .hub
+            .telemetry()
+            .worker(&ack.worker_id)
+            .is_some_and(|w| w.heartbeat.is_some())
+    })
+    .await;
+    let status = status_of(&proxy.url()).await;
+    assert!(status["workers"][0]["heartbeat_ms"].is_f64(), "{status}");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn events_feed_sends_status_at_once_then_on_change_and_every_second() {
+    let proxy = start_proxy(test_config()).await;
+    let response = http()
+        .get(format!("{}/api/events", proxy.url()))
+        .send()
+        .await
+        .expect("feed");
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    let first = next_status(&mut body, &mut text).await;
+    assert_eq!(first["workers"], json!([]));
+    let started = std::time::Instant::now();
+    let (_worker, _) = ScriptedWorker::join(proxy.addr, "gpu-a", &[MODEL], 1).await;
+    let mut seen = next_status(&mut body, &mut text).await;
+    while seen["workers"].as_array().unwrap().is_empty() {
+        seen = next_status(&mut body, &mut text).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "a change is pushed promptly, not on the next heartbeat: {:?}",
+        started.elapsed()
+    );
+    // Nothing changes now, yet the chart's next point arrives within about a second.
+    let quiet = std::time::Instant::now();
+    let _ = next_status(&mut body, &mut text).await;
+    assert!(quiet.elapsed() < Duration::from_millis(2500));
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn draining_a_worker_from_the_dashboard_closes_it_once_idle_and_keeps_it_out() {
+    let proxy = start_proxy(test_config()).await;
+    let (mut worker, ack) = ScriptedWorker::join(proxy.addr, "gpu-a", &[MODEL], 1).await;
+    let (code, body) = post_json(
+        &format!("{}/api/workers/{}/drain", proxy.url(), ack.worker_id),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    let reason = worker.closed().await;
+    assert!(reason.contains("drained"), "{reason}");
+    let mut again = ScriptedWorker::connect(proxy.addr).await;
+    again
+        .send(&relay_core::protocol::WorkerToServer::Register(
+            relay_core::protocol::RegisterMessage {
+                worker_name: "gpu-a".to_string(),
+                models: vec![MODEL.to_string()],
+                max_concurrent: 1,
+                protocol_version: None,
+                current_load: None,
+            },
+        ))
+        .await;
+    let refused = again.closed().await;
+    assert!(refused.contains("drained by an admin"), "{refused}");
+    let (code, body) = post_json(
+        &format!("{}/api/workers/w-999/drain", proxy.url()),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(code, 404);
+    assert_eq!(body["error"]["code"], "worker_not_found");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn refreshing_models_from_the_dashboard_asks_every_worker() {
+    let proxy = start_proxy(test_config()).await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "gpu-a", &[MODEL], 1).await;
+    let (code, body) = post_json(&format!("{}/api/models/refresh", proxy.url()), &json!({})).await;
+    assert_eq!((code, body["workers"].as_u64()), (202, Some(1)));
+    loop {
+        if let ServerToWorker::ModelsRefresh(_) = worker.recv_any().await {
+            break;
+        }
+    }
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn beyond_loopback_the_control_api_requires_the_admin_token() {
+    let (node, _dir) = start_node(PROXY_ONLY, None, "0.0.0.0:0").await;
+    let base = format!("http://127.0.0.1:{}", node.addr().port());
+    let (code, body) = get_json(&base, "/api/status", &[]).await;
+    assert_eq!(code, 401);
+    assert_eq!(body["error"]["code"], "admin_token_required");
+    let (code, body) = get_json(&base, "/api/settings", &[("authorization", "Bearer wrong")]).await;
+    assert_eq!(code, 401);
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("wrong admin token"));
+    let (code, body) = get_json(
+        &base,
+        "/api/status",
+        &[("authorization", "Bearer admin-s3cret")],
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(body["node"]["admin_token_required"], true);
+    let feed = http()
+        .get(format!("{base}/api/events?token=admin-s3cret"))
+        .send()
+        .await
+        .expect("feed");
+    assert_eq!(
+        feed.status(),
+        200,
+        "EventSource passes the token in the query"
+    );
+    drop(feed);
+    // The page itself loads without the token, so it can ask for one.
+    let page = http().get(format!("{base}/")).send().await.expect("page");
+    assert_eq!(page.status(), 200);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn on_loopback_without_a_token_the_control_api_is_open() {
+    let (node, _dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    assert!(node.admin_token().is_none());
+    assert_eq!(get_json(&node.url(), "/api/status", &[]).await.0, 200);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_desktop_webview_may_call_the_api_cross_origin_and_other_sites_may_not() {
+    let proxy = start_proxy(test_config()).await;
+    let url = format!("{}/api/status", proxy.url());
+    let preflight = http()
+        .request(reqwest::Method::OPTIONS, &url)
+        .header("origin", "tauri://localhost")
+        .header("access-control-request-method", "GET")
+        .header("access-control-request-headers", "authorization")
+        .send()
+        .await
+        .expect("preflight");
+    assert_eq!(preflight.status(), 204);
+    assert_eq!(
+        preflight.headers()["access-control-allow-origin"],
+        "tauri://localhost"
+    );
+    assert!(preflight.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .contains("authorization"));
+    let answer = http()
+        .get(&url)
+        .header("origin", "http://tauri.localhost")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(
+        answer.headers()["access-control-allow-origin"],
+        "http://tauri.localhost"
+    );
+    let foreign = http()
+        .get(&url)
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .expect("get");
+    assert!(foreign
+        .headers()
+        .get("access-control-allow-origin")
+        .is_none());
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_web_ui_is_served_at_the_root_with_its_assets() {
+    let proxy = start_proxy(test_config()).await;
+    let page = http().get(proxy.url()).send().await.expect("page");
+    assert_eq!(page.status(), 200);
+    assert_eq!(page.headers()["content-type"], "text/html");
+    let html = page.text().await.expect("html");
+    // Every script and stylesheet the page names is served too.
+    let assets: Vec<&str> = html
+        .split(['"', '\''])
+        .filter(|s| s.ends_with(".js") || s.ends_with(".css"))
+        .collect();
+    for asset in &assets {
+        let path = asset.trim_start_matches('.');
+        let response = http()
+            .get(format!("{}{path}", proxy.url()))
+            .send()
+            .await
+            .expect("asset");
+        assert_eq!(response.status(), 200, "{asset}");
+        assert!(response.headers()["cache-control"]
+            .to_str()
+            .unwrap()
+            .contains("immutable"));
+    }
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn settings_round_trip_keeps_comments_and_lists_what_needs_a_restart() {
+    let (node, dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    std::fs::write(
+        &dir.path,
+        "# my relay\n[proxy]\n# queue size\nmax_queue_len = 50\n",
+    )
+    .unwrap();
+    let url = format!("{}/api/settings", node.url());
+    let (code, body) = put_json(
+        &url,
+        &json!({"proxy": {"max_queue_len": 7, "aliases": {"claude-*": MODEL}}}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["settings"]["proxy"]["max_queue_len"], 7);
+    assert_eq!(body["settings"]["proxy"]["aliases"]["claude-*"], MODEL);
+    assert_eq!(
+        body["restart_required"],
+        json!(["proxy.max_queue_len", "proxy.aliases"])
+    );
+    let text = dir.text();
+    assert!(text.contains("# queue size\nmax_queue_len = 7"), "{text}");
+    assert!(text.starts_with("# my relay"), "{text}");
+    let (_, again) = get_json(&node.url(), "/api/settings", &[]).await;
+    assert_eq!(again["settings"], body["settings"]);
+    assert_eq!(again["path"], dir.path.display().to_string());
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn invalid_settings_get_a_400_naming_the_field_and_nothing_is_written() {
+    let (node, dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    let url = format!("{}/api/settings", node.url());
+    for (patch, field) in [
+        (json!({"worker": {"max_concurrency": 0}}), "MAX_CONCURRENCY"),
+        (json!({"proxy": {"listen": "nowhere"}}), "proxy.listen"),
+        (json!({"proxy": {"bogus": 1}}), "proxy.bogus"),
+    ] {
+        let (code, body) = put_json(&url, &patch).await;
+        assert_eq!(code, 400, "{patch}");
+        assert_eq!(body["error"]["code"], "invalid_settings");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(field),
+            "{body}"
+        );
+    }
+    let (code, _) = put_json(
+        &format!("{}/api/config", node.url()),
+        &json!({"toml": "[proxy\nmax_queue_len = 1"}),
+    )
+    .await;
+    assert_eq!(code, 400);
+    let malformed = http()
+        .put(&url)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .expect("response");
+    assert_eq!(malformed.status(), 400);
+    assert_eq!(dir.text(), "", "nothing was written");
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_whole_config_file_can_be_replaced_and_is_applied() {
+    let (node, dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    let text = "# written by hand\n[roles]\nproxy = false\nworker = false\n";
+    let (code, body) = put_json(
+        &format!("{}/api/config", node.url()),
+        &json!({"toml": text}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(dir.text(), text);
+    assert_eq!(
+        body["settings"]["roles"],
+        json!({"proxy": false, "worker": false})
+    );
+    assert!(!node.hub().is_serving());
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_the_proxy_role_off_clients_get_503_in_their_dialect_and_the_dashboard_still_works() {
+    let (node, dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    node.set_roles(Roles {
+        proxy: false,
+        worker: false,
+    })
+    .await
+    .expect("roles saved");
+    assert!(dir.text().contains("proxy = false"), "{}", dir.text());
+    let base = node.url();
+    let (code, _, body) = post(&base, "/v1/messages", &json!({"model": MODEL})).await;
+    assert_eq!(code, 503);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["type"], "error", "Anthropic shape: {body}");
+    assert!(try_connect(node.addr(), "local", Some(SECRET), None)
+        .await
+        .is_err());
+    let status = status_of(&base).await;
+    assert_eq!(status["node"]["roles"]["proxy"], false);
+    node.set_roles(PROXY_ONLY).await.expect("roles saved");
+    assert!(try_connect(node.addr(), "local", Some(SECRET), None)
+        .await
+        .is_ok());
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn turning_the_worker_role_on_joins_this_nodes_proxy_and_off_leaves_it() {
+    let backend = MockBackend::start(&[MODEL]).await;
+    let (node, _dir) = start_node(PROXY_ONLY, Some(&backend.url()), "127.0.0.1:0").await;
+    let mut state = node.state();
+    node.set_roles(Roles::default()).await.expect("worker on");
+    wait_until("the own worker joins", || node.hub().counts().0 == 1).await;
+    tokio::time::timeout(WAIT, state.wait_for(|s| s.worker == WorkerState::Connected))
+        .await
+        .expect("tray state follows")
+        .expect("state");
+    let status = status_of(&node.url()).await;
+    assert_eq!(status["node"]["worker"]["state"], "connected");
+    assert_eq!(status["workers"][0]["name"], "node-worker");
+    let (code, _, _) = post(
+        &node.url(),
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": []}),
+    )
+    .await;
+    assert_eq!(code, 200);
+    node.set_roles(PROXY_ONLY).await.expect("worker off");
+    wait_until("the own worker leaves", || node.hub().counts().0 == 0).await;
+    let status = status_of(&node.url()).await;
+    assert_eq!(status["node"]["worker"]["state"], "off");
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn join_test_reports_success_a_wrong_secret_and_an_unreachable_proxy_clearly() {
+    let (node, _dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    let url = format!("{}/api/join/test", node.url());
+    let (code, ok) = post_json(&url, &json!({"proxy_url": node.url(), "secret": SECRET})).await;
+    assert_eq!((code, &ok["ok"]), (200, &json!(true)), "{ok}");
+    let (_, wrong) = post_json(&url, &json!({"proxy_url": node.url(), "secret": "nope"})).await;
+    assert_eq!(wrong["ok"], false);
+    assert!(
+        wrong["message"]
+            .as_str()
+            .unwrap()
+            .contains("refused the secret"),
+        "{wrong}"
+    );
+    let dead = dead_addr().await;
+    let (_, gone) = post_json(
+        &url,
+        &json!({"proxy_url": format!("http://{dead}"), "secret": SECRET}),
+    )
+    .await;
+    assert_eq!(gone["ok"], false);
+    assert!(
+        gone["message"].as_str().unwrap().contains("cannot reach"),
+        "{gone}"
+    );
+    let (code, bad) = post_json(&url, &json!({"code": "not-a-code"})).await;
+    assert_eq!(code, 400);
+    assert_eq!(bad["error"]["code"], "invalid_join_code");
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_join_code_from_one_node_joins_another_nodes_worker_to_it() {
+    let backend = MockBackend::start(&[MODEL]).await;
+    let (hub_node, _a) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    let (box_node, box_dir) = start_node(
+        Roles {
+            proxy: false,
+            worker: false,
+        },
+        Some(&backend.url()),
+        "127.0.0.1:0",
+    )
+    .await;
+    let (_, code) = get_json(&hub_node.url(), "/api/join-code", &[]).await;
+    assert!(code["code"].as_str().unwrap().starts_with("mrj1."));
+    let (status, body) = post_json(
+        &format!("{}/api/join", box_node.url()),
+        &json!({"code": code["code"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["settings"]["worker"]["proxy_url"], hub_node.url());
+    assert_eq!(body["settings"]["worker"]["worker_secret_set"], true);
+    assert!(
+        !body.to_string().contains(SECRET),
+        "the secret is never echoed"
+    );
+    assert!(
+        box_dir.text().contains("worker_secret"),
+        "saved for the next start"
+    );
+    wait_until("the box's worker joins the hub", || {
+        hub_node.hub().counts().0 == 1
+    })
+    .await;
+    let (code, _, _) = post(
+        &hub_node.url(),
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": []}),
+    )
+    .await;
+    assert_eq!(
+        code, 200,
+        "a request through the hub reaches the box's backend"
+    );
+    let (code, body) = get_json(&box_node.url(), "/api/join-code", &[]).await;
+    assert_eq!(code, 404, "a worker-only node has nothing to join: {body}");
+    box_node.shutdown().await;
+    hub_node.shutdown().await;
+}
+
+#[tokio::test]
+async fn lifecycle_routes_answer_404_for_models_outside_the_map() {
+    let (node, _dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    let (code, body) = get_json(&node.url(), "/api/lifecycle", &[]).await;
+    assert_eq!(code, 200);
+    assert_eq!(body, json!({"models": []}));
+    let (code, body) = post_json(
+        &format!("{}/api/lifecycle/nope/load", node.url()),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(code, 404);
+    assert_eq!(body["error"]["code"], "model_not_mapped");
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn discovery_lists_local_model_servers_on_the_configured_ports() {
+    let backend = MockBackend::start(&[MODEL]).await;
+    let port = backend.url().rsplit(':').next().unwrap().to_string();
+    let (node, _dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    // The environment variable is read per discovery, so other tests are unaffected.
+    std::env::set_var("MODELRELAY_DISCOVERY_PORTS", &port);
+    let (code, body) = get_json(&node.url(), "/api/discovery", &[]).await;
+    assert_eq!(code, 200, "{body}");
+    let backends = body["backends"].as_array().unwrap();
+    assert!(
+        backends
+            .iter()
+            .any(|b| b["url"] == backend.url() && b["models"] == json!([MODEL])),
+        "{body}"
+    );
+    assert!(body["proxies"].is_array());
+    node.shutdown().await;
+}
