@@ -244,6 +244,7 @@ async fn run_node(cli: &Cli, roles: Option<Roles>) -> Result<(), AppError> {
         proxy_args: cli.proxy.clone(),
         worker_args: cli.worker.clone(),
         roles,
+        data_dir: None,
     })
     .await?;
     print_banner(&node);

@@ -46,6 +46,8 @@ pub struct NodeOptions {
     pub worker_args: WorkerArgs,
     /// Roles to run, overriding the file's `[roles]` (e.g. `modelrelay serve`).
     pub roles: Option<Roles>,
+    /// Where the worker keeps its model servers' pid files; the data directory when `None`.
+    pub data_dir: Option<PathBuf>,
 }
 
 /// What the tray shows.
@@ -131,6 +133,7 @@ struct Inner {
     config_path: PathBuf,
     proxy_args: ProxyArgs,
     worker_args: WorkerArgs,
+    data_dir: Option<PathBuf>,
     addr: SocketAddr,
     secret: String,
     provider: String,
@@ -192,6 +195,7 @@ impl Node {
                 config_path,
                 proxy_args: options.proxy_args,
                 worker_args: options.worker_args,
+                data_dir: options.data_dir,
                 addr,
                 secret,
                 provider,
@@ -397,6 +401,9 @@ impl Node {
             secret,
             Some(self.discovery_options()),
         )?;
+        if let Some(dir) = &self.inner.data_dir {
+            config.data_dir = dir.clone();
+        }
         if let Backends::Discover(options) = &mut config.backends {
             options.exclude_ports.push(self.inner.addr.port());
         }

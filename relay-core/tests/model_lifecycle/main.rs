@@ -3,6 +3,7 @@
 //! end to end through a real proxy and the real worker (`through_relay`). Everything binds
 //! 127.0.0.1, every test is bounded in time and checks that no process outlives it.
 
+mod dashboard;
 mod failures;
 mod orphans;
 mod relay;
