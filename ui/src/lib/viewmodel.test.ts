@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { sampleStatus } from './fixtures';
-import { rolesLabel, seriesData, toDashboardView, toLifecycleRows } from './viewmodel';
+import { clockFor, MAX_IN_FLIGHT_ROWS, rolesLabel, seriesData, toDashboardView, toLifecycleRows } from './viewmodel';
 
 const NOW = 1_763_740_065_000; // 65 s after the workers connected
 
@@ -114,5 +114,31 @@ describe('toLifecycleRows', () => {
     expect(rows[1].lastUsed).toBe('30 s ago');
     expect(rows[0].lastUsed).toBe('never');
     expect(rows[2].detail).toBe('retry in 20 s');
+  });
+});
+
+describe('clockFor', () => {
+  const s = sampleStatus(); // last series point: 1_763_740_002 s
+  it("uses the browser's clock when it agrees with the relay's", () => {
+    expect(clockFor(s, 1_763_740_003_000)).toBe(1_763_740_003_000);
+  });
+  it("uses the relay's clock when the browser's is off", () => {
+    expect(clockFor(s, 1_763_740_600_000)).toBe(1_763_740_002_500);
+    expect(clockFor(s, 1_000)).toBe(1_763_740_002_500);
+  });
+  it('falls back to the browser without series', () => {
+    expect(clockFor({ series: { ...s.series, unix_secs: [] } }, 42)).toBe(42);
+  });
+});
+
+describe('many requests in flight', () => {
+  it('lists only the oldest ones but counts all', () => {
+    const s = sampleStatus();
+    const base = s.in_flight[0];
+    s.in_flight = Array.from({ length: MAX_IN_FLIGHT_ROWS + 50 }, (_, i) => ({ ...base, id: `r-${i}`, age_ms: i }));
+    const v = toDashboardView(s, NOW);
+    expect(v.inFlight.length).toBe(MAX_IN_FLIGHT_ROWS);
+    expect(v.inFlightTotal).toBe(MAX_IN_FLIGHT_ROWS + 50);
+    expect(v.inFlight[0].id).toBe(`r-${MAX_IN_FLIGHT_ROWS + 49}`);
   });
 });

@@ -91,6 +91,7 @@ export interface DashboardView {
   queues: QueueRow[];
   queueDepthTotal: number;
   inFlight: InFlightRow[];
+  inFlightTotal: number;
   totals: TotalsView;
   servedModels: string[];
 }
@@ -175,6 +176,7 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
 
   const inFlight: InFlightRow[] = [...status.in_flight]
     .sort((a, b) => b.age_ms - a.age_ms || a.id.localeCompare(b.id))
+    .slice(0, MAX_IN_FLIGHT_ROWS)
     .map((r) => ({
       id: r.id,
       model: r.model,
@@ -216,6 +218,7 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
     queues,
     queueDepthTotal: queues.reduce((s, q) => s + q.depth, 0),
     inFlight,
+    inFlightTotal: status.in_flight.length,
     totals: {
       requests: formatCount(t.requests),
       errors: formatCount(t.errors),
@@ -225,6 +228,21 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
     servedModels: served,
   };
 }
+
+/**
+ * "Now" for age columns. The browser's clock, unless it disagrees with the relay's by more than
+ * a few seconds (a browser on another machine): then the relay's, read from the last point of
+ * `series` (one per second).
+ */
+export function clockFor(status: Pick<Status, 'series'>, browserNowMs: number): number {
+  const xs = status.series?.unix_secs ?? [];
+  if (!xs.length) return browserNowMs;
+  const serverMs = xs[xs.length - 1] * 1000 + 500;
+  return Math.abs(browserNowMs - serverMs) > 5000 ? serverMs : browserNowMs;
+}
+
+/** The dashboard lists at most this many in-flight requests (oldest first). */
+export const MAX_IN_FLIGHT_ROWS = 100;
 
 /** uPlot data for one series: [x (unix secs), y]. Arrays are trimmed to the same length. */
 export function seriesData(

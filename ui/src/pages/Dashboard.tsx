@@ -3,17 +3,48 @@ import { api, errorMessage } from '../api';
 import { Alert, Badge, Card, CopyButton, Spinner } from '../components/common';
 import { Chart } from '../components/Chart';
 import { useLive } from '../live';
-import { seriesData, toDashboardView, toLifecycleRows, type DashboardView, type WorkerRow } from '../lib/viewmodel';
+import { clockFor, seriesData, toDashboardView, toLifecycleRows, type DashboardView, type WorkerRow } from '../lib/viewmodel';
 import type { ModelStatus, Status } from '../types';
 
 export function Dashboard() {
   const { status, receivedAt } = useLive();
-  const view = useMemo(() => (status ? toDashboardView(status, receivedAt || Date.now()) : null), [status, receivedAt]);
+  const view = useMemo(
+    () => (status ? toDashboardView(status, clockFor(status, receivedAt || Date.now())) : null),
+    [status, receivedAt],
+  );
 
   if (!status || !view) {
     return (
       <main class="page" data-testid="dashboard">
         <Spinner label="Connecting to the relay…" />
+      </main>
+    );
+  }
+  if (!status.node.roles.proxy) {
+    // Worker only: the proxy this node serves has the workers, queues and traffic.
+    const proxyUrl = status.node.worker.proxy_url;
+    return (
+      <main class="page" data-testid="dashboard">
+        <NodeHeader view={view} />
+        <Card title="Worker only" testid="worker-only">
+          <p>
+            This node runs no proxy: its worker serves{' '}
+            {proxyUrl ? (
+              <a href={proxyUrl} target="_blank" rel="noreferrer" data-testid="worker-only-proxy">
+                {proxyUrl}
+              </a>
+            ) : (
+              'no proxy yet'
+            )}
+            . Workers, queues and live traffic are on that proxy's dashboard.
+          </p>
+          {!proxyUrl ? (
+            <p>
+              <a href="#/setup">Join a proxy</a> to start serving.
+            </p>
+          ) : null}
+        </Card>
+        <LifecycleCard modelsKey={status.node.worker.state} />
       </main>
     );
   }
@@ -299,7 +330,7 @@ function QueuesCard({ view }: { view: DashboardView }) {
 
 function InFlightCard({ view }: { view: DashboardView }) {
   return (
-    <Card title={`In flight (${view.inFlight.length})`} testid="in-flight">
+    <Card title={`In flight (${view.inFlightTotal})`} testid="in-flight">
       {view.inFlight.length === 0 ? (
         <p class="empty" data-testid="no-in-flight">
           No request in flight.
@@ -337,6 +368,11 @@ function InFlightCard({ view }: { view: DashboardView }) {
               ))}
             </tbody>
           </table>
+          {view.inFlightTotal > view.inFlight.length ? (
+            <p class="muted small">
+              Showing the {view.inFlight.length} oldest of {view.inFlightTotal} requests.
+            </p>
+          ) : null}
         </div>
       )}
     </Card>
@@ -363,6 +399,15 @@ function LifecycleCard({ modelsKey }: { modelsKey: string }) {
   useEffect(() => {
     void load();
   }, [load, modelsKey]);
+
+  // The lifecycle is not in the status feed: while a model is starting or stopping, follow it
+  // until it settles.
+  const transitional = (models ?? []).some((m) => m.state === 'starting' || m.state === 'stopping');
+  useEffect(() => {
+    if (!transitional) return;
+    const timer = setInterval(() => void load(), 1000);
+    return () => clearInterval(timer);
+  }, [transitional, load]);
 
   const act = async (name: string, action: 'load' | 'unload') => {
     setBusy(`${name}:${action}`);
@@ -409,7 +454,7 @@ function LifecycleCard({ modelsKey }: { modelsKey: string }) {
           </thead>
           <tbody>
             {rows.map((m) => (
-              <tr key={m.name} data-testid="lifecycle-row" data-model={m.name}>
+              <tr key={m.name} data-testid="lifecycle-row" data-model={m.name} data-state={m.state}>
                 <td>
                   <code>{m.name}</code>
                   {m.lastError ? <div class="bad-text small">{m.lastError}</div> : null}

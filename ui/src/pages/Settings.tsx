@@ -2,6 +2,8 @@ import type { ComponentChildren } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
 import { api, errorMessage, isTauri, tauri } from '../api';
 import { Alert, Card, Spinner } from '../components/common';
+import { useLive } from '../live';
+import { rolesLabel } from '../lib/viewmodel';
 import {
   buildPatch,
   fieldOfMessage,
@@ -10,11 +12,12 @@ import {
   type FieldErrors,
   type SettingsForm,
 } from '../lib/settingsForm';
-import type { SettingsResponse } from '../types';
+import type { NodeInfo, SettingsResponse } from '../types';
 
 type Msg = { kind: 'error' | 'success' | 'info'; text: string } | null;
 
 export function Settings() {
+  const live = useLive();
   const [data, setData] = useState<SettingsResponse | null>(null);
   const [form, setForm] = useState<SettingsForm | null>(null);
   const [loadError, setLoadError] = useState<string | null>(null);
@@ -129,6 +132,7 @@ export function Settings() {
           Restart ModelRelay to apply: {data.restart_required.map((r) => <code key={r}>{r}</code>)}
         </Alert>
       ) : null}
+      <RuntimeNotes data={data} node={live.status?.node ?? null} />
       <form onSubmit={save} noValidate aria-label="Settings" data-testid="settings-form">
         <Card title="Roles">
           <div class="checks">
@@ -224,7 +228,7 @@ export function Settings() {
           </label>
           {configMessage ? (
             <Alert kind={configMessage.kind} testid={configMessage.kind === 'error' ? 'config-error' : 'config-message'}>
-              {configMessage.text}
+              {configMessage.kind === 'error' ? <pre class="error-text">{configMessage.text}</pre> : configMessage.text}
             </Alert>
           ) : null}
           <div class="row-end">
@@ -365,5 +369,27 @@ function StartOnLogin() {
       </label>
       {error ? <Alert kind="error">{error}</Alert> : null}
     </div>
+  );
+}
+
+/**
+ * Flags and environment variables win over the file: say so when what runs differs from what
+ * the form (the file) shows, unless a restart is already pending for it.
+ */
+function RuntimeNotes({ data, node }: { data: SettingsResponse; node: NodeInfo | null }) {
+  if (!node) return null;
+  const notes: string[] = [];
+  const s = data.settings;
+  if ((node.roles.proxy !== s.roles.proxy || node.roles.worker !== s.roles.worker) && !data.restart_required.some((r) => r.startsWith('roles'))) {
+    notes.push(`This node runs as ${rolesLabel(node.roles)} now (set when it was started).`);
+  }
+  if (node.roles.proxy && node.listen !== s.proxy.listen && !data.restart_required.includes('proxy.listen')) {
+    notes.push(`It listens on ${node.listen} now (set by a command-line flag or environment variable).`);
+  }
+  if (!notes.length) return null;
+  return (
+    <Alert kind="info" testid="runtime-notes">
+      {notes.join(' ')} Command-line flags and environment variables take precedence over this file.
+    </Alert>
   );
 }

@@ -70,7 +70,8 @@ export function Setup() {
       .settings()
       .then((s) => {
         setSettings(s);
-        setChoice(choiceFromRoles(s.settings.roles));
+        // What the node runs now (its command line may differ from the file) is the better default.
+        setChoice(choiceFromRoles(live.status?.node.roles ?? s.settings.roles));
         if (s.settings.worker.proxy_url && !s.settings.roles.proxy) setProxyUrl(s.settings.worker.proxy_url);
       })
       .catch((e) => setLoadError(errorMessage(e)));
@@ -352,8 +353,8 @@ function ConnectStep(props: {
   const { roles } = props;
   return (
     <>
-      {roles.worker ? <JoinForm {...props} /> : null}
       {roles.proxy ? <JoinCodePanel /> : null}
+      {roles.worker ? <JoinForm {...props} /> : null}
       <div class="row-between">
         <button type="button" class="btn" onClick={props.onBack}>
           Back

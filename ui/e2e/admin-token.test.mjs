@@ -1,0 +1,44 @@
+import assert from 'node:assert/strict';
+import { afterEach, test } from 'node:test';
+import { cleanup, freePort, launchBrowser, startRelay } from './helpers.mjs';
+
+afterEach(cleanup);
+
+const TOKEN = 'e2e-admin-token-123';
+
+test('admin token is enforced beyond loopback and asked for by the UI', { timeout: 90_000 }, async () => {
+  const port = await freePort();
+  const relay = await startRelay({
+    args: ['serve'],
+    name: 'proxy',
+    listen: `0.0.0.0:${port}`,
+    env: { MODELRELAY_ADMIN_TOKEN: TOKEN },
+    adminToken: TOKEN,
+    config: '[proxy]\n',
+  });
+  const open = await fetch(`${relay.url}/api/status`, { signal: AbortSignal.timeout(5000) });
+  assert.equal(open.status, 401);
+
+  const { page } = await launchBrowser();
+  await page.goto(`${relay.url}/#/dashboard`);
+  const prompt = page.getByTestId('token-prompt');
+  await prompt.waitFor();
+
+  await page.getByLabel('Admin token', { exact: true }).fill('wrong-token');
+  await page.getByRole('button', { name: 'Unlock' }).click();
+  await page.getByTestId('token-error').getByText(/refused/).waitFor();
+  assert.ok(await prompt.isVisible());
+
+  await page.getByLabel('Admin token', { exact: true }).fill(TOKEN);
+  await page.getByRole('button', { name: 'Unlock' }).click();
+  await prompt.waitFor({ state: 'detached' });
+  await page.getByTestId('node-url').waitFor();
+  await page.locator('[data-testid="connection-status"][data-state="live"]').waitFor();
+  assert.equal(await page.evaluate(() => localStorage.getItem('modelrelay.adminToken')), TOKEN);
+
+  // The kept token works after a reload, for the settings page too.
+  await page.goto(`${relay.url}/#/settings`);
+  await page.reload();
+  await page.getByLabel('Max queue length').waitFor();
+  assert.equal(await prompt.count(), 0);
+});

@@ -1,0 +1,147 @@
+import assert from 'node:assert/strict';
+import { mkdirSync } from 'node:fs';
+import path from 'node:path';
+import { afterEach, test } from 'node:test';
+import { ARTIFACTS, chat, cleanup, freePort, launchBrowser, startMockBackend, startRelay, status, waitFor } from './helpers.mjs';
+
+afterEach(cleanup);
+
+const SECRET = 'e2e-worker-secret';
+const count = (text) => Number(text.replace(/[^0-9]/g, ''));
+
+async function relayWithWorker(mock) {
+  const relay = await startRelay({ args: ['serve', '--worker-secret', SECRET], name: 'proxy' });
+  await startRelay({
+    name: 'worker',
+    args: ['worker', '--proxy-url', relay.url, '--worker-secret', SECRET, '--backend-url', mock.url, '--worker-name', 'e2e-worker', '--max-concurrency', '4'],
+  });
+  await waitFor(async () => (await status(relay)).workers.some((w) => w.name === 'e2e-worker' && w.models.includes('mock-model')), {
+    ms: 20_000,
+    what: 'the worker to register with mock-model',
+  });
+  return relay;
+}
+
+test('dashboard shows connected workers and live traffic', { timeout: 120_000 }, async () => {
+  const mock = await startMockBackend({ chunks: 30, chunkDelayMs: 150 });
+  const relay = await relayWithWorker(mock);
+  const { page, consoleErrors } = await launchBrowser();
+
+  await page.goto(`${relay.url}/#/dashboard`);
+  const row = page.locator('[data-testid="worker-row"][data-worker-name="e2e-worker"]');
+  await row.waitFor();
+  assert.match(await row.getByTestId('worker-models').innerText(), /mock-model/);
+  assert.equal(await row.getByTestId('worker-state').innerText(), 'idle');
+  assert.match(await row.getByTestId('worker-load').innerText(), /0 \/ 4/);
+  await page.locator('[data-testid="model-row"][data-model="mock-model"]').waitFor();
+  assert.match(await page.getByTestId('node-url').innerText(), new RegExp(`127\\.0\\.0\\.1:${relay.port}`));
+  await page.locator('[data-testid="connection-status"][data-state="live"]').waitFor();
+
+  // A marker that a reload would wipe: everything below must arrive live.
+  await page.evaluate(() => {
+    window.__e2eMarker = 'no-reload';
+  });
+  const before = count(await page.getByTestId('total-requests').innerText());
+
+  const requests = [chat(relay.url), chat(relay.url), chat(relay.url)];
+
+  const inflight = page.locator('[data-testid="in-flight-row"][data-state="running"]');
+  await waitFor(async () => (await inflight.count()) === 3, { ms: 15_000, what: 'three running requests on the dashboard' });
+  assert.equal(await inflight.first().getByTestId('in-flight-worker').innerText(), 'e2e-worker');
+  assert.match(await inflight.first().innerText(), /mock-model/);
+  await waitFor(async () => /^3 \/ 4/.test(await row.getByTestId('worker-load').innerText()), { what: 'worker load 3 / 4' });
+  assert.equal(await row.getByTestId('worker-state').innerText(), 'busy');
+  // tokens stream in: the token count of a running request grows
+  await waitFor(async () => Number(await inflight.first().locator('td').nth(5).innerText()) >= 3, { what: 'tokens counted' });
+
+  mkdirSync(ARTIFACTS, { recursive: true });
+  await page.screenshot({ path: path.join(ARTIFACTS, 'dashboard.png'), fullPage: true });
+
+  const answers = await Promise.all(requests);
+  for (const a of answers) {
+    assert.equal(a.status, 200);
+    assert.match(a.text, /data: \[DONE\]/);
+  }
+
+  await page.getByTestId('no-in-flight').waitFor({ timeout: 10_000 });
+  await waitFor(async () => count(await page.getByTestId('total-requests').innerText()) >= before + 3, {
+    what: 'total requests to grow by 3',
+  });
+  await waitFor(async () => count(await page.getByTestId('total-tokens').innerText()) > 0, { what: 'total tokens' });
+  const chart = page.getByTestId('chart-requests');
+  await waitFor(async () => Number(await chart.getAttribute('data-sum')) >= 3, { what: 'the requests/s chart to count the requests' });
+  assert.ok(Number(await page.getByTestId('chart-tokens').getAttribute('data-max')) > 0, 'tokens/s chart shows traffic');
+  assert.ok(Number(await chart.getAttribute('data-points')) >= 2);
+  assert.equal(await row.getByTestId('worker-state').innerText(), 'idle');
+
+  // Refresh models reaches the worker.
+  await page.getByRole('button', { name: 'Refresh models' }).click();
+  await page.getByTestId('workers-message').getByText(/Asked 1 worker/).waitFor();
+
+  assert.equal(await page.evaluate(() => window.__e2eMarker), 'no-reload', 'the page was not reloaded');
+  assert.deepEqual(
+    consoleErrors.filter((e) => !/lifecycle/.test(e) && !/404/.test(e)),
+    [],
+    'no console errors',
+  );
+});
+
+test('draining a worker from the dashboard', { timeout: 120_000 }, async () => {
+  const mock = await startMockBackend({ chunks: 20, chunkDelayMs: 150 });
+  const relay = await relayWithWorker(mock);
+  const { page } = await launchBrowser();
+
+  await page.goto(`${relay.url}/#/dashboard`);
+  const row = page.locator('[data-testid="worker-row"][data-worker-name="e2e-worker"]');
+  await row.waitFor();
+
+  // A request in flight lets the draining state be seen before the worker goes.
+  const running = chat(relay.url);
+  await page.locator('[data-testid="in-flight-row"][data-state="running"]').waitFor();
+
+  await page.getByRole('button', { name: 'Drain e2e-worker' }).click();
+  await page.getByTestId('workers-message').getByText(/Draining e2e-worker/).waitFor();
+  await waitFor(async () => (await row.count()) === 0 || (await row.getAttribute('data-state')) === 'draining', {
+    what: 'the worker to show as draining',
+  });
+  if ((await row.count()) > 0) {
+    assert.equal(await row.getByTestId('worker-state').innerText(), 'draining');
+    assert.ok(await row.getByRole('button', { name: 'Drain e2e-worker' }).isDisabled(), 'no second drain');
+  }
+
+  // The running request still finishes, then the worker leaves and stays away.
+  const answer = await running;
+  assert.equal(answer.status, 200);
+  assert.match(answer.text, /data: \[DONE\]/);
+  await row.waitFor({ state: 'detached', timeout: 15_000 });
+  await page.getByTestId('no-workers').waitFor();
+  await new Promise((r) => setTimeout(r, 2000));
+  const s = await status(relay);
+  assert.deepEqual(
+    s.workers.filter((w) => w.name === 'e2e-worker' && w.state !== 'draining'),
+    [],
+    'the drained worker did not rejoin',
+  );
+});
+
+test('dashboard shows reconnecting while the relay is away and recovers', { timeout: 120_000 }, async () => {
+  const port = await freePort();
+  const first = await startRelay({ args: ['serve'], name: 'proxy-1', listen: `127.0.0.1:${port}` });
+  const { page } = await launchBrowser();
+  await page.goto(`${first.url}/#/dashboard`);
+  await page.locator('[data-testid="connection-status"][data-state="live"]').waitFor();
+  await page.evaluate(() => {
+    window.__e2eMarker = 'no-reload';
+  });
+
+  await first.stop();
+  const indicator = page.locator('[data-testid="connection-status"][data-state="reconnecting"]');
+  await indicator.waitFor({ timeout: 15_000 });
+  assert.match(await indicator.innerText(), /Reconnecting/);
+
+  const second = await startRelay({ args: ['serve'], name: 'proxy-2', listen: `127.0.0.1:${port}` });
+  await page.locator('[data-testid="connection-status"][data-state="live"]').waitFor({ timeout: 30_000 });
+  // The feed is back: the uptime restarted with the new process.
+  await waitFor(async () => (await page.getByTestId('node-header').innerText()).includes(second.url), { what: 'header' });
+  assert.equal(await page.evaluate(() => window.__e2eMarker), 'no-reload', 'recovered without a reload');
+});
