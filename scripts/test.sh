@@ -1,11 +1,34 @@
 #!/usr/bin/env bash
-# Runs every test: the Rust unit and contract suites, then the official OpenAI and Anthropic
-# Python SDKs (and curl) against the real `modelrelay` binary.
-# Python packages are installed into .venv on first run (from PyPI); later runs reuse it.
+# Runs every test:
+#   1. the Rust suites of the workspace (unit, contract, command-line, model lifecycle, and the
+#      real-llama-server suite when ../shared/tools/realstack/setup.sh has built its stack);
+#   2. the official OpenAI and Anthropic Python SDKs (and curl) against the real `modelrelay`;
+#   3. the web UI: its unit tests, a check that the embedded build (ui/dist) matches its sources,
+#      and end-to-end tests in a real Chromium against real relays and workers.
+# Missing system packages are installed first (scripts/install-deps.sh); Python and npm packages
+# are installed on first run into .venv and node_modules, and reused later.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "==> cargo test (unit, contract and command-line suites)"
+./scripts/install-deps.sh
+
+echo "==> web UI: install, build, unit tests"
+(
+  cd ui
+  if [ ! -d node_modules ] || ! cmp -s package-lock.json node_modules/.package-lock.installed; then
+    npm ci --no-audit --no-fund
+    cp package-lock.json node_modules/.package-lock.installed
+  fi
+  npm run build
+  npm test
+)
+if git rev-parse --git-dir >/dev/null 2>&1 && ! git diff --quiet -- ui/dist; then
+  echo "ui/dist does not match the UI sources: run 'npm run build' in ui/ and commit ui/dist" >&2
+  git --no-pager diff --stat -- ui/dist >&2
+  exit 1
+fi
+
+echo "==> cargo test (whole workspace)"
 cargo test --workspace
 
 echo "==> SDK compatibility suite (official openai and anthropic Python SDKs, curl)"
@@ -16,3 +39,6 @@ if [ ! -x .venv/bin/pytest ] || ! cmp -s relay-core/tests/sdk/requirements.txt .
 fi
 cargo build --bin modelrelay
 MODELRELAY_BIN="$PWD/target/debug/modelrelay" .venv/bin/pytest -q relay-core/tests/sdk
+
+echo "==> web UI end to end (Chromium, real relays and workers)"
+(cd ui && MODELRELAY_BIN="$PWD/../target/debug/modelrelay" npm run test:e2e)
