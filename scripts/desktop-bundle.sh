@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds the desktop installer for this machine with the prebuilt Tauri CLI from npm
+# (src-tauri/package.json; no 15-minute `cargo install tauri-cli`).
+#
+# Usage: scripts/desktop-bundle.sh [BUNDLES]      BUNDLES defaults to "deb" on Linux
+#        e.g. scripts/desktop-bundle.sh deb,rpm   (appimage needs GitHub access: it downloads
+#        linuxdeploy; on macOS use "dmg", on Windows "msi")
+# Output: <target dir>/release/bundle/<kind>/...  (CARGO_TARGET_DIR is honoured)
+# Needs:  the system packages of installers/README.md, node + npm, and ui/dist (committed).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bundles="${1:-deb}"
+
+if [ ! -f "$root/ui/dist/index.html" ]; then
+  echo "desktop-bundle: $root/ui/dist/index.html is missing: the window shows ui/dist" >&2
+  exit 1
+fi
+
+cd "$root/src-tauri"
+# npm ci: exactly the locked CLI version; a clean clone has no node_modules.
+npm ci --no-audit --no-fund
+# --ci: no prompts. `tauri build` enables tauri/custom-protocol itself and builds release.
+npx --no-install tauri build --ci --bundles "$bundles"
+
+target="${CARGO_TARGET_DIR:-$root/target}"
+echo "desktop-bundle: built:"
+find "$target/release/bundle" -maxdepth 2 -type f \( -name '*.deb' -o -name '*.rpm' -o -name '*.AppImage' \
+  -o -name '*.dmg' -o -name '*.msi' -o -name '*.exe' \) \
+  -exec ls -l {} \; 2>/dev/null || true

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Smoke test of the real desktop app (not the mock runtime):
+#   1. GUI: under Xvfb + a private D-Bus session + trayer (an XEmbed tray host), with its config,
+#      data and HOME in a temp dir and a free port: the node answers, the window renders (not a
+#      blank page), the tray menu opens, SIGTERM drains and exits 0.
+#      Screenshots: target/artifacts/desktop-window.png (and desktop-tray.png, menu open).
+#   2. Headless: `modelrelay-desktop --serve` with no DISPLAY, WAYLAND_DISPLAY or session bus
+#      serves /health and exits 0 on SIGTERM.
+#
+# Usage: scripts/desktop-smoke.sh            (builds relay-desktop first, debug profile)
+#        DESKTOP_BIN=path/to/modelrelay-desktop scripts/desktop-smoke.sh   (use that binary)
+# Needs: xvfb (xvfb-run), dbus (dbus-run-session), trayer, xdotool, imagemagick, curl.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+magick_bin=/usr/bin  # ImageMagick's import/convert; /usr/local/bin/convert is not ImageMagick here
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Polls "$@" every 0.5 s until it succeeds or $1 seconds pass.
+wait_for() {
+  local secs="$1"; shift
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.5
+  done
+}
+
+node_answers() { # the UI's status route, or the plain health check
+  curl -sf --max-time 2 "http://127.0.0.1:$1/api/status" || curl -sf --max-time 2 "http://127.0.0.1:$1/health"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Inside Xvfb + dbus-run-session (the script calls itself).
+if [ "${1:-}" = "--inside-xvfb" ]; then
+  bin="$2" tmp="$3" port="$4" artifacts="$5"
+  pids=()
+  cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+  trap cleanup EXIT
+
+  trayer --edge bottom --align right --widthtype request --height 32 --SetDockType true \
+    --transparent false --tint 0x404040 >/dev/null 2>&1 &
+  pids+=($!)
+  sleep 1
+
+  echo "smoke: starting $bin on 127.0.0.1:$port"
+  # LANG: a desktop session's locale. Under LANG=C.UTF-8 (this image's default) WebKitGTK
+  # reports navigator.language "C", which Intl rejects (see the report on ui/).
+  HOME="$tmp/home" XDG_CONFIG_HOME="$tmp/home/.config" MODELRELAY_DATA_DIR="$tmp/data" \
+    LANG="${SMOKE_LANG:-en_US.UTF-8}" LOG_LEVEL=info "$bin" --config "$tmp/config.toml" --listen "127.0.0.1:$port" \
+    >"$tmp/app.log" 2>&1 &
+  app=$!
+  pids+=("$app")
+
+  if ! wait_for 90 node_answers "$port"; then
+    echo "smoke: FAIL the node did not answer on :$port within 90 s" >&2
+    tail -40 "$tmp/app.log" >&2
+    exit 1
+  fi
+  echo "smoke: node answers: $(node_answers "$port" | head -c 200)"
+
+  # The window (title "ModelRelay"); then wait until its content is no longer blank.
+  if ! wait_for 60 xdotool search --onlyvisible --name '^ModelRelay$'; then
+    echo "smoke: FAIL no visible ModelRelay window within 60 s" >&2
+    tail -40 "$tmp/app.log" >&2
+    exit 1
+  fi
+  win="$(xdotool search --onlyvisible --name '^ModelRelay$' | tail -1)"
+  echo "smoke: window id $win ($(xdotool getwindowgeometry "$win" | tr '\n' ' '))"
+  window_rendered() {
+    "$magick_bin/import" -window "$win" "$tmp/window.png" 2>/dev/null || return 1
+    local sd
+    sd="$("$magick_bin/convert" "$tmp/window.png" -format '%[fx:standard_deviation]' info:)"
+    echo "$sd" >"$tmp/window.sd"
+    # A blank (single-colour) page is ~0; text and controls push it well above 0.01.
+    awk -v sd="$sd" 'BEGIN { exit !(sd > 0.01) }'
+  }
+  if ! wait_for 60 window_rendered; then
+    echo "smoke: FAIL the window stayed blank (std dev $(cat "$tmp/window.sd" 2>/dev/null))" >&2
+    "$magick_bin/import" -window root "$artifacts/desktop-window.png" || true
+    exit 1
+  fi
+  sleep 3 # let the dashboard's first fetches land before the picture
+  "$magick_bin/import" -window root "$artifacts/desktop-window.png"
+  sd="$("$magick_bin/convert" "$artifacts/desktop-window.png" -format '%[fx:standard_deviation]' info:)"
+  echo "smoke: window rendered (window std dev $(cat "$tmp/window.sd"), screen $sd)"
+
+  # The tray: trayer sits bottom-right; a click on the icon opens the menu.
+  read -r sw sh < <(xdotool getdisplaygeometry)
+  xdotool mousemove $((sw - 16)) $((sh - 16)) click 1 || true
+  sleep 2
+  "$magick_bin/import" -window root "$artifacts/desktop-tray.png" || true
+  xdotool key Escape || true
+  if ! kill -0 "$app" 2>/dev/null; then
+    echo "smoke: FAIL the app died after the tray click" >&2
+    tail -40 "$tmp/app.log" >&2
+    exit 1
+  fi
+
+  # Graceful exit: SIGTERM drains the node and exits 0.
+  kill -TERM "$app"
+  rc=0
+  for _ in $(seq 1 80); do
+    kill -0 "$app" 2>/dev/null || break
+    sleep 0.5
+  done
+  if kill -0 "$app" 2>/dev/null; then
+    echo "smoke: FAIL the app did not exit within 40 s of SIGTERM" >&2
+    exit 1
+  fi
+  wait "$app" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "smoke: FAIL exit code $rc after SIGTERM" >&2
+    tail -40 "$tmp/app.log" >&2
+    exit 1
+  fi
+  echo "smoke: GUI OK (exit 0 after SIGTERM)"
+  exit 0
+fi
+
+# ---------------------------------------------------------------------------------------------
+cd "$root"
+if [ -n "${DESKTOP_BIN:-}" ]; then
+  bin="$DESKTOP_BIN"
+else
+  cargo build -p relay-desktop
+  bin="${CARGO_TARGET_DIR:-$root/target}/debug/modelrelay-desktop"
+fi
+[ -x "$bin" ] || { echo "smoke: no binary at $bin" >&2; exit 1; }
+bin="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")"
+
+artifacts="$root/target/artifacts"
+mkdir -p "$artifacts"
+tmp="$(mktemp -d)"
+serve_pid=""
+cleanup() {
+  [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+mkdir -p "$tmp/home/.config" "$tmp/data"
+: >"$tmp/config.toml"
+
+# 1. GUI under Xvfb. timeout bounds the whole run; xvfb-run stops Xvfb when the inner part ends.
+port="$(free_port)"
+timeout 300 xvfb-run -a -s "-screen 0 1280x800x24" \
+  dbus-run-session -- bash "$0" --inside-xvfb "$bin" "$tmp" "$port" "$artifacts"
+echo "smoke: screenshots in $artifacts (desktop-window.png, desktop-tray.png)"
+
+# 2. Headless --serve with no display and no session bus.
+port="$(free_port)"
+env -u DISPLAY -u WAYLAND_DISPLAY -u DBUS_SESSION_BUS_ADDRESS \
+  HOME="$tmp/home" MODELRELAY_DATA_DIR="$tmp/data" \
+  "$bin" --serve --config "$tmp/config.toml" --listen "127.0.0.1:$port" >"$tmp/serve.log" 2>&1 &
+serve_pid=$!
+if ! wait_for 30 curl -sf --max-time 2 "http://127.0.0.1:$port/health"; then
+  echo "smoke: FAIL --serve did not answer /health on :$port" >&2
+  cat "$tmp/serve.log" >&2
+  exit 1
+fi
+echo "smoke: --serve /health: $(curl -sf "http://127.0.0.1:$port/health" | head -c 200)"
+kill -TERM "$serve_pid"
+rc=0
+wait "$serve_pid" || rc=$?
+serve_pid=""
+if [ "$rc" -ne 0 ]; then
+  echo "smoke: FAIL --serve exited $rc after SIGTERM" >&2
+  cat "$tmp/serve.log" >&2
+  exit 1
+fi
+echo "smoke: headless --serve OK"
+echo "smoke: PASS"

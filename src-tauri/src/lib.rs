@@ -1,0 +1,49 @@
+//! ModelRelay desktop app: a thin Tauri 2 shell around `relay-core`.
+//!
+//! - [`launch`]: the command line; `--serve` or a command runs the core headless (no GTK).
+//! - [`gui`]: the tray app; the node runs in-process and the window shows the web UI from
+//!   `ui/dist`, which talks HTTP to the node.
+//! - [`commands`]: the three commands the UI invokes (`relay_info`, start-on-login).
+//! - [`tray_state`]: node state → tray icon, tooltip, status line (pure, unit-tested).
+//! - [`notifications`], [`autostart`], [`clipboard`]: the OS integrations, each failing softly.
+
+pub mod autostart;
+pub mod clipboard;
+pub mod commands;
+pub mod gui;
+pub mod launch;
+pub mod notifications;
+pub mod tray_state;
+
+use std::process::ExitCode;
+
+use relay_core::cli::Cli;
+
+/// Runs the core exactly like the `modelrelay` command: no window, no tray, and nothing from
+/// Tauri or GTK is touched, so it works with no display and no D-Bus (servers, containers).
+pub fn run_headless(cli: Cli) -> ExitCode {
+    launch::init_logging(cli.log_level.as_deref());
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!(
+                "{}: cannot start the async runtime: {error}",
+                launch::BIN_NAME
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(relay_core::app::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{}: {error}", launch::BIN_NAME);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// TEMPORARY: the planned relay_core::node shape until it lands; then `use relay_core::node;`.
+mod node;
