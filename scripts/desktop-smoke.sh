@@ -2,7 +2,8 @@
 # Smoke test of the real desktop app (not the mock runtime):
 #   1. GUI: under Xvfb + a private D-Bus session + trayer (an XEmbed tray host), with its config,
 #      data and HOME in a temp dir and a free port: the node answers, the window renders (not a
-#      blank page), the tray menu opens, SIGTERM drains and exits 0.
+#      blank page), the own worker connects, the tray menu opens, its "Join as worker" turns
+#      the worker off (and saves it), its "Quit" drains and exits 0.
 #      Screenshots: target/artifacts/desktop-window.png (and desktop-tray.png, menu open).
 #   2. Headless: `modelrelay-desktop --serve` with no DISPLAY, WAYLAND_DISPLAY or session bus
 #      serves /health and exits 0 on SIGTERM.
@@ -88,36 +89,67 @@ if [ "${1:-}" = "--inside-xvfb" ]; then
   sd="$("$magick_bin/convert" "$artifacts/desktop-window.png" -format '%[fx:standard_deviation]' info:)"
   echo "smoke: window rendered (window std dev $(cat "$tmp/window.sd"), screen $sd)"
 
-  # The tray: trayer sits bottom-right; a click on the icon opens the menu.
+  # The tray. trayer sits bottom-right; a click on the icon opens the menu, and GTK menus take
+  # the keyboard: Down Down = "Join as worker" (the status line is disabled), Up = "Quit".
+  status() { # prints a field of /api/status's "node" object, e.g. status "d['roles']['worker']"
+    curl -sf --max-time 2 "http://127.0.0.1:$port/api/status" |
+      python3 -c "import json,sys; d=json.load(sys.stdin)['node']; print($1)"
+  }
+  own_worker_is() { [ "$(status "d['worker']['state']")" = "$1" ]; }
+  worker_role_is() { [ "$(status "d['roles']['worker']")" = "$1" ]; }
   read -r sw sh < <(xdotool getdisplaygeometry)
-  xdotool mousemove $((sw - 16)) $((sh - 16)) click 1 || true
-  sleep 2
-  "$magick_bin/import" -window root "$artifacts/desktop-tray.png" || true
-  xdotool key Escape || true
+  open_tray_menu() { xdotool mousemove $((sw - 16)) $((sh - 16)) click 1; sleep 1.5; }
+
+  # Both roles are on with an empty config: the node's own worker joins its own proxy.
+  if ! wait_for 60 own_worker_is connected; then
+    echo "smoke: FAIL the own worker did not connect (state: $(status "d['worker']['state']"))" >&2
+    exit 1
+  fi
+  open_tray_menu
+  "$magick_bin/import" -window root "$artifacts/desktop-tray.png"
+  echo "smoke: tray menu open (target/artifacts/desktop-tray.png)"
+  xdotool key Down Down Return
+  if ! wait_for 20 worker_role_is False; then
+    echo "smoke: FAIL the tray's 'Join as worker' did not turn the worker off" >&2
+    tail -20 "$tmp/app.log" >&2
+    exit 1
+  fi
+  grep -q 'worker = false' "$tmp/config.toml" || {
+    echo "smoke: FAIL the role change was not saved to the config file" >&2
+    cat "$tmp/config.toml" >&2
+    exit 1
+  }
+  echo "smoke: tray 'Join as worker' turned the worker off and saved it"
   if ! kill -0 "$app" 2>/dev/null; then
-    echo "smoke: FAIL the app died after the tray click" >&2
+    echo "smoke: FAIL the app died after using the tray" >&2
     tail -40 "$tmp/app.log" >&2
     exit 1
   fi
 
-  # Graceful exit: SIGTERM drains the node and exits 0.
-  kill -TERM "$app"
+  # Tray "Quit": drains the node, exits 0.
+  open_tray_menu
+  xdotool key Up Return
   rc=0
-  for _ in $(seq 1 80); do
+  for _ in $(seq 1 90); do
     kill -0 "$app" 2>/dev/null || break
     sleep 0.5
   done
   if kill -0 "$app" 2>/dev/null; then
-    echo "smoke: FAIL the app did not exit within 40 s of SIGTERM" >&2
+    echo "smoke: FAIL the app did not exit within 45 s of Quit" >&2
+    tail -20 "$tmp/app.log" >&2
     exit 1
   fi
   wait "$app" || rc=$?
   if [ "$rc" -ne 0 ]; then
-    echo "smoke: FAIL exit code $rc after SIGTERM" >&2
+    echo "smoke: FAIL exit code $rc after Quit" >&2
     tail -40 "$tmp/app.log" >&2
     exit 1
   fi
-  echo "smoke: GUI OK (exit 0 after SIGTERM)"
+  grep -q "quitting: draining the node" "$tmp/app.log" || {
+    echo "smoke: FAIL the app exited without draining" >&2
+    exit 1
+  }
+  echo "smoke: GUI OK (Quit drained the node, exit 0)"
   exit 0
 fi
 

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::node::{Node, NodeEvent, NodeOptions, Roles};
 use relay_core::cli::Cli;
+use relay_core::node::{Node, NodeEvent, NodeOptions, Roles};
 use tauri::image::Image;
 use tauri::menu::{CheckMenuItem, Menu, MenuEvent, MenuItem, PredefinedMenuItem};
 use tauri::tray::{TrayIcon, TrayIconBuilder};
@@ -66,9 +66,12 @@ struct TrayParts {
 /// Starts the node, then the tray app; returns when the app exits.
 pub fn run(cli: Cli, hidden: bool) -> ExitCode {
     init_logging(cli.log_level.as_deref());
+    // Every `modelrelay` flag applies (listen address, secret, worker settings, ...); the
+    // roles come from the config file, where the tray's check items save them.
     let options = NodeOptions {
         config_path: cli.config.clone(),
-        listen: cli.proxy.listen.clone(),
+        proxy_args: cli.proxy.clone(),
+        worker_args: cli.worker.clone(),
         ..NodeOptions::default()
     };
     let node = match tauri::async_runtime::block_on(Node::start(options)) {

@@ -44,6 +44,3 @@ pub fn run_headless(cli: Cli) -> ExitCode {
         }
     }
 }
-
-// TEMPORARY: the planned relay_core::node shape until it lands; then `use relay_core::node;`.
-mod node;

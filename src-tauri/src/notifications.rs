@@ -8,7 +8,7 @@
 
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 
-use crate::node::NodeEvent;
+use relay_core::node::NodeEvent;
 
 /// The application name notifications are filed under.
 pub const APP_NAME: &str = "ModelRelay";

@@ -1,7 +1,7 @@
 //! What the tray shows for a node state: which icon, the tooltip, the status line and the check
 //! marks. Pure functions only, so every case is a unit test that needs no display.
 
-use crate::node::{NodeState, WorkerState};
+use relay_core::node::{NodeState, WorkerState};
 
 /// The tray icon variants, one per look; the PNGs are `icons/tray/*.png`, generated from
 /// `icons/source.svg` by `scripts/desktop-icons.sh`.
@@ -135,7 +135,7 @@ fn truncate(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::Roles;
+    use relay_core::node::Roles;
 
     fn state(proxy: bool, worker: bool, ws: WorkerState, workers: usize) -> NodeState {
         NodeState {
