@@ -48,10 +48,10 @@ if [ "${1:-}" = "--inside-xvfb" ]; then
   sleep 1
 
   echo "smoke: starting $bin on 127.0.0.1:$port"
-  # LANG: a desktop session's locale. Under LANG=C.UTF-8 (this image's default) WebKitGTK
-  # reports navigator.language "C", which Intl rejects (see the report on ui/).
+  # The locale is left as it is: under LANG=C.UTF-8 (this image's default) WebKitGTK reports
+  # navigator.language "C", which Intl rejects; the UI must still render (ui/src/lib/locale.ts).
   HOME="$tmp/home" XDG_CONFIG_HOME="$tmp/home/.config" MODELRELAY_DATA_DIR="$tmp/data" \
-    LANG="${SMOKE_LANG:-en_US.UTF-8}" LOG_LEVEL=info "$bin" --config "$tmp/config.toml" --listen "127.0.0.1:$port" \
+    LOG_LEVEL=info "$bin" --config "$tmp/config.toml" --listen "127.0.0.1:$port" \
     >"$tmp/app.log" 2>&1 &
   app=$!
   pids+=("$app")

@@ -136,6 +136,9 @@ pub struct AppState {
     pub upstreams: Arc<Upstreams>,
     /// What the embedding node reports about itself, for the dashboard.
     pub node: SharedNodeInfo,
+    /// Turns true when the proxy starts shutting down, so long-lived streams that are not
+    /// requests (the dashboard's live feed) end instead of holding up the graceful stop.
+    pub closing: Arc<watch::Sender<bool>>,
     /// Who may use the control API.
     pub admin: AdminAccess,
 }
@@ -148,6 +151,7 @@ pub struct RunningProxy {
     pub hub: Arc<Hub>,
     /// What the dashboard shows about the node; the embedding node keeps it current.
     pub node: SharedNodeInfo,
+    closing: Arc<watch::Sender<bool>>,
     drain_timeout: Duration,
     stop: oneshot::Sender<()>,
     task: JoinHandle<std::io::Result<()>>,
@@ -161,6 +165,8 @@ pub struct Built {
     pub hub: Arc<Hub>,
     /// Node information shown on the dashboard.
     pub node: SharedNodeInfo,
+    /// Set to true on shutdown: ends the dashboard's live feeds.
+    pub closing: Arc<watch::Sender<bool>>,
 }
 
 /// Builds the router for `config` serving at `addr`, with `extra` routes (the node's settings
@@ -182,6 +188,7 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
     );
     let admin = AdminAccess::new(config.admin_token.clone(), addr.ip().is_loopback());
     let node: SharedNodeInfo = Arc::new(watch::Sender::new(NodeInfo::proxy_only(addr)));
+    let closing = Arc::new(watch::Sender::new(false));
     let state = AppState {
         hub: hub.clone(),
         limiter: Arc::new(FailureLimiter::new(config.auth_failures.clone())),
@@ -200,13 +207,19 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
         )),
         config: Arc::new(config),
         node: node.clone(),
+        closing: closing.clone(),
         admin: admin.clone(),
     };
     let app = http::routes()
         .merge(control::routes(admin))
         .with_state(state)
         .merge(extra);
-    Built { app, hub, node }
+    Built {
+        app,
+        hub,
+        node,
+        closing,
+    }
 }
 
 /// Serves the proxy on `listener` until [`RunningProxy::shutdown`].
@@ -222,7 +235,12 @@ pub fn start_with(
 ) -> std::io::Result<RunningProxy> {
     let addr = listener.local_addr()?;
     let drain_timeout = config.drain_timeout;
-    let Built { app, hub, node } = router(config, addr, extra);
+    let Built {
+        app,
+        hub,
+        node,
+        closing,
+    } = router(config, addr, extra);
     control::spawn_sampler(&hub);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -243,6 +261,7 @@ pub fn start_with(
         addr,
         hub,
         node,
+        closing,
         drain_timeout,
         stop,
         task,
@@ -260,6 +279,7 @@ impl RunningProxy {
     pub async fn shutdown(self) {
         let in_flight = self.hub.begin_shutdown("proxy shutting down");
         tracing::info!(in_flight, drain_timeout = ?self.drain_timeout, "draining in-flight requests");
+        self.closing.send_replace(true);
         let _ = self.stop.send(());
         let deadline = tokio::time::Instant::now() + self.drain_timeout;
         // Shutdown is rare and not on any request's path; a light poll keeps the hub simple.

@@ -262,6 +262,34 @@ async fn events_feed_sends_status_at_once_then_on_change_and_every_second() {
 }
 
 #[tokio::test]
+async fn an_open_events_feed_ends_when_the_proxy_shuts_down_instead_of_holding_it_up() {
+    let proxy = start_proxy(test_config()).await;
+    let response = http()
+        .get(format!("{}/api/events", proxy.url()))
+        .send()
+        .await
+        .expect("feed");
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    let _ = next_status(&mut body, &mut text).await;
+    // Without the closing signal the server waits for the feed until its 5 s stop timeout.
+    let stopping = tokio::spawn(proxy.shutdown());
+    let ended = tokio::time::timeout(Duration::from_secs(3), async {
+        while let Some(chunk) = body.next().await {
+            if chunk.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the feed is still open after shutdown began");
+    tokio::time::timeout(Duration::from_secs(3), stopping)
+        .await
+        .expect("shutdown finishes promptly once the feed has ended")
+        .expect("shutdown task");
+}
+
+#[tokio::test]
 async fn draining_a_worker_from_the_dashboard_closes_it_once_idle_and_keeps_it_out() {
     let proxy = start_proxy(test_config()).await;
     let (mut worker, ack) = ScriptedWorker::join(proxy.addr, "gpu-a", &[MODEL], 1).await;

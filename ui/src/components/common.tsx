@@ -116,3 +116,38 @@ export function Card({
     </section>
   );
 }
+
+/**
+ * A data table inside a horizontally scrolling wrapper. `columns` are the headings; an empty
+ * heading is an actions column, named for screen readers only. `children` are the body rows;
+ * `footer` is shown under the table (e.g. "showing 50 of 80").
+ */
+export function DataTable({
+  label,
+  columns,
+  children,
+  footer,
+}: {
+  label: string;
+  columns: string[];
+  children: ComponentChildren;
+  footer?: ComponentChildren;
+}) {
+  return (
+    <div class="table-wrap">
+      <table aria-label={label}>
+        <thead>
+          <tr>
+            {columns.map((column, i) => (
+              <th scope="col" key={i}>
+                {column || <span class="sr-only">Actions</span>}
+              </th>
+            ))}
+          </tr>
+        </thead>
+        <tbody>{children}</tbody>
+      </table>
+      {footer}
+    </div>
+  );
+}

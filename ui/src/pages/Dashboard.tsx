@@ -1,6 +1,6 @@
 import { useCallback, useEffect, useMemo, useState } from 'preact/hooks';
 import { api, errorMessage } from '../api';
-import { Alert, Badge, Card, CopyButton, Spinner } from '../components/common';
+import { Alert, Badge, Card, CopyButton, DataTable, Spinner } from '../components/common';
 import { Chart } from '../components/Chart';
 import { useLive } from '../live';
 import { clockFor, seriesData, toDashboardView, toLifecycleRows, type DashboardView, type WorkerRow } from '../lib/viewmodel';
@@ -209,66 +209,48 @@ function WorkersCard({ workers }: { workers: WorkerRow[] }) {
           No worker is connected. Start one on a GPU box, or use <a href="#/setup">Setup</a> to join this node.
         </p>
       ) : (
-        <div class="table-wrap">
-          <table aria-label="Workers">
-            <thead>
-              <tr>
-                <th scope="col">Name</th>
-                <th scope="col">Host</th>
-                <th scope="col">Models</th>
-                <th scope="col">Load</th>
-                <th scope="col">State</th>
-                <th scope="col">Connected</th>
-                <th scope="col">Heartbeat</th>
-                <th scope="col">
-                  <span class="sr-only">Actions</span>
-                </th>
-              </tr>
-            </thead>
-            <tbody>
-              {workers.map((w) => (
-                <tr key={w.id} data-testid="worker-row" data-worker-id={w.id} data-worker-name={w.name} data-state={w.state}>
-                  <td>
-                    <strong>{w.name}</strong>
-                    {w.provider !== 'local' ? <span class="muted small"> ({w.provider})</span> : null}
-                  </td>
-                  <td>{w.host}</td>
-                  <td class="models-cell" data-testid="worker-models">
-                    {w.models.length ? w.models.map((m) => <code key={m}>{m}</code>) : <span class="muted">none</span>}
-                  </td>
-                  <td data-testid="worker-load">
-                    <div class="load">
-                      <span>{w.loadLabel}</span>
-                      <span class="bar" aria-hidden="true">
-                        <span style={{ width: `${Math.round(w.loadFraction * 100)}%` }} />
-                      </span>
-                    </div>
-                  </td>
-                  <td>
-                    <Badge tone={w.tone} testid="worker-state">
-                      {w.state}
-                    </Badge>
-                  </td>
-                  <td title={w.connectedAt}>{w.connectedSince}</td>
-                  <td data-testid="worker-heartbeat">{w.heartbeat}</td>
-                  <td class="actions-cell">
-                    <button
-                      type="button"
-                      class="btn btn-small btn-warn"
-                      disabled={!w.canDrain || pending[w.id]}
-                      onClick={() => drain(w)}
-                      aria-label={`Drain ${w.name}`}
-                      title="Stop routing new requests to this worker; it finishes what it runs, then disconnects"
-                      data-testid="drain-button"
-                    >
-                      {w.canDrain ? (pending[w.id] ? 'Draining…' : 'Drain') : 'Draining'}
-                    </button>
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
+        <DataTable label="Workers" columns={['Name', 'Host', 'Models', 'Load', 'State', 'Connected', 'Heartbeat', '']}>
+          {workers.map((w) => (
+            <tr key={w.id} data-testid="worker-row" data-worker-id={w.id} data-worker-name={w.name} data-state={w.state}>
+              <td>
+                <strong>{w.name}</strong>
+                {w.provider !== 'local' ? <span class="muted small"> ({w.provider})</span> : null}
+              </td>
+              <td>{w.host}</td>
+              <td class="models-cell" data-testid="worker-models">
+                {w.models.length ? w.models.map((m) => <code key={m}>{m}</code>) : <span class="muted">none</span>}
+              </td>
+              <td data-testid="worker-load">
+                <div class="load">
+                  <span>{w.loadLabel}</span>
+                  <span class="bar" aria-hidden="true">
+                    <span style={{ width: `${Math.round(w.loadFraction * 100)}%` }} />
+                  </span>
+                </div>
+              </td>
+              <td>
+                <Badge tone={w.tone} testid="worker-state">
+                  {w.state}
+                </Badge>
+              </td>
+              <td title={w.connectedAt}>{w.connectedSince}</td>
+              <td data-testid="worker-heartbeat">{w.heartbeat}</td>
+              <td class="actions-cell">
+                <button
+                  type="button"
+                  class="btn btn-small btn-warn"
+                  disabled={!w.canDrain || pending[w.id]}
+                  onClick={() => drain(w)}
+                  aria-label={`Drain ${w.name}`}
+                  title="Stop routing new requests to this worker; it finishes what it runs, then disconnects"
+                  data-testid="drain-button"
+                >
+                  {w.canDrain ? (pending[w.id] ? 'Draining…' : 'Drain') : 'Draining'}
+                </button>
+              </td>
+            </tr>
+          ))}
+        </DataTable>
       )}
     </Card>
   );
@@ -280,28 +262,17 @@ function ModelsCard({ view }: { view: DashboardView }) {
       {view.models.length === 0 ? (
         <p class="empty">No model is served yet.</p>
       ) : (
-        <div class="table-wrap">
-          <table aria-label="Models">
-            <thead>
-              <tr>
-                <th scope="col">Model</th>
-                <th scope="col">Provider</th>
-                <th scope="col">Served by</th>
-              </tr>
-            </thead>
-            <tbody>
-              {view.models.map((m) => (
-                <tr key={`${m.provider}/${m.name}`} data-testid="model-row" data-model={m.name}>
-                  <td>
-                    <code>{m.name}</code>
-                  </td>
-                  <td>{m.provider}</td>
-                  <td class={m.workerNames.length ? '' : 'muted'}>{m.workersLabel}</td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
+        <DataTable label="Models" columns={['Model', 'Provider', 'Served by']}>
+          {view.models.map((m) => (
+            <tr key={`${m.provider}/${m.name}`} data-testid="model-row" data-model={m.name}>
+              <td>
+                <code>{m.name}</code>
+              </td>
+              <td>{m.provider}</td>
+              <td class={m.workerNames.length ? '' : 'muted'}>{m.workersLabel}</td>
+            </tr>
+          ))}
+        </DataTable>
       )}
     </Card>
   );
@@ -336,44 +307,34 @@ function InFlightCard({ view }: { view: DashboardView }) {
           No request in flight.
         </p>
       ) : (
-        <div class="table-wrap">
-          <table aria-label="In-flight requests">
-            <thead>
-              <tr>
-                <th scope="col">Model</th>
-                <th scope="col">Worker</th>
-                <th scope="col">State</th>
-                <th scope="col">Age</th>
-                <th scope="col">TTFT</th>
-                <th scope="col">Tokens</th>
-                <th scope="col">Tokens/s</th>
-              </tr>
-            </thead>
-            <tbody>
-              {view.inFlight.map((r) => (
-                <tr key={r.id} data-testid="in-flight-row" data-request-id={r.id} data-state={r.state}>
-                  <td>
-                    <code>{r.model}</code>
-                    {r.streaming ? <span class="muted small"> stream</span> : null}
-                  </td>
-                  <td data-testid="in-flight-worker">{r.worker}</td>
-                  <td>
-                    <Badge tone={r.state === 'running' ? 'busy' : 'warn'}>{r.state}</Badge>
-                  </td>
-                  <td>{r.age}</td>
-                  <td>{r.ttft}</td>
-                  <td>{r.tokens}</td>
-                  <td>{r.tokensPerSec}</td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-          {view.inFlightTotal > view.inFlight.length ? (
-            <p class="muted small">
-              Showing the {view.inFlight.length} oldest of {view.inFlightTotal} requests.
-            </p>
-          ) : null}
-        </div>
+        <DataTable
+          label="In-flight requests"
+          columns={['Model', 'Worker', 'State', 'Age', 'TTFT', 'Tokens', 'Tokens/s']}
+          footer={
+            view.inFlightTotal > view.inFlight.length ? (
+              <p class="muted small">
+                Showing the {view.inFlight.length} oldest of {view.inFlightTotal} requests.
+              </p>
+            ) : null
+          }
+        >
+          {view.inFlight.map((r) => (
+            <tr key={r.id} data-testid="in-flight-row" data-request-id={r.id} data-state={r.state}>
+              <td>
+                <code>{r.model}</code>
+                {r.streaming ? <span class="muted small"> stream</span> : null}
+              </td>
+              <td data-testid="in-flight-worker">{r.worker}</td>
+              <td>
+                <Badge tone={r.state === 'running' ? 'busy' : 'warn'}>{r.state}</Badge>
+              </td>
+              <td>{r.age}</td>
+              <td>{r.ttft}</td>
+              <td>{r.tokens}</td>
+              <td>{r.tokensPerSec}</td>
+            </tr>
+          ))}
+        </DataTable>
       )}
     </Card>
   );
@@ -437,62 +398,45 @@ function LifecycleCard({ modelsKey }: { modelsKey: string }) {
       }
     >
       {error ? <Alert kind="error">{error}</Alert> : null}
-      <div class="table-wrap">
-        <table aria-label="Model lifecycle">
-          <thead>
-            <tr>
-              <th scope="col">Model</th>
-              <th scope="col">State</th>
-              <th scope="col">Process</th>
-              <th scope="col">Last used</th>
-              <th scope="col">In flight</th>
-              <th scope="col">Restarts / crashes</th>
-              <th scope="col">
-                <span class="sr-only">Actions</span>
-              </th>
-            </tr>
-          </thead>
-          <tbody>
-            {rows.map((m) => (
-              <tr key={m.name} data-testid="lifecycle-row" data-model={m.name} data-state={m.state}>
-                <td>
-                  <code>{m.name}</code>
-                  {m.lastError ? <div class="bad-text small">{m.lastError}</div> : null}
-                </td>
-                <td>
-                  <Badge tone={m.tone}>{m.state}</Badge>
-                </td>
-                <td class="small">{m.detail}</td>
-                <td>{m.lastUsed}</td>
-                <td>{m.inFlight}</td>
-                <td>
-                  {m.restarts} / {m.crashes}
-                </td>
-                <td class="actions-cell">
-                  <button
-                    type="button"
-                    class="btn btn-small"
-                    disabled={!m.canLoad || busy !== null}
-                    onClick={() => act(m.name, 'load')}
-                    aria-label={`Load ${m.name}`}
-                  >
-                    {busy === `${m.name}:load` ? 'Loading…' : 'Load'}
-                  </button>{' '}
-                  <button
-                    type="button"
-                    class="btn btn-small"
-                    disabled={!m.canUnload || busy !== null}
-                    onClick={() => act(m.name, 'unload')}
-                    aria-label={`Unload ${m.name}`}
-                  >
-                    {busy === `${m.name}:unload` ? 'Unloading…' : 'Unload'}
-                  </button>
-                </td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-      </div>
+      <DataTable label="Model lifecycle" columns={['Model', 'State', 'Process', 'Last used', 'In flight', 'Restarts / crashes', '']}>
+        {rows.map((m) => (
+          <tr key={m.name} data-testid="lifecycle-row" data-model={m.name} data-state={m.state}>
+            <td>
+              <code>{m.name}</code>
+              {m.lastError ? <div class="bad-text small">{m.lastError}</div> : null}
+            </td>
+            <td>
+              <Badge tone={m.tone}>{m.state}</Badge>
+            </td>
+            <td class="small">{m.detail}</td>
+            <td>{m.lastUsed}</td>
+            <td>{m.inFlight}</td>
+            <td>
+              {m.restarts} / {m.crashes}
+            </td>
+            <td class="actions-cell">
+              <button
+                type="button"
+                class="btn btn-small"
+                disabled={!m.canLoad || busy !== null}
+                onClick={() => act(m.name, 'load')}
+                aria-label={`Load ${m.name}`}
+              >
+                {busy === `${m.name}:load` ? 'Loading…' : 'Load'}
+              </button>{' '}
+              <button
+                type="button"
+                class="btn btn-small"
+                disabled={!m.canUnload || busy !== null}
+                onClick={() => act(m.name, 'unload')}
+                aria-label={`Unload ${m.name}`}
+              >
+                {busy === `${m.name}:unload` ? 'Unloading…' : 'Unload'}
+              </button>
+            </td>
+          </tr>
+        ))}
+      </DataTable>
     </Card>
   );
 }

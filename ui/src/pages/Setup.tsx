@@ -1,6 +1,6 @@
 import { useEffect, useMemo, useState } from 'preact/hooks';
 import { api, errorMessage, type JoinRequest } from '../api';
-import { Alert, Badge, Card, CodeBlock, CopyButton, Spinner } from '../components/common';
+import { Alert, Badge, Card, CodeBlock, CopyButton, DataTable, Spinner } from '../components/common';
 import { navigate } from '../hash';
 import { decodeJoinCode, looksLikeJoinCode } from '../lib/joincode';
 import { buildSnippets, normalizeBaseUrl, workerCommand } from '../lib/snippets';
@@ -272,33 +272,22 @@ function BackendsStep({
               No model server found on the usual ports.
             </p>
           ) : (
-            <div class="table-wrap">
-              <table aria-label="Discovered model servers">
-                <thead>
-                  <tr>
-                    <th scope="col">Server</th>
-                    <th scope="col">URL</th>
-                    <th scope="col">Models</th>
-                  </tr>
-                </thead>
-                <tbody>
-                  {discovery.backends.map((b) => (
-                    <tr key={b.url} data-testid="backend-row" data-url={b.url}>
-                      <td>
-                        <strong>{b.label || b.kind}</strong>
-                        {b.label && b.kind && b.label !== b.kind ? <span class="muted small"> {b.kind}</span> : null}
-                      </td>
-                      <td>
-                        <code>{b.url}</code>
-                      </td>
-                      <td class="models-cell">
-                        {b.models.length ? b.models.map((m) => <code key={m}>{m}</code>) : <span class="muted">none</span>}
-                      </td>
-                    </tr>
-                  ))}
-                </tbody>
-              </table>
-            </div>
+            <DataTable label="Discovered model servers" columns={['Server', 'URL', 'Models']}>
+              {discovery.backends.map((b) => (
+                <tr key={b.url} data-testid="backend-row" data-url={b.url}>
+                  <td>
+                    <strong>{b.label || b.kind}</strong>
+                    {b.label && b.kind && b.label !== b.kind ? <span class="muted small"> {b.kind}</span> : null}
+                  </td>
+                  <td>
+                    <code>{b.url}</code>
+                  </td>
+                  <td class="models-cell">
+                    {b.models.length ? b.models.map((m) => <code key={m}>{m}</code>) : <span class="muted">none</span>}
+                  </td>
+                </tr>
+              ))}
+            </DataTable>
           )}
           <h3>Proxies on this network</h3>
           {discovery.proxies.length === 0 ? (

@@ -216,6 +216,7 @@ pub async fn events(
     check.set_missed_tick_behavior(MissedTickBehavior::Skip);
     let node_changes = state.node.subscribe();
     let seen = (state.hub.telemetry().version(), Instant::now());
+    let mut closing = state.closing.subscribe();
     let later = futures_util::stream::unfold(
         (state, check, node_changes, seen),
         |(state, mut check, mut node_changes, (mut version, mut sent))| async move {
@@ -233,8 +234,14 @@ pub async fn events(
             }
         },
     );
-    let stream =
-        futures_util::StreamExt::chain(futures_util::stream::once(async { Ok(first) }), later);
+    let closed = async move {
+        let _ = closing.wait_for(|closing| *closing).await;
+    };
+    // Ends with the proxy: an open dashboard must not hold up a graceful stop.
+    let stream = futures_util::StreamExt::take_until(
+        futures_util::StreamExt::chain(futures_util::stream::once(async { Ok(first) }), later),
+        closed,
+    );
     Sse::new(stream).keep_alive(
         KeepAlive::new()
             .interval(Duration::from_secs(15))
