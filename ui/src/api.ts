@@ -160,7 +160,6 @@ export const api = {
   status: () => request<Status>('GET', '/api/status'),
   drain: (id: string) => request<{ ok: boolean }>('POST', `/api/workers/${encodeURIComponent(id)}/drain`),
   refreshModels: () => request<{ ok: boolean; workers: number }>('POST', '/api/models/refresh'),
-  lifecycle: () => request<{ models: ModelStatus[] }>('GET', '/api/lifecycle'),
   lifecycleAction: (model: string, action: 'load' | 'unload') =>
     request<{ ok: boolean; model: ModelStatus }>('POST', `/api/lifecycle/${encodeURIComponent(model)}/${action}`),
   discovery: () => request<Discovery>('GET', '/api/discovery'),

@@ -18,6 +18,8 @@ export interface NodeInfo {
     name: string | null;
     last_error: string | null;
   };
+  /** The own worker's model map; absent from relays older than this UI. */
+  lifecycle?: ModelStatus[];
   admin_token_required: boolean;
   uptime_secs: number;
 }

@@ -195,6 +195,8 @@ impl LifecycleManager {
                 }
                 entry.in_flight += 1;
                 entry.touch(now);
+                // The dashboard shows requests per model (release reports its side too).
+                self.inner.changed();
                 let port = entry.port.expect("a ready model has a port");
                 Ok(Step::Leased(Lease {
                     inner: self.inner.clone(),
@@ -361,6 +363,12 @@ impl LifecycleManager {
                 return Ok(());
             }
         }
+    }
+
+    /// Changes whenever a model's status may have changed (state, process, requests, errors):
+    /// wait on it, then read [`LifecycleManager::status`].
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.events.subscribe()
     }
 
     /// Every mapped model's status, by name.

@@ -464,9 +464,14 @@ impl Node {
     ) -> JoinHandle<()> {
         let node = self.clone();
         let mut changes = report.subscribe();
+        let mut managers = report.subscribe_lifecycle();
         tokio::spawn(async move {
             loop {
                 let status = changes.borrow_and_update().clone();
+                let manager = managers.borrow_and_update().clone();
+                // Subscribed before reading, so a change in between wakes the next wait.
+                let mut model_changes = manager.as_ref().map(|m| m.changes());
+                let lifecycle = manager.map(|m| m.status()).unwrap_or_default();
                 node.inner.info.send_modify(|info| {
                     info.worker = OwnWorker {
                         state: match status.state {
@@ -478,10 +483,23 @@ impl Node {
                         name: Some(name.clone()),
                         last_error: status.last_error.clone(),
                     };
+                    info.lifecycle = lifecycle;
                 });
                 node.publish();
-                if changes.changed().await.is_err() {
-                    return;
+                let models_changed = async {
+                    let changed = match &mut model_changes {
+                        Some(changes) => changes.changed().await.is_ok(),
+                        None => false,
+                    };
+                    if !changed {
+                        // No manager, or one that is gone: only `managers` can tell more.
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { return },
+                    changed = managers.changed() => if changed.is_err() { return },
+                    () = models_changed => {}
                 }
             }
         })
@@ -500,6 +518,7 @@ impl Node {
                     name: None,
                     last_error: None,
                 };
+                info.lifecycle.clear();
             }
         });
         let info = self.inner.info.borrow().clone();

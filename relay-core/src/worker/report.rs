@@ -1,8 +1,6 @@
 //! What a running worker tells whoever embeds it (the node's dashboard, the desktop tray): its
 //! connection to the proxy and its model lifecycle manager.
 
-use std::sync::Mutex;
-
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -32,7 +30,7 @@ pub struct ConnectionStatus {
 /// Shared between a running worker and its embedder.
 pub struct WorkerReport {
     connection: watch::Sender<ConnectionStatus>,
-    lifecycle: Mutex<Option<LifecycleManager>>,
+    lifecycle: watch::Sender<Option<LifecycleManager>>,
 }
 
 impl std::fmt::Debug for WorkerReport {
@@ -50,7 +48,7 @@ impl Default for WorkerReport {
                 state: ConnectionState::Connecting,
                 last_error: None,
             }),
-            lifecycle: Mutex::new(None),
+            lifecycle: watch::Sender::new(None),
         }
     }
 }
@@ -68,10 +66,13 @@ impl WorkerReport {
 
     /// The worker's model lifecycle manager, when it has a model map.
     pub fn lifecycle(&self) -> Option<LifecycleManager> {
-        self.lifecycle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.lifecycle.borrow().clone()
+    }
+
+    /// Changes when the worker gets or drops its lifecycle manager (it creates one at start
+    /// when it has a model map, and drops it when it stops).
+    pub fn subscribe_lifecycle(&self) -> watch::Receiver<Option<LifecycleManager>> {
+        self.lifecycle.subscribe()
     }
 
     pub(crate) fn set_state(&self, state: ConnectionState, error: Option<String>) {
@@ -86,6 +87,6 @@ impl WorkerReport {
     }
 
     pub(crate) fn set_lifecycle(&self, manager: Option<LifecycleManager>) {
-        *self.lifecycle.lock().unwrap_or_else(|p| p.into_inner()) = manager;
+        self.lifecycle.send_replace(manager);
     }
 }

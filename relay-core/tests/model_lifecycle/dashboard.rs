@@ -21,33 +21,64 @@ async fn call(method: reqwest::Method, url: String) -> (u16, Value) {
     (status, serde_json::from_str(&text).expect("json"))
 }
 
+/// A node (proxy + worker) whose worker maps model "a" to a fake llama-server logging to `log`.
+async fn start_mapped_node(dir: &TempDir, log: &std::path::Path) -> Node {
+    let text = format!(
+        "[worker.lifecycle]\nmodel_port_base = 27000\n{}",
+        fake_entry("a", log, "", "")
+    );
+    let config_path = dir.join("config.toml");
+    std::fs::write(&config_path, text).expect("config");
+    Node::start(NodeOptions {
+        config_path: Some(config_path),
+        proxy_args: ProxyArgs {
+            listen: Some("127.0.0.1:0".to_string()),
+            worker_secret: Some("dashboard-secret".to_string()),
+            ..ProxyArgs::default()
+        },
+        worker_args: WorkerArgs {
+            worker_name: Some("mapped".to_string()),
+            ..WorkerArgs::default()
+        },
+        roles: Some(Roles::default()),
+        data_dir: Some(dir.join("data")),
+    })
+    .await
+    .expect("node starts")
+}
+
+/// Reads the `/api/events` feed until a status event's own-worker model "a" is in `state`.
+async fn feed_until_model_state(
+    feed: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    buffer: &mut String,
+    state: &str,
+) -> Value {
+    loop {
+        while let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            let Some(data) = event.lines().find_map(|l| l.strip_prefix("data:")) else {
+                continue;
+            };
+            let status: Value = serde_json::from_str(data.trim()).expect("status json");
+            let model = &status["node"]["lifecycle"][0];
+            if model["name"] == "a" && model["state"] == state {
+                return model.clone();
+            }
+        }
+        let chunk = futures_util::StreamExt::next(feed)
+            .await
+            .expect("the feed stays open")
+            .expect("feed chunk");
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
 #[tokio::test]
 async fn the_dashboard_shows_mapped_models_and_loads_and_unloads_them_by_hand() {
     bounded(async {
         let dir = TempDir::new("dashboard");
         let log = dir.join("a.log");
-        let text = format!(
-            "[worker.lifecycle]\nmodel_port_base = 27000\n{}",
-            fake_entry("a", &log, "", "")
-        );
-        let config_path = dir.join("config.toml");
-        std::fs::write(&config_path, text).expect("config");
-        let node = Node::start(NodeOptions {
-            config_path: Some(config_path),
-            proxy_args: ProxyArgs {
-                listen: Some("127.0.0.1:0".to_string()),
-                worker_secret: Some("dashboard-secret".to_string()),
-                ..ProxyArgs::default()
-            },
-            worker_args: WorkerArgs {
-                worker_name: Some("mapped".to_string()),
-                ..WorkerArgs::default()
-            },
-            roles: Some(Roles::default()),
-            data_dir: Some(dir.join("data")),
-        })
-        .await
-        .expect("node starts");
+        let node = start_mapped_node(&dir, &log).await;
         let base = node.url();
         let models = loop {
             let (code, body) = call(reqwest::Method::GET, format!("{base}/api/lifecycle")).await;
@@ -90,6 +121,46 @@ async fn the_dashboard_shows_mapped_models_and_loads_and_unloads_them_by_hand() 
         )
         .await;
         assert_eq!(code, 404);
+        node.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_status_feed_pushes_every_lifecycle_change_of_the_own_worker() {
+    bounded(async {
+        let dir = TempDir::new("dashboard-feed");
+        let log = dir.join("a.log");
+        let node = start_mapped_node(&dir, &log).await;
+        let base = node.url();
+        let response = reqwest::Client::new()
+            .get(format!("{base}/api/events"))
+            .send()
+            .await
+            .expect("feed");
+        let mut feed = response.bytes_stream();
+        let mut buffer = String::new();
+        let listed = feed_until_model_state(&mut feed, &mut buffer, "stopped").await;
+        assert_eq!(listed["pid"], Value::Null);
+
+        // Loaded by hand: the feed shows it ready with its process, without anyone polling.
+        let loading = tokio::spawn(call(
+            reqwest::Method::POST,
+            format!("{base}/api/lifecycle/a/load"),
+        ));
+        let ready = feed_until_model_state(&mut feed, &mut buffer, "ready").await;
+        let pid = ready["pid"].as_u64().expect("a pid") as u32;
+        assert_eq!(starts(&log), [pid]);
+        assert_eq!(loading.await.expect("load").0, 200);
+
+        let unloading = tokio::spawn(call(
+            reqwest::Method::POST,
+            format!("{base}/api/lifecycle/a/unload"),
+        ));
+        let stopped = feed_until_model_state(&mut feed, &mut buffer, "stopped").await;
+        assert_eq!(stopped["pid"], Value::Null);
+        assert_eq!(unloading.await.expect("unload").0, 200);
+        drop(feed);
         node.shutdown().await;
     })
     .await;

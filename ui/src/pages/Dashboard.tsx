@@ -1,4 +1,4 @@
-import { useCallback, useEffect, useMemo, useState } from 'preact/hooks';
+import { useMemo, useState } from 'preact/hooks';
 import { api, errorMessage } from '../api';
 import { Alert, Badge, Card, CopyButton, DataTable, Spinner } from '../components/common';
 import { Chart } from '../components/Chart';
@@ -44,7 +44,7 @@ export function Dashboard() {
             </p>
           ) : null}
         </Card>
-        <LifecycleCard modelsKey={status.node.worker.state} />
+        <LifecycleCard models={status.node.lifecycle ?? []} />
       </main>
     );
   }
@@ -58,7 +58,7 @@ export function Dashboard() {
         <QueuesCard view={view} />
       </div>
       <InFlightCard view={view} />
-      <LifecycleCard modelsKey={status.models.map((m) => `${m.name}:${m.workers.length}`).join(',')} />
+      <LifecycleCard models={status.node.lifecycle ?? []} />
     </main>
   );
 }
@@ -340,63 +340,31 @@ function InFlightCard({ view }: { view: DashboardView }) {
   );
 }
 
-/** The model map of this node's worker (llama-server processes it starts on demand). */
-function LifecycleCard({ modelsKey }: { modelsKey: string }) {
-  const [models, setModels] = useState<ModelStatus[] | null>(null);
+/**
+ * The model map of this node's worker (llama-server processes it starts on demand), as the
+ * status feed pushes it on every change.
+ */
+function LifecycleCard({ models }: { models: ModelStatus[] }) {
   const [error, setError] = useState<string | null>(null);
   const [busy, setBusy] = useState<string | null>(null);
-
-  const load = useCallback(async () => {
-    try {
-      const r = await api.lifecycle();
-      setModels(r.models ?? []);
-      setError(null);
-    } catch (e) {
-      setError(errorMessage(e));
-    }
-  }, []);
-
-  // Re-read when the set of served models changes (a model started or stopped) and on mount.
-  useEffect(() => {
-    void load();
-  }, [load, modelsKey]);
-
-  // The lifecycle is not in the status feed: while a model is starting or stopping, follow it
-  // until it settles.
-  const transitional = (models ?? []).some((m) => m.state === 'starting' || m.state === 'stopping');
-  useEffect(() => {
-    if (!transitional) return;
-    const timer = setInterval(() => void load(), 1000);
-    return () => clearInterval(timer);
-  }, [transitional, load]);
 
   const act = async (name: string, action: 'load' | 'unload') => {
     setBusy(`${name}:${action}`);
     setError(null);
     try {
-      const r = await api.lifecycleAction(name, action);
-      setModels((prev) => (prev ? prev.map((m) => (m.name === name ? r.model : m)) : prev));
+      await api.lifecycleAction(name, action);
     } catch (e) {
       setError(`${action === 'load' ? 'Load' : 'Unload'} ${name}: ${errorMessage(e)}`);
     } finally {
       setBusy(null);
-      void load();
     }
   };
 
   // Hidden when this node's worker has no model map.
-  if (!models || models.length === 0) return null;
+  if (models.length === 0) return null;
   const rows = toLifecycleRows(models, Date.now());
   return (
-    <Card
-      title="Model lifecycle"
-      testid="lifecycle"
-      actions={
-        <button type="button" class="btn btn-small" onClick={() => void load()}>
-          Reload list
-        </button>
-      }
-    >
+    <Card title="Model lifecycle" testid="lifecycle">
       {error ? <Alert kind="error">{error}</Alert> : null}
       <DataTable label="Model lifecycle" columns={['Model', 'State', 'Process', 'Last used', 'In flight', 'Restarts / crashes', '']}>
         {rows.map((m) => (

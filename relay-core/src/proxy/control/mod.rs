@@ -19,6 +19,7 @@ use serde_json::json;
 
 use super::AppState;
 use crate::dialect::{ApiError, Dialect};
+use crate::lifecycle::ModelStatus;
 pub use auth::{AdminAccess, AdminToken};
 
 /// Which parts of the relay a node runs.
@@ -77,6 +78,9 @@ pub struct NodeInfo {
     pub roles: Roles,
     /// Its own worker.
     pub worker: OwnWorker,
+    /// The model map of its own worker (llama-server processes started on demand), pushed on
+    /// every change; empty without a worker or a model map.
+    pub lifecycle: Vec<ModelStatus>,
 }
 
 impl NodeInfo {
@@ -95,6 +99,7 @@ impl NodeInfo {
                 name: None,
                 last_error: None,
             },
+            lifecycle: Vec::new(),
         }
     }
 }
