@@ -1,8 +1,9 @@
 //! Anthropic Messages ⇄ canonical.
 //!
 //! `parse_request` and `build_response` serve an Anthropic client (Claude Code, the SDKs) from a
-//! chat backend. `build_request` is the reverse direction, for round-trip tests now and an
-//! Anthropic upstream later.
+//! chat backend. The reverse direction serves OpenAI clients from an Anthropic upstream:
+//! `build_upstream_request` makes what the upstream is sent, `parse_response` reads its answer
+//! (its streams are decoded by the adapter's stream module).
 
 use serde_json::{json, Map, Value};
 
@@ -414,4 +415,92 @@ pub(crate) fn usage_object(usage: &Usage) -> Value {
         "cache_creation_input_tokens": usage.cache_creation_tokens,
         "cache_read_input_tokens": usage.cache_read_tokens,
     })
+}
+
+/// Output tokens asked for when the client set no limit: Anthropic requires `max_tokens`, and
+/// every Claude model can produce at least this many.
+pub const DEFAULT_UPSTREAM_MAX_TOKENS: u64 = 4096;
+
+/// The Messages request an Anthropic upstream is sent for `request` (from an OpenAI client).
+///
+/// Anthropic's API is stricter than chat servers, so what it would refuse is left out rather
+/// than sent: empty text (chat assistant turns carry `""` next to tool calls), reasoning
+/// without a signature (chat history has none, and Anthropic only takes signed thinking back),
+/// and turns left with no content. `max_tokens` gets [`DEFAULT_UPSTREAM_MAX_TOKENS`] if unset.
+pub fn build_upstream_request(request: &Request) -> Value {
+    let mut request = request.clone();
+    for message in &mut request.messages {
+        message.content.retain(accepted_upstream);
+        for part in &mut message.content {
+            if let Part::ToolResult(result) = part {
+                result.content.retain(accepted_upstream);
+            }
+        }
+    }
+    request.messages.retain(|m| !m.content.is_empty());
+    request.max_tokens = request.max_tokens.or(Some(DEFAULT_UPSTREAM_MAX_TOKENS));
+    build_request(&request)
+}
+
+/// Whether Anthropic accepts `part` in a request.
+fn accepted_upstream(part: &Part) -> bool {
+    match part {
+        Part::Thinking(thinking) => thinking.signature.is_some() && !part.is_blank(),
+        _ => !part.is_blank(),
+    }
+}
+
+/// Reads a complete Messages answer (from an Anthropic upstream).
+///
+/// Blocks a chat backend has no counterpart for (`redacted_thinking`, server tool calls and
+/// their results) are skipped: the client could not send them back anyway.
+pub fn parse_response(body: &Value) -> Result<Response, AdapterError> {
+    let root = At::root(body);
+    root.object()?;
+    let mut content = Vec::new();
+    for block in root.require("content")?.items()? {
+        if matches!(block.kind()?, "text" | "thinking" | "tool_use") {
+            content.extend(parse_block(&block)?);
+        }
+    }
+    Ok(Response {
+        id: root.opt_str("id")?.unwrap_or_default().to_string(),
+        model: root.opt_str("model")?.unwrap_or_default().to_string(),
+        created: 0,
+        content,
+        stop_reason: root
+            .opt_str("stop_reason")?
+            .map(stop_reason)
+            .unwrap_or_default(),
+        usage: body.get("usage").map(parse_usage).unwrap_or_default(),
+    })
+}
+
+/// The canonical stop reason of an Anthropic `stop_reason`. `pause_turn` (a server tool paused
+/// the turn) ends it as it stands; a full context window is a length stop.
+pub(crate) fn stop_reason(name: &str) -> StopReason {
+    match name {
+        "max_tokens" | "model_context_window_exceeded" => StopReason::MaxTokens,
+        "tool_use" => StopReason::ToolUse,
+        "stop_sequence" => StopReason::StopSequence,
+        "refusal" => StopReason::ContentFilter,
+        _ => StopReason::EndTurn,
+    }
+}
+
+/// Token counts from an Anthropic usage object (the inverse of [`usage_object`]): its
+/// `input_tokens` leaves out cached tokens, the canonical count includes them.
+pub(crate) fn parse_usage(usage: &Value) -> Usage {
+    let number = |key: &str| usage.get(key).and_then(Value::as_u64).unwrap_or(0);
+    let cache_read_tokens = number("cache_read_input_tokens");
+    let cache_creation_tokens = number("cache_creation_input_tokens");
+    Usage {
+        input_tokens: number("input_tokens")
+            .saturating_add(cache_read_tokens)
+            .saturating_add(cache_creation_tokens),
+        output_tokens: number("output_tokens"),
+        cache_read_tokens,
+        cache_creation_tokens,
+        reasoning_tokens: 0,
+    }
 }

@@ -1,10 +1,12 @@
 //! Protocol adapter: serves Anthropic Messages and OpenAI Responses clients from backends that
-//! speak only OpenAI Chat Completions.
+//! speak only OpenAI Chat Completions, and OpenAI clients from Anthropic upstreams.
 //!
 //! Everything here is pure (no I/O): the worker calls [`client_api_for_path`] to learn whether a
-//! request needs translating, [`to_chat_request`] for the body it sends the backend, and then
-//! [`from_chat_response`] for a complete answer or a [`StreamTranslator`] fed the backend's SSE
-//! text chunk by chunk. Every dialect goes through one provider-neutral form in [`canonical`].
+//! request needs translating, [`to_backend_request`] for the body it sends the backend, and then
+//! [`from_backend_response`] for a complete answer or a [`StreamTranslator`] fed the backend's
+//! SSE text chunk by chunk. The backend speaks a [`BackendApi`]: chat completions (local servers,
+//! OpenAI-compatible upstreams) or Anthropic Messages (Anthropic upstreams). Every dialect goes
+//! through one provider-neutral form in [`canonical`].
 //!
 //! Errors are [`AdapterError`]s naming the offending field, for a 400 in the client's dialect.
 
@@ -36,6 +38,25 @@ pub enum ClientApi {
     OpenAiResponses,
 }
 
+/// The API a backend is sent translated requests in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendApi {
+    /// `POST /v1/chat/completions`: what every local server speaks.
+    OpenAiChat,
+    /// `POST /v1/messages`: an Anthropic upstream.
+    AnthropicMessages,
+}
+
+impl BackendApi {
+    /// The route translated requests go to.
+    pub fn path(self) -> &'static str {
+        match self {
+            BackendApi::OpenAiChat => "/v1/chat/completions",
+            BackendApi::AnthropicMessages => "/v1/messages",
+        }
+    }
+}
+
 /// The generation API of a request path (a query string is allowed: Claude Code sends
 /// `/v1/messages?beta=true`). `None` for everything the adapter does not translate: other routes,
 /// and sub-resources such as `/v1/messages/count_tokens` or `/v1/responses/{id}`.
@@ -62,6 +83,26 @@ pub fn to_chat_request(api: ClientApi, body: &Value) -> Result<Value, AdapterErr
         ClientApi::OpenAiResponses => openai_responses::parse_request(body)?,
     };
     Ok(chat_request_for(&request))
+}
+
+/// The body to send a `backend` for a client's request `body`: [`to_chat_request`] for a chat
+/// backend; for an Anthropic one, [`anthropic_messages::build_upstream_request`] of the parsed
+/// request. A request already in the backend's own form is returned unchanged.
+pub fn to_backend_request(
+    backend: BackendApi,
+    api: ClientApi,
+    body: &Value,
+) -> Result<Value, AdapterError> {
+    match (backend, api) {
+        (BackendApi::OpenAiChat, _) => to_chat_request(api, body),
+        (BackendApi::AnthropicMessages, ClientApi::AnthropicMessages) => Ok(body.clone()),
+        (BackendApi::AnthropicMessages, ClientApi::OpenAiChat) => Ok(
+            anthropic_messages::build_upstream_request(&openai_chat::parse_request(body)?),
+        ),
+        (BackendApi::AnthropicMessages, ClientApi::OpenAiResponses) => Ok(
+            anthropic_messages::build_upstream_request(&openai_responses::parse_request(body)?),
+        ),
+    }
 }
 
 /// The backend body for a canonical request from a translated dialect: what [`to_chat_request`]
@@ -126,6 +167,44 @@ pub fn from_chat_response_with(
                 request, &response, identity,
             ))
         }
+    }
+}
+
+/// The client's non-streaming answer from a `backend`'s complete answer to `request` (the
+/// client's original body), with fresh ids. An answer already in the client's form is returned
+/// unchanged. An error means the backend's answer was not what its API returns (a 502).
+pub fn from_backend_response(
+    backend: BackendApi,
+    api: ClientApi,
+    request: &Value,
+    answer: &Value,
+) -> Result<Value, AdapterError> {
+    from_backend_response_with(backend, api, request, answer, &Identity::fresh())
+}
+
+/// [`from_backend_response`] with the client-facing ids and timestamp given by `identity`.
+pub fn from_backend_response_with(
+    backend: BackendApi,
+    api: ClientApi,
+    request: &Value,
+    answer: &Value,
+    identity: &Identity,
+) -> Result<Value, AdapterError> {
+    let from_anthropic = || anthropic_messages::parse_response(answer);
+    match (backend, api) {
+        (BackendApi::OpenAiChat, _) => from_chat_response_with(api, request, answer, identity),
+        (BackendApi::AnthropicMessages, ClientApi::AnthropicMessages) => Ok(answer.clone()),
+        (BackendApi::AnthropicMessages, ClientApi::OpenAiChat) => {
+            let mut response = from_anthropic()?;
+            // Chat ids and timestamps are the relay's, as for every translated answer.
+            response.id = format!("chatcmpl-{}", identity.id);
+            response.created = identity.created;
+            response.model = client_model(request, &response.model);
+            Ok(openai_chat::build_response(&response))
+        }
+        (BackendApi::AnthropicMessages, ClientApi::OpenAiResponses) => Ok(
+            openai_responses::build_response(request, &from_anthropic()?, identity),
+        ),
     }
 }
 

@@ -1,9 +1,9 @@
 //! OpenAI Chat Completions ⇄ canonical: the backend form every local server speaks.
 //!
 //! `build_request` makes what is sent to the backend, `parse_response` reads its answer. The
-//! other two directions (`parse_request`, `build_response`) let a chat client be served by a
-//! non-chat upstream later and let round trips be tested; a chat client in front of a chat
-//! backend is passed through untouched by [`super::to_chat_request`].
+//! other two directions (`parse_request`, `build_response`) serve a chat client from an
+//! Anthropic upstream and let round trips be tested; a chat client in front of a chat backend is
+//! passed through untouched by [`super::to_chat_request`].
 
 use serde_json::{json, Map, Value};
 
@@ -468,25 +468,6 @@ pub(crate) fn parse_usage(usage: &Value) -> Usage {
 
 /// The chat-completions answer for `response`.
 pub fn build_response(response: &Response) -> Value {
-    let finish = match response.stop_reason {
-        StopReason::EndTurn | StopReason::StopSequence => "stop",
-        StopReason::MaxTokens => "length",
-        StopReason::ToolUse => "tool_calls",
-        StopReason::ContentFilter => "content_filter",
-    };
-    let usage = &response.usage;
-    let mut usage_out = json!({
-        "prompt_tokens": usage.input_tokens,
-        "completion_tokens": usage.output_tokens,
-        "total_tokens": usage.total_tokens(),
-    });
-    if usage.cache_read_tokens > 0 {
-        usage_out["prompt_tokens_details"] = json!({"cached_tokens": usage.cache_read_tokens});
-    }
-    if usage.reasoning_tokens > 0 {
-        usage_out["completion_tokens_details"] =
-            json!({"reasoning_tokens": usage.reasoning_tokens});
-    }
     json!({
         "id": response.id,
         "object": "chat.completion",
@@ -495,8 +476,34 @@ pub fn build_response(response: &Response) -> Value {
         "choices": [{
             "index": 0,
             "message": assistant_message(&response.content),
-            "finish_reason": finish,
+            "finish_reason": finish_reason(response.stop_reason),
         }],
-        "usage": usage_out,
+        "usage": usage_object(&response.usage),
     })
+}
+
+/// Chat's `finish_reason` for a stop reason.
+pub(crate) fn finish_reason(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::EndTurn | StopReason::StopSequence => "stop",
+        StopReason::MaxTokens => "length",
+        StopReason::ToolUse => "tool_calls",
+        StopReason::ContentFilter => "content_filter",
+    }
+}
+
+/// A chat `usage` object; the detail objects only when there is something in them.
+pub(crate) fn usage_object(usage: &Usage) -> Value {
+    let mut out = json!({
+        "prompt_tokens": usage.input_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.total_tokens(),
+    });
+    if usage.cache_read_tokens > 0 {
+        out["prompt_tokens_details"] = json!({"cached_tokens": usage.cache_read_tokens});
+    }
+    if usage.reasoning_tokens > 0 {
+        out["completion_tokens_details"] = json!({"reasoning_tokens": usage.reasoning_tokens});
+    }
+    out
 }

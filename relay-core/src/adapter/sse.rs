@@ -99,6 +99,11 @@ pub(crate) fn event(name: &str, data: &Value) -> String {
     format!("event: {name}\ndata: {data}\n\n")
 }
 
+/// One unnamed SSE event, as chat-completions streams send them.
+pub(crate) fn data(data: &Value) -> String {
+    format!("data: {data}\n\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,7 +31,7 @@ impl ModelAliases {
         let mut exact = HashMap::new();
         let mut patterns = Vec::new();
         for (name, target) in aliases {
-            if name.contains(['*', '?']) {
+            if is_pattern(&name) {
                 patterns.push((name, target));
             } else {
                 exact.insert(name, target);
@@ -70,6 +70,11 @@ impl ModelAliases {
 
 fn literal_len(pattern: &str) -> usize {
     pattern.chars().filter(|c| !matches!(c, '*' | '?')).count()
+}
+
+/// Whether a configured model name is a glob pattern (has `*` or `?`) rather than a name.
+pub fn is_pattern(name: &str) -> bool {
+    name.contains(['*', '?'])
 }
 
 /// Whether `name` matches `pattern`, where `*` is any run of characters and `?` one character.

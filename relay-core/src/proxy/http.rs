@@ -62,6 +62,10 @@ pub fn routes() -> Router<AppState> {
             "/v1/responses/{id}",
             get(responses_api::get_response).delete(responses_api::delete_response),
         )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses_api::list_input_items),
+        )
         .route("/v1/messages", post(relay))
         .route("/v1/messages/count_tokens", post(relay))
         .route("/v1/models", get(list_models))
@@ -172,20 +176,43 @@ async fn relay(
         Ok(parts) => parts,
         Err(error) => return error.into_response(dialect),
     };
-    // Only Responses requests pay for the store: continuation, then recording the answer.
-    let (body, observer) = if uri.path() == "/v1/responses" {
+    // Only Responses requests pay for the store (continuation, then recording the answer) and
+    // for having their streams patched.
+    let responses = uri.path() == "/v1/responses";
+    let (body, observer, continues) = if responses {
         match responses_api::prepare(&state.responses, body, state.config.max_body_bytes) {
             Ok(prepared) => (
                 prepared.body,
                 prepared
                     .recorder
                     .map(|r| Box::new(r) as Box<dyn AnswerObserver>),
+                prepared.continues,
             ),
             Err(error) => return error.into_response(dialect),
         }
     } else {
-        (body, None)
+        (body, None, None)
     };
+    let answer = dispatch(&state, uri, model, body, is_streaming, headers, observer).await;
+    if responses {
+        responses_api::patch_stream(answer, continues)
+    } else {
+        answer
+    }
+}
+
+/// Hands a prepared request to the workers, or to an upstream when they refuse it, and waits
+/// for the answer.
+async fn dispatch(
+    state: &AppState,
+    uri: axum::http::Uri,
+    model: String,
+    body: String,
+    is_streaming: bool,
+    headers: HeaderMap,
+    observer: Option<Box<dyn AnswerObserver>>,
+) -> Response {
+    let dialect = Dialect::for_path(uri.path());
     let forwarded: crate::protocol::HeaderMap = FORWARDED_HEADERS
         .iter()
         .filter_map(|name| {
@@ -280,8 +307,22 @@ fn model_object(id: &str, provider: &str, anthropic: bool) -> Value {
     }
 }
 
+/// Every model a client can ask for: the workers' first, then the upstreams' (a model both
+/// serve is listed once, as the workers', since workers come first).
+async fn all_models(state: &AppState) -> Vec<(String, String)> {
+    let mut models = state.hub.models();
+    if !state.upstreams.is_empty() {
+        for (model, upstream) in state.upstreams.models().await {
+            if !models.iter().any(|(listed, _)| *listed == model) {
+                models.push((model, upstream));
+            }
+        }
+    }
+    models
+}
+
 async fn list_models(State(state): State<AppState>, headers: HeaderMap) -> Json<Value> {
-    let models = state.hub.models();
+    let models = all_models(&state).await;
     let anthropic = headers.contains_key("anthropic-version");
     let data: Vec<Value> = models
         .iter()
@@ -305,9 +346,8 @@ async fn get_model(
     headers: HeaderMap,
 ) -> Response {
     let anthropic = headers.contains_key("anthropic-version");
-    match state
-        .hub
-        .models()
+    match all_models(&state)
+        .await
         .into_iter()
         .find(|(model, _)| *model == id)
     {
@@ -315,7 +355,7 @@ async fn get_model(
         None => ApiError::new(
             StatusCode::NOT_FOUND,
             "model_not_found",
-            format!("no worker serves model {id}"),
+            format!("no worker or upstream serves model {id}"),
         )
         .into_response(if anthropic {
             Dialect::Anthropic

@@ -1,22 +1,28 @@
-//! `POST /v1/responses` with the [`ResponsesStore`], and `GET` / `DELETE /v1/responses/{id}`.
+//! `POST /v1/responses` with the [`ResponsesStore`], `GET` / `DELETE /v1/responses/{id}`, and
+//! `GET /v1/responses/{id}/input_items`.
 //!
 //! A request with `previous_response_id` is expanded here, before dispatch: the stored
 //! conversation and the new input become one standalone Responses request (the id removed), so
 //! whichever worker gets it — translating for a chat-only backend or passing through to a
 //! native one — sees the whole conversation. The answer is watched on its way to the client
 //! (the whole body, or the `response.completed` event of a stream) and stored under its id
-//! unless the request said `store: false`. Only `/v1/responses` requests pay for any of this.
+//! unless the request said `store: false`. A streamed answer is also patched on its way out
+//! ([`patch_stream`]): a continuation's response objects echo `previous_response_id` (the
+//! worker never saw it), and events a native backend sent without `sequence_number` get one.
+//! Only `/v1/responses` requests pay for any of this.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use super::completed_event::CompletedWatch;
+use super::completed_event::{CompletedWatch, StreamPatcher};
 use super::response::AnswerObserver;
 use super::responses_store::{ResponsesStore, StoredResponse};
 use super::AppState;
@@ -33,6 +39,8 @@ pub struct Prepared {
     pub body: String,
     /// Stores the answer; `None` for `store: false` or a body the store cannot keep.
     pub recorder: Option<Recorder>,
+    /// The `previous_response_id` a continuation continued, for [`patch_stream`] to echo.
+    pub continues: Option<String>,
 }
 
 /// Resolves `previous_response_id` against `store` and sets up recording of the answer. An
@@ -69,7 +77,11 @@ pub fn prepare(
             .then(|| parse_request(&request).ok())
             .flatten()
             .map(|parsed| Recorder::new(store, parsed.messages, None));
-        return Ok(Prepared { body, recorder });
+        return Ok(Prepared {
+            body,
+            recorder,
+            continues: None,
+        });
     };
     let stored = store
         .get(&previous, Instant::now())
@@ -97,7 +109,11 @@ pub fn prepare(
     }
     let recorder =
         wants_storing.then(|| Recorder::new(store, expanded.messages, Some(previous.clone())));
-    Ok(Prepared { body, recorder })
+    Ok(Prepared {
+        body,
+        recorder,
+        continues: Some(previous),
+    })
 }
 
 fn previous_not_found(id: &str) -> ApiError {
@@ -167,10 +183,12 @@ impl Recorder {
             }
         };
         let mut messages = std::mem::take(&mut self.history);
+        let input_len = messages.len();
         messages.extend(output);
         let stored = StoredResponse {
             response,
             conversation: StoredConversation { messages },
+            input_len,
         };
         self.store.insert(&id, stored, Instant::now());
     }
@@ -219,4 +237,162 @@ pub async fn delete_response(State(state): State<AppState>, Path(id): Path<Strin
     } else {
         response_not_found(&id).into_response(Dialect::OpenAiResponses)
     }
+}
+
+/// `GET /v1/responses/{id}/input_items`: the items the response was generated from, as an
+/// OpenAI list page (`limit` 1–100, default 20; `order` `desc` by default, or `asc`; `after` an
+/// item id). Like OpenAI's, the list holds the whole context: the conversation a continuation
+/// continued, then its own input.
+pub async fn list_input_items(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(query): Query<Vec<(String, String)>>,
+) -> Response {
+    let Some(stored) = state.responses.get(&id, Instant::now()) else {
+        return response_not_found(&id).into_response(Dialect::OpenAiResponses);
+    };
+    match ListQuery::parse(&query).and_then(|query| input_items_page(&stored, &id, &query)) {
+        Ok(page) => Json(page).into_response(),
+        Err(error) => error.into_response(Dialect::OpenAiResponses),
+    }
+}
+
+/// The paging parameters of a list request.
+#[derive(Debug, PartialEq, Eq)]
+struct ListQuery {
+    limit: usize,
+    descending: bool,
+    after: Option<String>,
+}
+
+impl ListQuery {
+    /// Reads `limit`, `order` and `after`; `include` and unknown parameters change nothing
+    /// (stored items have no optional fields to include).
+    fn parse(pairs: &[(String, String)]) -> Result<Self, ApiError> {
+        let mut query = ListQuery {
+            limit: 20,
+            descending: true,
+            after: None,
+        };
+        for (key, value) in pairs {
+            match key.as_str() {
+                "limit" => {
+                    query.limit = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=100).contains(n))
+                        .ok_or_else(|| {
+                            invalid_parameter(format!(
+                                "limit: expected an integer from 1 to 100, got {value:?}"
+                            ))
+                        })?;
+                }
+                "order" => {
+                    query.descending = match value.as_str() {
+                        "desc" => true,
+                        "asc" => false,
+                        other => {
+                            return Err(invalid_parameter(format!(
+                                "order: expected asc or desc, got {other:?}"
+                            )))
+                        }
+                    };
+                }
+                "after" => query.after = Some(value.clone()),
+                _ => {}
+            }
+        }
+        Ok(query)
+    }
+}
+
+fn invalid_parameter(message: String) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+}
+
+/// One page of `stored`'s input items. Items get ids derived from the response id and their
+/// position, so pages stay consistent across requests (the canonical conversation keeps no
+/// item ids of its own).
+fn input_items_page(
+    stored: &StoredResponse,
+    response_id: &str,
+    query: &ListQuery,
+) -> Result<Value, ApiError> {
+    let messages = &stored.conversation.messages;
+    let input = &messages[..stored.input_len.min(messages.len())];
+    let base = response_id.strip_prefix("resp_").unwrap_or(response_id);
+    let mut items: Vec<Value> = input_items(input)
+        .into_iter()
+        .enumerate()
+        .map(|(position, mut item)| {
+            let prefix = match item["type"].as_str() {
+                Some("function_call") => "fc",
+                Some("function_call_output") => "fco",
+                Some("reasoning") => "rs",
+                _ => "msg",
+            };
+            item["id"] = json!(format!("{prefix}_{base}_in{position}"));
+            item["status"] = json!("completed");
+            item
+        })
+        .collect();
+    if query.descending {
+        items.reverse();
+    }
+    let start = match &query.after {
+        None => 0,
+        Some(after) => {
+            let found = items.iter().position(|item| item["id"] == after.as_str());
+            found.map(|at| at + 1).ok_or_else(|| {
+                invalid_parameter(format!(
+                    "after: response {response_id} has no input item {after}"
+                ))
+            })?
+        }
+    };
+    let rest = &items[start..];
+    let page = &rest[..query.limit.min(rest.len())];
+    Ok(json!({
+        "object": "list",
+        "data": page,
+        "first_id": page.first().map(|item| item["id"].clone()),
+        "last_id": page.last().map(|item| item["id"].clone()),
+        "has_more": rest.len() > page.len(),
+    }))
+}
+
+/// A streamed `/v1/responses` answer with its events patched by [`StreamPatcher`] as they pass
+/// (`continues`: the `previous_response_id` to echo). Anything but an SSE stream is returned
+/// as it is.
+pub fn patch_stream(response: Response, continues: Option<String>) -> Response {
+    let is_stream = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if !is_stream {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let state = Some((body.into_data_stream(), StreamPatcher::new(continues)));
+    let patched = futures_util::stream::unfold(state, |state| async move {
+        let (mut body, mut patcher) = state?;
+        loop {
+            match body.next().await {
+                Some(Ok(bytes)) => {
+                    let out = patcher.push(&bytes);
+                    // A piece that ended inside a line yields nothing yet.
+                    if !out.is_empty() {
+                        return Some((Ok(out), Some((body, patcher))));
+                    }
+                }
+                Some(Err(error)) => return Some((Err(error), None)),
+                None => {
+                    let rest = patcher.finish();
+                    return (!rest.is_empty()).then_some((Ok(rest), None));
+                }
+            }
+        }
+    });
+    Response::from_parts(parts, Body::from_stream(patched))
 }

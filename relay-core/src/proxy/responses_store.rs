@@ -1,6 +1,6 @@
 //! The proxy's OpenAI Responses store: finished exchanges, kept so a later request with
 //! `previous_response_id` can continue the conversation whichever worker answers it, and so
-//! `GET` / `DELETE /v1/responses/{id}` work.
+//! `GET` / `DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items` work.
 //!
 //! It lives in the proxy because the proxy is the one place every request passes; workers come
 //! and go. Everything is bounded: entries expire after a TTL, and the oldest entries are evicted
@@ -52,6 +52,10 @@ pub struct StoredResponse {
     pub response: Value,
     /// The conversation up to and including this answer (what a continuation starts from).
     pub conversation: StoredConversation,
+    /// How many of the conversation's messages were the request's input (the stored history
+    /// it continued plus its own `input`); the rest are the answer. What
+    /// `GET /v1/responses/{id}/input_items` lists.
+    pub input_len: usize,
 }
 
 impl StoredResponse {
@@ -254,6 +258,7 @@ mod tests {
                     content: vec![Part::Text(text.to_string())],
                 }],
             },
+            input_len: 1,
         }
     }
 

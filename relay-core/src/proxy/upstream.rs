@@ -6,8 +6,12 @@
 //! or when the model's queue is full (then to `fallback_upstream`). The proxy runs the worker's
 //! own forwarding in-process, so an upstream gets the same treatment as a local backend: routes
 //! it lacks (an OpenAI-compatible API has no `/v1/messages`) are translated by the adapter, and
-//! streams are relayed as they arrive. The client's credentials never travel upstream; the
-//! upstream's API key replaces them, and it is never logged (`Debug` redacts it).
+//! streams are relayed as they arrive. An Anthropic upstream serves OpenAI Chat and Responses
+//! clients the same way, through the adapter's Messages converters. The client's credentials
+//! never travel upstream; the upstream's API key replaces them, and it is never logged (`Debug`
+//! redacts it).
+
+mod models;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,10 +27,12 @@ use tokio::task::AbortHandle;
 
 use super::aliases::glob_match;
 use super::response::{pass_through, sse_response, AnswerObserver};
+use crate::adapter::{client_api_for_path, ClientApi};
 use crate::dialect::{ApiError, Dialect};
 use crate::protocol::{HeaderMap, RequestMessage, WorkerToServer};
 use crate::worker::forward::{forward, TaskEvent};
 use crate::worker::native_routes::{self, NativeOverrides};
+use crate::worker::translate::forward_to_anthropic;
 
 /// The API an upstream speaks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -36,7 +42,8 @@ pub enum UpstreamKind {
     #[default]
     #[serde(rename = "openai")]
     OpenAi,
-    /// Anthropic's API: `/v1/messages` and `/v1/messages/count_tokens` only.
+    /// Anthropic's API: `/v1/messages` and `/v1/messages/count_tokens` natively; OpenAI Chat
+    /// Completions and Responses requests are translated to Messages.
     #[serde(rename = "anthropic")]
     Anthropic,
 }
@@ -68,12 +75,17 @@ impl fmt::Debug for UpstreamConfig {
     }
 }
 
-/// The routes an Anthropic upstream has.
-fn is_anthropic_route(path: &str) -> bool {
-    path.split('?')
-        .next()
-        .unwrap_or(path)
-        .starts_with("/v1/messages")
+/// How an Anthropic upstream serves a route: `Some(true)` natively (Messages), `Some(false)`
+/// translated (OpenAI Chat, Responses), `None` not at all (completions, embeddings).
+fn anthropic_route(path: &str) -> Option<bool> {
+    let path = path.split('?').next().unwrap_or(path);
+    if path.starts_with("/v1/messages") {
+        return Some(true);
+    }
+    match client_api_for_path(path) {
+        Some(ClientApi::OpenAiChat | ClientApi::OpenAiResponses) => Some(false),
+        _ => None,
+    }
 }
 
 impl UpstreamConfig {
@@ -134,6 +146,7 @@ pub struct Upstreams {
     client: reqwest::Client,
     max_stream_bytes: u64,
     next_id: AtomicU64,
+    lists: models::ModelLists,
 }
 
 impl Upstreams {
@@ -167,7 +180,16 @@ impl Upstreams {
                 .expect("a client with these options always builds"),
             max_stream_bytes,
             next_id: AtomicU64::new(1),
+            lists: models::ModelLists::default(),
         }
+    }
+
+    /// The models the upstreams serve that can be named, each with its upstream's name, for
+    /// `GET /v1/models`: exact names as configured, and for patterns the upstream's own list
+    /// filtered by them (the `models` module says how they are cached, and what an upstream
+    /// that is down lists).
+    pub async fn models(&self) -> Vec<(String, String)> {
+        self.lists.models(&self.client, &self.list).await
     }
 
     /// Whether none are configured (then requests never look here).
@@ -195,15 +217,20 @@ impl Upstreams {
         dialect: Dialect,
         mut observer: Option<Box<dyn AnswerObserver>>,
     ) -> Response {
-        if upstream.kind == UpstreamKind::Anthropic && !is_anthropic_route(&request.endpoint_path) {
-            let message = format!(
-                "model {} is served by upstream {}, which speaks only Anthropic Messages \
-                 (/v1/messages)",
-                request.model, upstream.name
-            );
-            return ApiError::new(StatusCode::BAD_REQUEST, "unsupported_route", message)
-                .into_response(dialect);
-        }
+        let translate_to_anthropic = match upstream.kind {
+            UpstreamKind::OpenAi => false,
+            UpstreamKind::Anthropic => match anthropic_route(&request.endpoint_path) {
+                Some(native) => !native,
+                None => {
+                    let message = format!(
+                        "model {} is served by upstream {}, an Anthropic API, which has no {}",
+                        request.model, upstream.name, request.endpoint_path
+                    );
+                    return ApiError::new(StatusCode::BAD_REQUEST, "unsupported_route", message)
+                        .into_response(dialect);
+                }
+            },
+        };
         let id = format!("upstream-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
         tracing::info!(request = %id, upstream = %upstream.name, model = %request.model, "request sent upstream");
         let message = RequestMessage {
@@ -217,12 +244,12 @@ impl Upstreams {
         // Small: the stream is relayed as the client reads it, so a slow client slows the
         // upstream read instead of filling memory.
         let (events, mut answers) = mpsc::channel(16);
-        let task = tokio::spawn(forward(
-            self.client.clone(),
-            upstream.base_url.clone(),
-            message,
-            events,
-        ));
+        let (client, base_url) = (self.client.clone(), upstream.base_url.clone());
+        let task = if translate_to_anthropic {
+            tokio::spawn(forward_to_anthropic(client, base_url, message, events))
+        } else {
+            tokio::spawn(forward(client, base_url, message, events))
+        };
         let guard = AbortOnDrop(task.abort_handle());
         match next_message(&mut answers).await {
             Some(WorkerToServer::ResponseComplete(mut complete)) => {
@@ -375,6 +402,16 @@ mod tests {
         assert_eq!(anthropic["anthropic-version"], "2023-06-01");
         assert_eq!(anthropic["anthropic-beta"], "b");
         assert!(!anthropic.contains_key("authorization"));
+    }
+
+    #[test]
+    fn an_anthropic_upstream_serves_messages_natively_and_openai_generation_translated() {
+        assert_eq!(anthropic_route("/v1/messages?beta=true"), Some(true));
+        assert_eq!(anthropic_route("/v1/messages/count_tokens"), Some(true));
+        assert_eq!(anthropic_route("/v1/chat/completions"), Some(false));
+        assert_eq!(anthropic_route("/v1/responses"), Some(false));
+        assert_eq!(anthropic_route("/v1/embeddings"), None);
+        assert_eq!(anthropic_route("/v1/completions"), None);
     }
 
     #[test]

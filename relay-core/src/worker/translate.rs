@@ -8,6 +8,9 @@
 //! Token counts come from the backend's usage, read by the translator. `count_tokens` is
 //! forwarded when the backend has it, and estimated ([`count_tokens::estimate`]) when not.
 //!
+//! The proxy runs the same machinery the other way round for an Anthropic upstream
+//! ([`forward_to_anthropic`]): OpenAI Chat and Responses requests become Messages requests.
+//!
 //! Content the adapter cannot translate (an audio block, say) is answered here with a 400 in the
 //! client's dialect naming the field, as a `response_complete`: the backend never sees it.
 
@@ -23,14 +26,13 @@ use super::forward::{
 };
 use super::native_routes::{self, Route, Support};
 use super::sse::{SseSplitter, UsageTracker};
-use crate::adapter::{self, canonical::Usage, AdapterError, ClientApi, StreamTranslator};
+use crate::adapter::{
+    self, canonical::Usage, AdapterError, BackendApi, ClientApi, StreamTranslator,
+};
 use crate::dialect::Dialect;
 use crate::protocol::{
     HeaderMap, RequestMessage, ResponseCompleteMessage, TokenCounts, WorkerToServer,
 };
-
-/// Where translated requests go on the backend.
-const CHAT_PATH: &str = "/v1/chat/completions";
 
 /// The translatable route of a request path (query string allowed), if any.
 pub fn route_of(path: &str) -> Option<Route> {
@@ -117,22 +119,15 @@ async fn serve_translated(
     route: Route,
     events: &mpsc::Sender<TaskEvent>,
 ) {
-    let dialect = Dialect::for_path(&request.endpoint_path);
-    let id = request.request_id.as_str();
-    let body: Value = match serde_json::from_str(&request.body) {
-        Ok(body) => body,
-        Err(error) => {
-            let error = AdapterError {
-                path: "body".into(),
-                message: format!("invalid JSON: {error}"),
-            };
-            return finish(events, id, rejection(id, dialect, &error)).await;
-        }
+    let Some(body) = client_body(&request, events).await else {
+        return;
     };
     let api = match route {
         Route::Messages => ClientApi::AnthropicMessages,
         Route::Responses => ClientApi::OpenAiResponses,
         Route::CountTokens => {
+            let id = request.request_id.as_str();
+            let dialect = Dialect::for_path(&request.endpoint_path);
             let answer = match count_tokens::estimate(&body) {
                 Ok(tokens) => complete_message(
                     id,
@@ -145,12 +140,82 @@ async fn serve_translated(
             return finish(events, id, answer).await;
         }
     };
-    let chat = match adapter::to_chat_request(api, &body) {
-        Ok(chat) => chat,
+    let target = Target {
+        backend: BackendApi::OpenAiChat,
+        api,
+        body,
+    };
+    translate_via(client, backend_url, request, target, events).await;
+}
+
+/// Serves an OpenAI Chat Completions or Responses `request` from an Anthropic Messages API (an
+/// Anthropic upstream of the proxy): the request is converted to a Messages request, and the
+/// answer (whole, or a stream event by event) back into the client's dialect. Anything else is
+/// sent as it is.
+pub async fn forward_to_anthropic(
+    client: reqwest::Client,
+    backend_url: String,
+    request: RequestMessage,
+    events: mpsc::Sender<TaskEvent>,
+) {
+    let api = match adapter::client_api_for_path(&request.endpoint_path) {
+        Some(api @ (ClientApi::OpenAiChat | ClientApi::OpenAiResponses)) => api,
+        _ => return forward_native(client, backend_url, request, events).await,
+    };
+    let Some(body) = client_body(&request, &events).await else {
+        return;
+    };
+    let target = Target {
+        backend: BackendApi::AnthropicMessages,
+        api,
+        body,
+    };
+    translate_via(&client, &backend_url, request, target, &events).await;
+}
+
+/// The client's body as JSON; `None` after answering a body that is not JSON with a 400.
+async fn client_body(request: &RequestMessage, events: &mpsc::Sender<TaskEvent>) -> Option<Value> {
+    match serde_json::from_str(&request.body) {
+        Ok(body) => Some(body),
+        Err(error) => {
+            let error = AdapterError {
+                path: "body".into(),
+                message: format!("invalid JSON: {error}"),
+            };
+            let id = &request.request_id;
+            let dialect = Dialect::for_path(&request.endpoint_path);
+            finish(events, id, rejection(id, dialect, &error)).await;
+            None
+        }
+    }
+}
+
+/// What a request is translated between: the client's `api` and `body`, and the `backend` API
+/// it is served by.
+struct Target {
+    backend: BackendApi,
+    api: ClientApi,
+    body: Value,
+}
+
+/// Sends the request converted for `target.backend` to that API's route, and the answer back
+/// converted for the client.
+async fn translate_via(
+    client: &reqwest::Client,
+    backend_url: &str,
+    request: RequestMessage,
+    target: Target,
+    events: &mpsc::Sender<TaskEvent>,
+) {
+    let dialect = Dialect::for_path(&request.endpoint_path);
+    let id = request.request_id.as_str();
+    let converted = match adapter::to_backend_request(target.backend, target.api, &target.body) {
+        Ok(converted) => converted,
         Err(error) => return finish(events, id, rejection(id, dialect, &error)).await,
     };
-    let headers = chat_headers(&request.headers);
-    let response = match send(client, backend_url, CHAT_PATH, &headers, chat.to_string()).await {
+    let headers = backend_headers(target.backend, &request.headers);
+    let path = target.backend.path();
+    let response = match send(client, backend_url, path, &headers, converted.to_string()).await {
         Ok(response) => response,
         Err(error) => {
             return unreachable(backend_url, &request.endpoint_path, id, &error, events).await
@@ -158,18 +223,17 @@ async fn serve_translated(
     };
     let status = response.status();
     if request.is_streaming && status.is_success() && is_sse(&response_headers(&response)) {
-        stream_translated(response, api, &body, id, events).await;
+        stream_translated(response, &target, id, events).await;
     } else {
-        complete_translated(response, api, dialect, &body, id, events).await;
+        complete_translated(response, &target, dialect, id, events).await;
     }
 }
 
-/// Converts a whole chat answer (or a backend error) into the client's dialect.
+/// Converts a whole backend answer (or a backend error) into the client's dialect.
 async fn complete_translated(
     response: reqwest::Response,
-    api: ClientApi,
+    target: &Target,
     dialect: Dialect,
-    client_body: &Value,
     id: &str,
     events: &mpsc::Sender<TaskEvent>,
 ) {
@@ -182,15 +246,15 @@ async fn complete_translated(
     let (status, body) = if status.is_success() {
         let translated = serde_json::from_str::<Value>(&text)
             .map_err(|e| e.to_string())
-            .and_then(|chat| {
-                adapter::from_chat_response(api, client_body, &chat).map_err(|e| e.to_string())
+            .and_then(|answer| {
+                adapter::from_backend_response(target.backend, target.api, &target.body, &answer)
+                    .map_err(|e| e.to_string())
             });
         match translated {
             Ok(answer) => (status, answer.to_string()),
             Err(error) => {
                 tracing::warn!(request = %id, "untranslatable backend answer: {error}");
-                let message =
-                    format!("the backend's chat completion could not be translated: {error}");
+                let message = format!("the backend's answer could not be translated: {error}");
                 let status = StatusCode::BAD_GATEWAY;
                 (
                     status,
@@ -209,17 +273,16 @@ async fn complete_translated(
     finish(events, id, complete).await;
 }
 
-/// Translates a chat stream as it arrives: each burst of whole backend events becomes the
-/// client's events at once; the end (or a stream cut off without `[DONE]`) gets the closing
-/// events the client's SDK needs.
+/// Translates a backend stream as it arrives: each burst of whole backend events becomes the
+/// client's events at once; the end (or a stream cut off without its terminator) gets the
+/// closing events the client's SDK needs.
 async fn stream_translated(
     response: reqwest::Response,
-    api: ClientApi,
-    client_body: &Value,
+    target: &Target,
     id: &str,
     events: &mpsc::Sender<TaskEvent>,
 ) {
-    let mut translator = StreamTranslator::new(api, client_body);
+    let mut translator = StreamTranslator::for_backend(target.backend, target.api, &target.body);
     let mut splitter = SseSplitter::default();
     let mut body = response.bytes_stream();
     let send_text = |text: String| async move {
@@ -284,6 +347,19 @@ fn rejection(id: &str, dialect: Dialect, error: &AdapterError) -> WorkerToServer
         .to_string(),
     };
     complete_message(id, status, json_headers(), body)
+}
+
+/// The headers for the route of `backend`: [`chat_headers`], or for Anthropic the client's
+/// without the OpenAI ones (the upstream's key and version were already set by the proxy).
+fn backend_headers(backend: BackendApi, client: &HeaderMap) -> HeaderMap {
+    match backend {
+        BackendApi::OpenAiChat => chat_headers(client),
+        BackendApi::AnthropicMessages => client
+            .iter()
+            .filter(|(name, _)| !name.to_ascii_lowercase().starts_with("openai-"))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect(),
+    }
 }
 
 /// The headers for the backend's chat route: the client's, without the Anthropic ones a chat

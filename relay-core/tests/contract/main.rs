@@ -4,11 +4,13 @@
 //! One test binary with modules keeps link time down on small machines.
 
 mod adapter_e2e;
+mod anthropic_upstream;
 mod bad_input;
 mod control;
 mod dispatch;
 mod lifecycle;
 mod registration;
+mod responses_api;
 mod streaming;
 mod support;
 mod upstreams;

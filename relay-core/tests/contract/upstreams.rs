@@ -159,11 +159,11 @@ async fn an_anthropic_upstream_gets_messages_with_its_key_and_refuses_other_rout
     assert!(seen[0].headers.get("authorization").is_none());
     let (status, _, text) = post(
         &proxy.url(),
-        "/v1/chat/completions",
-        &json!({"model": "claude-opus-5-5", "messages": []}),
+        "/v1/embeddings",
+        &json!({"model": "claude-opus-5-5", "input": "x"}),
     )
     .await;
-    assert_eq!(status, 400, "{text}");
+    assert_eq!(status, 400, "Anthropic has no embeddings: {text}");
     assert_eq!(parse(&text)["error"]["code"], "unsupported_route");
     proxy.shutdown().await;
 }
@@ -218,6 +218,66 @@ async fn a_full_queue_falls_back_to_the_named_upstream() {
     })
     .await;
     worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn anthropic_and_responses_clients_reach_an_openai_compatible_upstream_unstreamed() {
+    let cloud = ChatOnlyBackend::start(&[]).await;
+    let proxy = proxy_with(
+        vec![upstream(
+            "cloud",
+            UpstreamKind::OpenAi,
+            &cloud.url(),
+            &["gpt-*"],
+        )],
+        None,
+    )
+    .await;
+    let messages = json!({"model": "gpt-4o", "max_tokens": 16,
+                          "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _, text) = post(&proxy.url(), "/v1/messages", &messages).await;
+    assert_eq!(status, 200, "{text}");
+    let answer = parse(&text);
+    assert_eq!(answer["type"], "message");
+    assert_eq!(answer["content"][0]["text"], "reply to: hi");
+    let responses = json!({"model": "gpt-4o", "input": "hello"});
+    let (status, _, text) = post(&proxy.url(), "/v1/responses", &responses).await;
+    assert_eq!(status, 200, "{text}");
+    let answer = parse(&text);
+    assert_eq!(answer["object"], "response");
+    assert_eq!(answer["output"][0]["content"][0]["text"], "reply to: hello");
+    // Each route was probed once, then served through chat completions.
+    let chat = cloud.chat_bodies();
+    assert_eq!(chat.len(), 2);
+    assert_eq!(chat[0]["messages"][0]["content"], "hi");
+    assert_eq!(chat[1]["messages"][0]["content"], "hello");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_openai_compatible_upstreams_pattern_models_are_listed_from_its_own_list() {
+    let cloud = ChatOnlyBackend::start(&["gpt-4o", "gpt-4o-mini", "llama-3"]).await;
+    let proxy = proxy_with(
+        vec![upstream(
+            "cloud",
+            UpstreamKind::OpenAi,
+            &cloud.url(),
+            &["gpt-*"],
+        )],
+        None,
+    )
+    .await;
+    let (status, list) = get_json(&proxy.url(), "/v1/models", &[]).await;
+    assert_eq!(status, 200);
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["gpt-4o", "gpt-4o-mini"]);
+    assert_eq!(list["data"][0]["owned_by"], "cloud");
     proxy.shutdown().await;
 }
 

@@ -21,10 +21,11 @@ async fn call(method: reqwest::Method, url: String) -> (u16, Value) {
     (status, serde_json::from_str(&text).expect("json"))
 }
 
-/// A node (proxy + worker) whose worker maps model "a" to a fake llama-server logging to `log`.
-async fn start_mapped_node(dir: &TempDir, log: &std::path::Path) -> Node {
+/// A node (proxy + worker) whose worker maps model "a" to a fake llama-server logging to `log`,
+/// on ports from `port_base` (distinct per test: the tests run in parallel).
+async fn start_mapped_node(dir: &TempDir, log: &std::path::Path, port_base: u16) -> Node {
     let text = format!(
-        "[worker.lifecycle]\nmodel_port_base = 27000\n{}",
+        "[worker.lifecycle]\nmodel_port_base = {port_base}\n{}",
         fake_entry("a", log, "", "")
     );
     let config_path = dir.join("config.toml");
@@ -78,7 +79,7 @@ async fn the_dashboard_shows_mapped_models_and_loads_and_unloads_them_by_hand() 
     bounded(async {
         let dir = TempDir::new("dashboard");
         let log = dir.join("a.log");
-        let node = start_mapped_node(&dir, &log).await;
+        let node = start_mapped_node(&dir, &log, 27000).await;
         let base = node.url();
         let models = loop {
             let (code, body) = call(reqwest::Method::GET, format!("{base}/api/lifecycle")).await;
@@ -131,7 +132,7 @@ async fn the_status_feed_pushes_every_lifecycle_change_of_the_own_worker() {
     bounded(async {
         let dir = TempDir::new("dashboard-feed");
         let log = dir.join("a.log");
-        let node = start_mapped_node(&dir, &log).await;
+        let node = start_mapped_node(&dir, &log, 27150).await;
         let base = node.url();
         let response = reqwest::Client::new()
             .get(format!("{base}/api/events"))

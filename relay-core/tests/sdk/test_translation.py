@@ -215,6 +215,30 @@ def test_openai_responses_stream_helper_then_continue_from_the_streamed_response
     ]
 
 
+def test_openai_responses_streamed_continuation_echoes_previous_response_id(oai):
+    first = oai.responses.create(model=CHAT_MODEL, input="One.")
+    events = list(oai.responses.create(model=CHAT_MODEL, previous_response_id=first.id, input="Two.", stream=True))
+    with_response = [e for e in events if e.type in ("response.created", "response.in_progress", "response.completed")]
+    assert [e.type for e in with_response] == ["response.created", "response.in_progress", "response.completed"]
+    assert all(e.response.previous_response_id == first.id for e in with_response)
+
+
+def test_openai_responses_input_items_list_the_whole_context(oai):
+    first = oai.responses.create(model=CHAT_MODEL, instructions="Be brief.", input="My name is Ada.")
+    second = oai.responses.create(model=CHAT_MODEL, previous_response_id=first.id, input="What is my name?")
+    newest_first = oai.responses.input_items.list(second.id)
+    assert [item.role for item in newest_first.data] == ["user", "assistant", "user"]
+    assert newest_first.data[0].content[0].text == "What is my name?"
+    assert newest_first.data[1].content[0].text == REPLY
+    assert newest_first.first_id == newest_first.data[0].id
+    assert newest_first.has_more is False
+    # The SDK's auto-paging follows `after` one item at a time.
+    oldest_first = [item.id for item in oai.responses.input_items.list(second.id, order="asc", limit=1)]
+    assert oldest_first == [item.id for item in reversed(newest_first.data)]
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.input_items.list("resp_unknown")
+
+
 def test_openai_responses_function_call_round_trip(oai, chat_seen):
     tool = {
         "type": "function",

@@ -1,42 +1,81 @@
-//! Streaming translation: the backend's chat-completions SSE in, the client's dialect out, one
-//! piece at a time. Nothing waits for the whole answer: each piece's complete events are
-//! translated and returned at once.
+//! Streaming translation: the backend's SSE (chat completions, or an Anthropic upstream's
+//! Messages events) in, the client's dialect out, one piece at a time. Nothing waits for the
+//! whole answer: each piece's complete events are translated and returned at once.
 
 mod anthropic;
+mod anthropic_backend;
 mod backend;
 mod chat;
+mod chat_writer;
 mod responses;
 
 use serde_json::Value;
 
 use super::canonical::{Response, StreamEvent, Usage};
-use super::{client_model, ClientApi, Identity};
+use super::{client_model, BackendApi, ClientApi, Identity};
 use anthropic::AnthropicWriter;
+use anthropic_backend::AnthropicDecoder;
 use backend::ChatDecoder;
 use chat::ChatPassthrough;
+use chat_writer::ChatWriter;
 use responses::ResponsesWriter;
 
 /// Writes one client dialect from canonical events.
-trait Writer {
+trait Writer: std::fmt::Debug + Send {
     /// Translates one event, appending SSE text to `out`.
     fn event(&mut self, event: StreamEvent, out: &mut String);
-    /// Appends the closing events (idempotent): called at `[DONE]` or when the backend's stream
-    /// ends without one.
+    /// Appends the closing events (idempotent): called when the backend's stream is complete or
+    /// when it ends without its terminator.
     fn finish(&mut self, out: &mut String);
+    /// The finished answer in canonical form, for writers that keep it (Responses).
+    fn response(&self) -> Option<&Response> {
+        None
+    }
 }
 
-/// A chat stream decoded and re-written in another dialect.
+/// Reads one backend API's stream into canonical events.
 #[derive(Debug)]
-struct Translated<W> {
-    decoder: ChatDecoder,
-    writer: W,
+enum Decoder {
+    Chat(ChatDecoder),
+    Anthropic(AnthropicDecoder),
+}
+
+impl Decoder {
+    fn push(&mut self, chunk: &str) -> Vec<StreamEvent> {
+        match self {
+            Decoder::Chat(d) => d.push(chunk),
+            Decoder::Anthropic(d) => d.push(chunk),
+        }
+    }
+
+    fn finish(&mut self) -> Vec<StreamEvent> {
+        match self {
+            Decoder::Chat(d) => d.finish(),
+            Decoder::Anthropic(d) => d.finish(),
+        }
+    }
+
+    /// Whether the backend's terminator arrived (`[DONE]`, `message_stop`).
+    fn is_done(&self) -> bool {
+        match self {
+            Decoder::Chat(d) => d.is_done(),
+            Decoder::Anthropic(d) => d.is_done(),
+        }
+    }
+}
+
+/// A backend stream decoded and re-written in the client's dialect.
+#[derive(Debug)]
+struct Translated {
+    decoder: Decoder,
+    writer: Box<dyn Writer>,
     usage: Option<Usage>,
 }
 
-impl<W: Writer> Translated<W> {
-    fn new(writer: W) -> Self {
+impl Translated {
+    fn new(decoder: Decoder, writer: Box<dyn Writer>) -> Self {
         Translated {
-            decoder: ChatDecoder::default(),
+            decoder,
             writer,
             usage: None,
         }
@@ -72,42 +111,75 @@ impl<W: Writer> Translated<W> {
 
 #[derive(Debug)]
 enum Inner {
+    /// A chat client in front of a chat backend.
     Chat(ChatPassthrough),
-    Anthropic(Translated<AnthropicWriter>),
-    Responses(Translated<ResponsesWriter>),
+    /// A client of the backend's own API, other than chat: nothing to repair or translate.
+    Verbatim,
+    Translated(Translated),
 }
 
-/// Translates one backend chat-completions stream into the client's dialect.
+/// Translates one backend stream into the client's dialect.
 ///
 /// Feed the backend's SSE text with [`push`](Self::push) in whatever pieces it arrives (events
 /// and lines may be split anywhere) and send each returned string to the client as it is; call
 /// [`finish`](Self::finish) when the backend's stream ends, cleanly or not, to get the closing
-/// events a cut-off stream lacks. The worker calls this for every translated streaming request.
+/// events a cut-off stream lacks. The worker calls this for every translated streaming request,
+/// the proxy for OpenAI clients of an Anthropic upstream.
 #[derive(Debug)]
 pub struct StreamTranslator {
     inner: Inner,
 }
 
 impl StreamTranslator {
-    /// A translator for a client of `api` that sent `request` (its original body: the model name
-    /// and, for Responses, the echoed settings come from it), with freshly minted ids.
+    /// A translator of a chat backend's stream for a client of `api` that sent `request` (its
+    /// original body: the model name and, for Responses, the echoed settings come from it), with
+    /// freshly minted ids.
     pub fn new(api: ClientApi, request: &Value) -> Self {
         Self::with_identity(api, request, Identity::fresh())
     }
 
     /// [`new`](Self::new) with the client-facing ids given by `identity`.
     pub fn with_identity(api: ClientApi, request: &Value, identity: Identity) -> Self {
-        let inner = match api {
-            ClientApi::OpenAiChat => Inner::Chat(ChatPassthrough::default()),
-            ClientApi::AnthropicMessages => Inner::Anthropic(Translated::new(
-                AnthropicWriter::new(identity, client_model(request, "")),
-            )),
-            ClientApi::OpenAiResponses => Inner::Responses(Translated::new(ResponsesWriter::new(
-                identity,
-                request.clone(),
-            ))),
+        Self::for_backend_with_identity(BackendApi::OpenAiChat, api, request, identity)
+    }
+
+    /// A translator of a `backend`'s stream for a client of `api`, with fresh ids.
+    pub fn for_backend(backend: BackendApi, api: ClientApi, request: &Value) -> Self {
+        Self::for_backend_with_identity(backend, api, request, Identity::fresh())
+    }
+
+    /// [`for_backend`](Self::for_backend) with the client-facing ids given by `identity`.
+    pub fn for_backend_with_identity(
+        backend: BackendApi,
+        api: ClientApi,
+        request: &Value,
+        identity: Identity,
+    ) -> Self {
+        let decoder = match backend {
+            BackendApi::OpenAiChat => Decoder::Chat(ChatDecoder::default()),
+            BackendApi::AnthropicMessages => Decoder::Anthropic(AnthropicDecoder::default()),
         };
-        StreamTranslator { inner }
+        let model = client_model(request, "");
+        let writer: Box<dyn Writer> = match (backend, api) {
+            (BackendApi::OpenAiChat, ClientApi::OpenAiChat) => {
+                return StreamTranslator {
+                    inner: Inner::Chat(ChatPassthrough::default()),
+                }
+            }
+            (BackendApi::AnthropicMessages, ClientApi::AnthropicMessages) => {
+                return StreamTranslator {
+                    inner: Inner::Verbatim,
+                }
+            }
+            (_, ClientApi::OpenAiChat) => Box::new(ChatWriter::new(identity, model, request)),
+            (_, ClientApi::AnthropicMessages) => Box::new(AnthropicWriter::new(identity, model)),
+            (_, ClientApi::OpenAiResponses) => {
+                Box::new(ResponsesWriter::new(identity, request.clone()))
+            }
+        };
+        StreamTranslator {
+            inner: Inner::Translated(Translated::new(decoder, writer)),
+        }
     }
 
     /// Translates a piece of the backend's stream; returns SSE text for the client (possibly
@@ -115,8 +187,8 @@ impl StreamTranslator {
     pub fn push(&mut self, chunk: &str) -> String {
         match &mut self.inner {
             Inner::Chat(chat) => chat.push(chunk),
-            Inner::Anthropic(t) => t.push(chunk),
-            Inner::Responses(t) => t.push(chunk),
+            Inner::Verbatim => chunk.to_string(),
+            Inner::Translated(t) => t.push(chunk),
         }
     }
 
@@ -125,17 +197,18 @@ impl StreamTranslator {
     pub fn finish(&mut self) -> String {
         match &mut self.inner {
             Inner::Chat(chat) => chat.finish(),
-            Inner::Anthropic(t) => t.finish(),
-            Inner::Responses(t) => t.finish(),
+            Inner::Verbatim => String::new(),
+            Inner::Translated(t) => t.finish(),
         }
     }
 
-    /// The token counts the backend reported so far (usually in its last chunk).
+    /// The token counts the backend reported so far (usually in its last chunk); not tracked
+    /// for a stream passed through verbatim.
     pub fn usage(&self) -> Option<Usage> {
         match &self.inner {
             Inner::Chat(chat) => chat.usage(),
-            Inner::Anthropic(t) => t.usage,
-            Inner::Responses(t) => t.usage,
+            Inner::Verbatim => None,
+            Inner::Translated(t) => t.usage,
         }
     }
 
@@ -144,7 +217,7 @@ impl StreamTranslator {
     /// `None` for other dialects, before the end, or after a failure.
     pub fn response(&self) -> Option<&Response> {
         match &self.inner {
-            Inner::Responses(t) => t.writer.response(),
+            Inner::Translated(t) => t.writer.response(),
             _ => None,
         }
     }

@@ -71,11 +71,6 @@ impl ResponsesWriter {
         }
     }
 
-    /// The finished answer in canonical form, once the stream has ended normally.
-    pub(super) fn response(&self) -> Option<&Response> {
-        self.completed.then_some(&self.response)
-    }
-
     fn emit(&mut self, out: &mut String, kind: &str, mut data: Value) {
         data["type"] = json!(kind);
         data["sequence_number"] = json!(self.sequence);
@@ -287,5 +282,9 @@ impl Writer for ResponsesWriter {
         self.emit(out, kind, json!({"response": final_response}));
         self.finished = true;
         self.completed = true;
+    }
+
+    fn response(&self) -> Option<&Response> {
+        self.completed.then_some(&self.response)
     }
 }

@@ -5,8 +5,8 @@ use serde_json::Value;
 
 use super::{bless, files, fixtures, identity};
 use crate::adapter::{
-    anthropic_messages, from_chat_response_with, openai_chat, to_chat_request, AdapterError,
-    ClientApi,
+    anthropic_messages, from_backend_response_with, from_chat_response_with, openai_chat,
+    to_backend_request, to_chat_request, AdapterError, BackendApi, ClientApi,
 };
 
 fn convert(fixture: &Value) -> Result<Value, AdapterError> {
@@ -21,6 +21,16 @@ fn convert(fixture: &Value) -> Result<Value, AdapterError> {
     let to = fixture["to"].as_str().expect("to");
     match (from, to) {
         (client, "backend") => to_chat_request(api(client), input),
+        (client, "anthropic_upstream") => {
+            to_backend_request(BackendApi::AnthropicMessages, api(client), input)
+        }
+        ("anthropic_response", client) => from_backend_response_with(
+            BackendApi::AnthropicMessages,
+            api(client),
+            &fixture["request"],
+            input,
+            &identity(),
+        ),
         ("chat_response", "chat_response") => Ok(openai_chat::build_response(
             &openai_chat::parse_response(input)?,
         )),

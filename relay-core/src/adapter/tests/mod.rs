@@ -7,6 +7,7 @@ mod golden;
 mod history;
 mod roundtrip;
 mod streams;
+mod upstream_anthropic;
 
 use std::path::{Path, PathBuf};
 

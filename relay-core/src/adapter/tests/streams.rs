@@ -46,16 +46,16 @@ fn translate<'a>(api: ClientApi, pieces: impl IntoIterator<Item = &'a str>) -> S
 }
 
 /// `text` cut before every character.
-fn by_char(text: &str) -> Vec<&str> {
+pub(super) fn by_char(text: &str) -> Vec<&str> {
     let mut cuts: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
     cuts.push(text.len());
     cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect()
 }
 
 /// An SSE event as a client sees it: its `event:` name and its data (JSON where it parses).
-type Event = (Option<String>, Value);
+pub(super) type Event = (Option<String>, Value);
 
-fn events(text: &str) -> Vec<Event> {
+pub(super) fn events(text: &str) -> Vec<Event> {
     let mut out = Vec::new();
     for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
         let mut name = None;
@@ -125,7 +125,7 @@ fn check_invariants(api: ClientApi, events: &[Event], case: &str) {
 }
 
 /// One `[DONE]`, last; everything before it is a JSON object.
-fn check_chat(events: &[Event], case: &str) {
+pub(super) fn check_chat(events: &[Event], case: &str) {
     let (last, rest) = events.split_last().expect("events");
     assert_eq!(last.1, json!("[DONE]"), "{case}: must end with [DONE]");
     for (_, data) in rest {
@@ -229,7 +229,7 @@ fn check_anthropic(events: &[Event], case: &str) {
 /// output items added at contiguous `output_index`es, each done before the next is added; every
 /// item event names the open item, every content event has `content_index`; deltas add up to
 /// the done texts, and the final response lists exactly the done items.
-fn check_responses(events: &[Event], case: &str) {
+pub(super) fn check_responses(events: &[Event], case: &str) {
     for (i, (name, data)) in events.iter().enumerate() {
         assert_eq!(data["sequence_number"], json!(i), "{case}: sequence_number");
         assert_eq!(name.as_deref(), data["type"].as_str(), "{case}");
@@ -490,4 +490,64 @@ fn a_late_fragment_of_a_finished_tool_call_never_reopens_it() {
         let expected = if api == ClientApi::OpenAiChat { 0 } else { 2 };
         assert_eq!(opened, expected, "{name}");
     }
+}
+
+/// The fields the official OpenAI Python SDK's models require of each Responses stream event
+/// (`openai/types/responses/response_*_event.py`, the ones without a default).
+fn sdk_required_fields(kind: &str) -> Option<&'static [&'static str]> {
+    let fields: &[&str] = match kind {
+        "response.created"
+        | "response.in_progress"
+        | "response.completed"
+        | "response.incomplete"
+        | "response.failed" => &["response"],
+        "response.output_item.added" | "response.output_item.done" => &["item", "output_index"],
+        "response.content_part.added" | "response.content_part.done" => {
+            &["content_index", "item_id", "output_index", "part"]
+        }
+        "response.output_text.delta" => &[
+            "content_index",
+            "delta",
+            "item_id",
+            "logprobs",
+            "output_index",
+        ],
+        "response.output_text.done" => &[
+            "content_index",
+            "item_id",
+            "logprobs",
+            "output_index",
+            "text",
+        ],
+        "response.reasoning_text.delta" => &["content_index", "delta", "item_id", "output_index"],
+        "response.reasoning_text.done" => &["content_index", "item_id", "output_index", "text"],
+        "response.function_call_arguments.delta" => &["delta", "item_id", "output_index"],
+        "response.function_call_arguments.done" => &["arguments", "item_id", "output_index"],
+        "error" => &["message"],
+        _ => return None,
+    };
+    Some(fields)
+}
+
+#[test]
+fn every_translated_responses_event_has_the_fields_the_openai_sdk_requires() {
+    let mut checked = 0;
+    for dir in ["streams", "anthropic_streams"] {
+        for (name, path) in files(&fixtures(dir), ".responses.sse") {
+            let text = std::fs::read_to_string(&path).expect("expected stream");
+            for (_, data) in events(&text) {
+                let kind = data["type"].as_str().expect("type");
+                let required = sdk_required_fields(kind)
+                    .unwrap_or_else(|| panic!("{dir}/{name}: {kind} is not an event we checked"));
+                for field in required.iter().chain(&["sequence_number", "type"]) {
+                    assert!(
+                        !data[*field].is_null(),
+                        "{dir}/{name}: {kind} lacks {field}: {data}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} events checked");
 }
