@@ -23,6 +23,7 @@ use crate::discovery::{self, DiscoveredBackend, DiscoveryOptions};
 use crate::lan;
 use crate::proxy::control::{AdminAccess, AdminToken, OwnWorker, SharedNodeInfo};
 use crate::proxy::hub::Hub;
+use crate::proxy::aliases::{LiveAliases, ModelAliases};
 use crate::proxy::{self, RunningProxy};
 use crate::worker::report::{ConnectionState, WorkerReport};
 use crate::worker::{self, Backends};
@@ -140,6 +141,7 @@ struct Inner {
     admin_token: Option<String>,
     hub: Arc<Hub>,
     info: SharedNodeInfo,
+    aliases: Arc<LiveAliases>,
     proxy: Mutex<Option<RunningProxy>>,
     roles: Mutex<Roles>,
     /// Role changes and settings saves one at a time.
@@ -202,6 +204,7 @@ impl Node {
                 admin_token,
                 hub: running.hub.clone(),
                 info: running.node.clone(),
+                aliases: running.aliases.clone(),
                 proxy: Mutex::new(Some(running)),
                 roles: Mutex::new(roles),
                 apply: tokio::sync::Mutex::new(()),
@@ -338,6 +341,13 @@ impl Node {
             tracing::info!(path = %path.display(), changed = ?changes.fields, "settings saved");
         }
         let file = settings::validate(text).map_err(NodeError::Invalid)?;
+        if changes.touches_any(settings::LIVE_PROXY_FIELDS) {
+            self.inner.aliases.replace(ModelAliases::new(
+                file.proxy.aliases.clone(),
+                file.proxy.default_model.clone(),
+            ));
+            tracing::info!("model aliases applied");
+        }
         {
             let mut pending = locked(&self.inner.restart_required);
             for field in changes.needing_restart() {

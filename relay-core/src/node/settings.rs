@@ -111,6 +111,10 @@ const FIELDS: &[(&str, &str, Kind)] = &[
     ("worker", "max_concurrency", Kind::Count),
 ];
 
+/// `[proxy]` settings a running node applies at once (the model aliases); the others need a
+/// restart.
+pub const LIVE_PROXY_FIELDS: &[&str] = &["proxy.aliases", "proxy.default_model"];
+
 /// What a patch changed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Changes {
@@ -126,12 +130,17 @@ impl Changes {
             .any(|f| f.split('.').next() == Some(section))
     }
 
+    /// Whether any of `fields` (`section.key`) changed.
+    pub fn touches_any(&self, fields: &[&str]) -> bool {
+        self.fields.iter().any(|f| fields.contains(&f.as_str()))
+    }
+
     /// Changed fields that only take effect after a restart: the proxy's, which a running
-    /// node read when it started.
+    /// node read when it started, except those it applies live.
     pub fn needing_restart(&self) -> Vec<String> {
         self.fields
             .iter()
-            .filter(|f| f.starts_with("proxy."))
+            .filter(|f| f.starts_with("proxy.") && !LIVE_PROXY_FIELDS.contains(&f.as_str()))
             .cloned()
             .collect()
     }
@@ -381,6 +390,17 @@ mod tests {
 
     const FILE: &str =
         "# my relay\n[proxy]\n# keep me\nmax_queue_len = 50\nfallback_upstream_unused = 1\n";
+
+    #[test]
+    fn model_aliases_are_applied_live_and_other_proxy_settings_need_a_restart() {
+        let (_, changes) = patch(
+            "[proxy]\nmax_queue_len = 50\n",
+            &json!({"proxy": {"aliases": {"claude-*": "qwen"}, "default_model": "qwen", "listen": "0.0.0.0:9000"}}),
+        )
+        .unwrap();
+        assert!(changes.touches_any(LIVE_PROXY_FIELDS));
+        assert_eq!(changes.needing_restart(), vec!["proxy.listen"]);
+    }
 
     #[test]
     fn a_patch_keeps_comments_and_reports_what_changed() {

@@ -11,6 +11,7 @@
 //! applies, then `default_model`.
 
 use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
 /// The configured aliases.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -73,6 +74,29 @@ fn literal_len(pattern: &str) -> usize {
 }
 
 /// Whether a configured model name is a glob pattern (has `*` or `?`) rather than a name.
+/// The aliases a running proxy applies, replaceable while it runs: the dashboard's settings
+/// change them without a restart. Requests read a snapshot (one uncontended read lock and an
+/// `Arc` clone), so a change never tears a request's resolution.
+#[derive(Debug, Default)]
+pub struct LiveAliases(RwLock<Arc<ModelAliases>>);
+
+impl LiveAliases {
+    /// Starts with `aliases`.
+    pub fn new(aliases: ModelAliases) -> Self {
+        LiveAliases(RwLock::new(Arc::new(aliases)))
+    }
+
+    /// The aliases now.
+    pub fn current(&self) -> Arc<ModelAliases> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Applies `aliases` to every later request.
+    pub fn replace(&self, aliases: ModelAliases) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(aliases);
+    }
+}
+
 pub fn is_pattern(name: &str) -> bool {
     name.contains(['*', '?'])
 }

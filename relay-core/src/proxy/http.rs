@@ -285,7 +285,7 @@ fn apply_aliases(
     model: String,
     body: String,
 ) -> Result<(String, String), ApiError> {
-    let aliases = &state.config.aliases;
+    let aliases = state.aliases.current();
     if aliases.is_empty() {
         return Ok((model, body));
     }

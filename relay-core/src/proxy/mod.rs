@@ -26,7 +26,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use aliases::ModelAliases;
+use aliases::{LiveAliases, ModelAliases};
 use auth::{FailureLimiter, FailureLimits};
 use control::{AdminAccess, AdminToken, NodeInfo, SharedNodeInfo};
 use hub::{Hub, HubSettings};
@@ -139,6 +139,8 @@ pub struct AppState {
     /// Turns true when the proxy starts shutting down, so long-lived streams that are not
     /// requests (the dashboard's live feed) end instead of holding up the graceful stop.
     pub closing: Arc<watch::Sender<bool>>,
+    /// `[proxy.aliases]` and `default_model` as they apply now (settings change them live).
+    pub aliases: Arc<LiveAliases>,
     /// Who may use the control API.
     pub admin: AdminAccess,
 }
@@ -152,6 +154,8 @@ pub struct RunningProxy {
     /// What the dashboard shows about the node; the embedding node keeps it current.
     pub node: SharedNodeInfo,
     closing: Arc<watch::Sender<bool>>,
+    /// The model aliases in force: replace them to change `[proxy.aliases]` live.
+    pub aliases: Arc<LiveAliases>,
     drain_timeout: Duration,
     stop: oneshot::Sender<()>,
     task: JoinHandle<std::io::Result<()>>,
@@ -167,6 +171,8 @@ pub struct Built {
     pub node: SharedNodeInfo,
     /// Set to true on shutdown: ends the dashboard's live feeds.
     pub closing: Arc<watch::Sender<bool>>,
+    /// The model aliases in force, replaceable while the proxy runs.
+    pub aliases: Arc<LiveAliases>,
 }
 
 /// Builds the router for `config` serving at `addr`, with `extra` routes (the node's settings
@@ -189,6 +195,7 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
     let admin = AdminAccess::new(config.admin_token.clone(), addr.ip().is_loopback());
     let node: SharedNodeInfo = Arc::new(watch::Sender::new(NodeInfo::proxy_only(addr)));
     let closing = Arc::new(watch::Sender::new(false));
+    let aliases = Arc::new(LiveAliases::new(config.aliases.clone()));
     let state = AppState {
         hub: hub.clone(),
         limiter: Arc::new(FailureLimiter::new(config.auth_failures.clone())),
@@ -208,6 +215,7 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
         config: Arc::new(config),
         node: node.clone(),
         closing: closing.clone(),
+        aliases: aliases.clone(),
         admin: admin.clone(),
     };
     let app = http::routes()
@@ -219,6 +227,7 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
         hub,
         node,
         closing,
+        aliases,
     }
 }
 
@@ -240,6 +249,7 @@ pub fn start_with(
         hub,
         node,
         closing,
+        aliases,
     } = router(config, addr, extra);
     control::spawn_sampler(&hub);
     let (stop, stopped) = oneshot::channel::<()>();
@@ -262,6 +272,7 @@ pub fn start_with(
         hub,
         node,
         closing,
+        aliases,
         drain_timeout,
         stop,
         task,

@@ -476,7 +476,8 @@ async fn settings_round_trip_keeps_comments_and_lists_what_needs_a_restart() {
     assert_eq!(body["settings"]["proxy"]["aliases"]["claude-*"], MODEL);
     assert_eq!(
         body["restart_required"],
-        json!(["proxy.max_queue_len", "proxy.aliases"])
+        json!(["proxy.max_queue_len"]),
+        "aliases apply live; the queue bound needs a restart"
     );
     let text = dir.text();
     assert!(text.contains("# queue size\nmax_queue_len = 7"), "{text}");
@@ -593,6 +594,47 @@ async fn turning_the_worker_role_on_joins_this_nodes_proxy_and_off_leaves_it() {
     wait_until("the own worker leaves", || node.hub().counts().0 == 0).await;
     let status = status_of(&node.url()).await;
     assert_eq!(status["node"]["worker"]["state"], "off");
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn model_aliases_saved_in_settings_apply_to_the_next_request_without_a_restart() {
+    let backend = MockBackend::start(&[MODEL]).await;
+    let (node, _dir) = start_node(Roles::default(), Some(&backend.url()), "127.0.0.1:0").await;
+    wait_until("the own worker joins", || node.hub().counts().0 == 1).await;
+    let ask = |model: &'static str| {
+        let base = node.url();
+        async move {
+            post(
+                &base,
+                "/v1/chat/completions",
+                &json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await
+            .0
+        }
+    };
+    assert_eq!(ask("claude-haiku-4-5").await, 404, "nobody serves it yet");
+
+    let url = format!("{}/api/settings", node.url());
+    let (code, body) = put_json(&url, &json!({"proxy": {"aliases": {"claude-*": MODEL}}})).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["restart_required"], json!([]));
+    assert_eq!(ask("claude-haiku-4-5").await, 200);
+    let seen = backend.seen();
+    assert_eq!(seen.last().expect("forwarded").body["model"], MODEL);
+
+    // And removed again just as live: default_model too.
+    let (code, _) = put_json(
+        &url,
+        &json!({"proxy": {"aliases": null, "default_model": MODEL}}),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(ask("gpt-anything").await, 200, "default_model catches it");
+    let (code, _) = put_json(&url, &json!({"proxy": {"default_model": null}})).await;
+    assert_eq!(code, 200);
+    assert_eq!(ask("gpt-anything").await, 404);
     node.shutdown().await;
 }
 
