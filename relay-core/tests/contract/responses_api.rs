@@ -1,7 +1,7 @@
 //! The Responses API around the store (issue 3): `GET /v1/responses/{id}/input_items`, streamed
 //! continuations echoing `previous_response_id`, and native Responses streams (passed through
 //! from a backend that serves `/v1/responses` itself, as llama-server does) getting the
-//! `sequence_number` they lack.
+//! `sequence_number`, `output_index` and `content_index` they lack.
 
 use std::sync::{Arc, Mutex};
 
@@ -259,7 +259,7 @@ async fn native_models() -> Json<Value> {
 }
 
 #[tokio::test]
-async fn native_responses_streams_get_sequence_numbers_and_the_continuation_echo() {
+async fn native_responses_streams_get_sequence_numbers_indices_and_the_continuation_echo() {
     let state = Arc::new(NativeState::default());
     let app = Router::new()
         .route("/v1/models", routing::get(native_models))
@@ -275,10 +275,29 @@ async fn native_responses_streams_get_sequence_numbers_and_the_continuation_echo
     let events = data(&text);
     let sent = native_events(None);
     assert_eq!(events.len(), sent.len());
+    let zero = json!(0);
     for (i, (got, sent)) in events.iter().zip(&sent).enumerate() {
         assert_eq!(got["sequence_number"], i, "{got}");
+        let kind = sent["type"].as_str().unwrap();
+        // The stream's one item, and its one part: what the SDK's stream helper indexes.
+        let about_item =
+            kind.starts_with("response.output_") || kind.starts_with("response.content_");
+        let about_part =
+            kind.starts_with("response.output_text.") || kind.starts_with("response.content_");
+        assert_eq!(
+            got.get("output_index"),
+            about_item.then_some(&zero),
+            "{got}"
+        );
+        assert_eq!(
+            got.get("content_index"),
+            about_part.then_some(&zero),
+            "{got}"
+        );
         let mut got = got.clone();
-        got.as_object_mut().unwrap().remove("sequence_number");
+        for added in ["sequence_number", "output_index", "content_index"] {
+            got.as_object_mut().unwrap().remove(added);
+        }
         if let Some(response) = got.get_mut("response") {
             assert_eq!(response["previous_response_id"], "resp_native");
             response["previous_response_id"] = Value::Null;

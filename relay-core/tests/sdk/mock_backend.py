@@ -6,7 +6,9 @@ tests can see what the relay forwarded: `GET /_seen` returns that list, `DELETE 
 
 Streams use HTTP/1.1 chunked transfer encoding with a flush after every event, so each event leaves
 the process on its own. A request body may carry `"mock_chunk_delay": SECONDS` to slow a stream
-down (the relay passes bodies through untouched, so this reaches the backend).
+down (the relay passes bodies through untouched, so this reaches the backend). A `/v1/responses`
+body with `"mock_llama_events": true` is streamed as llama-server streams it: its events carry no
+`sequence_number`, `output_index` or `content_index`.
 
 With `chat_only=True` it plays a backend that speaks only OpenAI chat completions (Ollama before
 0.14, llamafile, ...): `/v1/messages`, `/v1/messages/count_tokens` and `/v1/responses` answer
@@ -466,11 +468,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, _response_object(resp_id, msg_id, model, "completed", REPLY))
             return
 
+        # llama-server numbers nothing: the relay must fill in what the OpenAI SDK relies on.
+        omitted = {"sequence_number", "output_index", "content_index"} if body.get("mock_llama_events") else set()
+
         def events() -> Iterable[str]:
             seq = iter(range(1_000_000))
 
             def ev(name: str, **fields: Any) -> str:
-                return self._named(name, {"type": name, "sequence_number": next(seq), **fields})
+                event = {"type": name, "sequence_number": next(seq), **fields}
+                return self._named(name, {key: value for key, value in event.items() if key not in omitted})
 
             common = {"item_id": msg_id, "output_index": 0, "content_index": 0}
             yield ev("response.created", response=_response_object(resp_id, msg_id, model, "in_progress", None))

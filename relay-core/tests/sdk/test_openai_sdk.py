@@ -102,15 +102,23 @@ def test_responses_create_non_streaming_returns_output_text(client, seen):
     assert [r["body"]["input"] for r in seen() if r["path"] == "/v1/responses"] == ["Say hello."]
 
 
-def test_responses_stream_helper_accumulates_text_and_final_response(client):
+@pytest.mark.parametrize("llama_events", [False, True], ids=["complete-events", "llama-server-events"])
+def test_responses_stream_helper_accumulates_text_and_final_response(client, seen, llama_events):
+    """With `llama_events` the backend streams as llama-server does, without the `output_index`,
+    `content_index` and `sequence_number` the helper indexes its snapshot with: the relay fills
+    them in from the stream's structure."""
     deltas = []
     event_types = []
-    with client.responses.stream(model=CHAT_MODEL, input="Say hello.") as stream:
+    extra_body = {"mock_llama_events": True} if llama_events else None
+    with client.responses.stream(model=CHAT_MODEL, input="Say hello.", extra_body=extra_body) as stream:
         for event in stream:
             event_types.append(event.type)
             if event.type == "response.output_text.delta":
                 deltas.append(event.delta)
+                assert (event.output_index, event.content_index, event.snapshot) == (0, 0, "".join(deltas))
         final = stream.get_final_response()
+    sent = [r["body"] for r in seen() if r["path"] == "/v1/responses"]
+    assert [body.get("mock_llama_events", False) for body in sent] == [llama_events], "the backend streamed as asked"
     assert deltas == REPLY_PIECES
     assert event_types[0] == "response.created"
     assert event_types[-1] == "response.completed"
