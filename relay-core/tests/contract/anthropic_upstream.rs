@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -199,15 +199,7 @@ async fn messages(
     ));
     events.push(event("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 9}})));
     events.push(event("message_stop", json!({"type": "message_stop"})));
-    let stream = futures_util::stream::iter(
-        events
-            .into_iter()
-            .map(|e| Ok::<_, std::convert::Infallible>(Bytes::from(e))),
-    );
-    Response::builder()
-        .header("content-type", "text/event-stream")
-        .body(Body::from_stream(stream))
-        .expect("response")
+    sse_response(events)
 }
 
 fn upstream(base_url: &str, models: &[&str]) -> UpstreamConfig {
@@ -243,6 +235,20 @@ const CLIENT_HEADERS: &[(&str, &str)] = &[
     ("openai-organization", "org-client"),
 ];
 
+/// POSTs chat completions `body` with the client's own credentials (which must stay home);
+/// checks that it succeeded and returns the answer's headers and text.
+async fn post_chat_as_client(proxy: &RunningProxy, body: &Value) -> (HeaderMap, String) {
+    let (status, headers, text) = post_raw(
+        &proxy.url(),
+        "/v1/chat/completions",
+        body.to_string(),
+        CLIENT_HEADERS,
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    (headers, text)
+}
+
 #[tokio::test]
 async fn chat_completions_for_an_anthropic_upstream_are_translated_to_messages_and_back() {
     let api = AnthropicApi::start().await;
@@ -251,14 +257,7 @@ async fn chat_completions_for_an_anthropic_upstream_are_translated_to_messages_a
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi there"}
     ]});
-    let (status, _, text) = post_raw(
-        &proxy.url(),
-        "/v1/chat/completions",
-        body.to_string(),
-        CLIENT_HEADERS,
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
+    let (_, text) = post_chat_as_client(&proxy, &body).await;
     let answer = parse(&text);
     assert_eq!(answer["object"], "chat.completion");
     assert_eq!(answer["model"], "claude-sonnet-4-5");
@@ -298,14 +297,7 @@ async fn streamed_chat_completions_from_an_anthropic_upstream_arrive_as_chat_chu
     let body = json!({"model": "claude-haiku-4-5", "stream": true,
                       "stream_options": {"include_usage": true},
                       "messages": [{"role": "user", "content": "Stream please"}]});
-    let (status, headers, text) = post_raw(
-        &proxy.url(),
-        "/v1/chat/completions",
-        body.to_string(),
-        CLIENT_HEADERS,
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
+    let (headers, text) = post_chat_as_client(&proxy, &body).await;
     assert_eq!(headers["content-type"], "text/event-stream");
     let chunks = data(&text);
     assert_eq!(chunks.last(), Some(&json!("[DONE]")), "{text}");

@@ -1171,6 +1171,11 @@ async fn chat_only_chat(
         }
         events.push("data: [DONE]\n\n".to_string());
     }
+    sse_response(events)
+}
+
+/// A `text/event-stream` response sending `events` (whole SSE events) one after another.
+pub fn sse_response(events: Vec<String>) -> Response {
     let stream = futures_util::stream::iter(
         events
             .into_iter()

@@ -31,19 +31,19 @@ async fn proxy_with(upstreams: Vec<UpstreamConfig>, fallback: Option<&str>) -> R
     start_proxy(config).await
 }
 
+/// A proxy whose one upstream is the OpenAI-compatible `cloud` at `base_url`, with no fallback.
+async fn proxy_with_cloud(base_url: &str, models: &[&str]) -> RunningProxy {
+    proxy_with(
+        vec![upstream("cloud", UpstreamKind::OpenAi, base_url, models)],
+        None,
+    )
+    .await
+}
+
 #[tokio::test]
 async fn an_openai_compatible_upstream_serves_its_models_with_its_own_key() {
     let cloud = ChatOnlyBackend::start(&[]).await;
-    let proxy = proxy_with(
-        vec![upstream(
-            "cloud",
-            UpstreamKind::OpenAi,
-            &cloud.url(),
-            &["gpt-*"],
-        )],
-        None,
-    )
-    .await;
+    let proxy = proxy_with_cloud(&cloud.url(), &["gpt-*"]).await;
     let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
     let (status, _, text) = post_raw(
         &proxy.url(),
@@ -77,16 +77,7 @@ async fn an_openai_compatible_upstream_serves_its_models_with_its_own_key() {
 #[tokio::test]
 async fn anthropic_clients_reach_an_openai_compatible_upstream_through_the_adapter() {
     let cloud = ChatOnlyBackend::start(&[]).await;
-    let proxy = proxy_with(
-        vec![upstream(
-            "cloud",
-            UpstreamKind::OpenAi,
-            &cloud.url(),
-            &["gpt-4o"],
-        )],
-        None,
-    )
-    .await;
+    let proxy = proxy_with_cloud(&cloud.url(), &["gpt-4o"]).await;
     let body = json!({"model": "gpt-4o", "max_tokens": 16, "stream": true,
                       "messages": [{"role": "user", "content": "hi"}]});
     let (status, headers, text) = post_raw(
@@ -224,16 +215,7 @@ async fn a_full_queue_falls_back_to_the_named_upstream() {
 #[tokio::test]
 async fn anthropic_and_responses_clients_reach_an_openai_compatible_upstream_unstreamed() {
     let cloud = ChatOnlyBackend::start(&[]).await;
-    let proxy = proxy_with(
-        vec![upstream(
-            "cloud",
-            UpstreamKind::OpenAi,
-            &cloud.url(),
-            &["gpt-*"],
-        )],
-        None,
-    )
-    .await;
+    let proxy = proxy_with_cloud(&cloud.url(), &["gpt-*"]).await;
     let messages = json!({"model": "gpt-4o", "max_tokens": 16,
                           "messages": [{"role": "user", "content": "hi"}]});
     let (status, _, text) = post(&proxy.url(), "/v1/messages", &messages).await;
@@ -258,16 +240,7 @@ async fn anthropic_and_responses_clients_reach_an_openai_compatible_upstream_uns
 #[tokio::test]
 async fn an_openai_compatible_upstreams_pattern_models_are_listed_from_its_own_list() {
     let cloud = ChatOnlyBackend::start(&["gpt-4o", "gpt-4o-mini", "llama-3"]).await;
-    let proxy = proxy_with(
-        vec![upstream(
-            "cloud",
-            UpstreamKind::OpenAi,
-            &cloud.url(),
-            &["gpt-*"],
-        )],
-        None,
-    )
-    .await;
+    let proxy = proxy_with_cloud(&cloud.url(), &["gpt-*"]).await;
     let (status, list) = get_json(&proxy.url(), "/v1/models", &[]).await;
     assert_eq!(status, 200);
     let ids: Vec<&str> = list["data"]
@@ -284,16 +257,7 @@ async fn an_openai_compatible_upstreams_pattern_models_are_listed_from_its_own_l
 #[tokio::test]
 async fn an_upstream_that_is_down_is_a_502_in_the_clients_dialect() {
     let dead = dead_addr().await;
-    let proxy = proxy_with(
-        vec![upstream(
-            "cloud",
-            UpstreamKind::OpenAi,
-            &format!("http://{dead}"),
-            &["gpt-*"],
-        )],
-        None,
-    )
-    .await;
+    let proxy = proxy_with_cloud(&format!("http://{dead}"), &["gpt-*"]).await;
     let body = json!({"model": "gpt-4o", "max_tokens": 8, "messages": []});
     let (status, _, text) = post(&proxy.url(), "/v1/messages", &body).await;
     assert_eq!(status, 502, "{text}");

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
+use super::Decoder;
 use crate::adapter::anthropic_messages::{parse_usage, stop_reason};
 use crate::adapter::canonical::StreamEvent;
 use crate::adapter::sse::EventReader;
@@ -24,34 +25,17 @@ pub(super) struct AnthropicDecoder {
     usage: Map<String, Value>,
 }
 
-impl AnthropicDecoder {
-    /// Adds a piece of SSE text; returns the events it completed.
-    pub(super) fn push(&mut self, chunk: &str) -> Vec<StreamEvent> {
-        let mut out = Vec::new();
-        for data in self.reader.push(chunk) {
-            self.data(&data, &mut out);
-        }
-        out
+impl Decoder for AnthropicDecoder {
+    fn reader(&mut self) -> &mut EventReader {
+        &mut self.reader
     }
 
-    /// The events of an unterminated last event, when the upstream's stream ends.
-    pub(super) fn finish(&mut self) -> Vec<StreamEvent> {
-        let mut out = Vec::new();
-        for data in self.reader.finish() {
-            self.data(&data, &mut out);
-        }
-        out
-    }
-
-    /// Whether `message_stop` arrived: the answer is complete.
-    pub(super) fn is_done(&self) -> bool {
+    /// `message_stop` arrived.
+    fn is_done(&self) -> bool {
         self.done
     }
 
     fn data(&mut self, data: &str, out: &mut Vec<StreamEvent>) {
-        if self.done {
-            return;
-        }
         // An event that is not JSON carries nothing usable; skipping it keeps the stream alive.
         let Ok(event) = serde_json::from_str::<Value>(data) else {
             return;
@@ -147,7 +131,9 @@ impl AnthropicDecoder {
             _ => {}
         }
     }
+}
 
+impl AnthropicDecoder {
     /// Merges a usage object into what is known and reports the total.
     fn add_usage(&mut self, usage: Option<&Value>, out: &mut Vec<StreamEvent>) {
         let Some(Value::Object(usage)) = usage else {

@@ -2,6 +2,7 @@
 
 use serde_json::Value;
 
+use super::Decoder;
 use crate::adapter::canonical::StreamEvent;
 use crate::adapter::openai_chat::{parse_usage, settle_stop_reason, stop_reason};
 use crate::adapter::sse::EventReader;
@@ -15,34 +16,17 @@ pub(super) struct ChatDecoder {
     saw_tool_calls: bool,
 }
 
-impl ChatDecoder {
-    /// Adds a piece of SSE text; returns the events it completed.
-    pub(super) fn push(&mut self, chunk: &str) -> Vec<StreamEvent> {
-        let mut out = Vec::new();
-        for data in self.reader.push(chunk) {
-            self.data(&data, &mut out);
-        }
-        out
+impl Decoder for ChatDecoder {
+    fn reader(&mut self) -> &mut EventReader {
+        &mut self.reader
     }
 
-    /// The events of an unterminated last chunk, when the backend's stream ends.
-    pub(super) fn finish(&mut self) -> Vec<StreamEvent> {
-        let mut out = Vec::new();
-        for data in self.reader.finish() {
-            self.data(&data, &mut out);
-        }
-        out
-    }
-
-    /// Whether `data: [DONE]` arrived: the answer is complete and anything after is ignored.
-    pub(super) fn is_done(&self) -> bool {
+    /// `data: [DONE]` arrived.
+    fn is_done(&self) -> bool {
         self.done
     }
 
     fn data(&mut self, data: &str, out: &mut Vec<StreamEvent>) {
-        if self.done {
-            return;
-        }
         if data.trim() == "[DONE]" {
             self.done = true;
             return;
@@ -71,7 +55,9 @@ impl ChatDecoder {
             out.push(StreamEvent::Usage(parse_usage(usage)));
         }
     }
+}
 
+impl ChatDecoder {
     fn choice(&mut self, choice: &Value, out: &mut Vec<StreamEvent>) {
         let text = |key: &str| {
             choice

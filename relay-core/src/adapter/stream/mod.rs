@@ -12,6 +12,7 @@ mod responses;
 use serde_json::Value;
 
 use super::canonical::{Response, StreamEvent, Usage};
+use super::sse::EventReader;
 use super::{client_model, BackendApi, ClientApi, Identity};
 use anthropic::AnthropicWriter;
 use anthropic_backend::AnthropicDecoder;
@@ -33,47 +34,55 @@ trait Writer: std::fmt::Debug + Send {
     }
 }
 
-/// Reads one backend API's stream into canonical events.
-#[derive(Debug)]
-enum Decoder {
-    Chat(ChatDecoder),
-    Anthropic(AnthropicDecoder),
-}
+/// Reads one backend API's stream into canonical events. The SSE framing is the same for every
+/// API, so only the decoding of each event's data differs.
+trait Decoder: std::fmt::Debug + Send {
+    /// The reader that reassembles the backend's events from the pieces of text.
+    fn reader(&mut self) -> &mut EventReader;
 
-impl Decoder {
+    /// Decodes one event's data, appending the canonical events it makes to `out`; not called
+    /// once [`is_done`](Self::is_done).
+    fn data(&mut self, data: &str, out: &mut Vec<StreamEvent>);
+
+    /// Whether the backend's terminator arrived (`[DONE]`, `message_stop`): the answer is
+    /// complete and anything after it is ignored.
+    fn is_done(&self) -> bool;
+
+    /// Adds a piece of SSE text; returns the events it completed.
     fn push(&mut self, chunk: &str) -> Vec<StreamEvent> {
-        match self {
-            Decoder::Chat(d) => d.push(chunk),
-            Decoder::Anthropic(d) => d.push(chunk),
-        }
+        let data = self.reader().push(chunk);
+        self.decode(data)
     }
 
+    /// The events of an unterminated last event, when the backend's stream ends.
     fn finish(&mut self) -> Vec<StreamEvent> {
-        match self {
-            Decoder::Chat(d) => d.finish(),
-            Decoder::Anthropic(d) => d.finish(),
-        }
+        let data = self.reader().finish();
+        self.decode(data)
     }
 
-    /// Whether the backend's terminator arrived (`[DONE]`, `message_stop`).
-    fn is_done(&self) -> bool {
-        match self {
-            Decoder::Chat(d) => d.is_done(),
-            Decoder::Anthropic(d) => d.is_done(),
+    /// Decodes the data of several events, in order, up to the terminator.
+    fn decode(&mut self, data: Vec<String>) -> Vec<StreamEvent> {
+        let mut out = Vec::new();
+        for data in data {
+            if self.is_done() {
+                break;
+            }
+            self.data(&data, &mut out);
         }
+        out
     }
 }
 
 /// A backend stream decoded and re-written in the client's dialect.
 #[derive(Debug)]
 struct Translated {
-    decoder: Decoder,
+    decoder: Box<dyn Decoder>,
     writer: Box<dyn Writer>,
     usage: Option<Usage>,
 }
 
 impl Translated {
-    fn new(decoder: Decoder, writer: Box<dyn Writer>) -> Self {
+    fn new(decoder: Box<dyn Decoder>, writer: Box<dyn Writer>) -> Self {
         Translated {
             decoder,
             writer,
@@ -155,9 +164,9 @@ impl StreamTranslator {
         request: &Value,
         identity: Identity,
     ) -> Self {
-        let decoder = match backend {
-            BackendApi::OpenAiChat => Decoder::Chat(ChatDecoder::default()),
-            BackendApi::AnthropicMessages => Decoder::Anthropic(AnthropicDecoder::default()),
+        let decoder: Box<dyn Decoder> = match backend {
+            BackendApi::OpenAiChat => Box::<ChatDecoder>::default(),
+            BackendApi::AnthropicMessages => Box::<AnthropicDecoder>::default(),
         };
         let model = client_model(request, "");
         let writer: Box<dyn Writer> = match (backend, api) {

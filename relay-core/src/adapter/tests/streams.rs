@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-use super::{bless, files, fixtures, identity};
+use super::{check_recorded_streams, events, files, fixtures, identity, translate_pieces, Event};
 use crate::adapter::canonical::Usage;
 use crate::adapter::openai_responses::{build_response, StoredConversation};
 use crate::adapter::{openai_chat, ClientApi, StreamTranslator};
@@ -35,85 +35,19 @@ fn request(api: ClientApi) -> Value {
 
 /// The client's SSE text for `pieces` of backend text.
 fn translate<'a>(api: ClientApi, pieces: impl IntoIterator<Item = &'a str>) -> String {
-    let mut translator = StreamTranslator::with_identity(api, &request(api), identity());
-    let mut out = String::new();
-    for piece in pieces {
-        out.push_str(&translator.push(piece));
-    }
-    out.push_str(&translator.finish());
-    assert_eq!(translator.finish(), "", "finish is idempotent");
-    out
-}
-
-/// `text` cut before every character.
-pub(super) fn by_char(text: &str) -> Vec<&str> {
-    let mut cuts: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
-    cuts.push(text.len());
-    cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect()
-}
-
-/// An SSE event as a client sees it: its `event:` name and its data (JSON where it parses).
-pub(super) type Event = (Option<String>, Value);
-
-pub(super) fn events(text: &str) -> Vec<Event> {
-    let mut out = Vec::new();
-    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
-        let mut name = None;
-        let mut data = Vec::new();
-        for line in block.lines() {
-            if let Some(n) = line.strip_prefix("event: ") {
-                name = Some(n.to_string());
-            } else if let Some(d) = line.strip_prefix("data: ") {
-                data.push(d);
-            } else if !line.starts_with(':') {
-                panic!("unexpected SSE line {line:?} in {text}");
-            }
-        }
-        if data.is_empty() && name.is_none() {
-            continue; // a comment-only block (keep-alive): clients skip it
-        }
-        let data = data.join("\n");
-        let value = serde_json::from_str(&data).unwrap_or(Value::String(data));
-        out.push((name, value));
-    }
-    out
+    let translator = StreamTranslator::with_identity(api, &request(api), identity());
+    translate_pieces(translator, pieces)
 }
 
 #[test]
 fn recorded_streams_translate_to_the_expected_events() {
-    let dir = fixtures("streams");
-    let inputs: Vec<_> = files(&dir, ".sse")
-        .into_iter()
-        .filter(|(stem, _)| !stem.contains('.'))
-        .collect();
-    assert!(inputs.len() >= 10, "transcripts missing");
-    let mut failures = Vec::new();
-    for (name, path) in inputs {
-        let input = std::fs::read_to_string(&path).expect("transcript");
-        for (api, api_name) in APIS {
-            let whole = translate(api, [input.as_str()]);
-            let piecewise = translate(api, by_char(&input));
-            assert_eq!(
-                events(&whole),
-                events(&piecewise),
-                "{name}/{api_name}: the result depends on how the backend's text was cut"
-            );
-            check_invariants(api, &events(&whole), &format!("{name}/{api_name}"));
-            let expected_path = dir.join(format!("{name}.{api_name}.sse"));
-            if bless() {
-                std::fs::write(&expected_path, &whole).expect("write");
-                continue;
-            }
-            let expected = std::fs::read_to_string(&expected_path)
-                .unwrap_or_else(|_| panic!("missing {}", expected_path.display()));
-            if events(&expected) != events(&whole) {
-                failures.push(format!(
-                    "{name}/{api_name}:\nexpected:\n{expected}\nactual:\n{whole}"
-                ));
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    check_recorded_streams(
+        "streams",
+        10,
+        &APIS,
+        |api, pieces| translate(api, pieces.iter().copied()),
+        check_invariants,
+    );
 }
 
 fn check_invariants(api: ClientApi, events: &[Event], case: &str) {

@@ -5,8 +5,8 @@
 
 use serde_json::{json, Value};
 
-use super::streams::{by_char, check_chat, check_responses, events, Event};
-use super::{bless, files, fixtures, identity};
+use super::streams::{check_chat, check_responses};
+use super::{by_char, check_recorded_streams, events, fixtures, identity, translate_pieces, Event};
 use crate::adapter::canonical::Usage;
 use crate::adapter::{
     from_backend_response_with, to_backend_request, BackendApi, ClientApi, StreamTranslator,
@@ -35,54 +35,23 @@ fn request(api: ClientApi) -> Value {
 /// The client's SSE text for `pieces` of the upstream's stream.
 fn translate<'a>(api: ClientApi, pieces: impl IntoIterator<Item = &'a str>) -> String {
     let backend = BackendApi::AnthropicMessages;
-    let mut translator =
+    let translator =
         StreamTranslator::for_backend_with_identity(backend, api, &request(api), identity());
-    let mut out = String::new();
-    for piece in pieces {
-        out.push_str(&translator.push(piece));
-    }
-    out.push_str(&translator.finish());
-    assert_eq!(translator.finish(), "", "finish is idempotent");
-    out
+    translate_pieces(translator, pieces)
 }
 
 #[test]
 fn recorded_anthropic_streams_translate_to_the_expected_openai_events() {
-    let dir = fixtures("anthropic_streams");
-    let inputs: Vec<_> = files(&dir, ".sse")
-        .into_iter()
-        .filter(|(stem, _)| !stem.contains('.'))
-        .collect();
-    assert!(inputs.len() >= 5, "transcripts missing");
-    let mut failures = Vec::new();
-    for (name, path) in inputs {
-        let input = std::fs::read_to_string(&path).expect("transcript");
-        for (api, api_name) in APIS {
-            let whole = translate(api, [input.as_str()]);
-            let piecewise = translate(api, by_char(&input));
-            let case = format!("{name}/{api_name}");
-            assert_eq!(
-                events(&whole),
-                events(&piecewise),
-                "{case}: depends on cuts"
-            );
-            match api {
-                ClientApi::OpenAiResponses => check_responses(&events(&whole), &case),
-                _ => check_translated_chat(&events(&whole), &case),
-            }
-            let expected_path = dir.join(format!("{name}.{api_name}.sse"));
-            if bless() {
-                std::fs::write(&expected_path, &whole).expect("write");
-                continue;
-            }
-            let expected = std::fs::read_to_string(&expected_path)
-                .unwrap_or_else(|_| panic!("missing {}", expected_path.display()));
-            if events(&expected) != events(&whole) {
-                failures.push(format!("{case}:\nexpected:\n{expected}\nactual:\n{whole}"));
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    check_recorded_streams(
+        "anthropic_streams",
+        5,
+        &APIS,
+        |api, pieces| translate(api, pieces.iter().copied()),
+        |api, events, case| match api {
+            ClientApi::OpenAiResponses => check_responses(events, case),
+            _ => check_translated_chat(events, case),
+        },
+    );
 }
 
 /// A chat stream the relay wrote: chunks of one id, object and model, the role first, exactly
