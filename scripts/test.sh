@@ -37,7 +37,10 @@ if [ ! -x .venv/bin/pytest ] || ! cmp -s relay-core/tests/sdk/requirements.txt .
   .venv/bin/pip install --quiet --disable-pip-version-check -r relay-core/tests/sdk/requirements.txt
   cp relay-core/tests/sdk/requirements.txt .venv/requirements.installed
 fi
-cargo build --bin modelrelay
+# `cargo test` above built target/debug/modelrelay (its integration tests run it). A separate
+# `cargo build --bin modelrelay` would select relay-core alone, unify features differently
+# and rebuild half the dependency tree for nothing.
+[ -x target/debug/modelrelay ] || cargo build --bin modelrelay
 MODELRELAY_BIN="$PWD/target/debug/modelrelay" .venv/bin/pytest -q relay-core/tests/sdk
 
 echo "==> web UI end to end (Chromium, real relays and workers)"
