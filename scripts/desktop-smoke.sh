@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Smoke test of the real desktop app (not the mock runtime):
 #   1. GUI: under Xvfb + a private D-Bus session + trayer (an XEmbed tray host), with its config,
-#      data and HOME in a temp dir and a free port: the node answers, the window renders (not a
-#      blank page), the own worker connects, the tray menu opens, its "Join as worker" turns
-#      the worker off (and saves it), its "Quit" drains and exits 0.
-#      Screenshots: target/artifacts/desktop-window.png (and desktop-tray.png, menu open).
+#      data and HOME in a temp dir, a free port and a small model server (smoke-backend.py):
+#      the node answers, the window renders (not a blank page), the own worker connects, a
+#      streamed request flows through the relay while the dashboard shows it, the tray menu
+#      opens, its "Join as worker" turns the worker off (and saves it), its "Quit" drains and
+#      exits 0.
+#      Screenshots in target/artifacts/: desktop-window.png (first paint), desktop-dashboard.png
+#      (a request in flight), desktop-tray.png (the tray menu open).
 #   2. Headless: `modelrelay-desktop --serve` with no DISPLAY, WAYLAND_DISPLAY or session bus
 #      serves /health and exits 0 on SIGTERM.
 #
@@ -100,11 +103,41 @@ if [ "${1:-}" = "--inside-xvfb" ]; then
   read -r sw sh < <(xdotool getdisplaygeometry)
   open_tray_menu() { xdotool mousemove $((sw - 16)) $((sh - 16)) click 1; sleep 1.5; }
 
-  # Both roles are on with an empty config: the node's own worker joins its own proxy.
+  # Both roles are on: the node's own worker joins its own proxy with the smoke model server.
   if ! wait_for 60 own_worker_is connected; then
     echo "smoke: FAIL the own worker did not connect (state: $(status "d['worker']['state']"))" >&2
     exit 1
   fi
+
+  # A request flows through: streamed, slow enough to be watched on the dashboard.
+  relay_status() { # prints an expression over the whole /api/status document d
+    curl -sf --max-time 2 "http://127.0.0.1:$port/api/status" | python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"
+  }
+  model_served() { [ "$(relay_status "'smoke-model' in [m['name'] for m in d['models']]")" = True ]; }
+  streaming() { [ "$(relay_status "sum(r.get('tokens') or 0 for r in d['in_flight'])")" -gt 0 ]; }
+  if ! wait_for 30 model_served; then
+    echo "smoke: FAIL smoke-model never appeared among the relay's models" >&2
+    exit 1
+  fi
+  curl -sN --max-time 60 "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' \
+    -d '{"model":"smoke-model","stream":true,"messages":[{"role":"user","content":"hello"}]}' \
+    >"$tmp/stream.out" 2>&1 &
+  client=$!
+  pids+=("$client")
+  if ! wait_for 20 streaming; then
+    echo "smoke: FAIL the request never showed as streaming in /api/status" >&2
+    exit 1
+  fi
+  sleep 2 # two more pushes of the live feed: rows, tokens/s and the charts move
+  "$magick_bin/import" -window root "$artifacts/desktop-dashboard.png"
+  echo "smoke: request in flight on the dashboard (target/artifacts/desktop-dashboard.png)"
+  wait "$client" || { echo "smoke: FAIL the streamed request failed: $(tail -c 300 "$tmp/stream.out")" >&2; exit 1; }
+  grep -q 'data: \[DONE\]' "$tmp/stream.out" || {
+    echo "smoke: FAIL the stream did not end with [DONE]: $(tail -c 300 "$tmp/stream.out")" >&2
+    exit 1
+  }
+  [ "$(relay_status "d['totals']['requests']")" -ge 1 ] || { echo "smoke: FAIL totals did not count it" >&2; exit 1; }
+  echo "smoke: the streamed request completed through the desktop app's relay"
   open_tray_menu
   "$magick_bin/import" -window root "$artifacts/desktop-tray.png"
   echo "smoke: tray menu open (target/artifacts/desktop-tray.png)"
@@ -168,19 +201,28 @@ artifacts="$root/target/artifacts"
 mkdir -p "$artifacts"
 tmp="$(mktemp -d)"
 serve_pid=""
+backend_pid=""
 cleanup() {
   [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null || true
+  [ -n "$backend_pid" ] && kill "$backend_pid" 2>/dev/null || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 mkdir -p "$tmp/home/.config" "$tmp/data"
-: >"$tmp/config.toml"
+# A configured node (so the window opens on the dashboard, not the first-run wizard) whose
+# worker serves the smoke model server.
+backend_port="$(free_port)"
+python3 "$root/scripts/smoke-backend.py" "$backend_port" 16 0.5 &
+backend_pid=$!
+wait_for 10 curl -sf --max-time 1 "http://127.0.0.1:$backend_port/v1/models" ||
+  { echo "smoke: the smoke model server did not start" >&2; exit 1; }
+printf '[worker]\nbackend_url = "http://127.0.0.1:%s"\n' "$backend_port" >"$tmp/config.toml"
 
 # 1. GUI under Xvfb. timeout bounds the whole run; xvfb-run stops Xvfb when the inner part ends.
 port="$(free_port)"
 timeout 300 xvfb-run -a -s "-screen 0 1280x800x24" \
   dbus-run-session -- bash "$0" --inside-xvfb "$bin" "$tmp" "$port" "$artifacts"
-echo "smoke: screenshots in $artifacts (desktop-window.png, desktop-tray.png)"
+echo "smoke: screenshots in $artifacts (desktop-window.png, desktop-dashboard.png, desktop-tray.png)"
 
 # 2. Headless --serve with no display and no session bus.
 port="$(free_port)"
