@@ -265,12 +265,17 @@ pub struct TrackedRequest {
 
 impl TrackedRequest {
     /// Bytes of the answer are about to reach the client; SSE `data:` lines count as tokens
-    /// until the backend's own count arrives at the end.
+    /// until the backend's own count arrives at the end. They count in the totals at once, so
+    /// the tokens/s chart moves while a long answer streams, not in one jump at its end.
     pub fn chunk(&self, bytes: &[u8]) {
         self.first_byte();
         let events = count_data_lines(bytes);
         if events > 0 {
             self.record.tokens.fetch_add(events, Ordering::Relaxed);
+            self.telemetry
+                .totals
+                .tokens
+                .fetch_add(events, Ordering::Relaxed);
         }
     }
 
@@ -278,9 +283,16 @@ impl TrackedRequest {
     pub fn complete(&mut self, status: u16, usage: Option<&TokenCounts>) {
         self.first_byte();
         if let Some(tokens) = usage.and_then(|u| u.completion_tokens) {
-            self.record
+            // The backend's count replaces the estimate, in the totals too.
+            let counted = self
+                .record
                 .tokens
-                .store(u64::from(tokens), Ordering::Relaxed);
+                .swap(u64::from(tokens), Ordering::Relaxed);
+            let totals = &self.telemetry.totals.tokens;
+            match u64::from(tokens).checked_sub(counted) {
+                Some(more) => totals.fetch_add(more, Ordering::Relaxed),
+                None => totals.fetch_sub(counted - u64::from(tokens), Ordering::Relaxed),
+            };
         }
         if status >= 400 {
             self.failed = true;
@@ -307,10 +319,6 @@ impl Drop for TrackedRequest {
         let telemetry = &self.telemetry;
         locked(&telemetry.requests).remove(&self.request);
         telemetry.totals.requests.fetch_add(1, Ordering::Relaxed);
-        telemetry
-            .totals
-            .tokens
-            .fetch_add(self.record.tokens(), Ordering::Relaxed);
         if self.failed {
             telemetry.totals.errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -359,6 +367,11 @@ mod tests {
         let record = Arc::clone(&telemetry.requests()[0].1);
         assert!(record.ttft().is_some());
         assert_eq!(record.tokens(), 2);
+        assert_eq!(
+            telemetry.totals().tokens,
+            2,
+            "streamed tokens count while the answer streams"
+        );
         tracked.complete(
             200,
             Some(&TokenCounts {
@@ -376,6 +389,22 @@ mod tests {
                 tokens: 5
             }
         );
+    }
+
+    #[test]
+    fn a_backend_count_below_the_estimate_corrects_the_totals_down() {
+        let telemetry = Arc::new(Telemetry::default());
+        let mut tracked = telemetry.begin(1, "m", true);
+        tracked.chunk(b"data: {}\n\ndata: {}\n\ndata: {}\n\n");
+        tracked.complete(
+            200,
+            Some(&TokenCounts {
+                completion_tokens: Some(1),
+                ..TokenCounts::default()
+            }),
+        );
+        drop(tracked);
+        assert_eq!(telemetry.totals().tokens, 1);
     }
 
     #[test]
