@@ -21,9 +21,9 @@ use crate::cli::{ProxyArgs, WorkerArgs};
 use crate::config::{self, FileConfig};
 use crate::discovery::{self, DiscoveredBackend, DiscoveryOptions};
 use crate::lan;
+use crate::proxy::aliases::LiveAliases;
 use crate::proxy::control::{AdminAccess, AdminToken, OwnWorker, SharedNodeInfo};
 use crate::proxy::hub::Hub;
-use crate::proxy::aliases::{LiveAliases, ModelAliases};
 use crate::proxy::{self, RunningProxy};
 use crate::worker::report::{ConnectionState, WorkerReport};
 use crate::worker::{self, Backends};
@@ -342,11 +342,15 @@ impl Node {
         }
         let file = settings::validate(text).map_err(NodeError::Invalid)?;
         if changes.touches_any(settings::LIVE_PROXY_FIELDS) {
-            self.inner.aliases.replace(ModelAliases::new(
-                file.proxy.aliases.clone(),
-                file.proxy.default_model.clone(),
-            ));
-            tracing::info!("model aliases applied");
+            // Resolved as at start (flags and environment over the file), then applied.
+            let config =
+                config::proxy_config(&self.inner.proxy_args, &file, self.inner.secret.clone())
+                    .map_err(|e| NodeError::Invalid(e.to_string()))?;
+            self.inner.aliases.replace(config.aliases);
+            for provider in config.providers {
+                self.inner.hub.set_limits(&provider.name, provider.limits);
+            }
+            tracing::info!("model aliases and queue limits applied");
         }
         {
             let mut pending = locked(&self.inner.restart_required);

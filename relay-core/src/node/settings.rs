@@ -111,9 +111,15 @@ const FIELDS: &[(&str, &str, Kind)] = &[
     ("worker", "max_concurrency", Kind::Count),
 ];
 
-/// `[proxy]` settings a running node applies at once (the model aliases); the others need a
-/// restart.
-pub const LIVE_PROXY_FIELDS: &[&str] = &["proxy.aliases", "proxy.default_model"];
+/// `[proxy]` settings a running node applies at once (model aliases, queue bound and
+/// timeouts); the others (listen address, provider name) need a restart.
+pub const LIVE_PROXY_FIELDS: &[&str] = &[
+    "proxy.aliases",
+    "proxy.default_model",
+    "proxy.max_queue_len",
+    "proxy.queue_timeout_secs",
+    "proxy.request_timeout_secs",
+];
 
 /// What a patch changed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -414,7 +420,10 @@ mod tests {
         assert!(out.contains("max_queue_len = 10"), "{out}");
         assert!(out.contains("[roles]\nworker = false"), "{out}");
         assert_eq!(changes.fields, vec!["roles.worker", "proxy.max_queue_len"]);
-        assert_eq!(changes.needing_restart(), vec!["proxy.max_queue_len"]);
+        assert!(
+            changes.needing_restart().is_empty(),
+            "the queue bound applies live"
+        );
         assert!(changes.touches("roles"));
         assert!(!changes.touches("worker"));
     }

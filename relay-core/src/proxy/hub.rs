@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 
 use super::scheduler::{
     parse_worker_wire_id, request_wire_id, worker_wire_id, Action, CancelOutcome, FailReason,
-    RegisterError, RequestId, Scheduler, SubmitError, Submitted, WorkerId, WorkerSnapshot,
+    ProviderLimits, RegisterError, RequestId, Scheduler, SubmitError, Submitted, WorkerId,
+    WorkerSnapshot,
 };
 use super::telemetry::Telemetry;
 use crate::dialect::ApiError;
@@ -160,6 +161,11 @@ impl Hub {
             telemetry,
             serving: AtomicBool::new(true),
         })
+    }
+
+    /// Applies new limits to `provider` from now on (see [`Scheduler::set_limits`]).
+    pub fn set_limits(&self, provider: &str, limits: ProviderLimits) -> bool {
+        self.lock().scheduler.set_limits(provider, limits)
     }
 
     /// Whether the proxy role is on.

@@ -290,6 +290,19 @@ impl Scheduler {
         }
     }
 
+    /// Replaces `provider`'s limits while it runs (settings saved on the dashboard): later
+    /// arrivals get them, requests already queued keep the deadlines they were given. False
+    /// for a provider this scheduler does not have (new providers need a restart).
+    pub fn set_limits(&mut self, provider: &str, limits: ProviderLimits) -> bool {
+        match self.provider_index(provider) {
+            Some(index) => {
+                self.providers[index].limits = limits;
+                true
+            }
+            None => false,
+        }
+    }
+
     fn provider_index(&self, name: &str) -> Option<usize> {
         self.providers.iter().position(|p| p.name == name)
     }

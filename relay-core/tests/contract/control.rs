@@ -468,7 +468,7 @@ async fn settings_round_trip_keeps_comments_and_lists_what_needs_a_restart() {
     let url = format!("{}/api/settings", node.url());
     let (code, body) = put_json(
         &url,
-        &json!({"proxy": {"max_queue_len": 7, "aliases": {"claude-*": MODEL}}}),
+        &json!({"proxy": {"listen": "127.0.0.1:9999", "max_queue_len": 7, "aliases": {"claude-*": MODEL}}}),
     )
     .await;
     assert_eq!(code, 200, "{body}");
@@ -476,8 +476,8 @@ async fn settings_round_trip_keeps_comments_and_lists_what_needs_a_restart() {
     assert_eq!(body["settings"]["proxy"]["aliases"]["claude-*"], MODEL);
     assert_eq!(
         body["restart_required"],
-        json!(["proxy.max_queue_len"]),
-        "aliases apply live; the queue bound needs a restart"
+        json!(["proxy.listen"]),
+        "aliases and the queue bound apply live; the listen address needs a restart"
     );
     let text = dir.text();
     assert!(text.contains("# queue size\nmax_queue_len = 7"), "{text}");
@@ -635,6 +635,40 @@ async fn model_aliases_saved_in_settings_apply_to_the_next_request_without_a_res
     let (code, _) = put_json(&url, &json!({"proxy": {"default_model": null}})).await;
     assert_eq!(code, 200);
     assert_eq!(ask("gpt-anything").await, 404);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_queue_bound_saved_in_settings_applies_to_the_next_request_without_a_restart() {
+    let (node, _dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    let (mut worker, _) = ScriptedWorker::join(node.addr(), "gpu-a", &[MODEL], 1).await;
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]});
+    let running = spawn_post(&node.url(), "/v1/chat/completions", body.clone());
+    let first = worker.next_request().await;
+    let queued = spawn_post(&node.url(), "/v1/chat/completions", body.clone());
+    wait_until("the second request queues", || {
+        node.hub()
+            .queue_depths()
+            .iter()
+            .any(|(_, depth)| *depth == 1)
+    })
+    .await;
+
+    let url = format!("{}/api/settings", node.url());
+    let (code, saved) = put_json(&url, &json!({"proxy": {"max_queue_len": 1}})).await;
+    assert_eq!(code, 200, "{saved}");
+    assert_eq!(saved["restart_required"], json!([]));
+    let (code, _, text) = post(&node.url(), "/v1/chat/completions", &body).await;
+    assert_eq!(code, 429, "the queue is full at the new bound: {text}");
+    let error: Value = serde_json::from_str(&text).expect("json error");
+    assert!(error["error"]["message"].is_string(), "{error}");
+
+    // What was accepted before the change still gets its answer.
+    worker.complete(&first.request_id, r#"{"ok":true}"#).await;
+    assert_eq!(running.await.expect("first").0, 200);
+    let second = worker.next_request().await;
+    worker.complete(&second.request_id, r#"{"ok":true}"#).await;
+    assert_eq!(queued.await.expect("second").0, 200);
     node.shutdown().await;
 }
 
