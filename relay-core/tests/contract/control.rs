@@ -93,6 +93,27 @@ async fn post_json(url: &str, body: &Value) -> (u16, Value) {
     send_json(http().post(url), body).await
 }
 
+/// Opens `/api/events` at `base` (checking it is an event stream) and reads its first status:
+/// the body, what is buffered of it, and that status.
+async fn open_feed(
+    base: &str,
+) -> (
+    impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
+    String,
+    Value,
+) {
+    let response = http()
+        .get(format!("{base}/api/events"))
+        .send()
+        .await
+        .expect("feed");
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    let first = next_status(&mut body, &mut text).await;
+    (body, text, first)
+}
+
 /// Reads SSE from `body` until the next `status` event, returning its data.
 async fn next_status(
     body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
@@ -233,15 +254,7 @@ async fn heartbeat_round_trip_is_shown_per_worker() {
 #[tokio::test]
 async fn events_feed_sends_status_at_once_then_on_change_and_every_second() {
     let proxy = start_proxy(test_config()).await;
-    let response = http()
-        .get(format!("{}/api/events", proxy.url()))
-        .send()
-        .await
-        .expect("feed");
-    assert_eq!(response.headers()["content-type"], "text/event-stream");
-    let mut body = response.bytes_stream();
-    let mut text = String::new();
-    let first = next_status(&mut body, &mut text).await;
+    let (mut body, mut text, first) = open_feed(&proxy.url()).await;
     assert_eq!(first["workers"], json!([]));
     let started = std::time::Instant::now();
     let (_worker, _) = ScriptedWorker::join(proxy.addr, "gpu-a", &[MODEL], 1).await;
@@ -264,14 +277,7 @@ async fn events_feed_sends_status_at_once_then_on_change_and_every_second() {
 #[tokio::test]
 async fn an_open_events_feed_ends_when_the_proxy_shuts_down_instead_of_holding_it_up() {
     let proxy = start_proxy(test_config()).await;
-    let response = http()
-        .get(format!("{}/api/events", proxy.url()))
-        .send()
-        .await
-        .expect("feed");
-    let mut body = response.bytes_stream();
-    let mut text = String::new();
-    let _ = next_status(&mut body, &mut text).await;
+    let (mut body, _, _) = open_feed(&proxy.url()).await;
     // Without the closing signal the server waits for the feed until its 5 s stop timeout.
     let stopping = tokio::spawn(proxy.shutdown());
     let ended = tokio::time::timeout(Duration::from_secs(3), async {
