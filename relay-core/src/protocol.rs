@@ -270,11 +270,98 @@ impl ServerToWorker {
         // Serializing these plain structs cannot fail: every key is a string.
         serde_json::to_string(self).expect("protocol message serializes")
     }
+
+    /// Parses one frame's JSON text; a `request` is read straight into its struct when its tag
+    /// leads (see [`WorkerToServer::from_json`]: the body is not buffered twice).
+    pub fn from_json(text: &str) -> serde_json::Result<ServerToWorker> {
+        if text.starts_with(r#"{"type":"request","#) {
+            return serde_json::from_str(text).map(ServerToWorker::Request);
+        }
+        serde_json::from_str(text)
+    }
 }
 
 impl WorkerToServer {
     /// Serializes to the JSON text of one WebSocket frame.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("protocol message serializes")
+    }
+
+    /// Parses one frame's JSON text.
+    ///
+    /// serde reads an internally tagged enum by first buffering the whole object into a generic
+    /// tree (the tag may come last), then converting it. The two messages that make up the
+    /// traffic, chunks and completions, are read straight into their structs when the tag leads,
+    /// as serde writes it (the struct ignores the `type` key); any other shape takes the general
+    /// path, so every peer's spelling is still understood.
+    pub fn from_json(text: &str) -> serde_json::Result<WorkerToServer> {
+        if text.starts_with(r#"{"type":"response_chunk","#) {
+            return serde_json::from_str(text).map(WorkerToServer::ResponseChunk);
+        }
+        if text.starts_with(r#"{"type":"response_complete","#) {
+            return serde_json::from_str(text).map(WorkerToServer::ResponseComplete);
+        }
+        serde_json::from_str(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fast_path_reads_what_the_general_parse_reads() {
+        let chunk = WorkerToServer::ResponseChunk(ResponseChunkMessage {
+            request_id: "r-1".to_string(),
+            chunk: "data: {\"a\":\"\\u00e9\"}\n\n".to_string(),
+        });
+        let complete = WorkerToServer::ResponseComplete(ResponseCompleteMessage {
+            request_id: "r-2".to_string(),
+            status_code: 200,
+            headers: [("content-type".to_string(), "application/json".to_string())].into(),
+            body: Some("{}".to_string()),
+            token_counts: Some(TokenCounts {
+                completion_tokens: Some(3),
+                ..TokenCounts::default()
+            }),
+        });
+        for message in [chunk, complete] {
+            let text = message.to_json();
+            assert_eq!(WorkerToServer::from_json(&text).unwrap(), message);
+            assert_eq!(
+                serde_json::from_str::<WorkerToServer>(&text).unwrap(),
+                message
+            );
+        }
+        let request = ServerToWorker::Request(RequestMessage {
+            request_id: "r-3".to_string(),
+            model: "m".to_string(),
+            endpoint_path: "/v1/chat/completions".to_string(),
+            is_streaming: true,
+            body: "{\"model\":\"m\"}".to_string(),
+            headers: HeaderMap::new(),
+        });
+        let text = request.to_json();
+        assert_eq!(ServerToWorker::from_json(&text).unwrap(), request);
+        assert_eq!(
+            ServerToWorker::from_json(r#"{"type":"ping"}"#).unwrap(),
+            ServerToWorker::Ping(PingMessage::default())
+        );
+    }
+
+    #[test]
+    fn other_spellings_take_the_general_path() {
+        let tag_last = r#"{"request_id":"r-1","chunk":"x","type":"response_chunk"}"#;
+        let spaced = r#"{ "type": "response_complete", "request_id": "r-2", "status_code": 204 }"#;
+        assert!(matches!(
+            WorkerToServer::from_json(tag_last).unwrap(),
+            WorkerToServer::ResponseChunk(chunk) if chunk.chunk == "x"
+        ));
+        assert!(matches!(
+            WorkerToServer::from_json(spaced).unwrap(),
+            WorkerToServer::ResponseComplete(complete) if complete.status_code == 204
+        ));
+        assert!(WorkerToServer::from_json(r#"{"type":"response_chunk","chunk":1}"#).is_err());
+        assert!(WorkerToServer::from_json(r#"{"type":"bogus"}"#).is_err());
     }
 }

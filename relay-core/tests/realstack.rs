@@ -181,7 +181,11 @@ async fn real_llama_server_is_unloaded_when_idle_and_started_again() {
         while pid_of(&mut relay, "tiny-a").is_some() && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert_eq!(pid_of(&mut relay, "tiny-a"), None, "its pid file is removed");
+        assert_eq!(
+            pid_of(&mut relay, "tiny-a"),
+            None,
+            "its pid file is removed"
+        );
         ask(&relay.url, "tiny-a").await;
         let second = pid_of(&mut relay, "tiny-a").expect("started again");
         assert_ne!(second, first);

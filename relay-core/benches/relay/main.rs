@@ -390,7 +390,7 @@ async fn queue_rows(plan: &Plan) -> Vec<Row> {
 }
 
 fn footprint_rows(idle_rss: u64) -> Vec<Row> {
-    let size = std::fs::metadata(env!("CARGO_BIN_EXE_modelrelay"))
+    let size = std::fs::metadata(procs::modelrelay_binary())
         .map(|m| m.len())
         .unwrap_or(0);
     vec![

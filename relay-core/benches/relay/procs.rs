@@ -9,6 +9,15 @@ use std::time::Duration;
 /// The worker secret of every benchmark run.
 pub const SECRET: &str = "bench-secret";
 
+/// The `modelrelay` binary under test: the one cargo built with this bench, or the one named by
+/// `RELAY_BENCH_BINARY`, so two builds can be compared run for run on a noisy machine (the load
+/// generator and the mock backend stay the same).
+pub fn modelrelay_binary() -> std::path::PathBuf {
+    std::env::var_os("RELAY_BENCH_BINARY")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_modelrelay").into())
+}
+
 /// A child process killed when dropped.
 pub struct ChildProcess {
     child: Child,
@@ -127,7 +136,7 @@ pub fn start_backend() -> (ChildProcess, u16) {
 
 /// The proxy: `modelrelay serve` on an ephemeral port with the given extra flags.
 pub fn start_proxy(extra: &[&str]) -> (ChildProcess, u16) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_modelrelay"));
+    let mut command = Command::new(modelrelay_binary());
     command
         .args([
             "serve",
@@ -149,7 +158,7 @@ pub fn start_proxy(extra: &[&str]) -> (ChildProcess, u16) {
 
 /// A worker joining the proxy on `proxy_port`, forwarding model `bench` to the backend.
 pub fn start_worker(proxy_port: u16, backend_port: u16, max_concurrency: u32) -> ChildProcess {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_modelrelay"));
+    let mut command = Command::new(modelrelay_binary());
     command
         .args(["worker", "--worker-secret", SECRET, "--models", "bench"])
         .args(["--proxy-url", &format!("http://127.0.0.1:{proxy_port}")])

@@ -2,6 +2,7 @@
 //! queue and request deadlines, passing non-streaming answers through, and bridging streams to SSE.
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -9,7 +10,7 @@ use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::{sleep_until, Instant, Sleep};
 
 use super::hub::{fail_error, Hub, ResponseEvent};
 use super::scheduler::{FailReason, RequestId};
@@ -73,6 +74,9 @@ pub struct Waiter {
     events: mpsc::UnboundedReceiver<ResponseEvent>,
     /// The end of the request's life, fixed at arrival.
     deadline: Instant,
+    /// A timer for `deadline`, made once: a stream waits on it for every chunk, and a timer made
+    /// per wait would be registered with the runtime's timer wheel and removed again each time.
+    deadline_timer: Pin<Box<Sleep>>,
     /// While queued: when to give up waiting.
     queue_deadline: Option<Instant>,
     dialect: Dialect,
@@ -98,6 +102,7 @@ impl Waiter {
             guard,
             events,
             deadline,
+            deadline_timer: Box::pin(sleep_until(deadline)),
             queue_deadline,
             dialect,
             pending_terminal: None,
@@ -152,7 +157,7 @@ impl Waiter {
                     }
                     self.queue_deadline = None;
                 }
-                _ = sleep_until(self.deadline) => {
+                _ = self.deadline_timer.as_mut() => {
                     self.guard.cancel(CancelReason::Timeout);
                     return self.relay_error(fail_error(FailReason::RequestTimeout));
                 }
@@ -228,7 +233,7 @@ impl Waiter {
             Some(event) => Some(event),
             None => tokio::select! {
                 event = self.events.recv() => event,
-                _ = sleep_until(self.deadline) => {
+                _ = self.deadline_timer.as_mut() => {
                     self.guard.cancel(CancelReason::Timeout);
                     return Some((self.relay_error_sse(&fail_error(FailReason::RequestTimeout)), true));
                 }

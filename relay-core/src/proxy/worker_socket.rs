@@ -274,7 +274,7 @@ impl Connection {
     }
 
     fn on_text(&mut self, text: &str) {
-        let message = match serde_json::from_str::<WorkerToServer>(text) {
+        let message = match WorkerToServer::from_json(text) {
             Ok(message) => message,
             Err(error) => {
                 let preview: String = text.chars().take(80).collect();

@@ -5,7 +5,7 @@
 //! the backend connection, so the backend sees the cancellation.
 
 use axum::http::StatusCode;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
 use super::sse::{SseSplitter, UsageTracker};
@@ -18,6 +18,9 @@ use crate::protocol::{
 
 /// A non-streaming backend body larger than this fails the request instead of exhausting memory.
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// Stream bytes already received are gathered into one chunk up to about this size.
+const COALESCE_BYTES: usize = 32 * 1024;
 
 /// What a request task tells the connection loop.
 #[derive(Debug)]
@@ -215,12 +218,30 @@ where
     F: Fn(WorkerToServer) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
+    let broke_off =
+        |e: reqwest::Error| format!("the backend stream broke off: {}", error_chain(&e));
     let mut splitter = SseSplitter::default();
     let mut body = response.bytes_stream();
-    while let Some(piece) = body.next().await {
-        let piece =
-            piece.map_err(|e| format!("the backend stream broke off: {}", error_chain(&e)))?;
-        if let Some(text) = splitter.push(&piece) {
+    let mut ended = false;
+    while !ended {
+        let Some(piece) = body.next().await else {
+            break;
+        };
+        splitter.feed(&piece.map_err(broke_off)?);
+        // What the backend already sent goes out as one chunk: backends write an HTTP chunk
+        // per event, and a message per event would cost a frame, a parse and a client write
+        // each (stream64: four times the proxy's writes to clients).
+        while splitter.pending_len() < COALESCE_BYTES {
+            match body.next().now_or_never() {
+                Some(Some(piece)) => splitter.feed(&piece.map_err(broke_off)?),
+                Some(None) => {
+                    ended = true;
+                    break;
+                }
+                None => break,
+            }
+        }
+        if let Some(text) = splitter.ready() {
             usage.observe_events(&text);
             if !report(chunk(request_id, text)).await {
                 return Ok(None);

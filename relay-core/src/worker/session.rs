@@ -1,5 +1,12 @@
 //! One connection to the proxy: connect, `register`, then a loop over the proxy's messages, the
 //! request tasks' output, the model refresh timer and the shutdown signal.
+//!
+//! What the request tasks report goes out in the order [`outbox`] decides (a request's first
+//! message ahead of other requests' backlog), paced by [`window`] (a bound on what the proxy has
+//! not read yet), so the backlog of busy streams stays where a new stream can overtake it.
+
+mod outbox;
+mod window;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -14,6 +21,9 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use outbox::{Outbox, Pulled};
+use window::FlowWindow;
 
 use super::catalog::{self, Catalog, Route};
 use super::forward::{error_chain, forward, TaskEvent};
@@ -30,8 +40,15 @@ type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 /// The largest message accepted from the proxy (a request with a large body).
 const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
-/// Capacity of the queue between request tasks and the connection loop (see `serve`).
-const EVENT_QUEUE: usize = 32;
+/// The WebSocket's read buffer. tungstenite zero-fills the buffer's free space before every read
+/// attempt, and the loop tries a read each time round: with the 128 KiB default that memset was
+/// 2% of the worker's CPU under `unary64`. The proxy sends small messages; a large request body
+/// just takes more reads.
+const READ_BUFFER_BYTES: usize = 16 * 1024;
+
+/// Messages written in one burst before the loop looks at the proxy's messages again (a new
+/// request or a pong must not wait behind a long burst).
+const MAX_BURST: usize = 64;
 
 /// How a session ended.
 #[derive(Debug)]
@@ -86,22 +103,23 @@ pub async fn serve(
     config
         .report
         .set_state(crate::worker::report::ConnectionState::Connected, None);
-    // Messages from request tasks waiting to be written. A short queue keeps a new stream's
-    // first chunk from waiting behind a long backlog of other streams' chunks; measured on
-    // stream64: 256 → TTFB p50 11.4 ms, 32 → ~9 ms with slightly higher throughput, 8 → lower
-    // throughput (BENCHMARKS.md).
-    let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
+    let mut window = FlowWindow::default();
+    // Learns whether the proxy answers pings before the window limits anything.
+    if let Err(error) = socket.send(Message::Ping(window.ping())).await {
+        return disconnected(true, format!("sending failed: {error}"));
+    }
     let mut session = Session {
         config,
         client,
         lifecycle,
         catalog,
         active: HashMap::new(),
-        events_tx,
+        outbox: Outbox::default(),
+        window,
         draining: false,
         drain_deadline: None,
     };
-    session.run(&mut socket, events, shutdown).await
+    session.run(&mut socket, shutdown).await
 }
 
 async fn connect(config: &WorkerConfig) -> Result<Socket, String> {
@@ -115,6 +133,7 @@ async fn connect(config: &WorkerConfig) -> Result<Socket, String> {
     })?;
     request.headers_mut().insert("x-worker-secret", secret);
     let ws_config = WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER_BYTES)
         .max_message_size(Some(MAX_MESSAGE_BYTES))
         .max_frame_size(Some(MAX_MESSAGE_BYTES));
     match tokio_tungstenite::connect_async_with_config(request, Some(ws_config), true).await {
@@ -191,7 +210,10 @@ struct Session<'a> {
     catalog: Catalog,
     /// Running requests by wire id.
     active: HashMap<String, AbortHandle>,
-    events_tx: mpsc::Sender<TaskEvent>,
+    /// Each running request's messages, waiting to be written.
+    outbox: Outbox,
+    /// Bytes written that the proxy has not read yet.
+    window: FlowWindow,
     draining: bool,
     drain_deadline: Option<Instant>,
 }
@@ -212,7 +234,6 @@ impl Session<'_> {
     async fn run(
         &mut self,
         socket: &mut Socket,
-        mut events: mpsc::Receiver<TaskEvent>,
         shutdown: &mut watch::Receiver<bool>,
     ) -> SessionEnd {
         let period = self.config.model_refresh_interval;
@@ -222,9 +243,17 @@ impl Session<'_> {
         let mut local_shutdown = false;
         loop {
             let drain_deadline = self.drain_deadline;
+            let bulk = self.window.is_open();
             let next = tokio::select! {
+                // The proxy's messages first: a new request (its client waits for the first
+                // byte) and the pongs that reopen the window must not wait behind our writes.
+                biased;
                 frame = socket.next() => match frame {
                     Some(Ok(Message::Text(text))) => self.on_proxy_message(socket, &text, &catalog_tx).await,
+                    Some(Ok(Message::Pong(payload))) => {
+                        self.window.on_pong(&payload);
+                        Next::Continue
+                    }
                     Some(Ok(Message::Close(frame))) => {
                         let reason = frame.map(|f| f.reason.to_string()).filter(|r| !r.is_empty());
                         Next::End(disconnected(true, reason.unwrap_or_else(|| "the proxy closed the connection".into())))
@@ -233,7 +262,7 @@ impl Session<'_> {
                     Some(Err(error)) => Next::End(disconnected(true, format!("connection error: {error}"))),
                     None => Next::End(disconnected(true, "the connection closed")),
                 },
-                Some(event) = events.recv() => self.on_task_event(socket, event, &mut events).await,
+                pulled = self.outbox.next(bulk) => self.on_pulled(socket, pulled).await,
                 Some(refreshed) = catalogs.recv() => self.on_catalog(socket, refreshed).await,
                 _ = refresh.tick() => {
                     self.spawn_refresh(&catalog_tx, false);
@@ -276,7 +305,7 @@ impl Session<'_> {
         text: &str,
         catalog_tx: &mpsc::Sender<Refreshed>,
     ) -> Next {
-        let message = match serde_json::from_str::<ServerToWorker>(text) {
+        let message = match ServerToWorker::from_json(text) {
             Ok(message) => message,
             Err(error) => {
                 tracing::warn!("ignoring malformed proxy message: {error}");
@@ -373,7 +402,7 @@ impl Session<'_> {
         }
         let id = request.request_id.clone();
         let client = self.client.clone();
-        let events = self.events_tx.clone();
+        let events = self.outbox.open(&id);
         // Aborting the task (cancel, disconnect) drops what it holds: the backend response and,
         // for a mapped model, its lease (or its wait for a start, which goes on for others).
         let task = match target.expect("checked above") {
@@ -385,35 +414,27 @@ impl Session<'_> {
         self.active.insert(id, task.abort_handle());
     }
 
-    /// Sends a task's message, plus every other message already waiting, with one flush.
-    async fn on_task_event(
-        &mut self,
-        socket: &mut Socket,
-        first: TaskEvent,
-        events: &mut mpsc::Receiver<TaskEvent>,
-    ) -> Next {
+    /// Writes a task's message, plus every other message the outbox lets out now (up to
+    /// [`MAX_BURST`]), then a window ping when one is due, with one flush.
+    async fn on_pulled(&mut self, socket: &mut Socket, first: Pulled) -> Next {
         let mut next = Some(first);
         let mut any_done = false;
-        while let Some(event) = next {
+        let mut written = 0;
+        while let Some(Pulled { request, event }) = next {
             match event {
-                TaskEvent::Send(message) => {
-                    if let WorkerToServer::ResponseChunk(chunk) = &message {
-                        // A late chunk of a cancelled request is not sent.
-                        if !self.active.contains_key(&chunk.request_id) {
-                            next = events.try_recv().ok();
-                            continue;
-                        }
-                    }
-                    if socket
-                        .feed(Message::Text(message.to_json().into()))
-                        .await
-                        .is_err()
-                    {
+                // A late message of a cancelled request is not sent.
+                Some(TaskEvent::Send(message)) if self.active.contains_key(&*request) => {
+                    let text = message.to_json();
+                    self.window.wrote(text.len());
+                    if socket.feed(Message::Text(text.into())).await.is_err() {
                         return Next::End(disconnected(true, "sending failed"));
                     }
+                    written += 1;
                 }
-                TaskEvent::Done(id) => {
-                    self.active.remove(&id);
+                Some(TaskEvent::Send(_)) => {}
+                // A task that ended without `Done` (aborted, or panicked) is over all the same.
+                Some(TaskEvent::Done(_)) | None => {
+                    self.active.remove(&*request);
                     if self.active.is_empty() && self.active.capacity() > 1024 {
                         // Give back what a burst of requests grew the map to.
                         self.active.shrink_to_fit();
@@ -421,7 +442,16 @@ impl Session<'_> {
                     any_done = true;
                 }
             }
-            next = events.try_recv().ok();
+            next = if written < MAX_BURST {
+                self.outbox.try_next(self.window.is_open())
+            } else {
+                None
+            };
+        }
+        if let Some(payload) = self.window.ping_due() {
+            if socket.feed(Message::Ping(payload)).await.is_err() {
+                return Next::End(disconnected(true, "sending failed"));
+            }
         }
         if socket.flush().await.is_err() {
             return Next::End(disconnected(true, "sending failed"));

@@ -21,7 +21,22 @@ pub struct SseSplitter {
 impl SseSplitter {
     /// Adds `bytes`; returns every event completed so far, as one string.
     pub fn push(&mut self, bytes: &[u8]) -> Option<String> {
+        self.feed(bytes);
+        self.ready()
+    }
+
+    /// Adds `bytes` without releasing anything yet (several reads can become one chunk).
+    pub fn feed(&mut self, bytes: &[u8]) {
         self.pending.extend_from_slice(bytes);
+    }
+
+    /// Bytes fed but not yet released.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Every event completed so far, as one string.
+    pub fn ready(&mut self) -> Option<String> {
         let cut = match last_event_end(&self.pending) {
             Some(end) => end,
             None if self.pending.len() > MAX_PENDING => char_boundary(&self.pending),
@@ -157,6 +172,17 @@ mod tests {
             s.push(burst).as_deref(),
             Some("data: 1\n\ndata: 2\n\ndata: 3\n\n")
         );
+    }
+
+    #[test]
+    fn fed_reads_are_released_together() {
+        let mut s = SseSplitter::default();
+        s.feed(b"data: 1\n\nda");
+        s.feed(b"ta: 2\n\nda");
+        assert_eq!(s.pending_len(), 20);
+        assert_eq!(s.ready().as_deref(), Some("data: 1\n\ndata: 2\n\n"));
+        assert_eq!(s.ready(), None);
+        assert_eq!(s.finish().as_deref(), Some("da"));
     }
 
     #[test]
