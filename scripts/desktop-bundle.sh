@@ -21,6 +21,12 @@ cd "$root/src-tauri"
 # npm ci: exactly the locked CLI version; a clean clone has no node_modules.
 npm ci --no-audit --no-fund
 # --ci: no prompts. `tauri build` enables tauri/custom-protocol itself and builds release.
+# Thin LTO over 4 units for the desktop app (the workspace's release profile uses fat LTO for
+# the small headless binary): whole-program LTO over WebKitGTK bindings and Tauri would add many
+# minutes of single-threaded codegen to every bundle build. The environment overrides the
+# profile; a caller's own setting wins.
+export CARGO_PROFILE_RELEASE_LTO="${CARGO_PROFILE_RELEASE_LTO:-thin}"
+export CARGO_PROFILE_RELEASE_CODEGEN_UNITS="${CARGO_PROFILE_RELEASE_CODEGEN_UNITS:-4}"
 npx --no-install tauri build --ci --bundles "$bundles"
 
 target="${CARGO_TARGET_DIR:-$root/target}"
