@@ -7,16 +7,18 @@ use relay_core::app;
 use relay_core::cli::Cli;
 use tracing_subscriber::EnvFilter;
 
-#[cfg(not(target_env = "msvc"))]
+#[cfg(all(not(target_env = "msvc"), not(feature = "system-allocator")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc settings read at startup: a background thread purges pages freed for a second, so
 /// memory goes back to the OS after a burst of streams.
-#[cfg(not(target_env = "msvc"))]
+#[cfg(all(not(target_env = "msvc"), not(feature = "system-allocator")))]
 #[allow(non_upper_case_globals)]
 #[export_name = "_rjem_malloc_conf"]
-pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+// jemalloc reads this symbol as a C `const char *`: a reference to an array is a thin pointer.
+pub static malloc_conf: &[u8; 60] =
+    b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
 fn init_logging(level: Option<&str>) {
     let level = level.unwrap_or("info");

@@ -85,7 +85,19 @@ impl ChildProcess {
 }
 
 impl Drop for ChildProcess {
+    /// Asks the child to stop (SIGTERM: a node drains and exits, which also lets an allocator
+    /// statistics dump such as `_RJEM_MALLOC_CONF=stats_print:true` run), and kills it if it
+    /// has not exited within 5 s.
     fn drop(&mut self) {
+        // SAFETY: `kill` only sends a signal to our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

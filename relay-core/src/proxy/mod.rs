@@ -13,6 +13,7 @@ pub mod response;
 pub mod responses_api;
 pub mod responses_store;
 pub mod scheduler;
+mod serve;
 pub mod telemetry;
 pub mod upstream;
 pub mod worker_socket;
@@ -21,7 +22,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -253,20 +253,9 @@ pub fn start_with(
     } = router(config, addr, extra);
     control::spawn_sampler(&hub);
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        // Small SSE chunks must leave at once, not wait for Nagle's algorithm.
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let task = tokio::spawn(serve::serve(listener, app, async {
+        let _ = stopped.await;
+    }));
     Ok(RunningProxy {
         addr,
         hub,

@@ -1,0 +1,267 @@
+//! Serves the node's router on its listener: HTTP/1.1 with upgrades (the worker WebSocket), a
+//! graceful stop, and the peer address as axum's `ConnectInfo`.
+//!
+//! This replaces `axum::serve`, which hands every connection to hyper-util's HTTP/1-or-2
+//! detector. The detector reads the first 24 bytes itself and replays them, so hyper's first
+//! read returns a partial request head and its 8 KiB read buffer is regrown to 16 KiB on every
+//! connection: a 16 KiB allocation (a "large" one for jemalloc, with its own extent record)
+//! per open stream, and allocator metadata that stays after a burst (BENCHMARKS.md). The proxy
+//! speaks HTTP/1 only (axum's `http2` feature is off), so nothing needs detecting: hyper reads
+//! the head straight from the socket.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tower_service::Service;
+
+/// How long to wait after an accept error that is not about one connection (e.g. out of file
+/// descriptors) before accepting again, so the loop does not spin while the condition lasts.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
+
+/// Serves `app` on `listener` until `stop` resolves, then stops accepting, asks every open
+/// connection to finish its current exchange (an idle keep-alive connection closes at once; a
+/// streaming answer or an upgraded WebSocket runs on) and returns when all have closed.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    stop: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    // Connections watch `closing`; each holds a receiver, so `closed()` resolves when the last
+    // connection task has ended.
+    let (closing, _) = watch::channel(false);
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut stop => break,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                tokio::spawn(serve_connection(
+                    stream,
+                    peer,
+                    app.clone(),
+                    closing.subscribe(),
+                ));
+            }
+            Err(error) if is_about_one_connection(&error) => {}
+            Err(error) => {
+                tracing::error!(%error, "accepting a connection failed; retrying in 1 s");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+            }
+        }
+    }
+    drop(listener);
+    closing.send_replace(true);
+    closing.closed().await;
+    Ok(())
+}
+
+/// Errors that concern only the connection being accepted: the next accept is unaffected.
+fn is_about_one_connection(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Runs HTTP/1.1 on one connection until it closes, starting a graceful close when `closing`
+/// turns true.
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    app: Router,
+    mut closing: watch::Receiver<bool>,
+) {
+    // Small SSE chunks must leave at once, not wait for Nagle's algorithm.
+    let _ = stream.set_nodelay(true);
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        request.extensions_mut().insert(ConnectInfo(peer));
+        // The router is always ready; `call` needs it mutably, and a clone shares its routes.
+        let mut router = app.clone();
+        async move { Ok::<_, Infallible>(router.call(request).await.unwrap_or_else(|e| match e {})) }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    let mut connection = std::pin::pin!(connection);
+    let closing = async {
+        // A dropped sender means the server is gone: close as well.
+        let _ = closing.wait_for(|closing| *closing).await;
+    };
+    let outcome = tokio::select! {
+        outcome = connection.as_mut() => outcome,
+        () = closing => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(error) = outcome {
+        // A client hanging up mid-exchange is routine; nothing to report above debug.
+        tracing::debug!(%peer, %error, "connection ended with an error");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::get;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::{oneshot, Notify};
+
+    const BOUND: Duration = Duration::from_secs(10);
+
+    /// Serves `app` on a fresh loopback port; returns its address, the stop switch and the
+    /// server task.
+    async fn start(
+        app: Router,
+    ) -> (
+        SocketAddr,
+        oneshot::Sender<()>,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, app, async {
+            let _ = stopped.await;
+        }));
+        (addr, stop, task)
+    }
+
+    /// Sends one keep-alive GET on `stream` and reads until the answer's body is complete.
+    async fn get_on(stream: &mut TcpStream, path: &str) -> String {
+        let request = format!("GET {path} HTTP/1.1\r\nhost: relay\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&answer).contains("\r\n\r\n") || !answer_complete(&answer) {
+            let n = tokio::time::timeout(BOUND, stream.read(&mut buf))
+                .await
+                .expect("answer in time")
+                .unwrap();
+            assert!(n > 0, "connection closed before the answer was complete");
+            answer.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8(answer).unwrap()
+    }
+
+    fn answer_complete(answer: &[u8]) -> bool {
+        let text = String::from_utf8_lossy(answer);
+        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+            return false;
+        };
+        let length = head
+            .lines()
+            .find_map(|line| {
+                line.to_ascii_lowercase()
+                    .strip_prefix("content-length: ")
+                    .map(str::to_string)
+            })
+            .and_then(|value| value.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        body.len() >= length
+    }
+
+    #[tokio::test]
+    async fn handlers_see_the_peer_address_as_connect_info() {
+        let app = Router::new().route(
+            "/peer",
+            get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move { peer.to_string() }),
+        );
+        let (addr, _stop, _task) = start(app).await;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let answer = get_on(&mut stream, "/peer").await;
+        let local = stream.local_addr().unwrap().to_string();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with(&local), "{answer} should name {local}");
+    }
+
+    #[tokio::test]
+    async fn stopping_closes_idle_keep_alive_connections_and_returns() {
+        let app = Router::new().route("/", get(|| async { "hello" }));
+        let (addr, stop, task) = start(app).await;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        // Two exchanges on one connection: it is kept alive.
+        assert!(get_on(&mut stream, "/").await.ends_with("hello"));
+        assert!(get_on(&mut stream, "/").await.ends_with("hello"));
+        stop.send(()).unwrap();
+        tokio::time::timeout(BOUND, task)
+            .await
+            .expect("server returned in time")
+            .unwrap()
+            .unwrap();
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(BOUND, stream.read_to_end(&mut rest)).await;
+        assert!(
+            matches!(read, Ok(Ok(0))),
+            "idle connection closed: {read:?}"
+        );
+        assert!(
+            TcpStream::connect(addr).await.is_err(),
+            "no longer accepting"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_in_flight_when_stopping_still_gets_its_answer() {
+        let release = std::sync::Arc::new(Notify::new());
+        let entered = std::sync::Arc::new(Notify::new());
+        let app = Router::new().route(
+            "/slow",
+            get({
+                let (release, entered) = (release.clone(), entered.clone());
+                || async move {
+                    entered.notify_one();
+                    release.notified().await;
+                    "done"
+                }
+            }),
+        );
+        let (addr, stop, task) = start(app).await;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let client = tokio::spawn(async move { get_on(&mut stream, "/slow").await });
+        entered.notified().await;
+        stop.send(()).unwrap();
+        let mut task = task;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), &mut task)
+                .await
+                .is_err(),
+            "the server waits for the exchange in flight"
+        );
+        release.notify_one();
+        let answer = tokio::time::timeout(BOUND, client).await.unwrap().unwrap();
+        assert!(answer.ends_with("done"), "{answer}");
+        tokio::time::timeout(BOUND, task)
+            .await
+            .expect("server returned once the answer was sent")
+            .unwrap()
+            .unwrap();
+    }
+
+    #[test]
+    fn only_errors_about_one_connection_keep_the_loop_accepting_at_once() {
+        use std::io::{Error, ErrorKind};
+        assert!(is_about_one_connection(&Error::from(
+            ErrorKind::ConnectionAborted
+        )));
+        assert!(is_about_one_connection(&Error::from(
+            ErrorKind::ConnectionReset
+        )));
+        // Out of descriptors: pausing lets the condition clear instead of spinning.
+        assert!(!is_about_one_connection(&Error::from_raw_os_error(
+            libc::EMFILE
+        )));
+    }
+}
