@@ -9,7 +9,6 @@
 //! speaks HTTP/1 only (axum's `http2` feature is off), so nothing needs detecting: hyper reads
 //! the head straight from the socket.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -88,8 +87,7 @@ async fn serve_connection(
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         request.extensions_mut().insert(ConnectInfo(peer));
         // The router is always ready; `call` needs it mutably, and a clone shares its routes.
-        let mut router = app.clone();
-        async move { Ok::<_, Infallible>(router.call(request).await.unwrap_or_else(|e| match e {})) }
+        app.clone().call(request)
     });
     let connection = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(stream), service)
