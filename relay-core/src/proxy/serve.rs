@@ -4,10 +4,9 @@
 //! This replaces `axum::serve`, which hands every connection to hyper-util's HTTP/1-or-2
 //! detector. The detector reads the first 24 bytes itself and replays them, so hyper's first
 //! read returns a partial request head and its 8 KiB read buffer is regrown to 16 KiB on every
-//! connection: a 16 KiB allocation (a "large" one for jemalloc, with its own extent record)
-//! per open stream, and allocator metadata that stays after a burst (BENCHMARKS.md). The proxy
-//! speaks HTTP/1 only (axum's `http2` feature is off), so nothing needs detecting: hyper reads
-//! the head straight from the socket.
+//! connection: about 9 KB more per open stream (BENCHMARKS.md). The proxy speaks HTTP/1 only
+//! (axum's `http2` feature is off), so nothing needs detecting: hyper reads the head straight
+//! from the socket.
 
 use std::future::Future;
 use std::net::SocketAddr;
