@@ -67,14 +67,27 @@ if [ "${1:-}" = "--inside-xvfb" ]; then
   echo "smoke: node answers: $(node_answers "$port" | head -c 200)"
 
   # The window (title "ModelRelay"); then wait until its content is no longer blank.
-  if ! wait_for 60 xdotool search --onlyvisible --name '^ModelRelay$'; then
+  # GTK may briefly show more than one X window with that name while the web view is set up
+  # (one of them gone a moment later: a BadWindow error), so the id is looked up again on every
+  # try, and only a window that still answers a geometry query counts.
+  find_window() { # prints "id geometry" of a live, visible ModelRelay window
+    local id geometry
+    for id in $(xdotool search --onlyvisible --name '^ModelRelay$' 2>/dev/null | tac); do
+      geometry="$(xdotool getwindowgeometry "$id" 2>/dev/null | tr '\n' ' ')" || continue
+      echo "$id $geometry"
+      return 0
+    done
+    return 1
+  }
+  if ! wait_for 60 find_window; then
     echo "smoke: FAIL no visible ModelRelay window within 60 s" >&2
     tail -40 "$tmp/app.log" >&2
     exit 1
   fi
-  win="$(xdotool search --onlyvisible --name '^ModelRelay$' | tail -1)"
-  echo "smoke: window id $win ($(xdotool getwindowgeometry "$win" | tr '\n' ' '))"
+  echo "smoke: window $(find_window || echo '(gone again; looked up on each try)')"
   window_rendered() {
+    local win
+    win="$(find_window | cut -d' ' -f1)" && [ -n "$win" ] || return 1
     "$magick_bin/import" -window "$win" "$tmp/window.png" 2>/dev/null || return 1
     local sd
     sd="$("$magick_bin/convert" "$tmp/window.png" -format '%[fx:standard_deviation]' info:)"
