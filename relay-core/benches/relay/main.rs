@@ -387,6 +387,60 @@ async fn queue_rows(plan: &Plan) -> Vec<Row> {
             met: Some(after as f64 <= before as f64 * 1.10),
         },
     ]
+    .into_iter()
+    .chain(waiting_rows(&stack, count / 2).await)
+    .collect()
+}
+
+/// Memory of requests waiting for a busy worker: its slots held by slow streams while `count`
+/// requests queue behind them, the proxy's RSS sampled while none of them can be served.
+async fn waiting_rows(stack: &Stack, count: usize) -> Vec<Row> {
+    const SLOTS: usize = 8;
+    const HOLD_EVENTS: u64 = 8;
+    let relay = stack.relay();
+    let before = stack.proxy.rss();
+    let holders = load::idle_streams(&relay, SLOTS, HOLD_EVENTS, Duration::from_secs(1), || {});
+    let waiters = async {
+        // The holders first, so every slot is taken when the waiters arrive.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        load::flood(&relay, count).await
+    };
+    let sampler = async {
+        let mut most = before;
+        // Sampling stops a second before the first holder can finish and free a slot.
+        let window = Duration::from_secs(HOLD_EVENTS - 1);
+        let start = Instant::now();
+        while start.elapsed() < window {
+            most = most.max(stack.proxy.rss());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        most
+    };
+    let (held, waited, most) = tokio::join!(holders, waiters, sampler);
+    eprintln!(
+        "queue: {count} requests waiting behind {} held slots ({} failed): {waited:?}; proxy RSS {:.1} → {:.1} MB",
+        held.complete,
+        held.failed,
+        before as f64 / MB,
+        most as f64 / MB
+    );
+    let answered = waited.served + waited.rejected + waited.timed_out;
+    vec![
+        Row {
+            scenario: "queue",
+            figure: "requests waiting for a slot, then answered",
+            direct: None,
+            relay: answered as f64,
+            target: format!("all {count}"),
+            met: Some(answered == count as u64 && held.failed == 0),
+        },
+        info(
+            "queue",
+            "proxy KB per request waiting for a slot",
+            None,
+            most.saturating_sub(before) as f64 / KB / count as f64,
+        ),
+    ]
 }
 
 fn footprint_rows(idle_rss: u64) -> Vec<Row> {

@@ -157,6 +157,46 @@ async fn read_request(
     Ok((model, body, stream))
 }
 
+/// What the relay keeps of the request line and headers once the body is read.
+///
+/// Owned copies on purpose: hyper's header values and path are views into its read buffer, and
+/// while any of them lives, hyper cannot reuse that buffer for the read with which it watches
+/// for a client hang-up, so it allocates another 8 KiB one. Copying the few values the relay
+/// needs and dropping the rest before the answer is awaited keeps a waiting request at one read
+/// buffer (BENCHMARKS.md, "What changed the numbers").
+struct RequestHead {
+    dialect: Dialect,
+    /// The path with its query, as the worker's backend is to be called.
+    endpoint_path: String,
+    /// The client headers carried to the worker ([`FORWARDED_HEADERS`]).
+    forwarded: crate::protocol::HeaderMap,
+}
+
+impl RequestHead {
+    fn new(uri: axum::http::Uri, headers: HeaderMap) -> Self {
+        let forwarded = FORWARDED_HEADERS
+            .iter()
+            .filter_map(|name| {
+                let value = headers.get(*name)?.to_str().ok()?;
+                Some((name.to_string(), value.to_string()))
+            })
+            .collect();
+        let endpoint_path = uri
+            .path_and_query()
+            .map_or_else(|| uri.path(), |pq| pq.as_str())
+            .to_string();
+        RequestHead {
+            dialect: Dialect::for_path(uri.path()),
+            endpoint_path,
+            forwarded,
+        }
+    }
+
+    fn is_responses_api(&self) -> bool {
+        self.endpoint_path.split('?').next() == Some("/v1/responses")
+    }
+}
+
 async fn relay(
     State(state): State<AppState>,
     OriginalUri(uri): OriginalUri,
@@ -172,13 +212,14 @@ async fn relay(
             Ok(parts) => parts,
             Err(error) => return error.into_response(dialect),
         };
+    let head = RequestHead::new(uri, headers);
     let (model, body) = match apply_aliases(&state, model, body) {
         Ok(parts) => parts,
         Err(error) => return error.into_response(dialect),
     };
     // Only Responses requests pay for the store (continuation, then recording the answer) and
     // for having their streams patched.
-    let responses = uri.path() == "/v1/responses";
+    let responses = head.is_responses_api();
     let (body, observer, continues) = if responses {
         match responses_api::prepare(&state.responses, body, state.config.max_body_bytes) {
             Ok(prepared) => (
@@ -193,7 +234,7 @@ async fn relay(
     } else {
         (body, None, None)
     };
-    let answer = dispatch(&state, uri, model, body, is_streaming, headers, observer).await;
+    let answer = dispatch(&state, head, model, body, is_streaming, observer).await;
     if responses {
         responses_api::patch_stream(answer, continues)
     } else {
@@ -205,25 +246,17 @@ async fn relay(
 /// for the answer.
 async fn dispatch(
     state: &AppState,
-    uri: axum::http::Uri,
+    head: RequestHead,
     model: String,
     body: String,
     is_streaming: bool,
-    headers: HeaderMap,
     observer: Option<Box<dyn AnswerObserver>>,
 ) -> Response {
-    let dialect = Dialect::for_path(uri.path());
-    let forwarded: crate::protocol::HeaderMap = FORWARDED_HEADERS
-        .iter()
-        .filter_map(|name| {
-            let value = headers.get(*name)?.to_str().ok()?;
-            Some((name.to_string(), value.to_string()))
-        })
-        .collect();
-    let endpoint_path = uri
-        .path_and_query()
-        .map(|pq| pq.as_str().to_string())
-        .unwrap_or_else(|| uri.path().to_string());
+    let RequestHead {
+        dialect,
+        endpoint_path,
+        forwarded,
+    } = head;
     // The hub consumes the request; a copy is kept only when an upstream may take it instead.
     let spare = (!state.upstreams.is_empty()).then(|| UpstreamRequest {
         model: model.clone(),
