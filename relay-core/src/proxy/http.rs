@@ -547,3 +547,42 @@ async fn worker_connect(
         .on_upgrade(move |socket| serve_worker(socket, hub, provider, settings, peer.ip()))
         .into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(uri: &str, headers: &[(&'static str, &str)]) -> RequestHead {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.insert(*name, value.parse().expect("header value"));
+        }
+        RequestHead::new(uri.parse().expect("uri"), map)
+    }
+
+    #[test]
+    fn the_request_head_keeps_the_query_and_only_the_forwarded_headers() {
+        let head = head(
+            "/v1/messages?beta=true",
+            &[
+                ("x-api-key", "sk-1"),
+                ("anthropic-version", "2023-06-01"),
+                ("user-agent", "claude-cli"),
+                ("accept-encoding", "gzip"),
+            ],
+        );
+        assert_eq!(head.endpoint_path, "/v1/messages?beta=true");
+        assert_eq!(head.dialect, Dialect::for_path("/v1/messages"));
+        let names: Vec<&str> = head.forwarded.keys().map(String::as_str).collect();
+        assert_eq!(names, ["anthropic-version", "x-api-key"]);
+        assert_eq!(head.forwarded["x-api-key"], "sk-1");
+        assert!(!head.is_responses_api());
+    }
+
+    #[test]
+    fn the_responses_api_is_recognised_with_or_without_a_query() {
+        assert!(head("/v1/responses", &[]).is_responses_api());
+        assert!(head("/v1/responses?stream=true", &[]).is_responses_api());
+        assert!(!head("/v1/responses/resp_1", &[]).is_responses_api());
+    }
+}
