@@ -1,0 +1,378 @@
+//! The `modelrelay` binary as a child process, for the test binaries that run it (`cli.rs`,
+//! `security/`): its own data directory (so a generated secret never lands in the real one),
+//! a clean environment, output collected, killed on drop, every wait bounded, and a plain
+//! HTTP/1.1 client that can send any header (a hostile `Host` or `Origin` included).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+/// Bound on any single wait for the child (startup, registration, exit).
+pub const WAIT: Duration = Duration::from_secs(15);
+/// How long a SIGTERM'd process may take to drain and exit.
+pub const SHUTDOWN: Duration = Duration::from_secs(10);
+
+/// Every environment variable `modelrelay` reads: cleared for each child so the developer's
+/// shell cannot change what a test sees.
+pub const RELAY_ENV: &[&str] = &[
+    "LISTEN_ADDR",
+    "WORKER_SECRET",
+    "PROVIDER_NAME",
+    "MAX_QUEUE_LEN",
+    "QUEUE_TIMEOUT_SECS",
+    "REQUEST_TIMEOUT_SECS",
+    "MAX_BODY_BYTES",
+    "HEARTBEAT_INTERVAL_SECS",
+    "HEARTBEAT_TIMEOUT_SECS",
+    "DRAIN_TIMEOUT_SECS",
+    "LOG_LEVEL",
+    "PROXY_URL",
+    "WORKER_NAME",
+    "BACKEND_URL",
+    "MODELS",
+    "MAX_CONCURRENCY",
+    "PROTOCOL_VERSION",
+    "WORKER_DRAIN_TIMEOUT_SECS",
+    "MODELRELAY_CONFIG",
+    "MODELRELAY_DATA_DIR",
+    "MODELRELAY_ADMIN_TOKEN",
+    "MODELRELAY_ALLOWED_HOSTS",
+    "MODELRELAY_CORS_ORIGINS",
+    "WORKER_SECRET_FILE",
+];
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(label: &str) -> TempDir {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let path = std::env::temp_dir().join(format!(
+            "modelrelay-cli-{label}-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&path).expect("create temp dir");
+        TempDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `modelrelay` with a clean environment: `MODELRELAY_DATA_DIR` set to `data_dir`, no config
+/// file from the user's home, info logs.
+pub fn modelrelay(data_dir: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_modelrelay"));
+    for name in RELAY_ENV {
+        command.env_remove(name);
+    }
+    command
+        .env("MODELRELAY_DATA_DIR", data_dir)
+        // The default config file lives under XDG_CONFIG_HOME: point it at a directory with none.
+        .env("XDG_CONFIG_HOME", data_dir.join("no-config-here"))
+        .env("LOG_LEVEL", "info")
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .stdin(Stdio::null());
+    command
+}
+
+/// A running child whose stdout and stderr are collected by background threads. Killed on drop.
+pub struct Running {
+    child: Child,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+pub fn collect(pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let sink = text.clone();
+    thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            let mut sink = sink.lock().unwrap();
+            sink.push_str(&line);
+            sink.push('\n');
+        }
+    });
+    text
+}
+
+impl Running {
+    pub fn spawn(mut command: Command) -> Running {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn modelrelay");
+        let stdout = collect(child.stdout.take().expect("stdout"));
+        let stderr = collect(child.stderr.take().expect("stderr"));
+        Running {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn output(&self) -> String {
+        format!(
+            "--- stdout ---\n{}--- stderr ---\n{}",
+            self.stdout(),
+            self.stderr()
+        )
+    }
+
+    /// Waits until stdout has a line containing `needle`; returns that line.
+    pub fn wait_for_stdout_line(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(line) = self.stdout().lines().find(|l| l.contains(needle)) {
+                return line.to_string();
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                // Let the reader threads catch up before reporting.
+                thread::sleep(Duration::from_millis(100));
+                panic!(
+                    "modelrelay exited ({status}) before printing {needle:?}\n{}",
+                    self.output()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} on stdout within {WAIT:?}\n{}",
+                self.output()
+            );
+            thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// The relay URL from the startup banner.
+    pub fn relay_url(&mut self) -> String {
+        let line = self.wait_for_stdout_line("ModelRelay is serving at ");
+        let url = line
+            .split("ModelRelay is serving at ")
+            .nth(1)
+            .expect("banner has a URL")
+            .trim()
+            .to_string();
+        assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+        url
+    }
+
+    /// The exit status within `limit`, killing the child (and failing) if it is still running.
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                // Let the reader threads drain the pipes.
+                thread::sleep(Duration::from_millis(100));
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "modelrelay still running after {limit:?}\n{}",
+                    self.output()
+                );
+            }
+            thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// Sends SIGTERM and returns the exit status (bounded by [`SHUTDOWN`]).
+    pub fn terminate(&mut self) -> ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+        self.wait_exit(SHUTDOWN)
+    }
+
+    /// SIGTERM must drain and exit with status 0.
+    pub fn terminate_cleanly(&mut self) {
+        let status = self.terminate();
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "exit after SIGTERM: {status}\n{}",
+            self.output()
+        );
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `command` to completion (bounded), returning status, stdout and stderr.
+pub fn run_to_exit(command: Command) -> (ExitStatus, String, String) {
+    let mut running = Running::spawn(command);
+    let status = running.wait_exit(WAIT);
+    (status, running.stdout(), running.stderr())
+}
+
+/// A plain HTTP/1.1 exchange with `Connection: close`; returns the status and the body.
+pub fn http(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
+    let reply = exchange(method, url, &[], body);
+    (reply.status, reply.body)
+}
+
+/// An answer read off the socket as it came.
+#[derive(Debug)]
+pub struct Reply {
+    /// The status code.
+    pub status: u16,
+    /// The header lines, as sent.
+    pub head: String,
+    /// The body, de-chunked.
+    pub body: String,
+}
+
+impl Reply {
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().skip(1).find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            key.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| value.trim().to_string())
+        })
+    }
+}
+
+/// An HTTP/1.1 exchange with `Connection: close` and any `headers`; a `Host` among them replaces
+/// the real one (what a DNS-rebinding page's request carries).
+pub fn exchange(method: &str, url: &str, headers: &[(&str, &str)], body: Option<&str>) -> Reply {
+    let rest = url.strip_prefix("http://").expect("http URL");
+    let (host, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let mut stream = TcpStream::connect(host).unwrap_or_else(|e| panic!("connect {host}: {e}"));
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    stream.set_write_timeout(Some(WAIT)).unwrap();
+    let body = body.unwrap_or("");
+    let has = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
+    let mut request = format!("{method} {path} HTTP/1.1\r\n");
+    if !has("host") {
+        request.push_str(&format!("Host: {host}\r\n"));
+    }
+    if !has("content-type") {
+        request.push_str("Content-Type: application/json\r\n");
+    }
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str(&format!(
+        "Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    stream.write_all(request.as_bytes()).expect("send request");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read response");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("response head");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase()
+            .starts_with("transfer-encoding: chunked")
+    });
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Reply {
+        status,
+        head: head.to_string(),
+        body,
+    }
+}
+
+pub fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+pub fn get_json(url: &str) -> Value {
+    let (status, body) = http("GET", url, None);
+    assert_eq!(status, 200, "GET {url}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {url}: not JSON ({e}): {body}"))
+}
+
+/// Polls `check` every 50 ms until it returns true or [`WAIT`] passes.
+pub fn eventually(what: &str, running: &Running, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !check() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {WAIT:?}\n{}",
+            running.output()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn model_ids(url: &str) -> Vec<String> {
+    get_json(&format!("{url}/v1/models"))["data"]
+        .as_array()
+        .expect("data array")
+        .iter()
+        .filter_map(|m| m["id"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// A loopback port with nothing listening on it (bound, then released).
+pub fn unused_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
