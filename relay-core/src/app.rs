@@ -49,7 +49,9 @@ pub enum AppError {
 }
 
 /// Runs the command line.
-pub async fn run(cli: Cli) -> Result<(), AppError> {
+pub async fn run(mut cli: Cli) -> Result<(), AppError> {
+    let secret_source = SecretSource::of(&cli);
+    read_secret_file(&mut cli)?;
     // A node creates its config file when settings are first saved, so only the other
     // commands need it to exist.
     let file = || config::load_file(cli.config.as_deref());
@@ -59,7 +61,7 @@ pub async fn run(cli: Cli) -> Result<(), AppError> {
         cli.command.clone()
     };
     match command {
-        None => run_node(&cli, None).await,
+        None => run_node(&cli, None, &secret_source).await,
         Some(Command::Serve) => {
             run_node(
                 &cli,
@@ -67,6 +69,7 @@ pub async fn run(cli: Cli) -> Result<(), AppError> {
                     proxy: true,
                     worker: false,
                 }),
+                &secret_source,
             )
             .await
         }
@@ -102,6 +105,11 @@ pub fn data_dir() -> PathBuf {
 /// The stored worker secret, created on first use with 32 random characters (owner-only file).
 pub fn stored_secret(create: bool) -> Result<Option<String>, AppError> {
     stored_value("worker-secret", create)
+}
+
+/// Where the generated admin token is stored.
+pub fn admin_token_path() -> PathBuf {
+    data_dir().join("admin-token")
 }
 
 /// The stored admin token of the control API, created on first use like the worker secret.
@@ -198,7 +206,9 @@ pub async fn bind(address: &str, explicit: bool) -> Result<TcpListener, AppError
     Err(in_use(parsed))
 }
 
-fn print_banner(node: &Node) {
+/// The start-up banner. It names where the secrets are instead of printing them: stdout ends up
+/// in journald and `docker logs`, which more people can read than the files.
+fn print_banner(node: &Node, secret_source: &SecretSource) {
     let url = node.url();
     let addr = node.addr();
     let roles = node.roles();
@@ -210,12 +220,11 @@ fn print_banner(node: &Node) {
     } else {
         println!("  The proxy role is off: this node only runs its worker.");
     }
-    if let Some(token) = node.admin_token() {
-        println!("  Admin token (dashboard and /api): {token}");
-    }
+    println!("  Admin token:         {}", node.admin_token_origin().short());
     if !roles.proxy {
         return;
     }
+    println!("  Worker secret:       {}", secret_source.describe());
     let join_host = if addr.ip().is_loopback() {
         println!("Other machines cannot reach a loopback address; to let GPU boxes join,");
         println!(
@@ -224,7 +233,7 @@ fn print_banner(node: &Node) {
         );
         format!("THIS-MACHINE:{}", addr.port())
     } else {
-        println!("To join another GPU box, run on it:");
+        println!("To join another GPU box, run on it (or paste the join code from the dashboard's Setup page):");
         addr.to_string()
     };
     let provider = match node.provider() {
@@ -232,13 +241,72 @@ fn print_banner(node: &Node) {
         other => format!(" --provider {other}"),
     };
     println!(
-        "  modelrelay worker --proxy-url http://{join_host} --worker-secret {}{provider}",
-        node.secret()
+        "  WORKER_SECRET=<the worker secret> modelrelay worker --proxy-url http://{join_host}{provider}"
     );
 }
 
+/// Where the proxy's worker secret comes from, for the banner.
+#[derive(Debug, Clone)]
+pub enum SecretSource {
+    /// `--worker-secret`, `WORKER_SECRET` or the config file.
+    Given,
+    /// `--worker-secret-file` / `WORKER_SECRET_FILE`.
+    File(PathBuf),
+    /// Generated on first run and stored in the data directory.
+    Stored,
+}
+
+impl SecretSource {
+    fn describe(&self) -> String {
+        match self {
+            SecretSource::Given => {
+                "as configured (--worker-secret, WORKER_SECRET or the config file)".to_string()
+            }
+            SecretSource::File(path) => format!("in {}", path.display()),
+            SecretSource::Stored => format!("stored in {}", data_dir().join("worker-secret").display()),
+        }
+    }
+
+    fn of(cli: &Cli) -> SecretSource {
+        if let Some(path) = &cli.proxy.worker_secret_file {
+            SecretSource::File(path.clone())
+        } else if cli.proxy.worker_secret.is_some() {
+            SecretSource::Given
+        } else {
+            match config::load_file(cli.config.as_deref()) {
+                Ok(file) if file.proxy.worker_secret.is_some() => SecretSource::Given,
+                _ => SecretSource::Stored,
+            }
+        }
+    }
+}
+
+/// Reads `--worker-secret-file` into the secret flag, so everything after sees one secret.
+fn read_secret_file(cli: &mut Cli) -> Result<(), AppError> {
+    let Some(path) = cli.proxy.worker_secret_file.clone() else {
+        return Ok(());
+    };
+    let failure = |reason: String| AppError::Secret {
+        path: path.clone(),
+        reason,
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| failure(e.to_string()))?;
+    let secret = text.trim();
+    if secret.is_empty() {
+        return Err(failure(
+            "the file is empty: write the worker secret into it".to_string(),
+        ));
+    }
+    cli.proxy.worker_secret = Some(secret.to_string());
+    Ok(())
+}
+
 /// Runs a node (proxy and/or worker, with the dashboard) until Ctrl-C or SIGTERM.
-async fn run_node(cli: &Cli, roles: Option<Roles>) -> Result<(), AppError> {
+async fn run_node(
+    cli: &Cli,
+    roles: Option<Roles>,
+    secret_source: &SecretSource,
+) -> Result<(), AppError> {
     let node = Node::start(NodeOptions {
         config_path: cli.config.clone(),
         proxy_args: cli.proxy.clone(),
@@ -247,7 +315,7 @@ async fn run_node(cli: &Cli, roles: Option<Roles>) -> Result<(), AppError> {
         data_dir: None,
     })
     .await?;
-    print_banner(&node);
+    print_banner(&node, secret_source);
     shutdown_signal().await;
     node.shutdown().await;
     Ok(())

@@ -93,8 +93,9 @@ pub struct ProxyArgs {
     )]
     pub worker_secret: Option<String>,
 
-    /// Token the control API (dashboard) requires; one is generated and stored in the data
-    /// directory when the proxy listens beyond loopback and none is given.
+    /// Token of the control API [default: generated on first run and stored in the data
+    /// directory]. Given, it guards every control route; generated, only changes that run
+    /// programs or send secrets elsewhere, unless the proxy listens beyond loopback.
     #[arg(
         long,
         env = "MODELRELAY_ADMIN_TOKEN",
@@ -103,6 +104,39 @@ pub struct ProxyArgs {
         hide_env_values = true
     )]
     pub admin_token: Option<String>,
+
+    /// File holding the worker secret (keeps it off the command line and out of `ps`): the
+    /// proxy's secret, and the one a worker presents.
+    #[arg(
+        long,
+        env = "WORKER_SECRET_FILE",
+        global = true,
+        value_name = "FILE",
+        conflicts_with = "worker_secret"
+    )]
+    pub worker_secret_file: Option<PathBuf>,
+
+    /// Host names, besides this machine's own, that requests may carry in `Host` (comma-separated;
+    /// `*` turns the check off). Others are refused: that stops DNS-rebinding web pages.
+    #[arg(
+        long,
+        env = "MODELRELAY_ALLOWED_HOSTS",
+        global = true,
+        value_name = "NAMES",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Option<Vec<String>>,
+
+    /// Web origins allowed to call /v1 from a browser (comma-separated, e.g.
+    /// https://chat.example.com; `*` for any). Other web pages are refused.
+    #[arg(
+        long,
+        env = "MODELRELAY_CORS_ORIGINS",
+        global = true,
+        value_name = "ORIGINS",
+        value_delimiter = ','
+    )]
+    pub cors_origins: Option<Vec<String>>,
 
     /// Provider name: the proxy's default provider, and the one a worker joins [default: local].
     #[arg(long, env = "PROVIDER_NAME", global = true, value_name = "NAME")]

@@ -104,6 +104,12 @@ pub struct ProxyFile {
     pub aliases: BTreeMap<String, String>,
     /// The model for requests naming a model nobody serves (and no alias matches).
     pub default_model: Option<String>,
+    /// `MODELRELAY_ALLOWED_HOSTS`: host names besides this machine's that requests may carry.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// `MODELRELAY_CORS_ORIGINS`: web origins allowed to call `/v1` from a browser.
+    #[serde(default)]
+    pub cors_origins: Vec<String>,
     /// `[[proxy.upstreams]]`: HTTP APIs the proxy calls itself for models no worker serves.
     #[serde(default)]
     pub upstreams: Vec<UpstreamFile>,
@@ -279,6 +285,14 @@ pub fn proxy_config(
             "QUEUE_TIMEOUT_SECS and REQUEST_TIMEOUT_SECS must be at least 1".to_string(),
         ));
     }
+    config.allowed_hosts = args
+        .allowed_hosts
+        .clone()
+        .unwrap_or_else(|| p.allowed_hosts.clone());
+    config.cors_origins = args
+        .cors_origins
+        .clone()
+        .unwrap_or_else(|| p.cors_origins.clone());
     let max_models = p.max_models_per_worker.unwrap_or(256);
     let default_provider = &mut config.providers[0];
     default_provider.name = args

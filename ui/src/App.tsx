@@ -1,5 +1,6 @@
 import { useEffect, useState } from 'preact/hooks';
-import { api, getToken, initApi, onUnauthorized, errorMessage } from './api';
+import { api, getToken, initApi, onElevationNeeded, onUnauthorized, errorMessage } from './api';
+import { ElevationPrompt } from './components/ElevationPrompt';
 import { TokenPrompt } from './components/TokenPrompt';
 import { Alert, Spinner } from './components/common';
 import { navigate, useRoute } from './hash';
@@ -23,7 +24,28 @@ export function App() {
   const [hadToken, setHadToken] = useState(false);
   // Bumped when a token is accepted: pages remount and fetch again, the feed reconnects.
   const [epoch, setEpoch] = useState(0);
+  // A guarded save waiting for the admin token: the relay's message, and where the answer goes.
+  const [elevation, setElevation] = useState<{ message: string; answer: (token: string | null) => void } | null>(
+    null,
+  );
   const route = useRoute();
+
+  useEffect(
+    () =>
+      onElevationNeeded(
+        (message) =>
+          new Promise<string | null>((resolve) =>
+            setElevation({
+              message,
+              answer: (token) => {
+                setElevation(null);
+                resolve(token);
+              },
+            }),
+          ),
+      ),
+    [],
+  );
 
   useEffect(() => {
     initApi()
@@ -80,6 +102,14 @@ export function App() {
           <Spinner label="Loading…" />
         </main>
       )}
+      {elevation ? (
+        <ElevationPrompt
+          key={elevation.message}
+          message={elevation.message}
+          onSubmit={(token) => elevation.answer(token)}
+          onCancel={() => elevation.answer(null)}
+        />
+      ) : null}
       {needToken ? (
         <TokenPrompt
           hadToken={hadToken}

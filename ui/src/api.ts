@@ -73,6 +73,24 @@ export function setToken(value: string | null): void {
   }
 }
 
+/**
+ * Asked for the admin token when a change needs it even on loopback (it makes the node run a
+ * program or send a secret elsewhere): given the relay's message (which says where the token
+ * file is), resolves to the token to retry with, or null when the person cancels.
+ */
+type ElevationHandler = (message: string) => Promise<string | null>;
+let elevationHandler: ElevationHandler | null = null;
+
+/** The code of a 403 that a retry with the admin token can turn into a success. */
+export const ELEVATION_CODE = 'admin_token_needed';
+
+export function onElevationNeeded(handler: ElevationHandler): () => void {
+  elevationHandler = handler;
+  return () => {
+    if (elevationHandler === handler) elevationHandler = null;
+  };
+}
+
 /** Called when any API call answers 401 (the UI then asks for the token). */
 export function onUnauthorized(listener: () => void): () => void {
   unauthorizedListeners.add(listener);
@@ -125,12 +143,11 @@ async function errorFrom(res: Response): Promise<ApiError> {
   return new ApiError(message, res.status, code, type);
 }
 
-export async function request<T>(method: string, path: string, body?: unknown): Promise<T> {
-  const headers: Record<string, string> = { Accept: 'application/json', ...authHeaders() };
+async function send(method: string, path: string, body: unknown, tokenOverride?: string | null): Promise<Response> {
+  const headers: Record<string, string> = { Accept: 'application/json', ...authHeaders(tokenOverride) };
   if (body !== undefined) headers['Content-Type'] = 'application/json';
-  let res: Response;
   try {
-    res = await fetch(baseUrl + path, {
+    return await fetch(baseUrl + path, {
       method,
       headers,
       body: body === undefined ? undefined : JSON.stringify(body),
@@ -138,6 +155,20 @@ export async function request<T>(method: string, path: string, body?: unknown): 
     });
   } catch (e) {
     throw new ApiError(`Cannot reach the relay (${(e as Error).message || 'network error'}).`, 0);
+  }
+}
+
+export async function request<T>(method: string, path: string, body?: unknown): Promise<T> {
+  let res = await send(method, path, body);
+  // A guarded change: ask for the token (the message says where it is) and retry with it, as
+  // long as the person keeps offering tokens; a refused one comes back with its own message.
+  while (res.status === 403 && elevationHandler) {
+    const err = await errorFrom(res);
+    if (err.code !== ELEVATION_CODE) throw err;
+    const offered = await elevationHandler(err.message);
+    if (!offered) throw err;
+    res = await send(method, path, body, offered);
+    if (res.ok) setToken(offered);
   }
   if (res.status === 401) {
     const err = await errorFrom(res);

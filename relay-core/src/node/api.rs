@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -18,7 +18,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use super::join_code::{self, JoinDetails};
 use super::settings::{self, SettingsValues};
-use super::{Inner, Node, NodeError};
+use super::{Caller, Inner, Node, NodeError};
 use crate::proxy::control::{api_error, auth, AdminAccess, ControlError};
 
 /// How long "test connection" waits for the proxy.
@@ -74,6 +74,7 @@ fn invalid(message: impl Into<String>) -> ControlError {
 fn node_error(error: NodeError) -> ControlError {
     match error {
         NodeError::Invalid(message) => invalid(message),
+        NodeError::Forbidden(refusal) => ControlError(refusal),
         other => api_error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "settings_not_applied",
@@ -124,11 +125,14 @@ async fn get_settings(State(slot): State<NodeSlot>) -> Answer {
 
 async fn put_settings(
     State(slot): State<NodeSlot>,
+    headers: HeaderMap,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Answer {
     let node = slot.node()?;
     let patch = json_body(body)?;
-    node.save_settings(&patch).await.map_err(node_error)?;
+    node.save_settings(&patch, Caller::Request(&headers))
+        .await
+        .map_err(node_error)?;
     settings_view(&node)
 }
 
@@ -139,11 +143,12 @@ struct ConfigText {
 
 async fn put_config(
     State(slot): State<NodeSlot>,
+    headers: HeaderMap,
     body: Result<Json<ConfigText>, JsonRejection>,
 ) -> Answer {
     let node = slot.node()?;
     let body = json_body(body)?;
-    node.save_config_text(&body.toml)
+    node.save_config_text(&body.toml, Caller::Request(&headers))
         .await
         .map_err(node_error)?;
     settings_view(&node)
@@ -254,6 +259,7 @@ pub async fn probe_proxy(details: &JoinDetails) -> Result<(), String> {
 
 async fn join(
     State(slot): State<NodeSlot>,
+    headers: HeaderMap,
     body: Result<Json<JoinRequest>, JsonRejection>,
 ) -> Answer {
     let node = slot.node()?;
@@ -268,7 +274,9 @@ async fn join(
             "worker": {"proxy_url": details.url, "worker_secret": details.secret},
         })
     };
-    node.save_settings(&patch).await.map_err(node_error)?;
+    node.save_settings(&patch, Caller::Request(&headers))
+        .await
+        .map_err(node_error)?;
     settings_view(&node)
 }
 

@@ -5,6 +5,7 @@
 //! proxy role off, client and worker routes answer 503 and the node only runs its worker.
 
 pub mod api;
+pub mod guarded;
 pub mod join_code;
 pub mod settings;
 
@@ -22,7 +23,8 @@ use crate::config::{self, FileConfig};
 use crate::discovery::{self, DiscoveredBackend, DiscoveryOptions};
 use crate::lan;
 use crate::proxy::aliases::LiveAliases;
-use crate::proxy::control::{AdminAccess, AdminToken, OwnWorker, SharedNodeInfo};
+use crate::dialect::ApiError;
+use crate::proxy::control::{AdminAccess, AdminToken, OwnWorker, SharedNodeInfo, TokenOrigin};
 use crate::proxy::hub::Hub;
 use crate::proxy::{self, RunningProxy};
 use crate::worker::report::{ConnectionState, WorkerReport};
@@ -115,6 +117,18 @@ pub enum NodeError {
     /// The node could not apply the settings.
     #[error(transparent)]
     App(#[from] AppError),
+    /// The change needs the admin token, and the request did not carry it; nothing was saved.
+    #[error("{}", .0.message)]
+    Forbidden(ApiError),
+}
+
+/// Who asks for a settings change.
+pub enum Caller<'a> {
+    /// Code of the program embedding the node (the desktop app's tray): trusted.
+    Owner,
+    /// A control-API request: its guarded changes ([`guarded`]) need the admin token in
+    /// these headers.
+    Request(&'a axum::http::HeaderMap),
 }
 
 /// A running node; cheap to clone.
@@ -139,6 +153,7 @@ struct Inner {
     secret: String,
     provider: String,
     admin_token: Option<String>,
+    access: AdminAccess,
     hub: Arc<Hub>,
     info: SharedNodeInfo,
     aliases: Arc<LiveAliases>,
@@ -180,14 +195,25 @@ impl Node {
         })?;
         let secret = app::proxy_secret(options.proxy_args.worker_secret.as_ref(), &file)?;
         let mut proxy_config = config::proxy_config(&options.proxy_args, &file, secret.clone())?;
-        if proxy_config.admin_token.is_none() && !addr.ip().is_loopback() {
+        // Every node has a token: on loopback it guards only the changes that run programs or
+        // send secrets elsewhere, beyond loopback (or when configured) every control route.
+        if proxy_config.admin_token.is_none() {
             proxy_config.admin_token = Some(AdminToken(app::stored_admin_token()?));
+            proxy_config.admin_token_origin = TokenOrigin::Stored(app::admin_token_path());
         }
         let admin_token = proxy_config.admin_token.as_ref().map(|t| t.0.clone());
-        let access = AdminAccess::new(proxy_config.admin_token.clone(), addr.ip().is_loopback());
+        let access = AdminAccess::new(
+            proxy_config.admin_token.clone(),
+            proxy_config.admin_token_origin.clone(),
+            addr.ip().is_loopback(),
+        );
         let provider = proxy_config.providers[0].name.clone();
         let slot = api::NodeSlot::default();
-        let running = proxy::start_with(proxy_config, listener, api::routes(slot.clone(), access))
+        let running = proxy::start_with(
+            proxy_config,
+            listener,
+            api::routes(slot.clone(), access.clone()),
+        )
             .map_err(|e| AppError::Listen {
                 address,
                 reason: e.to_string(),
@@ -202,6 +228,7 @@ impl Node {
                 secret,
                 provider,
                 admin_token,
+                access,
                 hub: running.hub.clone(),
                 info: running.node.clone(),
                 aliases: running.aliases.clone(),
@@ -248,9 +275,14 @@ impl Node {
         &self.inner.provider
     }
 
-    /// The control API's token, when one is required.
+    /// The control API's token (configured, or generated and stored in the data directory).
     pub fn admin_token(&self) -> Option<String> {
         self.inner.admin_token.clone()
+    }
+
+    /// Where the admin token came from.
+    pub fn admin_token_origin(&self) -> TokenOrigin {
+        self.inner.access.token_origin().clone()
     }
 
     /// The config file settings are saved to.
@@ -293,7 +325,27 @@ impl Node {
     /// Turns roles on or off now and saves them to the config file.
     pub async fn set_roles(&self, roles: Roles) -> Result<(), NodeError> {
         let patch = serde_json::json!({"roles": {"proxy": roles.proxy, "worker": roles.worker}});
-        self.save_settings(&patch).await.map(|_| ())
+        self.save_settings(&patch, Caller::Owner).await.map(|_| ())
+    }
+
+    /// Refuses `caller`'s change from `old` to `new` when it touches a guarded setting and the
+    /// caller has no admin token.
+    fn authorize(&self, caller: &Caller<'_>, old: &str, new: &str) -> Result<(), NodeError> {
+        let Caller::Request(headers) = caller else {
+            return Ok(());
+        };
+        let fields = guarded::changed(old, new);
+        if fields.is_empty() {
+            return Ok(());
+        }
+        let what = format!(
+            "changing {} (settings that decide which programs this node runs and where it sends secrets)",
+            fields.join(", ")
+        );
+        self.inner
+            .access
+            .elevated(headers, &what)
+            .map_err(NodeError::Forbidden)
     }
 
     /// Applies a settings patch (see [`settings::patch`]): validates, saves, and applies what
@@ -301,6 +353,7 @@ impl Node {
     pub async fn save_settings(
         &self,
         patch: &serde_json::Value,
+        caller: Caller<'_>,
     ) -> Result<settings::Changes, NodeError> {
         let _one_at_a_time = self.inner.apply.lock().await;
         let path = &self.inner.config_path;
@@ -309,12 +362,17 @@ impl Node {
             source,
         })?;
         let (new_text, changes) = settings::patch(&text, patch).map_err(NodeError::Invalid)?;
+        self.authorize(&caller, &text, &new_text)?;
         self.write_and_apply(&new_text, changes).await
     }
 
     /// Replaces the whole config file with `text` (validated first) and applies it.
     /// Secrets shown as [`settings::REDACTED`] keep their saved values.
-    pub async fn save_config_text(&self, text: &str) -> Result<settings::Changes, NodeError> {
+    pub async fn save_config_text(
+        &self,
+        text: &str,
+        caller: Caller<'_>,
+    ) -> Result<settings::Changes, NodeError> {
         let _one_at_a_time = self.inner.apply.lock().await;
         let path = &self.inner.config_path;
         let old = settings::read(path).map_err(|source| NodeError::File {
@@ -323,6 +381,7 @@ impl Node {
         })?;
         let text = settings::restore_secrets(text, &old).map_err(NodeError::Invalid)?;
         settings::validate(&text).map_err(NodeError::Invalid)?;
+        self.authorize(&caller, &old, &text)?;
         let changes = settings::diff(&old, &text);
         self.write_and_apply(&text, changes).await
     }

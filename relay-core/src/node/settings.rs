@@ -302,20 +302,71 @@ pub const REDACTED: &str = "********";
 /// Keys whose values are secrets.
 const SECRET_KEYS: &[&str] = &["worker_secret", "admin_token", "api_key"];
 
-/// Visits every secret value in `table` (nested tables and arrays of tables too).
-fn each_secret(table: &mut dyn toml_edit::TableLike, visit: &mut dyn FnMut(&str, &mut Item)) {
+/// Where a table sits, for the values that are secrets only there.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Other,
+    /// `[worker.model_map]`: its tables are models.
+    ModelMap,
+    /// One model of the map: its `env` values and `args` often carry keys and tokens.
+    Model,
+}
+
+/// Visits every secret value in `table` (nested tables and arrays of tables too), with its
+/// dotted path: the values of [`SECRET_KEYS`], and each model's `env` values and `args`.
+fn each_secret(
+    table: &mut dyn toml_edit::TableLike,
+    place: Place,
+    visit: &mut dyn FnMut(&str, &mut toml_edit::Value),
+) {
     for (key, item) in table.iter_mut() {
         let key = key.get().to_string();
+        if place == Place::Model && key == "env" {
+            if let Some(env) = item.as_table_like_mut() {
+                for (name, value) in env.iter_mut() {
+                    if let Some(value) = value.as_value_mut().filter(|v| v.is_str()) {
+                        visit(&format!("env.{}", name.get()), value);
+                    }
+                }
+                continue;
+            }
+        }
+        if place == Place::Model && key == "args" {
+            if let Some(args) = item.as_array_mut() {
+                for (n, value) in args.iter_mut().enumerate() {
+                    if value.is_str() {
+                        visit(&format!("args.{n}"), value);
+                    }
+                }
+                continue;
+            }
+        }
         if SECRET_KEYS.contains(&key.as_str()) && item.is_str() {
-            visit(&key, item);
+            if let Some(value) = item.as_value_mut() {
+                visit(&key, value);
+            }
         } else if let Some(inner) = item.as_table_like_mut() {
-            each_secret(inner, &mut |k, i| visit(&format!("{key}.{k}"), i));
+            let inner_place = match (place, key.as_str()) {
+                (Place::ModelMap, _) => Place::Model,
+                (_, "model_map") => Place::ModelMap,
+                _ => Place::Other,
+            };
+            each_secret(inner, inner_place, &mut |k, v| visit(&format!("{key}.{k}"), v));
         } else if let Some(array) = item.as_array_of_tables_mut() {
             for (n, inner) in array.iter_mut().enumerate() {
-                each_secret(inner, &mut |k, i| visit(&format!("{key}.{n}.{k}"), i));
+                each_secret(inner, Place::Other, &mut |k, v| {
+                    visit(&format!("{key}.{n}.{k}"), v)
+                });
             }
         }
     }
+}
+
+/// Replaces `value` with `text`, keeping its comments and spacing.
+fn replace_keeping_decor(value: &mut toml_edit::Value, text: &str) {
+    let decor = value.decor().clone();
+    *value = text.into();
+    *value.decor_mut() = decor;
 }
 
 /// The config text with every secret value replaced by [`REDACTED`].
@@ -323,12 +374,8 @@ pub fn redact(text: &str) -> String {
     let Ok(mut doc) = text.parse::<DocumentMut>() else {
         return String::new();
     };
-    each_secret(doc.as_table_mut(), &mut |_, item| {
-        if let Some(v) = item.as_value_mut() {
-            let decor = v.decor().clone();
-            *v = REDACTED.into();
-            *v.decor_mut() = decor;
-        }
+    each_secret(doc.as_table_mut(), Place::Other, &mut |_, value| {
+        replace_keeping_decor(value, REDACTED)
     });
     doc.to_string()
 }
@@ -338,8 +385,8 @@ pub fn redact(text: &str) -> String {
 pub fn restore_secrets(new: &str, old: &str) -> Result<String, String> {
     let mut secrets = std::collections::HashMap::new();
     if let Ok(mut doc) = old.parse::<DocumentMut>() {
-        each_secret(doc.as_table_mut(), &mut |path, item| {
-            if let Some(v) = item.as_str() {
+        each_secret(doc.as_table_mut(), Place::Other, &mut |path, value| {
+            if let Some(v) = value.as_str() {
                 secrets.insert(path.to_string(), v.to_string());
             }
         });
@@ -348,16 +395,10 @@ pub fn restore_secrets(new: &str, old: &str) -> Result<String, String> {
         .parse()
         .map_err(|e| format!("the config file is not valid TOML: {e}"))?;
     let mut missing = None;
-    each_secret(doc.as_table_mut(), &mut |path, item| {
-        if item.as_str() == Some(REDACTED) {
+    each_secret(doc.as_table_mut(), Place::Other, &mut |path, value| {
+        if value.as_str() == Some(REDACTED) {
             match secrets.get(path) {
-                Some(secret) => {
-                    if let Some(v) = item.as_value_mut() {
-                        let decor = v.decor().clone();
-                        *v = secret.as_str().into();
-                        *v.decor_mut() = decor;
-                    }
-                }
+                Some(secret) => replace_keeping_decor(value, secret),
                 None => missing = Some(path.to_string()),
             }
         }
@@ -396,6 +437,15 @@ mod tests {
 
     const FILE: &str =
         "# my relay\n[proxy]\n# keep me\nmax_queue_len = 50\nfallback_upstream_unused = 1\n";
+
+    #[test]
+    fn model_env_values_and_args_are_redacted_and_restored() {
+        let text = "[worker.model_map.x]\nllama_server = \"/opt/ls\"\nargs = [\"--api-key\", \"sk-live\"] # keys\nenv = { HF_TOKEN = \"hf-secret\" }\n";
+        let shown = redact(text);
+        assert!(!shown.contains("sk-live") && !shown.contains("hf-secret"), "{shown}");
+        assert!(shown.contains("HF_TOKEN") && shown.contains("/opt/ls") && shown.contains("# keys"), "{shown}");
+        assert_eq!(restore_secrets(&shown, text).unwrap(), text);
+    }
 
     #[test]
     fn model_aliases_are_applied_live_and_other_proxy_settings_need_a_restart() {

@@ -7,6 +7,7 @@ pub mod aliases;
 pub mod auth;
 mod completed_event;
 pub mod control;
+pub mod guard;
 pub mod http;
 pub mod hub;
 pub mod response;
@@ -28,7 +29,7 @@ use tokio::task::JoinHandle;
 
 use aliases::{LiveAliases, ModelAliases};
 use auth::{FailureLimiter, FailureLimits};
-use control::{AdminAccess, AdminToken, NodeInfo, SharedNodeInfo};
+use control::{AdminAccess, AdminToken, NodeInfo, SharedNodeInfo, TokenOrigin};
 use hub::{Hub, HubSettings};
 use responses_store::{ResponsesStore, StoreLimits};
 use scheduler::{ProviderLimits, Scheduler};
@@ -90,6 +91,13 @@ pub struct ProxyConfig {
     pub fallback_upstream: Option<String>,
     /// The token the control API requires (see `docs/admin-api.md`).
     pub admin_token: Option<AdminToken>,
+    /// Where `admin_token` came from: configured (it then guards every control route, even on
+    /// loopback) or generated and stored in a file (named in the errors that ask for it).
+    pub admin_token_origin: TokenOrigin,
+    /// Host names besides this machine's own that requests may carry (`allowed_hosts`).
+    pub allowed_hosts: Vec<String>,
+    /// Web origins allowed to call `/v1` cross-origin (`cors_origins`).
+    pub cors_origins: Vec<String>,
 }
 
 impl ProxyConfig {
@@ -115,6 +123,9 @@ impl ProxyConfig {
             upstreams: Vec::new(),
             fallback_upstream: None,
             admin_token: None,
+            admin_token_origin: TokenOrigin::Configured,
+            allowed_hosts: Vec::new(),
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -192,7 +203,17 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
             drain_timeout: config.drain_timeout,
         },
     );
-    let admin = AdminAccess::new(config.admin_token.clone(), addr.ip().is_loopback());
+    let admin = AdminAccess::new(
+        config.admin_token.clone(),
+        config.admin_token_origin.clone(),
+        addr.ip().is_loopback(),
+    );
+    let site = guard::SiteGuard::new(
+        addr.ip().is_loopback(),
+        &guard::SiteGuard::machine_names(),
+        &config.allowed_hosts,
+        &config.cors_origins,
+    );
     let node: SharedNodeInfo = Arc::new(watch::Sender::new(NodeInfo::proxy_only(addr)));
     let closing = Arc::new(watch::Sender::new(false));
     let aliases = Arc::new(LiveAliases::new(config.aliases.clone()));
@@ -221,7 +242,8 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
     let app = http::routes()
         .merge(control::routes(admin))
         .with_state(state)
-        .merge(extra);
+        .merge(extra)
+        .layer(axum::middleware::from_fn_with_state(site, guard::guard));
     Built {
         app,
         hub,

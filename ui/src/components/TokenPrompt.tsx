@@ -44,8 +44,9 @@ export function TokenPrompt({ onAccepted, hadToken }: { onAccepted: () => void; 
       >
         <h2 id="token-title">Admin token required</h2>
         <p class="muted">
-          This relay listens beyond this machine, so its control API needs the admin token. It was printed when the
-          relay started, and is stored in the <code>admin-token</code> file of its data directory.
+          This relay listens beyond this machine (or its owner set a token), so its control API needs the admin token.
+          It is the one configured with <code>MODELRELAY_ADMIN_TOKEN</code>, or the one stored in the{' '}
+          <code>admin-token</code> file of the relay's data directory (the start-up banner says where).
         </p>
         <label class="field">
           <span>Admin token</span>

@@ -20,35 +20,85 @@ impl std::fmt::Debug for AdminToken {
     }
 }
 
+/// Where the admin token came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenOrigin {
+    /// Set on purpose (`MODELRELAY_ADMIN_TOKEN`, `--admin-token`, `admin_token` in the file): it
+    /// then guards every control route, even on loopback.
+    Configured,
+    /// Generated on first run and kept in this file (owner-only).
+    Stored(std::path::PathBuf),
+}
+
+impl TokenOrigin {
+    /// One line for the start-up banner.
+    pub fn short(&self) -> String {
+        match self {
+            TokenOrigin::Configured => {
+                "as configured (MODELRELAY_ADMIN_TOKEN, --admin-token or the config file)".to_string()
+            }
+            TokenOrigin::Stored(path) => format!("stored in {}", path.display()),
+        }
+    }
+
+    /// Where a person finds the token, for messages that ask for it.
+    pub fn describe(&self) -> String {
+        match self {
+            TokenOrigin::Configured => "the admin token configured for this node \
+                 (MODELRELAY_ADMIN_TOKEN, --admin-token or admin_token in the config file)"
+                .to_string(),
+            TokenOrigin::Stored(path) => format!(
+                "the admin token stored in {} (readable only by the user running ModelRelay)",
+                path.display()
+            ),
+        }
+    }
+}
+
 /// The control API's access rule.
 #[derive(Debug, Clone)]
 pub struct AdminAccess {
-    /// The configured token.
+    /// The token: configured, or generated and stored.
     token: Option<Arc<AdminToken>>,
-    /// Whether requests must present it (the listener is reachable beyond loopback, or a token
-    /// was configured on purpose).
+    /// Where it came from.
+    origin: TokenOrigin,
+    /// Whether every control request must present it (the listener is reachable beyond
+    /// loopback, or a token was configured on purpose). Without that, only changes that make
+    /// the node run a program or send a secret elsewhere need it ([`AdminAccess::elevated`]).
     required: bool,
 }
 
 /// Origins of the desktop app's webview (Tauri serves its pages from these), the only origins
 /// allowed to call the control API cross-origin.
-const DESKTOP_ORIGINS: &[&str] = &["tauri://localhost", "http://tauri.localhost"];
+pub(crate) const DESKTOP_ORIGINS: &[&str] = &["tauri://localhost", "http://tauri.localhost"];
+
+/// The one control route that takes the token in its query: `EventSource` cannot set headers.
+const QUERY_TOKEN_PATH: &str = "/api/events";
+
+/// The error code of a request that needs the admin token for what it changes.
+pub const ELEVATION_CODE: &str = "admin_token_needed";
 
 impl AdminAccess {
-    /// The rule for a node listening on a loopback address or not, with `token` configured.
-    pub fn new(token: Option<AdminToken>, loopback_only: bool) -> Self {
+    /// The rule for a node listening on a loopback address or not, with `token` from `origin`.
+    pub fn new(token: Option<AdminToken>, origin: TokenOrigin, loopback_only: bool) -> Self {
         AdminAccess {
-            required: token.is_some() || !loopback_only,
+            required: (token.is_some() && origin == TokenOrigin::Configured) || !loopback_only,
             token: token.map(Arc::new),
+            origin,
         }
     }
 
-    /// Whether a token is needed.
+    /// Where the token came from.
+    pub fn token_origin(&self) -> &TokenOrigin {
+        &self.origin
+    }
+
+    /// Whether a token is needed for every control route.
     pub fn required(&self) -> bool {
         self.required
     }
 
-    fn check(&self, headers: &HeaderMap, query: Option<&str>) -> Result<(), ApiError> {
+    fn check(&self, headers: &HeaderMap, path: &str, query: Option<&str>) -> Result<(), ApiError> {
         if !self.required {
             return Ok(());
         }
@@ -57,13 +107,43 @@ impl AdminAccess {
                 "this node listens beyond loopback and has no admin token: set MODELRELAY_ADMIN_TOKEN (or --admin-token) and restart",
             ));
         };
+        let query = (path == QUERY_TOKEN_PATH).then_some(query).flatten();
         match presented_token(headers, query) {
             Some(token) if secrets_match(&token, &expected.0) => Ok(()),
             Some(_) => Err(unauthorized(
-                "wrong admin token: use the one in MODELRELAY_ADMIN_TOKEN, or the one printed when the relay started",
+                "wrong admin token: use the one in MODELRELAY_ADMIN_TOKEN, or the one in the admin-token file of the data directory",
             )),
             None => Err(unauthorized(
-                "the control API needs the admin token: send `Authorization: Bearer TOKEN` (or `?token=` for event streams)",
+                "the control API needs the admin token: send `Authorization: Bearer TOKEN` (or `?token=` on /api/events)",
+            )),
+        }
+    }
+
+    /// Whether a request may make a change that runs a program or sends a secret elsewhere
+    /// (`what` names it): only with the admin token in a header, wherever the request comes
+    /// from. The refusal says where the token is.
+    pub fn elevated(&self, headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
+        let where_it_is = self.origin.describe();
+        let Some(expected) = self.token.as_deref() else {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                ELEVATION_CODE,
+                format!("{what} needs the admin token, and this node has none: set MODELRELAY_ADMIN_TOKEN and restart"),
+            ));
+        };
+        match presented_token(headers, None) {
+            Some(token) if secrets_match(&token, &expected.0) => Ok(()),
+            Some(_) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                ELEVATION_CODE,
+                format!("wrong admin token: {what} needs {where_it_is}"),
+            )),
+            None => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                ELEVATION_CODE,
+                format!(
+                    "{what} needs {where_it_is}; send it as `Authorization: Bearer TOKEN` (the dashboard asks for it)"
+                ),
             )),
         }
     }
@@ -145,7 +225,11 @@ pub async fn guard(State(access): State<AdminAccess>, request: Request, next: Ne
         }
         return response;
     }
-    let mut response = match access.check(request.headers(), request.uri().query()) {
+    let mut response = match access.check(
+        request.headers(),
+        request.uri().path(),
+        request.uri().query(),
+    ) {
         Ok(()) => next.run(request).await,
         Err(error) => error.into_response(Dialect::OpenAi),
     };
@@ -171,26 +255,36 @@ mod tests {
 
     #[test]
     fn loopback_without_a_token_is_open() {
-        let access = AdminAccess::new(None, true);
+        let access = AdminAccess::new(None, TokenOrigin::Configured, true);
         assert!(!access.required());
-        assert!(access.check(&HeaderMap::new(), None).is_ok());
+        assert!(access.check(&HeaderMap::new(), "/api/status", None).is_ok());
     }
 
     #[test]
     fn beyond_loopback_the_token_is_required_in_any_of_its_three_places() {
-        let access = AdminAccess::new(Some(AdminToken("s3cret".into())), false);
-        assert!(access.check(&HeaderMap::new(), None).is_err());
+        let access = AdminAccess::new(
+            Some(AdminToken("s3cret".into())),
+            TokenOrigin::Configured,
+            false,
+        );
+        assert!(access.check(&HeaderMap::new(), "/api/status", None).is_err());
         assert!(access
-            .check(&headers(&[("authorization", "Bearer s3cret")]), None)
+            .check(&headers(&[("authorization", "Bearer s3cret")]), "/api/status", None)
             .is_ok());
         assert!(access
-            .check(&headers(&[("x-admin-token", "s3cret")]), None)
+            .check(&headers(&[("x-admin-token", "s3cret")]), "/api/status", None)
             .is_ok());
         assert!(access
-            .check(&HeaderMap::new(), Some("a=1&token=s3cret"))
+            .check(&HeaderMap::new(), "/api/events", Some("a=1&token=s3cret"))
             .is_ok());
+        assert!(
+            access
+                .check(&HeaderMap::new(), "/api/join-code", Some("token=s3cret"))
+                .is_err(),
+            "?token= is for the event stream only"
+        );
         let wrong = access
-            .check(&headers(&[("authorization", "Bearer nope")]), None)
+            .check(&headers(&[("authorization", "Bearer nope")]), "/api/status", None)
             .unwrap_err();
         assert!(
             wrong.message.contains("wrong admin token"),
@@ -201,17 +295,36 @@ mod tests {
 
     #[test]
     fn beyond_loopback_without_a_configured_token_everything_is_refused_with_advice() {
-        let access = AdminAccess::new(None, false);
+        let access = AdminAccess::new(None, TokenOrigin::Configured, false);
         let error = access
-            .check(&headers(&[("authorization", "Bearer x")]), None)
+            .check(&headers(&[("authorization", "Bearer x")]), "/api/status", None)
             .unwrap_err();
         assert!(error.message.contains("MODELRELAY_ADMIN_TOKEN"));
     }
 
     #[test]
     fn a_configured_token_is_enforced_on_loopback_too() {
-        let access = AdminAccess::new(Some(AdminToken("t".into())), true);
+        let access = AdminAccess::new(Some(AdminToken("t".into())), TokenOrigin::Configured, true);
         assert!(access.required());
+    }
+
+    #[test]
+    fn a_generated_token_leaves_loopback_open_but_guards_elevated_changes() {
+        let stored = TokenOrigin::Stored("/data/admin-token".into());
+        let access = AdminAccess::new(Some(AdminToken("t0k".into())), stored, true);
+        assert!(!access.required());
+        assert!(access.check(&HeaderMap::new(), "/api/config", None).is_ok());
+        let refused = access.elevated(&HeaderMap::new(), "changing worker.backend_url").unwrap_err();
+        assert_eq!(refused.status, StatusCode::FORBIDDEN);
+        assert_eq!(refused.code, ELEVATION_CODE);
+        assert!(refused.message.contains("/data/admin-token"), "{}", refused.message);
+        let wrong = access
+            .elevated(&headers(&[("authorization", "Bearer nope")]), "x")
+            .unwrap_err();
+        assert!(wrong.message.contains("wrong admin token"), "{}", wrong.message);
+        assert!(access
+            .elevated(&headers(&[("authorization", "Bearer t0k")]), "x")
+            .is_ok());
     }
 
     #[test]
@@ -231,7 +344,7 @@ mod tests {
     fn debug_never_shows_the_token() {
         let shown = format!(
             "{:?}",
-            AdminAccess::new(Some(AdminToken("hunter2".into())), false)
+            AdminAccess::new(Some(AdminToken("hunter2".into())), TokenOrigin::Configured, false)
         );
         assert!(!shown.contains("hunter2"), "{shown}");
     }

@@ -20,7 +20,7 @@ use serde_json::json;
 use super::AppState;
 use crate::dialect::{ApiError, Dialect};
 use crate::lifecycle::ModelStatus;
-pub use auth::{AdminAccess, AdminToken};
+pub use auth::{AdminAccess, AdminToken, TokenOrigin};
 
 /// Which parts of the relay a node runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,66 @@
+import { useEffect, useRef, useState } from 'preact/hooks';
+
+/**
+ * Asks for the admin token when a save changes what the node runs or where it sends secrets.
+ * Those changes need the token even on this machine, so a web page the user visits can never
+ * make them. The relay's message names the settings and where the token file is.
+ */
+export function ElevationPrompt({
+  message,
+  onSubmit,
+  onCancel,
+}: {
+  message: string;
+  onSubmit: (token: string) => void;
+  onCancel: () => void;
+}) {
+  const [value, setValue] = useState('');
+  const input = useRef<HTMLInputElement>(null);
+  useEffect(() => input.current?.focus(), []);
+
+  const submit = (e: Event) => {
+    e.preventDefault();
+    const candidate = value.trim();
+    if (candidate) onSubmit(candidate);
+  };
+
+  return (
+    <div class="overlay">
+      <form
+        class="dialog card"
+        role="dialog"
+        aria-modal="true"
+        aria-labelledby="elevation-title"
+        onSubmit={submit}
+        data-testid="elevation-prompt"
+      >
+        <h2 id="elevation-title">This change needs the admin token</h2>
+        <p class="muted">
+          Settings that choose which programs this node starts, or where it sends secrets, are protected by the admin
+          token even on this machine, so that no web page you visit can change them.
+        </p>
+        <div class="alert alert-info" data-testid="elevation-message">
+          {message}
+        </div>
+        <label class="field">
+          <span>Admin token</span>
+          <input
+            ref={input}
+            type="password"
+            autocomplete="current-password"
+            value={value}
+            onInput={(e) => setValue((e.target as HTMLInputElement).value)}
+          />
+        </label>
+        <div class="row-end">
+          <button class="btn" type="button" onClick={onCancel}>
+            Cancel
+          </button>
+          <button class="btn btn-primary" type="submit" disabled={!value.trim()}>
+            Save with token
+          </button>
+        </div>
+      </form>
+    </div>
+  );
+}
