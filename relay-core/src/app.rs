@@ -104,22 +104,25 @@ pub fn data_dir() -> PathBuf {
 
 /// The stored worker secret, created on first use with 32 random characters (owner-only file).
 pub fn stored_secret(create: bool) -> Result<Option<String>, AppError> {
-    stored_value("worker-secret", create)
+    stored_value(&data_dir(), "worker-secret", create)
 }
 
-/// Where the generated admin token is stored.
-pub fn admin_token_path() -> PathBuf {
-    data_dir().join("admin-token")
+/// Where the generated admin token is stored in the data directory `dir`.
+pub fn admin_token_path(dir: &std::path::Path) -> PathBuf {
+    dir.join(ADMIN_TOKEN_FILE)
 }
 
-/// The stored admin token of the control API, created on first use like the worker secret.
-pub fn stored_admin_token() -> Result<String, AppError> {
-    Ok(stored_value("admin-token", true)?.expect("created when missing"))
+const ADMIN_TOKEN_FILE: &str = "admin-token";
+
+/// The admin token of the control API stored in the data directory `dir`, created on first use
+/// like the worker secret.
+pub fn stored_admin_token(dir: &std::path::Path) -> Result<String, AppError> {
+    Ok(stored_value(dir, ADMIN_TOKEN_FILE, true)?.expect("created when missing"))
 }
 
-/// A generated secret kept in the data directory file `name`.
-fn stored_value(name: &str, create: bool) -> Result<Option<String>, AppError> {
-    let path = data_dir().join(name);
+/// A generated secret kept in the file `name` of the data directory `dir`.
+fn stored_value(dir: &std::path::Path, name: &str, create: bool) -> Result<Option<String>, AppError> {
+    let path = dir.join(name);
     let failure = |reason: String| AppError::Secret {
         path: path.clone(),
         reason,

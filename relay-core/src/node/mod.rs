@@ -198,8 +198,9 @@ impl Node {
         // Every node has a token: on loopback it guards only the changes that run programs or
         // send secrets elsewhere, beyond loopback (or when configured) every control route.
         if proxy_config.admin_token.is_none() {
-            proxy_config.admin_token = Some(AdminToken(app::stored_admin_token()?));
-            proxy_config.admin_token_origin = TokenOrigin::Stored(app::admin_token_path());
+            let dir = options.data_dir.clone().unwrap_or_else(app::data_dir);
+            proxy_config.admin_token = Some(AdminToken(app::stored_admin_token(&dir)?));
+            proxy_config.admin_token_origin = TokenOrigin::Stored(app::admin_token_path(&dir));
         }
         let admin_token = proxy_config.admin_token.as_ref().map(|t| t.0.clone());
         let access = AdminAccess::new(

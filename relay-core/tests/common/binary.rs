@@ -98,7 +98,7 @@ pub fn modelrelay(data_dir: &Path) -> Command {
 
 /// A running child whose stdout and stderr are collected by background threads. Killed on drop.
 pub struct Running {
-    child: Child,
+    pub child: Child,
     stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
 }
@@ -376,3 +376,58 @@ pub fn unused_port() -> u16 {
         .port()
 }
 
+
+/// Sends a request and reads only the status line and headers (for streams that never end).
+pub fn exchange_head(method: &str, url: &str, headers: &[(&str, &str)]) -> Reply {
+    let rest = url.strip_prefix("http://").expect("http URL");
+    let (host, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let mut stream = TcpStream::connect(host).unwrap_or_else(|e| panic!("connect {host}: {e}"));
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("Connection: close\r\nContent-Length: 0\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("send request");
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => raw.push(byte[0]),
+            _ => break,
+        }
+    }
+    let head = String::from_utf8_lossy(&raw).trim_end().to_string();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    Reply {
+        status,
+        head,
+        body: String::new(),
+    }
+}
+
+/// The child processes of `pid` (Linux: /proc/PID/task/*/children); empty elsewhere.
+pub fn child_pids(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut children: Vec<u32> = tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    children.sort_unstable();
+    children.dedup();
+    children
+}

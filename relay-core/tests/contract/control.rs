@@ -32,7 +32,7 @@ async fn start_node(roles: Roles, backend: Option<&str>, listen: &str) -> (Node,
             ..WorkerArgs::default()
         },
         roles: Some(roles),
-        data_dir: None,
+        data_dir: Some(dir.dir.clone()),
     })
     .await
     .expect("node starts");
