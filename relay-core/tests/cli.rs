@@ -67,7 +67,7 @@ fn health_reports_its_fields_and_the_in_process_worker_connects() {
 }
 
 #[test]
-fn banner_shows_url_and_join_command_and_secret_file_is_private() {
+fn banner_shows_url_and_join_command_and_where_the_private_secret_file_is() {
     let data = TempDir::new("banner");
     let mut command = modelrelay(data.path());
     command.args(["--listen", "127.0.0.1:0"]);
@@ -95,9 +95,12 @@ fn banner_shows_url_and_join_command_and_secret_file_is_private() {
         "join command names the port: {join}"
     );
     assert!(
-        join.trim_end()
-            .ends_with(&format!("--worker-secret {secret}")),
-        "join command carries the stored secret: {join}"
+        !stdout.contains(secret),
+        "the banner names the secret's file, never the secret: {stdout}"
+    );
+    assert!(
+        stdout.contains(&secret_path.display().to_string()),
+        "the banner says where the secret is: {stdout}"
     );
     #[cfg(unix)]
     {
@@ -119,8 +122,8 @@ fn restart_reuses_the_stored_secret() {
         let mut command = modelrelay(data.path());
         command.args(["serve", "--listen", "127.0.0.1:0"]);
         let mut relay = Running::spawn(command);
-        let join = relay.wait_for_stdout_line("--worker-secret ");
-        secrets.push(join.rsplit(' ').next().unwrap().to_string());
+        let url = relay.relay_url();
+        secrets.push(get_json(&format!("{url}/api/join-code"))["secret"].to_string());
         relay.terminate_cleanly();
     }
     assert_eq!(secrets[0], secrets[1]);

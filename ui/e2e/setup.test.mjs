@@ -1,4 +1,6 @@
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
 import { afterEach, test } from 'node:test';
 import { chat, cleanup, launchBrowser, startMockBackend, startRelay, status, waitFor } from './helpers.mjs';
 
@@ -47,8 +49,21 @@ test('setup wizard discovers the mock backend and joins a proxy-only relay', { t
   await page.locator('[data-testid="join-test-result"][data-ok="true"]').waitFor({ timeout: 20_000 });
   assert.match(await result.innerText(), /Connection works\./);
 
+  // Joining another proxy changes where this node's worker sends its secret: the relay asks for
+  // the admin token even on loopback, and the dialog says where the token file is.
   await page.getByRole('button', { name: 'Join', exact: true }).click();
+  const elevation = page.getByTestId('elevation-prompt');
+  await elevation.waitFor({ timeout: 20_000 });
+  const tokenFile = path.join(nodeA.dataDir, 'admin-token');
+  const said = await page.getByTestId('elevation-message').innerText();
+  assert.ok(said.includes(tokenFile), `the dialog names ${tokenFile}: ${said}`);
+  await elevation.getByLabel('Admin token', { exact: true }).fill('not-the-token');
+  await elevation.getByRole('button', { name: 'Save with token' }).click();
+  await page.getByTestId('elevation-message').getByText(/wrong admin token/).waitFor({ timeout: 20_000 });
+  await elevation.getByLabel('Admin token', { exact: true }).fill(readFileSync(tokenFile, 'utf8').trim());
+  await elevation.getByRole('button', { name: 'Save with token' }).click();
   await page.getByTestId('join-result').waitFor({ timeout: 20_000 });
+  assert.equal(await elevation.count(), 0, 'the dialog closes once the token is accepted');
 
   // Proxy B now lists node A's worker, serving the mock's model.
   await waitFor(async () => (await status(proxyB)).workers.some((w) => w.models.includes('mock-model')), {

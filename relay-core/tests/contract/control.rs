@@ -385,9 +385,14 @@ async fn beyond_loopback_the_control_api_requires_the_admin_token() {
 
 #[tokio::test]
 async fn on_loopback_without_a_token_the_control_api_is_open() {
-    let (node, _dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
-    assert!(node.admin_token().is_none());
-    assert_eq!(get_json(&node.url(), "/api/status", &[]).await.0, 200);
+    let (node, dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    // A token exists (generated into the data directory) for guarded changes, but plain
+    // control requests need none.
+    let stored = std::fs::read_to_string(dir.dir.join("admin-token")).expect("token stored");
+    assert_eq!(node.admin_token().as_deref(), Some(stored.trim()));
+    let (status, body) = get_json(&node.url(), "/api/status", &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["node"]["admin_token_required"], false, "{body}");
     node.shutdown().await;
 }
 
@@ -725,8 +730,18 @@ async fn a_join_code_from_one_node_joins_another_nodes_worker_to_it() {
     .await;
     let (_, code) = get_json(&hub_node.url(), "/api/join-code", &[]).await;
     assert!(code["code"].as_str().unwrap().starts_with("mrj1."));
-    let (status, body) = post_json(
+    // Where this box's worker connects is a guarded setting: the join carries the box's token.
+    let unauthorised = post_json(
         &format!("{}/api/join", box_node.url()),
+        &json!({"code": code["code"]}),
+    )
+    .await;
+    assert_eq!(unauthorised.0, 403, "{}", unauthorised.1);
+    assert_eq!(unauthorised.1["error"]["code"], "admin_token_needed");
+    let (status, body) = send_json(
+        http()
+            .post(format!("{}/api/join", box_node.url()))
+            .bearer_auth(box_node.admin_token().expect("every node has a token")),
         &json!({"code": code["code"]}),
     )
     .await;
