@@ -513,6 +513,30 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Hostile Host and Origin values never panic the guard, and a name under someone
+        /// else's domain is never taken for this machine's, however it is dressed up.
+        #[test]
+        fn hostile_host_and_origin_values_are_refused_without_panicking(
+            label in "[a-z0-9.-]{0,20}",
+            noise in "\\PC{0,40}",
+            port in proptest::option::of(0u32..70000),
+        ) {
+            let g = guard(true);
+            let port = port.map(|p| format!(":{p}")).unwrap_or_default();
+            let rebinding = format!("{label}.evil.example{port}");
+            proptest::prop_assert!(!g.host_allowed(&rebinding), "{}", rebinding);
+            let _ = g.host_allowed(&noise);
+            if let Ok(value) = HeaderValue::from_str(&noise) {
+                let mut headers = HeaderMap::new();
+                headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
+                headers.insert(header::ORIGIN, value);
+                let kind = g.origin_kind(&headers, true);
+                proptest::prop_assert!(kind != OriginKind::Own || noise.ends_with("127.0.0.1:8080"));
+            }
+        }
+    }
+
     #[test]
     fn host_values_are_split_from_their_port() {
         assert_eq!(host_name_part("a.example:80"), "a.example");
