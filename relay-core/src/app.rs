@@ -121,7 +121,11 @@ pub fn stored_admin_token(dir: &std::path::Path) -> Result<String, AppError> {
 }
 
 /// A generated secret kept in the file `name` of the data directory `dir`.
-fn stored_value(dir: &std::path::Path, name: &str, create: bool) -> Result<Option<String>, AppError> {
+fn stored_value(
+    dir: &std::path::Path,
+    name: &str,
+    create: bool,
+) -> Result<Option<String>, AppError> {
     let path = dir.join(name);
     let failure = |reason: String| AppError::Secret {
         path: path.clone(),
@@ -223,7 +227,10 @@ fn print_banner(node: &Node, secret_source: &SecretSource) {
     } else {
         println!("  The proxy role is off: this node only runs its worker.");
     }
-    println!("  Admin token:         {}", node.admin_token_origin().short());
+    println!(
+        "  Admin token:         {}",
+        node.admin_token_origin().short()
+    );
     if !roles.proxy {
         return;
     }
@@ -266,7 +273,9 @@ impl SecretSource {
                 "as configured (--worker-secret, WORKER_SECRET or the config file)".to_string()
             }
             SecretSource::File(path) => format!("in {}", path.display()),
-            SecretSource::Stored => format!("stored in {}", data_dir().join("worker-secret").display()),
+            SecretSource::Stored => {
+                format!("stored in {}", data_dir().join("worker-secret").display())
+            }
         }
     }
 

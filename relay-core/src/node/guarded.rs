@@ -115,10 +115,7 @@ mod tests {
         let new = "[worker.model_map.x]\nstart_script = \"/usr/bin/touch\"\nargs = [\"pwned\"]\n";
         assert_eq!(
             changed("", new),
-            [
-                "worker.model_map.x.args",
-                "worker.model_map.x.start_script"
-            ]
+            ["worker.model_map.x.args", "worker.model_map.x.start_script"]
         );
     }
 

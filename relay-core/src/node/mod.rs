@@ -20,10 +20,10 @@ use tokio::task::JoinHandle;
 use crate::app::{self, AppError};
 use crate::cli::{ProxyArgs, WorkerArgs};
 use crate::config::{self, FileConfig};
+use crate::dialect::ApiError;
 use crate::discovery::{self, DiscoveredBackend, DiscoveryOptions};
 use crate::lan;
 use crate::proxy::aliases::LiveAliases;
-use crate::dialect::ApiError;
 use crate::proxy::control::{AdminAccess, AdminToken, OwnWorker, SharedNodeInfo, TokenOrigin};
 use crate::proxy::hub::Hub;
 use crate::proxy::{self, RunningProxy};
@@ -215,10 +215,10 @@ impl Node {
             listener,
             api::routes(slot.clone(), access.clone()),
         )
-            .map_err(|e| AppError::Listen {
-                address,
-                reason: e.to_string(),
-            })?;
+        .map_err(|e| AppError::Listen {
+            address,
+            reason: e.to_string(),
+        })?;
         let node = Node {
             inner: Arc::new(Inner {
                 config_path,

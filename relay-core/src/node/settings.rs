@@ -351,7 +351,9 @@ fn each_secret(
                 (_, "model_map") => Place::ModelMap,
                 _ => Place::Other,
             };
-            each_secret(inner, inner_place, &mut |k, v| visit(&format!("{key}.{k}"), v));
+            each_secret(inner, inner_place, &mut |k, v| {
+                visit(&format!("{key}.{k}"), v)
+            });
         } else if let Some(array) = item.as_array_of_tables_mut() {
             for (n, inner) in array.iter_mut().enumerate() {
                 each_secret(inner, Place::Other, &mut |k, v| {
@@ -442,8 +444,14 @@ mod tests {
     fn model_env_values_and_args_are_redacted_and_restored() {
         let text = "[worker.model_map.x]\nllama_server = \"/opt/ls\"\nargs = [\"--api-key\", \"sk-live\"] # keys\nenv = { HF_TOKEN = \"hf-secret\" }\n";
         let shown = redact(text);
-        assert!(!shown.contains("sk-live") && !shown.contains("hf-secret"), "{shown}");
-        assert!(shown.contains("HF_TOKEN") && shown.contains("/opt/ls") && shown.contains("# keys"), "{shown}");
+        assert!(
+            !shown.contains("sk-live") && !shown.contains("hf-secret"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("HF_TOKEN") && shown.contains("/opt/ls") && shown.contains("# keys"),
+            "{shown}"
+        );
         assert_eq!(restore_secrets(&shown, text).unwrap(), text);
     }
 

@@ -166,11 +166,9 @@ impl SiteGuard {
             .unwrap_or_default();
         let own = host_ok
             && !host.is_empty()
-            && origin
-                .split_once("://")
-                .is_some_and(|(scheme, rest)| {
-                    matches!(scheme, "http" | "https") && rest.eq_ignore_ascii_case(host)
-                });
+            && origin.split_once("://").is_some_and(|(scheme, rest)| {
+                matches!(scheme, "http" | "https") && rest.eq_ignore_ascii_case(host)
+            });
         if own {
             return OriginKind::Own;
         }
@@ -204,15 +202,29 @@ fn marked_cross_site(headers: &HeaderMap) -> bool {
         .is_some_and(|site| !matches!(site, "same-origin" | "none"))
 }
 
-fn forbidden(path: &str, code: &'static str, message: String) -> Response {
-    let mut response =
-        ApiError::new(StatusCode::FORBIDDEN, code, message).into_response(Dialect::for_path(path));
-    add_headers(&mut response, Area::of(path));
-    response
+/// Why a request is refused: its error code and message.
+#[derive(Debug)]
+struct Refusal {
+    code: &'static str,
+    message: String,
 }
 
-/// The verdict on one request: `Err` is the refusal to send.
-fn check(guard: &SiteGuard, request: &Request) -> Result<OriginKind, Response> {
+fn forbidden(code: &'static str, message: String) -> Refusal {
+    Refusal { code, message }
+}
+
+impl Refusal {
+    /// The 403 in the dialect of `path`, with the area's headers.
+    fn into_response(self, path: &str) -> Response {
+        let mut response = ApiError::new(StatusCode::FORBIDDEN, self.code, self.message)
+            .into_response(Dialect::for_path(path));
+        add_headers(&mut response, Area::of(path));
+        response
+    }
+}
+
+/// The verdict on one request: how its origin relates to this node, or why it is refused.
+fn check(guard: &SiteGuard, request: &Request) -> Result<OriginKind, Refusal> {
     let path = request.uri().path();
     let area = Area::of(path);
     let headers = request.headers();
@@ -222,7 +234,6 @@ fn check(guard: &SiteGuard, request: &Request) -> Result<OriginKind, Response> {
     if !host_ok && (guard.0.loopback_listener || area != Area::Clients) {
         let host = host.unwrap_or_default();
         return Err(forbidden(
-            path,
             "host_not_allowed",
             format!(
                 "Host {host:?} is not a name of this machine, so this request may come from a \
@@ -242,7 +253,6 @@ fn check(guard: &SiteGuard, request: &Request) -> Result<OriginKind, Response> {
             };
             if foreign {
                 return Err(forbidden(
-                    path,
                     "cross_site_request",
                     "the control API answers only the dashboard's own pages and the desktop \
                      app; this request came from another site"
@@ -256,7 +266,6 @@ fn check(guard: &SiteGuard, request: &Request) -> Result<OriginKind, Response> {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("null");
             return Err(forbidden(
-                path,
                 "origin_not_allowed",
                 format!(
                     "requests from web pages of {shown:?} are not allowed: if this web app \
@@ -275,7 +284,7 @@ fn check(guard: &SiteGuard, request: &Request) -> Result<OriginKind, Response> {
 pub async fn guard(State(guard): State<SiteGuard>, request: Request, next: Next) -> Response {
     let origin = match check(&guard, &request) {
         Ok(origin) => origin,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(request.uri().path()),
     };
     let area = Area::of(request.uri().path());
     let cors_origin = (area == Area::Clients && origin == OriginKind::Configured)
@@ -372,8 +381,10 @@ mod tests {
         builder.body(Body::empty()).unwrap()
     }
 
-    fn refusal_code(result: Result<OriginKind, Response>) -> Option<StatusCode> {
-        result.err().map(|response| response.status())
+    fn refusal_code(result: Result<OriginKind, Refusal>) -> Option<StatusCode> {
+        result
+            .err()
+            .map(|refusal| refusal.into_response("/api/x").status())
     }
 
     #[test]
@@ -422,7 +433,10 @@ mod tests {
     #[test]
     fn beyond_loopback_an_unknown_host_may_use_v1_but_not_the_control_plane() {
         let g = guard(false);
-        let v1 = check(&g, &request("POST", "/v1/chat/completions", &[("host", "ai.lan")]));
+        let v1 = check(
+            &g,
+            &request("POST", "/v1/chat/completions", &[("host", "ai.lan")]),
+        );
         assert!(v1.is_ok());
         let api = check(&g, &request("GET", "/api/status", &[("host", "ai.lan")]));
         assert_eq!(refusal_code(api), Some(StatusCode::FORBIDDEN));
@@ -450,7 +464,11 @@ mod tests {
         }
         let marked = check(
             &g,
-            &request("POST", "/api/config", &[host, ("sec-fetch-site", "same-site")]),
+            &request(
+                "POST",
+                "/api/config",
+                &[host, ("sec-fetch-site", "same-site")],
+            ),
         );
         assert_eq!(refusal_code(marked), Some(StatusCode::FORBIDDEN));
     }
@@ -486,7 +504,10 @@ mod tests {
             &request(
                 "POST",
                 "/v1/chat/completions",
-                &[("host", "evil.example:8080"), ("origin", "http://evil.example:8080")],
+                &[
+                    ("host", "evil.example:8080"),
+                    ("origin", "http://evil.example:8080"),
+                ],
             ),
         );
         assert_eq!(refusal_code(verdict), Some(StatusCode::FORBIDDEN));
@@ -498,13 +519,21 @@ mod tests {
         let host = ("host", "127.0.0.1:8080");
         let foreign = check(
             &g,
-            &request("POST", "/v1/messages", &[host, ("origin", "http://evil.example")]),
+            &request(
+                "POST",
+                "/v1/messages",
+                &[host, ("origin", "http://evil.example")],
+            ),
         )
         .unwrap_err();
-        assert_eq!(foreign.status(), StatusCode::FORBIDDEN);
+        assert_eq!(foreign.code, "origin_not_allowed");
         let configured = check(
             &g,
-            &request("POST", "/v1/messages", &[host, ("origin", "https://CHAT.example/")]),
+            &request(
+                "POST",
+                "/v1/messages",
+                &[host, ("origin", "https://CHAT.example/")],
+            ),
         );
         assert_eq!(configured.ok(), Some(OriginKind::Configured));
         assert_eq!(

@@ -376,7 +376,6 @@ pub fn unused_port() -> u16 {
         .port()
 }
 
-
 /// Sends a request and reads only the status line and headers (for streams that never end).
 pub fn exchange_head(method: &str, url: &str, headers: &[(&str, &str)]) -> Reply {
     let rest = url.strip_prefix("http://").expect("http URL");

@@ -17,7 +17,8 @@ use crate::binary::*;
 const USER_CONFIG: &str = "# my settings\n[proxy]\nmax_queue_len = 50\n";
 
 /// What a web page tries to make the node run.
-const LAUNCH_ATTACK: &str = "[worker.model_map.x]\nstart_script = \"/usr/bin/touch\"\nargs = [\"created-by-a-web-page\"]\n";
+const LAUNCH_ATTACK: &str =
+    "[worker.model_map.x]\nstart_script = \"/usr/bin/touch\"\nargs = [\"created-by-a-web-page\"]\n";
 
 /// A zero-configuration relay with a known config file and data directory.
 struct Relay {
@@ -124,9 +125,12 @@ fn config_body(toml: &str) -> String {
 }
 
 fn error_code(reply: &Reply) -> String {
-    let body: Value = serde_json::from_str(&reply.body)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {reply:?}"));
-    body["error"]["code"].as_str().unwrap_or_default().to_string()
+    let body: Value =
+        serde_json::from_str(&reply.body).unwrap_or_else(|e| panic!("not JSON ({e}): {reply:?}"));
+    body["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 #[test]
@@ -147,7 +151,10 @@ fn a_rebinding_host_cannot_read_the_join_code() {
     assert_eq!(own.status, 200, "{own:?}");
     assert!(own.body.contains(&relay.secret()));
     assert_eq!(own.header("cache-control").as_deref(), Some("no-store"));
-    assert_eq!(own.header("x-content-type-options").as_deref(), Some("nosniff"));
+    assert_eq!(
+        own.header("x-content-type-options").as_deref(),
+        Some("nosniff")
+    );
 }
 
 #[test]
@@ -311,19 +318,31 @@ fn a_cross_site_text_plain_post_cannot_refresh_drain_or_load() {
     let attacks: [(&str, &[(&str, &str)]); 4] = [
         (
             "/api/models/refresh",
-            &[("Origin", "http://evil.example"), ("Content-Type", "text/plain")],
+            &[
+                ("Origin", "http://evil.example"),
+                ("Content-Type", "text/plain"),
+            ],
         ),
         (
             "/api/models/refresh",
-            &[("Sec-Fetch-Site", "cross-site"), ("Content-Type", "text/plain")],
+            &[
+                ("Sec-Fetch-Site", "cross-site"),
+                ("Content-Type", "text/plain"),
+            ],
         ),
         (
             "/api/lifecycle/x/load",
-            &[("Origin", "null"), ("Content-Type", "application/x-www-form-urlencoded")],
+            &[
+                ("Origin", "null"),
+                ("Content-Type", "application/x-www-form-urlencoded"),
+            ],
         ),
         (
             "drain",
-            &[("Origin", "http://127.0.0.1:1"), ("Content-Type", "text/plain")],
+            &[
+                ("Origin", "http://127.0.0.1:1"),
+                ("Content-Type", "text/plain"),
+            ],
         ),
     ];
     for (path, headers) in attacks {
@@ -360,7 +379,10 @@ fn v1_refuses_a_foreign_origin_in_the_routes_dialect_and_serves_configured_ones(
     let chat = exchange(
         "POST",
         &format!("{}/v1/chat/completions", relay.url),
-        &[("Origin", "http://evil.example"), ("Content-Type", "text/plain")],
+        &[
+            ("Origin", "http://evil.example"),
+            ("Content-Type", "text/plain"),
+        ],
         Some("{\"model\":\"m\",\"messages\":[]}"),
     );
     assert_eq!(chat.status, 403, "{chat:?}");
@@ -415,7 +437,10 @@ fn the_ui_is_served_with_a_csp_that_forbids_framing_and_sniffing() {
     assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
     assert!(csp.contains("script-src 'self'"), "{csp}");
     assert_eq!(page.header("x-frame-options").as_deref(), Some("DENY"));
-    assert_eq!(page.header("x-content-type-options").as_deref(), Some("nosniff"));
+    assert_eq!(
+        page.header("x-content-type-options").as_deref(),
+        Some("nosniff")
+    );
 }
 
 #[test]
@@ -450,7 +475,10 @@ fn the_banner_says_where_the_secrets_are_and_never_prints_them() {
     assert!(!stdout.contains(&relay.admin_token()), "{stdout}");
     let data = relay.data.path().display().to_string();
     assert!(stdout.contains(&format!("{data}/admin-token")), "{stdout}");
-    assert!(stdout.contains(&format!("{data}/worker-secret")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("{data}/worker-secret")),
+        "{stdout}"
+    );
     relay.running.terminate_cleanly();
 }
 

@@ -35,7 +35,8 @@ impl TokenOrigin {
     pub fn short(&self) -> String {
         match self {
             TokenOrigin::Configured => {
-                "as configured (MODELRELAY_ADMIN_TOKEN, --admin-token or the config file)".to_string()
+                "as configured (MODELRELAY_ADMIN_TOKEN, --admin-token or the config file)"
+                    .to_string()
             }
             TokenOrigin::Stored(path) => format!("stored in {}", path.display()),
         }
@@ -267,12 +268,22 @@ mod tests {
             TokenOrigin::Configured,
             false,
         );
-        assert!(access.check(&HeaderMap::new(), "/api/status", None).is_err());
         assert!(access
-            .check(&headers(&[("authorization", "Bearer s3cret")]), "/api/status", None)
+            .check(&HeaderMap::new(), "/api/status", None)
+            .is_err());
+        assert!(access
+            .check(
+                &headers(&[("authorization", "Bearer s3cret")]),
+                "/api/status",
+                None
+            )
             .is_ok());
         assert!(access
-            .check(&headers(&[("x-admin-token", "s3cret")]), "/api/status", None)
+            .check(
+                &headers(&[("x-admin-token", "s3cret")]),
+                "/api/status",
+                None
+            )
             .is_ok());
         assert!(access
             .check(&HeaderMap::new(), "/api/events", Some("a=1&token=s3cret"))
@@ -284,7 +295,11 @@ mod tests {
             "?token= is for the event stream only"
         );
         let wrong = access
-            .check(&headers(&[("authorization", "Bearer nope")]), "/api/status", None)
+            .check(
+                &headers(&[("authorization", "Bearer nope")]),
+                "/api/status",
+                None,
+            )
             .unwrap_err();
         assert!(
             wrong.message.contains("wrong admin token"),
@@ -297,7 +312,11 @@ mod tests {
     fn beyond_loopback_without_a_configured_token_everything_is_refused_with_advice() {
         let access = AdminAccess::new(None, TokenOrigin::Configured, false);
         let error = access
-            .check(&headers(&[("authorization", "Bearer x")]), "/api/status", None)
+            .check(
+                &headers(&[("authorization", "Bearer x")]),
+                "/api/status",
+                None,
+            )
             .unwrap_err();
         assert!(error.message.contains("MODELRELAY_ADMIN_TOKEN"));
     }
@@ -314,14 +333,24 @@ mod tests {
         let access = AdminAccess::new(Some(AdminToken("t0k".into())), stored, true);
         assert!(!access.required());
         assert!(access.check(&HeaderMap::new(), "/api/config", None).is_ok());
-        let refused = access.elevated(&HeaderMap::new(), "changing worker.backend_url").unwrap_err();
+        let refused = access
+            .elevated(&HeaderMap::new(), "changing worker.backend_url")
+            .unwrap_err();
         assert_eq!(refused.status, StatusCode::FORBIDDEN);
         assert_eq!(refused.code, ELEVATION_CODE);
-        assert!(refused.message.contains("/data/admin-token"), "{}", refused.message);
+        assert!(
+            refused.message.contains("/data/admin-token"),
+            "{}",
+            refused.message
+        );
         let wrong = access
             .elevated(&headers(&[("authorization", "Bearer nope")]), "x")
             .unwrap_err();
-        assert!(wrong.message.contains("wrong admin token"), "{}", wrong.message);
+        assert!(
+            wrong.message.contains("wrong admin token"),
+            "{}",
+            wrong.message
+        );
         assert!(access
             .elevated(&headers(&[("authorization", "Bearer t0k")]), "x")
             .is_ok());
@@ -344,7 +373,11 @@ mod tests {
     fn debug_never_shows_the_token() {
         let shown = format!(
             "{:?}",
-            AdminAccess::new(Some(AdminToken("hunter2".into())), TokenOrigin::Configured, false)
+            AdminAccess::new(
+                Some(AdminToken("hunter2".into())),
+                TokenOrigin::Configured,
+                false
+            )
         );
         assert!(!shown.contains("hunter2"), "{shown}");
     }
