@@ -59,7 +59,7 @@ test('setup wizard discovers the mock backend and joins a proxy-only relay', { t
   assert.ok(said.includes(tokenFile), `the dialog names ${tokenFile}: ${said}`);
   await elevation.getByLabel('Admin token', { exact: true }).fill('not-the-token');
   await elevation.getByRole('button', { name: 'Save with token' }).click();
-  await page.getByTestId('elevation-message').getByText(/wrong admin token/).waitFor({ timeout: 20_000 });
+  await page.getByTestId('elevation-message').getByText(/Wrong admin token/).waitFor({ timeout: 20_000 });
   await elevation.getByLabel('Admin token', { exact: true }).fill(readFileSync(tokenFile, 'utf8').trim());
   await elevation.getByRole('button', { name: 'Save with token' }).click();
   await page.getByTestId('join-result').waitFor({ timeout: 20_000 });

@@ -340,7 +340,7 @@ impl Node {
             return Ok(());
         }
         let what = format!(
-            "changing {} (settings that decide which programs this node runs and where it sends secrets)",
+            "Changing {} (it decides which programs this node runs or where it sends secrets)",
             fields.join(", ")
         );
         self.inner

@@ -137,13 +137,13 @@ impl AdminAccess {
             Some(_) => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 ELEVATION_CODE,
-                format!("wrong admin token: {what} needs {where_it_is}"),
+                format!("Wrong admin token. {what} needs {where_it_is}."),
             )),
             None => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 ELEVATION_CODE,
                 format!(
-                    "{what} needs {where_it_is}; send it as `Authorization: Bearer TOKEN` (the dashboard asks for it)"
+                    "{what} needs {where_it_is}. Send it as `Authorization: Bearer TOKEN`."
                 ),
             )),
         }
@@ -347,7 +347,7 @@ mod tests {
             .elevated(&headers(&[("authorization", "Bearer nope")]), "x")
             .unwrap_err();
         assert!(
-            wrong.message.contains("wrong admin token"),
+            wrong.message.contains("Wrong admin token"),
             "{}",
             wrong.message
         );
