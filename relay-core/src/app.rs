@@ -43,6 +43,9 @@ pub enum AppError {
     /// A worker has no secret to present.
     #[error("no worker secret: pass --worker-secret (or set WORKER_SECRET) to the secret the proxy printed when it started")]
     MissingSecret,
+    /// The proxy's TLS certificate could not be loaded or generated.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::server::TlsError),
     /// `models scan` could not read its directory.
     #[error(transparent)]
     Scan(#[from] crate::lifecycle::scan::ScanError),
@@ -231,6 +234,10 @@ fn print_banner(node: &Node, secret_source: &SecretSource) {
         "  Admin token:         {}",
         node.admin_token_origin().short()
     );
+    if let Some(fingerprint) = node.fingerprint() {
+        // Workers pin this; clients can check it against what their browser or SDK shows.
+        println!("  TLS certificate:     {fingerprint}");
+    }
     if !roles.proxy {
         return;
     }
@@ -250,8 +257,12 @@ fn print_banner(node: &Node, secret_source: &SecretSource) {
         "local" => String::new(),
         other => format!(" --provider {other}"),
     };
+    let (scheme, pin) = match node.fingerprint() {
+        Some(fingerprint) => ("https", format!(" --proxy-fingerprint {fingerprint}")),
+        None => ("http", String::new()),
+    };
     println!(
-        "  WORKER_SECRET=<the worker secret> modelrelay worker --proxy-url http://{join_host}{provider}"
+        "  WORKER_SECRET=<the worker secret> modelrelay worker --proxy-url {scheme}://{join_host}{provider}{pin}"
     );
 }
 

@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::tls::Fingerprint;
 
 /// ModelRelay: one OpenAI- and Anthropic-compatible endpoint for all your GPU boxes.
 ///
@@ -138,6 +140,20 @@ pub struct ProxyArgs {
     )]
     pub cors_origins: Option<Vec<String>>,
 
+    /// Serve HTTPS with this PEM certificate (chain, leaf first); needs --tls-key. Workers pin
+    /// its fingerprint, shown at start-up and carried in the join code.
+    #[arg(long, env = "TLS_CERT", global = true, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "TLS_KEY", global = true, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// `self-signed`: serve HTTPS with a certificate generated on first run and kept in the data
+    /// directory (tls/cert.pem); workers pin its fingerprint. `off`: plain HTTP [default: off].
+    #[arg(long, env = "MODELRELAY_TLS", global = true, value_name = "MODE")]
+    pub tls: Option<TlsMode>,
+
     /// Provider name: the proxy's default provider, and the one a worker joins [default: local].
     #[arg(long, env = "PROVIDER_NAME", global = true, value_name = "NAME")]
     pub provider: Option<String>,
@@ -196,12 +212,27 @@ pub struct ProxyArgs {
     pub drain_timeout: Option<u64>,
 }
 
+/// `--tls` / `MODELRELAY_TLS` / `[proxy] tls`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TlsMode {
+    /// A certificate generated once and stored in the data directory.
+    SelfSigned,
+    /// Plain HTTP.
+    Off,
+}
+
 /// Worker flags.
 #[derive(Debug, Default, Clone, Args)]
 pub struct WorkerArgs {
     /// URL of the proxy to join; https:// connects over wss:// [default: http://127.0.0.1:8080].
     #[arg(long, env = "PROXY_URL", global = true, value_name = "URL")]
     pub proxy_url: Option<String>,
+
+    /// SHA-256 fingerprint of the proxy's certificate (sha256:<64 hex>, as its banner and join
+    /// code show): connect over wss:// and trust that certificate only, no CA needed.
+    #[arg(long, env = "PROXY_FINGERPRINT", global = true, value_name = "SHA256")]
+    pub proxy_fingerprint: Option<Fingerprint>,
 
     /// This worker's name as the proxy shows it [default: the host name].
     #[arg(long, env = "WORKER_NAME", global = true, value_name = "NAME")]

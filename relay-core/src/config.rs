@@ -17,6 +17,7 @@ use crate::lifecycle::{LifecycleConfig, LifecycleSection};
 use crate::protocol::BRIDGE_PROTOCOL_VERSION;
 use crate::proxy::scheduler::ProviderLimits;
 use crate::proxy::{ProviderConfig, ProxyConfig};
+use crate::tls::TlsSetting;
 use crate::worker::{Backends, WorkerConfig};
 
 /// The default listen address: loopback, on llama-server's usual port.
@@ -115,6 +116,12 @@ pub struct ProxyFile {
     pub upstreams: Vec<UpstreamFile>,
     /// The upstream that takes models nobody serves and requests whose queue is full.
     pub fallback_upstream: Option<String>,
+    /// `MODELRELAY_TLS`: `self-signed` (generated once, kept in the data directory) or `off`.
+    pub tls: Option<crate::cli::TlsMode>,
+    /// `TLS_CERT`: a PEM certificate to serve HTTPS with.
+    pub tls_cert: Option<PathBuf>,
+    /// `TLS_KEY`: the PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
 }
 
 /// `[[proxy.upstreams]]` in the config file. Not `Debug`: it may hold an API key.
@@ -175,6 +182,8 @@ pub struct ProviderFile {
 pub struct WorkerFile {
     /// `PROXY_URL`.
     pub proxy_url: Option<String>,
+    /// `PROXY_FINGERPRINT`: the proxy's certificate, pinned.
+    pub proxy_fingerprint: Option<crate::tls::Fingerprint>,
     /// `WORKER_SECRET`.
     pub worker_secret: Option<String>,
     /// `WORKER_NAME`.
@@ -424,6 +433,65 @@ fn upstreams(p: &ProxyFile) -> Result<Vec<crate::proxy::upstream::UpstreamConfig
     Ok(list)
 }
 
+/// Whether and how the proxy serves TLS: flags and environment decide when they say anything,
+/// else the file, else plain HTTP. Within one layer, a self-signed certificate and certificate
+/// files exclude each other, and a certificate needs its key.
+pub fn tls_setting(args: &ProxyArgs, file: &FileConfig) -> Result<TlsSetting, ConfigError> {
+    let from_args = tls_layer(
+        args.tls,
+        args.tls_cert.as_ref(),
+        args.tls_key.as_ref(),
+        "--tls/MODELRELAY_TLS",
+        "--tls-cert/TLS_CERT",
+        "--tls-key/TLS_KEY",
+    )?;
+    if let Some(setting) = from_args {
+        return Ok(setting);
+    }
+    let p = &file.proxy;
+    let from_file = tls_layer(
+        p.tls,
+        p.tls_cert.as_ref(),
+        p.tls_key.as_ref(),
+        "[proxy] tls",
+        "[proxy] tls_cert",
+        "[proxy] tls_key",
+    )?;
+    Ok(from_file.unwrap_or(TlsSetting::Off))
+}
+
+/// One layer's TLS settings; `None` when it sets none of them.
+fn tls_layer(
+    mode: Option<crate::cli::TlsMode>,
+    cert: Option<&PathBuf>,
+    key: Option<&PathBuf>,
+    mode_name: &str,
+    cert_name: &str,
+    key_name: &str,
+) -> Result<Option<TlsSetting>, ConfigError> {
+    use crate::cli::TlsMode;
+    match (mode, cert, key) {
+        (None, None, None) => Ok(None),
+        (Some(mode), None, None) => Ok(Some(match mode {
+            TlsMode::SelfSigned => TlsSetting::SelfSigned,
+            TlsMode::Off => TlsSetting::Off,
+        })),
+        (Some(_), _, _) => Err(ConfigError::Invalid(format!(
+            "{mode_name} and {cert_name}/{key_name} both given: use either a generated certificate (self-signed) or your own files, not both"
+        ))),
+        (None, Some(cert), Some(key)) => Ok(Some(TlsSetting::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+        })),
+        (None, Some(_), None) => Err(ConfigError::Invalid(format!(
+            "{cert_name} is set but {key_name} is not: give the certificate's private key too"
+        ))),
+        (None, None, Some(_)) => Err(ConfigError::Invalid(format!(
+            "{key_name} is set but {cert_name} is not: give the certificate too"
+        ))),
+    }
+}
+
 /// `[proxy] responses_store_*` over the store's defaults.
 fn responses_store_limits(p: &ProxyFile, limits: &mut crate::proxy::responses_store::StoreLimits) {
     if let Some(ttl) = p.responses_store_ttl_secs {
@@ -500,6 +568,7 @@ pub fn worker_config(
         .unwrap_or_else(|| BRIDGE_PROTOCOL_VERSION.to_string());
     Ok(WorkerConfig {
         proxy_url,
+        proxy_fingerprint: args.proxy_fingerprint.or(w.proxy_fingerprint),
         secret,
         provider: proxy_args
             .provider
@@ -784,6 +853,85 @@ mod tests {
         let empty = parse_file("[proxy.aliases]\nx = \"\"\n").unwrap();
         let error = proxy_config(&ProxyArgs::default(), &empty, "s".into()).unwrap_err();
         assert!(error.to_string().contains("empty model name"), "{error}");
+    }
+
+    #[test]
+    fn tls_comes_from_flags_over_the_file_and_conflicts_are_named() {
+        let none = FileConfig::default();
+        assert_eq!(
+            tls_setting(&ProxyArgs::default(), &none).unwrap(),
+            TlsSetting::Off
+        );
+        let file = parse_file("[proxy]\ntls = \"self-signed\"\n").unwrap();
+        assert_eq!(
+            tls_setting(&ProxyArgs::default(), &file).unwrap(),
+            TlsSetting::SelfSigned
+        );
+        let files = ProxyArgs {
+            tls_cert: Some("c.pem".into()),
+            tls_key: Some("k.pem".into()),
+            ..ProxyArgs::default()
+        };
+        assert_eq!(
+            tls_setting(&files, &file).unwrap(),
+            TlsSetting::Files {
+                cert: "c.pem".into(),
+                key: "k.pem".into()
+            },
+            "flags win over the file"
+        );
+        let off = ProxyArgs {
+            tls: Some(crate::cli::TlsMode::Off),
+            ..ProxyArgs::default()
+        };
+        assert_eq!(tls_setting(&off, &file).unwrap(), TlsSetting::Off);
+        let both = ProxyArgs {
+            tls: Some(crate::cli::TlsMode::SelfSigned),
+            ..files.clone()
+        };
+        let error = tls_setting(&both, &none).unwrap_err().to_string();
+        assert!(error.contains("not both"), "{error}");
+        let cert_only = ProxyArgs {
+            tls_cert: Some("c.pem".into()),
+            ..ProxyArgs::default()
+        };
+        let error = tls_setting(&cert_only, &none).unwrap_err().to_string();
+        assert!(error.contains("TLS_KEY"), "{error}");
+        let key_only = parse_file("[proxy]\ntls_key = \"k.pem\"\n").unwrap();
+        let error = tls_setting(&ProxyArgs::default(), &key_only)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("[proxy] tls_cert"), "{error}");
+        assert!(parse_file("[proxy]\ntls = \"maybe\"\n")
+            .unwrap_err()
+            .contains("self-signed"));
+    }
+
+    #[test]
+    fn the_worker_pin_comes_from_the_file_or_the_flag() {
+        let fingerprint = crate::tls::Fingerprint::of_der(b"cert");
+        let file = parse_file(&format!(
+            "[worker]\nproxy_fingerprint = \"{fingerprint}\"\n"
+        ))
+        .unwrap();
+        let worker = worker_config(
+            &WorkerArgs::default(),
+            &ProxyArgs::default(),
+            &file,
+            "s".into(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(worker.proxy_fingerprint, Some(fingerprint));
+        let other = crate::tls::Fingerprint::of_der(b"other");
+        let args = WorkerArgs {
+            proxy_fingerprint: Some(other),
+            ..WorkerArgs::default()
+        };
+        let worker = worker_config(&args, &ProxyArgs::default(), &file, "s".into(), None).unwrap();
+        assert_eq!(worker.proxy_fingerprint, Some(other));
+        let error = parse_file("[worker]\nproxy_fingerprint = \"abc\"\n").unwrap_err();
+        assert!(error.contains("64 hex digits"), "{error}");
     }
 
     #[test]

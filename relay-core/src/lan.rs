@@ -43,6 +43,10 @@ pub struct LanProxy {
     pub version: Option<String>,
     /// The model provider behind the proxy (TXT `provider`), if it said.
     pub provider: Option<String>,
+    /// The SHA-256 fingerprint of the proxy's TLS certificate (TXT `fingerprint`): join it
+    /// pinned to this. Only as trustworthy as the LAN it came from; the join code from the
+    /// proxy's own dashboard is the authoritative copy.
+    pub fingerprint: Option<crate::tls::Fingerprint>,
 }
 
 /// What went wrong while announcing a proxy on the LAN.
@@ -185,7 +189,8 @@ impl Drop for Announcement {
 }
 
 /// Announces a proxy listening on `port` under the instance name `name` (e.g. the host
-/// name), with TXT records `version=<crate version>`, `provider=<provider>` and `path=/`.
+/// name), with TXT records `version=<crate version>`, `provider=<provider>`, `path=/` and
+/// `scheme=http`, or with a TLS certificate `scheme=https` and `fingerprint=sha256:<hex>`.
 /// The addresses are those of this host's interfaces, filled in by `mdns-sd`
 /// (`enable_addr_auto`).
 ///
@@ -199,8 +204,13 @@ impl Drop for Announcement {
 /// is 0, or if the mDNS daemon cannot be started or refuses the service. Name conflicts with
 /// another host are found only later, while probing: the daemon then renames this instance
 /// (`name (2)`), which is not an error.
-pub fn announce(name: &str, port: u16, provider: &str) -> Result<Announcement, LanError> {
-    announce_in(Scope::LAN, name, port, provider)
+pub fn announce(
+    name: &str,
+    port: u16,
+    provider: &str,
+    fingerprint: Option<crate::tls::Fingerprint>,
+) -> Result<Announcement, LanError> {
+    announce_in(Scope::LAN, name, port, provider, fingerprint)
 }
 
 fn announce_in(
@@ -208,12 +218,19 @@ fn announce_in(
     name: &str,
     port: u16,
     provider: &str,
+    fingerprint: Option<crate::tls::Fingerprint>,
 ) -> Result<Announcement, LanError> {
     validate_instance_name(name)?;
     if port == 0 {
         return Err(LanError::InvalidPort);
     }
-    let info = service_info(name, &mdns_host_name(&host_name()), port, provider)?;
+    let info = service_info(
+        name,
+        &mdns_host_name(&host_name()),
+        port,
+        provider,
+        fingerprint,
+    )?;
     let fullname = info.get_fullname().to_string();
 
     let daemon = scope.start_daemon()?;
@@ -234,12 +251,25 @@ fn service_info(
     mdns_host: &str,
     port: u16,
     provider: &str,
+    fingerprint: Option<crate::tls::Fingerprint>,
 ) -> Result<ServiceInfo, LanError> {
-    let txt = [
+    let fingerprint = fingerprint.map(|f| f.to_string());
+    let mut txt = vec![
         ("version", env!("CARGO_PKG_VERSION")),
         ("provider", provider),
         ("path", "/"),
+        (
+            "scheme",
+            if fingerprint.is_some() {
+                "https"
+            } else {
+                "http"
+            },
+        ),
     ];
+    if let Some(fingerprint) = &fingerprint {
+        txt.push(("fingerprint", fingerprint));
+    }
     ServiceInfo::new(SERVICE_TYPE, name, mdns_host, "", port, &txt[..])
         .map(ServiceInfo::enable_addr_auto)
         .map_err(|source| LanError::ServiceInfo {
@@ -349,13 +379,21 @@ fn lan_proxy(service: &ResolvedService) -> LanProxy {
             .filter(|value| !value.is_empty())
             .map(str::to_string)
     };
+    // A fingerprint that does not parse is dropped: the wizard then offers a plain join,
+    // which the proxy's TLS refuses, rather than a pin nobody can satisfy.
+    let fingerprint = txt("fingerprint").and_then(|f| f.parse().ok());
+    let mut url = proxy_url(&addresses, &host, port);
+    if fingerprint.is_some() || txt("scheme").as_deref() == Some("https") {
+        url = url.replacen("http://", "https://", 1);
+    }
     LanProxy {
         name: instance_name(service.get_fullname()),
-        url: proxy_url(&addresses, &host, port),
+        url,
         host,
         port,
         version: txt("version"),
         provider: txt("provider"),
+        fingerprint,
     }
 }
 
@@ -501,8 +539,34 @@ mod tests {
                 port: 8080,
                 version: Some("1.2.3".into()),
                 provider: Some("ollama".into()),
+                fingerprint: None,
             }
         );
+    }
+
+    #[test]
+    fn a_tls_proxy_is_found_with_https_and_its_fingerprint() {
+        let fingerprint = crate::tls::Fingerprint::of_der(b"certificate");
+        let info = service_info("studio", "studio.local.", 9000, "p", Some(fingerprint)).unwrap();
+        assert_eq!(info.get_property_val_str("scheme"), Some("https"));
+        let text = fingerprint.to_string();
+        assert_eq!(
+            info.get_property_val_str("fingerprint"),
+            Some(text.as_str())
+        );
+        let service = resolved(
+            "studio",
+            "studio.local.",
+            "192.168.1.20",
+            &[("scheme", "https"), ("fingerprint", text.as_str())],
+        );
+        let proxy = lan_proxy(&service);
+        assert_eq!(proxy.url, "https://192.168.1.20:8080");
+        assert_eq!(proxy.fingerprint, Some(fingerprint));
+        let json = serde_json::to_value(&proxy).unwrap();
+        assert_eq!(json["fingerprint"], text.as_str());
+        let damaged = resolved("x", "x.local.", "10.0.0.5", &[("fingerprint", "sha256:00")]);
+        assert_eq!(lan_proxy(&damaged).fingerprint, None);
     }
 
     #[test]
@@ -557,9 +621,9 @@ mod tests {
             let err = validate_instance_name(&bad).unwrap_err();
             assert!(matches!(err, LanError::InvalidName { .. }), "{err}");
         }
-        let err = announce("", 8080, "ollama").unwrap_err();
+        let err = announce("", 8080, "ollama", None).unwrap_err();
         assert!(err.to_string().contains("is empty"), "{err}");
-        let err = announce("studio", 0, "ollama").unwrap_err();
+        let err = announce("studio", 0, "ollama", None).unwrap_err();
         assert!(matches!(err, LanError::InvalidPort), "{err}");
     }
 
@@ -580,10 +644,12 @@ mod tests {
 
     #[test]
     fn service_info_carries_the_txt_records() {
-        let info = service_info("studio", "studio.local.", 9000, "llama.cpp").unwrap();
+        let info = service_info("studio", "studio.local.", 9000, "llama.cpp", None).unwrap();
         assert_eq!(info.get_fullname(), "studio._modelrelay._tcp.local.");
         assert_eq!(info.get_property_val_str("provider"), Some("llama.cpp"));
         assert_eq!(info.get_property_val_str("path"), Some("/"));
+        assert_eq!(info.get_property_val_str("scheme"), Some("http"));
+        assert_eq!(info.get_property_val_str("fingerprint"), None);
         assert_eq!(
             info.get_property_val_str("version"),
             Some(env!("CARGO_PKG_VERSION"))
@@ -611,7 +677,7 @@ mod tests {
                 .unwrap()
                 .subsec_nanos()
         );
-        let announcement = announce_in(TEST_SCOPE, &name, 47_123, "test-provider").unwrap();
+        let announcement = announce_in(TEST_SCOPE, &name, 47_123, "test-provider", None).unwrap();
         let fullname = announcement.fullname().to_string();
 
         // Probing delays the announcement by about 750 ms; the bound is only for failure.

@@ -15,4 +15,5 @@ pub mod lifecycle;
 pub mod node;
 pub mod protocol;
 pub mod proxy;
+pub mod tls;
 pub mod worker;

@@ -239,6 +239,10 @@ fn help_mentions_every_documented_environment_variable() {
         "BACKEND_URL",
         "MODELS",
         "MAX_CONCURRENCY",
+        "TLS_CERT",
+        "TLS_KEY",
+        "MODELRELAY_TLS",
+        "PROXY_FINGERPRINT",
     ]
     .into_iter()
     .filter(|name| !stdout.contains(name))

@@ -161,6 +161,8 @@ struct JoinRequest {
     proxy_url: Option<String>,
     secret: Option<String>,
     provider: Option<String>,
+    /// The proxy's certificate fingerprint (a LAN proxy found by discovery shows it).
+    fingerprint: Option<String>,
 }
 
 impl JoinRequest {
@@ -183,7 +185,14 @@ impl JoinRequest {
             .secret
             .filter(|s| !s.is_empty())
             .ok_or_else(|| invalid("`secret` is required: the proxy's worker secret"))?;
+        let fingerprint = self
+            .fingerprint
+            .filter(|f| !f.trim().is_empty())
+            .map(|f| f.parse::<crate::tls::Fingerprint>())
+            .transpose()
+            .map_err(|e| invalid(format!("`fingerprint`: {e}")))?;
         Ok(JoinDetails {
+            fingerprint,
             url,
             secret,
             provider: self
@@ -212,7 +221,8 @@ async fn test_join(body: Result<Json<JoinRequest>, JsonRejection>) -> Answer {
 /// Opens the proxy's worker WebSocket with the secret and hangs up: proves the URL, the
 /// provider and the secret without registering.
 pub async fn probe_proxy(details: &JoinDetails) -> Result<(), String> {
-    let url = crate::worker::connect_url(&details.url, &details.provider)?;
+    let pin = details.fingerprint;
+    let url = crate::worker::connect_url(&details.url, &details.provider, pin.is_some())?;
     let mut request = url
         .as_str()
         .into_client_request()
@@ -226,7 +236,7 @@ pub async fn probe_proxy(details: &JoinDetails) -> Result<(), String> {
     );
     let attempt = tokio::time::timeout(
         JOIN_TEST_TIMEOUT,
-        tokio_tungstenite::connect_async(request),
+        crate::worker::dial(request, pin, None),
     )
     .await
     .map_err(|_| {
@@ -236,8 +246,13 @@ pub async fn probe_proxy(details: &JoinDetails) -> Result<(), String> {
             JOIN_TEST_TIMEOUT.as_secs()
         )
     })?;
+    if let Err(error) = &attempt {
+        if let Some(message) = crate::worker::pin_mismatch_message(&details.url, error) {
+            return Err(message);
+        }
+    }
     match attempt {
-        Ok((mut socket, _)) => {
+        Ok(mut socket) => {
             let _ = socket.close(None).await;
             Ok(())
         }
@@ -267,11 +282,17 @@ async fn join(
     let own = super::same_proxy(&details.url, &node.url());
     // Joining this node's own proxy needs no stored URL or secret: the defaults point there.
     let patch = if own {
-        json!({"roles": {"worker": true}, "worker": {"proxy_url": null, "worker_secret": null}})
+        json!({"roles": {"worker": true}, "worker": {"proxy_url": null, "worker_secret": null, "proxy_fingerprint": null}})
     } else {
+        // A join without a fingerprint removes an earlier pin (`null`), so it cannot outlive
+        // the proxy it was for.
         json!({
             "roles": {"worker": true},
-            "worker": {"proxy_url": details.url, "worker_secret": details.secret},
+            "worker": {
+                "proxy_url": details.url,
+                "worker_secret": details.secret,
+                "proxy_fingerprint": details.fingerprint,
+            },
         })
     };
     node.save_settings(&patch, Caller::Request(&headers))
@@ -293,11 +314,13 @@ async fn join_code(State(slot): State<NodeSlot>) -> Answer {
         url: node.url(),
         secret: node.secret().to_string(),
         provider: node.provider().to_string(),
+        fingerprint: node.fingerprint(),
     };
     Ok(Json(json!({
         "url": details.url,
         "secret": details.secret,
         "provider": details.provider,
+        "fingerprint": details.fingerprint,
         "code": join_code::encode(&details),
     }))
     .into_response())

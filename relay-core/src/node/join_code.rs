@@ -1,7 +1,9 @@
 //! One-line join codes: a proxy URL, its worker secret and provider in one pasteable string.
 //!
-//! Format: `mrj1.` followed by the base64url (no padding) of `{"url","secret","provider"}`. The
-//! version prefix lets a later format be told apart from this one.
+//! Format: `mrj1.` followed by the base64url (no padding) of `{"url","secret","provider"}`, plus
+//! `"fingerprint"` when the proxy serves TLS with its own certificate. The field is optional, so
+//! codes made before it existed still decode; the version prefix lets a later, incompatible
+//! format be told apart from this one.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -19,6 +21,10 @@ pub struct JoinDetails {
     /// The provider to join.
     #[serde(default = "default_provider")]
     pub provider: String,
+    /// The SHA-256 fingerprint of the proxy's certificate: the worker connects over `wss://` and
+    /// trusts that certificate only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<crate::tls::Fingerprint>,
 }
 
 fn default_provider() -> String {
@@ -64,6 +70,7 @@ mod tests {
             url: "http://192.168.1.20:8080".into(),
             secret: "abc/+=secret".into(),
             provider: "lab".into(),
+            fingerprint: None,
         }
     }
 
@@ -76,6 +83,55 @@ mod tests {
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)));
         assert_eq!(decode(&code).unwrap(), details());
         assert_eq!(decode(&format!("  {code}\n")).unwrap(), details());
+    }
+
+    #[test]
+    fn a_code_carries_the_certificate_fingerprint_when_there_is_one() {
+        let pinned = JoinDetails {
+            url: "https://192.168.1.20:8080".into(),
+            fingerprint: Some(crate::tls::Fingerprint::of_der(b"certificate")),
+            ..details()
+        };
+        let code = encode(&pinned);
+        assert_eq!(decode(&code).unwrap(), pinned);
+        let json = URL_SAFE_NO_PAD.decode(&code[PREFIX.len()..]).unwrap();
+        let json = String::from_utf8(json).unwrap();
+        assert!(
+            json.contains(&format!(
+                "\"fingerprint\":\"{}\"",
+                pinned.fingerprint.unwrap()
+            )),
+            "{json}"
+        );
+        // Without TLS the field is left out, so the code is what older versions made.
+        assert!(
+            !String::from_utf8(URL_SAFE_NO_PAD.decode(&encode(&details())[5..]).unwrap())
+                .unwrap()
+                .contains("fingerprint")
+        );
+    }
+
+    #[test]
+    fn a_code_from_before_fingerprints_still_decodes() {
+        let old = format!(
+            "{PREFIX}{}",
+            URL_SAFE_NO_PAD
+                .encode(r#"{"url":"http://10.0.0.2:8080","secret":"s","provider":"local"}"#)
+        );
+        let details = decode(&old).unwrap();
+        assert_eq!(details.url, "http://10.0.0.2:8080");
+        assert_eq!(details.fingerprint, None);
+    }
+
+    #[test]
+    fn a_damaged_fingerprint_is_refused() {
+        let bad = format!(
+            "{PREFIX}{}",
+            URL_SAFE_NO_PAD.encode(
+                r#"{"url":"https://10.0.0.2:8080","secret":"s","fingerprint":"sha256:abc"}"#
+            )
+        );
+        assert!(decode(&bad).unwrap_err().contains("fingerprint"));
     }
 
     #[test]

@@ -150,6 +150,8 @@ struct Inner {
     worker_args: WorkerArgs,
     data_dir: Option<PathBuf>,
     addr: SocketAddr,
+    /// The certificate's fingerprint when the proxy serves TLS (then the node's URL is https).
+    fingerprint: Option<crate::tls::Fingerprint>,
     secret: String,
     provider: String,
     admin_token: Option<String>,
@@ -195,6 +197,13 @@ impl Node {
         })?;
         let secret = app::proxy_secret(options.proxy_args.worker_secret.as_ref(), &file)?;
         let mut proxy_config = config::proxy_config(&options.proxy_args, &file, secret.clone())?;
+        let tls_setting = config::tls_setting(&options.proxy_args, &file)?;
+        proxy_config.tls = crate::tls::ServerTls::for_setting(
+            &tls_setting,
+            &options.data_dir.clone().unwrap_or_else(app::data_dir),
+            &crate::tls::server::self_signed_names(&lan::host_name(), addr.ip()),
+        )?;
+        let fingerprint = proxy_config.tls.as_ref().map(|tls| tls.fingerprint());
         // Every node has a token: on loopback it guards only the changes that run programs or
         // send secrets elsewhere, beyond loopback (or when configured) every control route.
         if proxy_config.admin_token.is_none() {
@@ -226,6 +235,7 @@ impl Node {
                 worker_args: options.worker_args,
                 data_dir: options.data_dir,
                 addr,
+                fingerprint,
                 secret,
                 provider,
                 admin_token,
@@ -258,7 +268,17 @@ impl Node {
 
     /// The base URL of this node (dashboard, API and, with the proxy role, clients).
     pub fn url(&self) -> String {
-        format!("http://{}", self.inner.addr)
+        let scheme = if self.inner.fingerprint.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.inner.addr)
+    }
+
+    /// The SHA-256 fingerprint of the certificate the proxy serves, when it serves TLS.
+    pub fn fingerprint(&self) -> Option<crate::tls::Fingerprint> {
+        self.inner.fingerprint
     }
 
     /// The address it listens on.
@@ -478,6 +498,10 @@ impl Node {
         if let Some(dir) = &self.inner.data_dir {
             config.data_dir = dir.clone();
         }
+        if joins_self && self.inner.fingerprint.is_some() {
+            // Its own certificate: no CA vouches for a generated one, the pin does.
+            config.proxy_fingerprint = self.inner.fingerprint;
+        }
         if let Backends::Discover(options) = &mut config.backends {
             options.exclude_ports.push(self.inner.addr.port());
         }
@@ -635,6 +659,7 @@ impl Node {
                     &lan::host_name(),
                     self.inner.addr.port(),
                     &self.inner.provider,
+                    self.inner.fingerprint,
                 ) {
                     Ok(handle) => *announcement = Some(handle),
                     Err(error) => {

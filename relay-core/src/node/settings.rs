@@ -104,6 +104,7 @@ const FIELDS: &[(&str, &str, Kind)] = &[
     ("proxy", "aliases", Kind::TextMap),
     ("proxy", "default_model", Kind::Text),
     ("worker", "proxy_url", Kind::Text),
+    ("worker", "proxy_fingerprint", Kind::Text),
     ("worker", "worker_secret", Kind::Text),
     ("worker", "worker_name", Kind::Text),
     ("worker", "backend_url", Kind::Text),

@@ -98,6 +98,8 @@ pub struct ProxyConfig {
     pub allowed_hosts: Vec<String>,
     /// Web origins allowed to call `/v1` cross-origin (`cors_origins`).
     pub cors_origins: Vec<String>,
+    /// The certificate to serve HTTPS with; plain HTTP when `None`.
+    pub tls: Option<crate::tls::ServerTls>,
 }
 
 impl ProxyConfig {
@@ -126,6 +128,7 @@ impl ProxyConfig {
             admin_token_origin: TokenOrigin::Configured,
             allowed_hosts: Vec::new(),
             cors_origins: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -160,6 +163,7 @@ pub struct AppState {
 pub struct RunningProxy {
     /// Where it listens.
     pub addr: SocketAddr,
+    scheme: &'static str,
     /// Its routing state.
     pub hub: Arc<Hub>,
     /// What the dashboard shows about the node; the embedding node keeps it current.
@@ -214,7 +218,11 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
         &config.allowed_hosts,
         &config.cors_origins,
     );
-    let node: SharedNodeInfo = Arc::new(watch::Sender::new(NodeInfo::proxy_only(addr)));
+    let mut info = NodeInfo::proxy_only(addr);
+    if config.tls.is_some() {
+        info.url = format!("https://{addr}");
+    }
+    let node: SharedNodeInfo = Arc::new(watch::Sender::new(info));
     let closing = Arc::new(watch::Sender::new(false));
     let aliases = Arc::new(LiveAliases::new(config.aliases.clone()));
     let state = AppState {
@@ -266,6 +274,8 @@ pub fn start_with(
 ) -> std::io::Result<RunningProxy> {
     let addr = listener.local_addr()?;
     let drain_timeout = config.drain_timeout;
+    let tls = config.tls.as_ref().map(|tls| tls.acceptor().clone());
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let Built {
         app,
         hub,
@@ -275,11 +285,12 @@ pub fn start_with(
     } = router(config, addr, extra);
     control::spawn_sampler(&hub);
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve::serve(listener, app, async {
+    let task = tokio::spawn(serve::serve(listener, app, tls, async {
         let _ = stopped.await;
     }));
     Ok(RunningProxy {
         addr,
+        scheme,
         hub,
         node,
         closing,
@@ -293,7 +304,7 @@ pub fn start_with(
 impl RunningProxy {
     /// The base URL clients use.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// Graceful drain: refuse new work, tell workers `graceful_shutdown`, let in-flight requests

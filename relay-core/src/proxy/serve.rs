@@ -7,6 +7,10 @@
 //! connection: about 9 KB more per open stream (BENCHMARKS.md). The proxy speaks HTTP/1 only
 //! (axum's `http2` feature is off), so nothing needs detecting: hyper reads the head straight
 //! from the socket.
+//!
+//! With TLS (`--tls-cert`/`--tls-key`, `--tls self-signed`) each connection's handshake runs in
+//! that connection's task, never in the accept loop: a client that stalls mid-handshake holds only
+//! its own task (until [`HANDSHAKE_TIMEOUT`]), and the loop keeps accepting.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -16,20 +20,28 @@ use axum::extract::ConnectInfo;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 use tower_service::Service;
 
 /// How long to wait after an accept error that is not about one connection (e.g. out of file
 /// descriptors) before accepting again, so the loop does not spin while the condition lasts.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
 
-/// Serves `app` on `listener` until `stop` resolves, then stops accepting, asks every open
-/// connection to finish its current exchange (an idle keep-alive connection closes at once; a
-/// streaming answer or an upgraded WebSocket runs on) and returns when all have closed.
+/// How long a TLS client may take to finish its handshake before the connection is dropped, so
+/// idle half-open connections do not pile up.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `app` on `listener` (over TLS with `tls`) until `stop` resolves, then stops accepting,
+/// asks every open connection to finish its current exchange (an idle keep-alive connection
+/// closes at once; a streaming answer or an upgraded WebSocket runs on) and returns when all have
+/// closed.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
+    tls: Option<TlsAcceptor>,
     stop: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     // Connections watch `closing`; each holds a receiver, so `closed()` resolves when the last
@@ -43,12 +55,23 @@ pub async fn serve(
         };
         match accepted {
             Ok((stream, peer)) => {
-                tokio::spawn(serve_connection(
-                    stream,
-                    peer,
-                    app.clone(),
-                    closing.subscribe(),
-                ));
+                // Small SSE chunks must leave at once, not wait for Nagle's algorithm.
+                let _ = stream.set_nodelay(true);
+                let (app, closing) = (app.clone(), closing.subscribe());
+                match &tls {
+                    None => {
+                        tokio::spawn(serve_connection(stream, peer, app, closing));
+                    }
+                    Some(acceptor) => {
+                        tokio::spawn(serve_tls_connection(
+                            acceptor.clone(),
+                            stream,
+                            peer,
+                            app,
+                            closing,
+                        ));
+                    }
+                }
             }
             Err(error) if is_about_one_connection(&error) => {}
             Err(error) => {
@@ -73,16 +96,46 @@ fn is_about_one_connection(error: &std::io::Error) -> bool {
     )
 }
 
-/// Runs HTTP/1.1 on one connection until it closes, starting a graceful close when `closing`
-/// turns true.
-async fn serve_connection(
+/// Completes the TLS handshake on one connection, then serves it like a plain one. A handshake
+/// that fails, stalls past [`HANDSHAKE_TIMEOUT`] or is still under way when the server stops
+/// ends the connection.
+async fn serve_tls_connection(
+    acceptor: TlsAcceptor,
     stream: TcpStream,
     peer: SocketAddr,
     app: Router,
     mut closing: watch::Receiver<bool>,
 ) {
-    // Small SSE chunks must leave at once, not wait for Nagle's algorithm.
-    let _ = stream.set_nodelay(true);
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+    let stream = tokio::select! {
+        outcome = handshake => match outcome {
+            Ok(Ok(stream)) => stream,
+            // Port scanners, plain-HTTP clients and workers pinned to another certificate end
+            // here: routine, so only at debug.
+            Ok(Err(error)) => {
+                tracing::debug!(%peer, %error, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        },
+        _ = closing.wait_for(|closing| *closing) => return,
+    };
+    serve_connection(stream, peer, app, closing).await;
+}
+
+/// Runs HTTP/1.1 on one connection until it closes, starting a graceful close when `closing`
+/// turns true.
+async fn serve_connection<S>(
+    stream: S,
+    peer: SocketAddr,
+    app: Router,
+    mut closing: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         request.extensions_mut().insert(ConnectInfo(peer));
         // The router is always ready; `call` needs it mutably, and a clone shares its routes.
@@ -130,7 +183,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve(listener, app, async {
+        let task = tokio::spawn(serve(listener, app, None, async {
             let _ = stopped.await;
         }));
         (addr, stop, task)
@@ -243,6 +296,52 @@ mod tests {
         tokio::time::timeout(BOUND, task)
             .await
             .expect("server returned once the answer was sent")
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn over_tls_a_stalled_handshake_does_not_hold_up_other_connections() {
+        let dir = std::env::temp_dir().join(format!(
+            "modelrelay-serve-tls-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let tls = crate::tls::ServerTls::self_signed(&dir, &["localhost".to_string()]).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let app = Router::new().route("/", get(|| async { "hello" }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, app, Some(tls.acceptor().clone()), async {
+            let _ = stopped.await;
+        }));
+        // Connected, but never says a word: its handshake waits in its own task.
+        let _stalled = TcpStream::connect(addr).await.unwrap();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let connector =
+            tokio_rustls::TlsConnector::from(crate::tls::pinned::client_config(tls.fingerprint()));
+        let mut stream = tokio::time::timeout(BOUND, connector.connect(name, tcp))
+            .await
+            .expect("handshake in time")
+            .expect("handshake");
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: relay\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(BOUND, stream.read_to_string(&mut answer))
+            .await
+            .expect("answer in time")
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("hello"), "{answer}");
+        // Stopping ends the stalled handshake too.
+        stop.send(()).unwrap();
+        tokio::time::timeout(BOUND, task)
+            .await
+            .expect("server returned in time")
             .unwrap()
             .unwrap();
     }

@@ -38,6 +38,10 @@ pub enum Backends {
 pub struct WorkerConfig {
     /// The proxy's base URL (`http://` or `https://`).
     pub proxy_url: String,
+    /// The proxy's certificate fingerprint: with one, the worker connects over `wss://` and
+    /// trusts that certificate only (no CA, no host name check); without, `https://` proxies are
+    /// checked against the public CAs and `http://` ones are plain.
+    pub proxy_fingerprint: Option<crate::tls::Fingerprint>,
     /// The provider's worker secret.
     pub secret: String,
     /// The provider to join.
@@ -78,6 +82,7 @@ impl WorkerConfig {
     pub fn new(proxy_url: &str, secret: &str, backend_url: &str) -> Self {
         WorkerConfig {
             proxy_url: proxy_url.to_string(),
+            proxy_fingerprint: None,
             secret: secret.to_string(),
             provider: "local".to_string(),
             name: "worker".to_string(),
@@ -210,21 +215,64 @@ fn backend_client(max_concurrent: u32) -> reqwest::Client {
         .expect("a client with these options always builds")
 }
 
-/// The worker endpoint URL for `proxy_url`: `http`→`ws`, `https`→`wss`.
-pub fn connect_url(proxy_url: &str, provider: &str) -> Result<String, String> {
+/// The worker endpoint URL for `proxy_url`: `http`→`ws`, `https`→`wss`; with a `pinned`
+/// certificate always `wss` (a fingerprint only means something over TLS, and a join code or a
+/// hand-typed `http://` URL with one must not quietly connect in the clear).
+pub fn connect_url(proxy_url: &str, provider: &str, pinned: bool) -> Result<String, String> {
     let trimmed = proxy_url.trim().trim_end_matches('/');
-    let rest = if let Some(rest) = trimmed.strip_prefix("https://") {
-        format!("wss://{rest}")
+    let (tls, host) = if let Some(rest) = trimmed.strip_prefix("https://") {
+        (true, rest)
     } else if let Some(rest) = trimmed.strip_prefix("http://") {
-        format!("ws://{rest}")
-    } else if trimmed.starts_with("ws://") || trimmed.starts_with("wss://") {
-        trimmed.to_string()
+        (false, rest)
+    } else if let Some(rest) = trimmed.strip_prefix("wss://") {
+        (true, rest)
+    } else if let Some(rest) = trimmed.strip_prefix("ws://") {
+        (false, rest)
     } else {
         return Err(format!(
             "PROXY_URL {proxy_url:?} must start with http:// or https://"
         ));
     };
-    Ok(format!("{rest}/v1/worker/connect?provider={provider}"))
+    let scheme = if tls || pinned { "wss" } else { "ws" };
+    Ok(format!(
+        "{scheme}://{host}/v1/worker/connect?provider={provider}"
+    ))
+}
+
+/// The worker WebSocket (or a TLS failure, or the proxy's refusal).
+pub type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Opens the worker WebSocket `request` (a `ws://` or `wss://` URL from [`connect_url`]). With a
+/// `pin` the TLS handshake trusts only the certificate with that fingerprint; without, `wss://`
+/// checks the public CAs as any HTTPS client does.
+pub async fn dial(
+    request: tokio_tungstenite::tungstenite::handshake::client::Request,
+    pin: Option<crate::tls::Fingerprint>,
+    config: Option<tokio_tungstenite::tungstenite::protocol::WebSocketConfig>,
+) -> Result<Socket, tokio_tungstenite::tungstenite::Error> {
+    let connector =
+        pin.map(|pin| tokio_tungstenite::Connector::Rustls(crate::tls::pinned::client_config(pin)));
+    // Nagle off: the worker sends small chunks that must leave at once.
+    tokio_tungstenite::connect_async_tls_with_config(request, config, true, connector)
+        .await
+        .map(|(socket, _)| socket)
+}
+
+/// What to tell the user when [`dial`] failed because the proxy's certificate is not the pinned
+/// one: both fingerprints, and what to do. `None` for any other failure.
+pub fn pin_mismatch_message(
+    proxy_url: &str,
+    error: &tokio_tungstenite::tungstenite::Error,
+) -> Option<String> {
+    let tokio_tungstenite::tungstenite::Error::Io(io) = error else {
+        return None;
+    };
+    let mismatch = crate::tls::pinned::mismatch_in(io)?;
+    Some(format!(
+        "the proxy at {proxy_url} presented certificate {}, but this worker is pinned to {}: ask the proxy's owner for a new join code (its certificate changed, or this is not the proxy you meant)",
+        mismatch.presented, mismatch.pinned
+    ))
 }
 
 #[cfg(test)]
@@ -234,15 +282,30 @@ mod tests {
     #[test]
     fn proxy_url_scheme_maps_to_websocket_scheme() {
         assert_eq!(
-            connect_url("http://proxy:8080/", "local").unwrap(),
+            connect_url("http://proxy:8080/", "local", false).unwrap(),
             "ws://proxy:8080/v1/worker/connect?provider=local"
         );
         assert_eq!(
-            connect_url("https://relay.example.com", "lab").unwrap(),
+            connect_url("https://relay.example.com", "lab", false).unwrap(),
             "wss://relay.example.com/v1/worker/connect?provider=lab"
         );
-        assert!(connect_url("proxy:8080", "local")
+        assert!(connect_url("proxy:8080", "local", false)
             .unwrap_err()
             .contains("http://"));
+    }
+
+    #[test]
+    fn a_pinned_certificate_always_means_wss() {
+        for url in [
+            "http://10.0.0.2:8080",
+            "https://10.0.0.2:8080",
+            "ws://10.0.0.2:8080",
+        ] {
+            assert_eq!(
+                connect_url(url, "local", true).unwrap(),
+                "wss://10.0.0.2:8080/v1/worker/connect?provider=local",
+                "{url}"
+            );
+        }
     }
 }

@@ -123,7 +123,8 @@ pub async fn serve(
 }
 
 async fn connect(config: &WorkerConfig) -> Result<Socket, String> {
-    let url = connect_url(&config.proxy_url, &config.provider)?;
+    let pin = config.proxy_fingerprint;
+    let url = connect_url(&config.proxy_url, &config.provider, pin.is_some())?;
     let mut request = url
         .as_str()
         .into_client_request()
@@ -136,8 +137,8 @@ async fn connect(config: &WorkerConfig) -> Result<Socket, String> {
         .read_buffer_size(READ_BUFFER_BYTES)
         .max_message_size(Some(MAX_MESSAGE_BYTES))
         .max_frame_size(Some(MAX_MESSAGE_BYTES));
-    match tokio_tungstenite::connect_async_with_config(request, Some(ws_config), true).await {
-        Ok((socket, _)) => Ok(socket),
+    match super::dial(request, pin, Some(ws_config)).await {
+        Ok(socket) => Ok(socket),
         Err(WsError::Http(response)) => {
             let status = response.status();
             let body = response
@@ -156,11 +157,15 @@ async fn connect(config: &WorkerConfig) -> Result<Socket, String> {
                 "the proxy refused the connection: HTTP {status}{hint}: {body}"
             ))
         }
-        Err(error) => Err(format!(
-            "cannot connect to the proxy at {}: {}",
-            config.proxy_url,
-            error_chain(&error)
-        )),
+        Err(error) => Err(
+            super::pin_mismatch_message(&config.proxy_url, &error).unwrap_or_else(|| {
+                format!(
+                    "cannot connect to the proxy at {}: {}",
+                    config.proxy_url,
+                    error_chain(&error)
+                )
+            }),
+        ),
     }
 }
 

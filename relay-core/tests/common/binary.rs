@@ -47,6 +47,10 @@ pub const RELAY_ENV: &[&str] = &[
     "MODELRELAY_ALLOWED_HOSTS",
     "MODELRELAY_CORS_ORIGINS",
     "WORKER_SECRET_FILE",
+    "TLS_CERT",
+    "TLS_KEY",
+    "MODELRELAY_TLS",
+    "PROXY_FINGERPRINT",
 ];
 
 /// A fresh directory under the system temp dir, removed on drop.
@@ -186,6 +190,29 @@ impl Running {
         url
     }
 
+    /// The relay URL from the startup banner of a proxy serving TLS.
+    pub fn https_relay_url(&mut self) -> String {
+        let line = self.wait_for_stdout_line("ModelRelay is serving at ");
+        let url = line
+            .split("ModelRelay is serving at ")
+            .nth(1)
+            .expect("banner has a URL")
+            .trim()
+            .to_string();
+        assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+        url
+    }
+
+    /// The certificate fingerprint from the startup banner of a proxy serving TLS.
+    pub fn banner_fingerprint(&mut self) -> String {
+        let line = self.wait_for_stdout_line("TLS certificate:");
+        line.split("TLS certificate:")
+            .nth(1)
+            .expect("banner has a fingerprint")
+            .trim()
+            .to_string()
+    }
+
     /// The exit status within `limit`, killing the child (and failing) if it is still running.
     pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
         let deadline = Instant::now() + limit;
@@ -285,6 +312,44 @@ pub fn exchange(method: &str, url: &str, headers: &[(&str, &str)], body: Option<
     let mut stream = TcpStream::connect(host).unwrap_or_else(|e| panic!("connect {host}: {e}"));
     stream.set_read_timeout(Some(WAIT)).unwrap();
     stream.set_write_timeout(Some(WAIT)).unwrap();
+    exchange_over(&mut stream, method, host, path, headers, body)
+}
+
+/// [`exchange`] over HTTPS with a proxy serving TLS, trusting only the certificate with
+/// `fingerprint` (as a pinned worker does).
+pub fn https_exchange(
+    method: &str,
+    url: &str,
+    fingerprint: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Reply {
+    let rest = url.strip_prefix("https://").expect("https URL");
+    let (host, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let pin = fingerprint.parse().expect("a fingerprint");
+    let config = relay_core::tls::pinned::client_config(pin);
+    // The pin ignores the name; rustls only needs one to start the handshake.
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let connection = rustls::ClientConnection::new(config, name).expect("TLS client");
+    let tcp = TcpStream::connect(host).unwrap_or_else(|e| panic!("connect {host}: {e}"));
+    tcp.set_read_timeout(Some(WAIT)).unwrap();
+    tcp.set_write_timeout(Some(WAIT)).unwrap();
+    let mut stream = rustls::StreamOwned::new(connection, tcp);
+    exchange_over(&mut stream, method, host, path, headers, body)
+}
+
+/// One request with `Connection: close` on `stream`, and its whole answer.
+fn exchange_over(
+    stream: &mut (impl Read + Write),
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Reply {
     let body = body.unwrap_or("");
     let has = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
     let mut request = format!("{method} {path} HTTP/1.1\r\n");
@@ -303,7 +368,13 @@ pub fn exchange(method: &str, url: &str, headers: &[(&str, &str)], body: Option<
     ));
     stream.write_all(request.as_bytes()).expect("send request");
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).expect("read response");
+    if let Err(error) = stream.read_to_end(&mut raw) {
+        // A TLS peer that closes without close_notify: the answer is complete all the same.
+        assert!(
+            error.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty(),
+            "read response: {error}"
+        );
+    }
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").expect("response head");
     let status = head

@@ -1,0 +1,337 @@
+//! The proxy's own certificate: given as PEM files (`--tls-cert`/`--tls-key`), or generated once
+//! (`--tls self-signed`) and kept in the data directory so its fingerprint, and so every join code
+//! and pinned worker, stays valid across restarts.
+
+use std::io::ErrorKind;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::TlsAcceptor;
+
+use super::fingerprint::Fingerprint;
+
+/// Where a generated certificate and its key live, under the data directory.
+pub const SELF_SIGNED_DIR: &str = "tls";
+const CERT_FILE: &str = "cert.pem";
+const KEY_FILE: &str = "key.pem";
+
+/// What the settings ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsSetting {
+    /// Plain HTTP.
+    Off,
+    /// A certificate chain and its private key, PEM files the user provides.
+    Files {
+        /// The certificate (chain), leaf first.
+        cert: PathBuf,
+        /// The private key (PKCS#8, PKCS#1 or SEC1).
+        key: PathBuf,
+    },
+    /// A certificate this node generates once and stores in its data directory.
+    SelfSigned,
+}
+
+/// Why the proxy cannot serve TLS; each names the file and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read or written.
+    #[error("TLS file {path}: {reason}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why, and what to do.
+        reason: String,
+    },
+    /// The certificate could not be generated.
+    #[error("cannot generate a self-signed certificate: {0}")]
+    Generate(String),
+    /// rustls refused the certificate and key.
+    #[error("the certificate {cert} and key {key} cannot be used: {reason}")]
+    Unusable {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+        /// rustls's reason (e.g. the key does not match the certificate).
+        reason: String,
+    },
+}
+
+/// A loaded certificate, ready to accept TLS connections.
+#[derive(Clone)]
+pub struct ServerTls {
+    acceptor: TlsAcceptor,
+    fingerprint: Fingerprint,
+    cert_path: PathBuf,
+}
+
+impl std::fmt::Debug for ServerTls {
+    // By hand: the acceptor holds the private key and has no Debug of its own.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("fingerprint", &self.fingerprint)
+            .field("cert_path", &self.cert_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerTls {
+    /// Loads what `setting` asks for; `None` for [`TlsSetting::Off`]. A self-signed certificate
+    /// is read from `data_dir`, or generated there for `names` (its subject alternative names)
+    /// when none exists yet.
+    pub fn for_setting(
+        setting: &TlsSetting,
+        data_dir: &Path,
+        names: &[String],
+    ) -> Result<Option<ServerTls>, TlsError> {
+        match setting {
+            TlsSetting::Off => Ok(None),
+            TlsSetting::Files { cert, key } => ServerTls::from_files(cert, key).map(Some),
+            TlsSetting::SelfSigned => ServerTls::self_signed(data_dir, names).map(Some),
+        }
+    }
+
+    /// Loads a PEM certificate chain and private key.
+    pub fn from_files(cert_path: &Path, key_path: &Path) -> Result<ServerTls, TlsError> {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
+            .and_then(|certs| certs.collect::<Result<_, _>>())
+            .map_err(|e| pem_error(cert_path, "certificate", e))?;
+        if certs.is_empty() {
+            return Err(TlsError::File {
+                path: cert_path.to_path_buf(),
+                reason: "no PEM certificate (-----BEGIN CERTIFICATE-----) in it".to_string(),
+            });
+        }
+        let key = PrivateKeyDer::from_pem_file(key_path)
+            .map_err(|e| pem_error(key_path, "private key", e))?;
+        let fingerprint = Fingerprint::of_der(&certs[0]);
+        let config = rustls::ServerConfig::builder_with_provider(super::provider())
+            .with_safe_default_protocol_versions()
+            .and_then(|builder| builder.with_no_client_auth().with_single_cert(certs, key))
+            .map_err(|e| TlsError::Unusable {
+                cert: cert_path.to_path_buf(),
+                key: key_path.to_path_buf(),
+                reason: e.to_string(),
+            })?;
+        let mut config = config;
+        // The proxy speaks HTTP/1.1 only: say so, so clients offering h2 settle on it at once.
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(ServerTls {
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+            fingerprint,
+            cert_path: cert_path.to_path_buf(),
+        })
+    }
+
+    /// The certificate stored in `data_dir/tls/`, generated for `names` on first use. It is
+    /// never regenerated by itself (that would break every pinned worker): delete the folder to
+    /// get a new one.
+    pub fn self_signed(data_dir: &Path, names: &[String]) -> Result<ServerTls, TlsError> {
+        let dir = data_dir.join(SELF_SIGNED_DIR);
+        let cert = dir.join(CERT_FILE);
+        let key = dir.join(KEY_FILE);
+        match (cert.exists(), key.exists()) {
+            (true, true) => {}
+            (false, false) => generate(&dir, &cert, &key, names)?,
+            (has_cert, _) => {
+                let (present, missing) = if has_cert {
+                    (&cert, &key)
+                } else {
+                    (&key, &cert)
+                };
+                return Err(TlsError::File {
+                    path: missing.clone(),
+                    reason: format!(
+                        "missing while {} exists: delete {} to generate a new certificate (workers must then join again with the new fingerprint)",
+                        present.display(),
+                        dir.display()
+                    ),
+                });
+            }
+        }
+        ServerTls::from_files(&cert, &key)
+    }
+
+    /// The acceptor the listener hands each connection to.
+    pub fn acceptor(&self) -> &TlsAcceptor {
+        &self.acceptor
+    }
+
+    /// The SHA-256 fingerprint of the certificate (the leaf of a chain).
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// The certificate file (clients that want to trust it directly can be pointed at it).
+    pub fn cert_path(&self) -> &Path {
+        &self.cert_path
+    }
+}
+
+fn pem_error(path: &Path, what: &str, error: rustls::pki_types::pem::Error) -> TlsError {
+    let reason = match error {
+        rustls::pki_types::pem::Error::Io(e) if e.kind() == ErrorKind::NotFound => {
+            "not found: check the path".to_string()
+        }
+        rustls::pki_types::pem::Error::NoItemsFound => {
+            format!("no PEM {what} in it")
+        }
+        rustls::pki_types::pem::Error::Io(e) => format!("cannot read it: {e}"),
+        other => format!("not a readable PEM {what}: {other}"),
+    };
+    TlsError::File {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// The names a generated certificate is made for: loopback, this machine's names and, when the
+/// proxy is bound to one address, that address. Not needed by pinned workers (the pin ignores
+/// names), but by clients that trust the certificate file instead (browsers, SDKs with
+/// `verify=`).
+pub fn self_signed_names(host_name: &str, bound: IpAddr) -> Vec<String> {
+    let mut names = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    // rcgen takes any IA5 (ASCII) text as a DNS name; a host name outside that is skipped
+    // rather than failing the start.
+    let host = host_name.trim();
+    if !host.is_empty() && host.is_ascii() && host != "localhost" {
+        names.push(host.to_string());
+        if !host.ends_with(".local") {
+            names.push(format!("{host}.local"));
+        }
+    }
+    if !bound.is_unspecified() && !bound.is_loopback() {
+        names.push(bound.to_string());
+    }
+    names.dedup();
+    names
+}
+
+/// Generates a certificate and key for `names` and writes them, the key readable by its owner
+/// only. The key is written first: a crash in between leaves a key without a certificate, which
+/// [`ServerTls::self_signed`] reports instead of silently regenerating.
+fn generate(dir: &Path, cert: &Path, key: &Path, names: &[String]) -> Result<(), TlsError> {
+    let write_error = |path: &Path, e: std::io::Error| TlsError::File {
+        path: path.to_path_buf(),
+        reason: format!(
+            "cannot write: {e}; check the data directory's permissions or set MODELRELAY_DATA_DIR"
+        ),
+    };
+    let mut params = rcgen::CertificateParams::new(names.to_vec())
+        .map_err(|e| TlsError::Generate(e.to_string()))?;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "ModelRelay proxy");
+    let key_pair = rcgen::KeyPair::generate().map_err(|e| TlsError::Generate(e.to_string()))?;
+    let certificate = params
+        .self_signed(&key_pair)
+        .map_err(|e| TlsError::Generate(e.to_string()))?;
+    std::fs::create_dir_all(dir).map_err(|e| write_error(dir, e))?;
+    crate::app::write_private(key, &key_pair.serialize_pem()).map_err(|e| write_error(key, e))?;
+    std::fs::write(cert, certificate.pem()).map_err(|e| write_error(cert, e))?;
+    tracing::info!(
+        cert = %cert.display(),
+        fingerprint = %Fingerprint::of_der(certificate.der()),
+        "generated a self-signed TLS certificate"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "modelrelay-tls-{name}-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_self_signed_certificate_is_generated_once_then_reused() {
+        let dir = temp_dir("once");
+        let names = self_signed_names("box", "127.0.0.1".parse().unwrap());
+        let first = ServerTls::self_signed(&dir, &names).unwrap();
+        let cert_bytes = std::fs::read(dir.join("tls/cert.pem")).unwrap();
+        let second = ServerTls::self_signed(&dir, &names).unwrap();
+        assert_eq!(first.fingerprint(), second.fingerprint());
+        assert_eq!(std::fs::read(dir.join("tls/cert.pem")).unwrap(), cert_bytes);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.join("tls/key.pem"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "the key is the owner's only");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_fingerprint_is_that_of_the_stored_certificate() {
+        let dir = temp_dir("fingerprint");
+        let tls = ServerTls::self_signed(&dir, &["localhost".to_string()]).unwrap();
+        let der = CertificateDer::from_pem_file(dir.join("tls/cert.pem")).unwrap();
+        assert_eq!(tls.fingerprint(), Fingerprint::of_der(&der));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_half_stored_certificate_is_reported_not_replaced() {
+        let dir = temp_dir("half");
+        ServerTls::self_signed(&dir, &["localhost".to_string()]).unwrap();
+        std::fs::remove_file(dir.join("tls/cert.pem")).unwrap();
+        let error = ServerTls::self_signed(&dir, &["localhost".to_string()]).unwrap_err();
+        assert!(error.to_string().contains("cert.pem"), "{error}");
+        assert!(error.to_string().contains("delete"), "{error}");
+        assert!(!dir.join("tls/cert.pem").exists(), "nothing regenerated");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn missing_or_unusable_files_name_the_file() {
+        let dir = temp_dir("files");
+        let missing = dir.join("nope.pem");
+        let error = ServerTls::from_files(&missing, &missing).unwrap_err();
+        assert!(error.to_string().contains("nope.pem"), "{error}");
+        assert!(error.to_string().contains("not found"), "{error}");
+        let garbage = dir.join("garbage.pem");
+        std::fs::write(&garbage, "hello").unwrap();
+        let error = ServerTls::from_files(&garbage, &garbage).unwrap_err();
+        assert!(error.to_string().contains("garbage.pem"), "{error}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn names_cover_loopback_the_host_its_mdns_name_and_a_specific_bound_address() {
+        let names = self_signed_names("gpu-box", "192.168.1.20".parse().unwrap());
+        for expected in [
+            "localhost",
+            "127.0.0.1",
+            "::1",
+            "gpu-box",
+            "gpu-box.local",
+            "192.168.1.20",
+        ] {
+            assert!(
+                names.iter().any(|n| n == expected),
+                "{expected} in {names:?}"
+            );
+        }
+        let wildcard = self_signed_names("gpu-box", "0.0.0.0".parse().unwrap());
+        assert!(!wildcard.iter().any(|n| n == "0.0.0.0"), "{wildcard:?}");
+    }
+}
