@@ -251,7 +251,11 @@ fn the_self_signed_certificate_is_generated_once_kept_private_and_reused_after_a
 fn the_join_code_carries_the_fingerprint_and_the_https_url() {
     let proxy = TlsProxy::start(TempDir::new("tls-join-code"));
     let answer = proxy.get("/api/join-code");
-    assert_eq!(answer["fingerprint"], proxy.fingerprint.as_str(), "{answer}");
+    assert_eq!(
+        answer["fingerprint"],
+        proxy.fingerprint.as_str(),
+        "{answer}"
+    );
     assert_eq!(answer["url"], proxy.url.as_str(), "{answer}");
     let code = answer["code"].as_str().expect("a code");
     let details = relay_core::node::join_code::decode(code).expect("the code decodes");
