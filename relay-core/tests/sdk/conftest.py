@@ -1,6 +1,10 @@
 """Fixtures: the mock backend and a real `modelrelay` process (proxy + in-process worker) in front
 of it. Nothing is built here: the binary comes from `MODELRELAY_BIN`, by default
 `<repo>/target/debug/modelrelay` (run `cargo build` first). Every wait is bounded.
+
+The shared `relay` runs twice: over plain http, and over https with `--tls self-signed`, which
+the clients trust through the generated certificate file (`verify=`), never by turning
+verification off.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -38,15 +43,20 @@ RELAY_ENV = {
     "LISTEN_ADDR", "WORKER_SECRET", "PROVIDER_NAME", "MAX_QUEUE_LEN", "QUEUE_TIMEOUT_SECS",
     "REQUEST_TIMEOUT_SECS", "MAX_BODY_BYTES", "HEARTBEAT_INTERVAL_SECS", "HEARTBEAT_TIMEOUT_SECS",
     "DRAIN_TIMEOUT_SECS", "LOG_LEVEL", "PROXY_URL", "WORKER_NAME", "BACKEND_URL", "MODELS",
-    "MAX_CONCURRENCY", "PROTOCOL_VERSION", "WORKER_DRAIN_TIMEOUT_SECS",
+    "MAX_CONCURRENCY", "PROTOCOL_VERSION", "WORKER_DRAIN_TIMEOUT_SECS", "TLS_CERT", "TLS_KEY",
+    "PROXY_FINGERPRINT",
 }
 
-URL_PATTERN = re.compile(r"ModelRelay is serving at (http://\S+)")
+URL_PATTERN = re.compile(r"ModelRelay is serving at (https?://\S+)")
 
 
-def http_get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
-    """GET `url` without any proxy; returns (status, parsed JSON body)."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+def http_get_json(url: str, timeout: float = 5.0, ca_file: Path | None = None) -> tuple[int, dict]:
+    """GET `url` without any proxy, trusting `ca_file` for https; returns (status, parsed JSON
+    body)."""
+    handlers: list = [urllib.request.ProxyHandler({})]
+    if ca_file is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=str(ca_file))))
+    opener = urllib.request.build_opener(*handlers)
     try:
         with opener.open(url, timeout=timeout) as response:
             return response.status, json.loads(response.read())
@@ -100,6 +110,19 @@ class Relay:
         self.stdout.start()
         self.stderr.start()
         self.url = ""
+        #: The certificate to trust when the relay serves https (`--tls self-signed`).
+        self.ca_file: Path | None = None
+
+    def http_client(self, sdk):
+        """For `sdk` (the `openai` or `anthropic` module): its default HTTP client, trusting this
+        relay's certificate, for `http_client=`; None over plain http (the SDK's own default)."""
+        if self.ca_file is None:
+            return None
+        return sdk.DefaultHttpxClient(verify=ssl.create_default_context(cafile=str(self.ca_file)))
+
+    def curl_args(self) -> list[str]:
+        """curl options that trust this relay's certificate (none over plain http)."""
+        return [] if self.ca_file is None else ["--cacert", str(self.ca_file)]
 
     def output(self) -> str:
         return f"--- stdout ---\n{self.stdout.text()}\n--- stderr ---\n{self.stderr.text()}"
@@ -144,9 +167,10 @@ def backend():
         server.stop()
 
 
-def start_relay(backend: MockBackend, data_dir: Path, config_text: str | None = None) -> Relay:
+def start_relay(backend: MockBackend, data_dir: Path, config_text: str | None = None, tls: bool = False) -> Relay:
     """Starts `modelrelay --listen 127.0.0.1:0` (proxy + in-process worker) in front of `backend`
-    and waits until it lists the backend's models. `config_text` becomes its config file."""
+    and waits until it lists the backend's models. `config_text` becomes its config file; `tls`
+    serves https with a self-signed certificate (generated into `data_dir/tls/cert.pem`)."""
     # Settings from the developer's shell must not leak into the run under test.
     env = {key: value for key, value in os.environ.items() if key not in RELAY_ENV and not key.startswith("MODELRELAY_")}
     env.update(
@@ -163,6 +187,8 @@ def start_relay(backend: MockBackend, data_dir: Path, config_text: str | None = 
         }
     )
     args = [str(relay_binary()), "--listen", "127.0.0.1:0"]
+    if tls:
+        args += ["--tls", "self-signed"]
     if config_text is not None:
         config_file = data_dir / "config.toml"
         config_file.write_text(config_text)
@@ -180,6 +206,9 @@ def start_relay(backend: MockBackend, data_dir: Path, config_text: str | None = 
         if match is None:
             pytest.fail(f"modelrelay printed no URL within {STARTUP_TIMEOUT}s\n{relay.output()}", pytrace=False)
         relay.url = match.group(1).rstrip("/")
+        if tls:
+            assert relay.url.startswith("https://"), relay.url
+            relay.ca_file = data_dir / "tls" / "cert.pem"
         wait_for_models(relay, {CHAT_MODEL, EMBED_MODEL})
     except BaseException:
         relay.kill()
@@ -193,10 +222,11 @@ def assert_clean_exit(relay: Relay) -> None:
     assert code == 0, f"modelrelay did not exit 0 within {SHUTDOWN_TIMEOUT}s of SIGTERM (got {code})\n{relay.output()}"
 
 
-@pytest.fixture(scope="session")
-def relay(backend, tmp_path_factory):
-    """The relay shared by the SDK and curl tests."""
-    relay = start_relay(backend, tmp_path_factory.mktemp("modelrelay-data"))
+@pytest.fixture(scope="session", params=["http", "https"])
+def relay(request, backend, tmp_path_factory):
+    """The relay shared by the SDK and curl tests, once over http and once over https."""
+    tls = request.param == "https"
+    relay = start_relay(backend, tmp_path_factory.mktemp(f"modelrelay-data-{request.param}"), tls=tls)
     try:
         yield relay
     finally:
@@ -222,7 +252,7 @@ def wait_for_models(relay: Relay, wanted: set[str]) -> None:
         if relay.process.poll() is not None:
             pytest.fail(f"modelrelay exited with {relay.process.returncode}\n{relay.output()}", pytrace=False)
         try:
-            status, body = http_get_json(f"{relay.url}/v1/models", timeout=2)
+            status, body = http_get_json(f"{relay.url}/v1/models", timeout=2, ca_file=relay.ca_file)
             if status == 200:
                 listed = {m["id"] for m in body.get("data", [])}
                 if wanted <= listed:

@@ -12,7 +12,9 @@ MESSAGES = [{"role": "user", "content": "Say hello to the relay."}]
 
 @pytest.fixture
 def client(relay):
-    with anthropic.Anthropic(base_url=relay.url, api_key="x", max_retries=0, timeout=20) as client:
+    with anthropic.Anthropic(
+        base_url=relay.url, api_key="x", max_retries=0, timeout=20, http_client=relay.http_client(anthropic)
+    ) as client:
         yield client
 
 

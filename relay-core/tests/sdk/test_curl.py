@@ -35,6 +35,7 @@ def test_curl_chat_completion_non_streaming(relay):
         "--write-out", "\n%{http_code} %{content_type}",
         "-H", "content-type: application/json",
         "-d", chat_body(stream=False),
+        *relay.curl_args(),
         f"{relay.url}/v1/chat/completions",
     )
     assert result.returncode == 0, result.stderr
@@ -51,6 +52,7 @@ def test_curl_chat_completion_stream_is_server_sent_events_ending_in_done(relay)
         "-N", "--include",
         "-H", "content-type: application/json",
         "-d", chat_body(stream=True),
+        *relay.curl_args(),
         f"{relay.url}/v1/chat/completions",
     )
     assert result.returncode == 0, result.stderr
@@ -67,7 +69,7 @@ def test_curl_chat_completion_stream_is_server_sent_events_ending_in_done(relay)
 
 
 def test_curl_health_reports_status_version_and_the_worker(relay):
-    result = curl("--fail", f"{relay.url}/health")
+    result = curl("--fail", *relay.curl_args(), f"{relay.url}/health")
     assert result.returncode == 0, result.stderr
     health = json.loads(result.stdout)
     assert health["status"] == "ok"

@@ -15,7 +15,9 @@ MESSAGES = [{"role": "user", "content": "Say hello."}]
 @pytest.fixture
 def client(relay):
     # No retries: a failure must surface as the relay's own answer, not be hidden by a retry.
-    with openai.OpenAI(base_url=f"{relay.url}/v1", api_key="x", max_retries=0, timeout=20) as client:
+    with openai.OpenAI(
+        base_url=f"{relay.url}/v1", api_key="x", max_retries=0, timeout=20, http_client=relay.http_client(openai)
+    ) as client:
         yield client
 
 
