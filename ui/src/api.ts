@@ -202,7 +202,7 @@ export const api = {
   saveConfig: (toml: string) => request<SettingsResponse>('PUT', '/api/config', { toml }),
 };
 
-export type JoinRequest = { proxy_url: string; secret: string; provider?: string } | { code: string };
+export type JoinRequest = { proxy_url: string; secret: string; provider?: string; fingerprint?: string } | { code: string };
 
 /** The URL of the live feed (EventSource cannot send headers, so the token goes in the query). */
 export function eventsUrl(): string {

@@ -107,6 +107,8 @@ export interface DiscoveredProxy {
   url: string;
   host: string;
   port: number;
+  /** SHA-256 of the proxy's TLS certificate (`sha256:<hex>`): joined pinned to it. */
+  fingerprint?: string | null;
 }
 
 export interface Discovery {
@@ -118,12 +120,16 @@ export interface JoinDetails {
   url: string;
   secret: string;
   provider?: string | null;
+  /** SHA-256 of the proxy's TLS certificate; the worker trusts only that certificate. */
+  fingerprint?: string | null;
 }
 
 export interface JoinCodeInfo {
   url: string;
   secret: string;
   provider: string;
+  /** Present when the proxy serves TLS with its own certificate. */
+  fingerprint?: string | null;
   code: string;
 }
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { decodeJoinCode, encodeJoinCode, JOIN_CODE_PREFIX, looksLikeJoinCode } from './joincode';
+import { decodeJoinCode, encodeJoinCode, isFingerprint, JOIN_CODE_PREFIX, looksLikeJoinCode } from './joincode';
 
 const b64 = (s: string) => btoa(String.fromCharCode(...new TextEncoder().encode(s)));
 const b64url = (s: string) => b64(s).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
@@ -60,6 +60,29 @@ describe('join codes', () => {
       const r = decodeJoinCode(code);
       expect(r.ok, code).toBe(false);
       if (!r.ok) expect(r.error).toMatch(reason);
+    }
+  });
+
+  it('carries the certificate fingerprint of a proxy serving TLS, and checks it', () => {
+    const fingerprint = `sha256:${'ab'.repeat(32)}`;
+    const details = { url: 'https://10.0.0.2:8080', secret: 's', provider: 'local', fingerprint };
+    expect(decodeJoinCode(encodeJoinCode(details))).toEqual({ ok: true, details });
+    // What the relay makes decodes too (its field order, no provider).
+    const relayMade = `mrj1.${b64url(`{"url":"https://h:1","secret":"s","fingerprint":"${fingerprint}"}`)}`;
+    expect(decodeJoinCode(relayMade)).toEqual({ ok: true, details: { url: 'https://h:1', secret: 's', fingerprint } });
+    const damaged = decodeJoinCode(`mrj1.${b64url('{"url":"https://h:1","secret":"s","fingerprint":"sha256:abc"}')}`);
+    expect(damaged.ok).toBe(false);
+    if (!damaged.ok) expect(damaged.error).toMatch(/fingerprint/);
+  });
+
+  it('recognises fingerprints as the relay prints them and as browsers show them', () => {
+    const hex = '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08';
+    const colons = hex.toUpperCase().match(/../g)!.join(':');
+    for (const text of [`sha256:${hex}`, ` SHA256:${hex.toUpperCase()} `, hex, colons]) {
+      expect(isFingerprint(text), text).toBe(true);
+    }
+    for (const text of ['', 'sha256:', hex.slice(2), `${hex}00`, `sha1:${hex}`, hex.replace('9', 'g')]) {
+      expect(isFingerprint(text), text).toBe(false);
     }
   });
 

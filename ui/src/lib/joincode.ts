@@ -1,4 +1,5 @@
-// Join codes: one line, "mrj1." + base64url(JSON {"url","secret","provider"}).
+// Join codes: one line, "mrj1." + base64url(JSON {"url","secret","provider"}), plus "fingerprint"
+// (`sha256:<hex>` of the proxy's TLS certificate) when the proxy serves TLS itself.
 
 import type { JoinDetails } from '../types';
 
@@ -25,6 +26,7 @@ function base64UrlToBytes(text: string): Uint8Array {
 export function encodeJoinCode(details: JoinDetails): string {
   const payload: Record<string, string> = { url: details.url, secret: details.secret };
   if (details.provider) payload.provider = details.provider;
+  if (details.fingerprint) payload.fingerprint = details.fingerprint;
   const json = JSON.stringify(payload);
   return JOIN_CODE_PREFIX + bytesToBase64Url(new TextEncoder().encode(json));
 }
@@ -58,9 +60,22 @@ export function decodeJoinCode(input: string): DecodeResult {
   if (obj.provider != null && typeof obj.provider !== 'string') {
     return { ok: false, error: 'The join code has an invalid provider.' };
   }
+  if (obj.fingerprint != null && (typeof obj.fingerprint !== 'string' || !isFingerprint(obj.fingerprint))) {
+    return { ok: false, error: 'The join code has a damaged certificate fingerprint: copy it again, all of it.' };
+  }
   const details: JoinDetails = { url: obj.url, secret: obj.secret };
   if (typeof obj.provider === 'string' && obj.provider !== '') details.provider = obj.provider;
+  if (typeof obj.fingerprint === 'string') details.fingerprint = obj.fingerprint;
   return { ok: true, details };
+}
+
+/**
+ * True for a certificate fingerprint as the relay prints it or as browsers show it: `sha256:` and
+ * 64 hex digits, or colon-separated pairs, any case (the relay checks it again).
+ */
+export function isFingerprint(text: string): boolean {
+  const hex = text.trim().replace(/^sha256:/i, '');
+  return /^[0-9a-f]{64}$/i.test(hex) || /^([0-9a-f]{2}:){31}[0-9a-f]{2}$/i.test(hex);
 }
 
 /** True when the text looks like a join code rather than a URL. */

@@ -53,5 +53,9 @@ describe('helpers', () => {
     expect(workerCommand('http://h:1', 's p', 'gpu')).toBe(
       `modelrelay worker --proxy-url http://h:1 --worker-secret 's p' --provider gpu`,
     );
+    const pin = `sha256:${'0f'.repeat(32)}`;
+    expect(workerCommand('https://h:1', 'abc', 'local', pin)).toBe(
+      `modelrelay worker --proxy-url https://h:1 --worker-secret abc --proxy-fingerprint ${pin}`,
+    );
   });
 });

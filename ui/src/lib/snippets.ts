@@ -96,8 +96,9 @@ export function buildSnippets(url: string, model: string | null | undefined): Sn
 }
 
 /** The equivalent command line for another box to join a proxy. */
-export function workerCommand(url: string, secret: string, provider?: string | null): string {
+export function workerCommand(url: string, secret: string, provider?: string | null, fingerprint?: string | null): string {
   const parts = ['modelrelay', 'worker', '--proxy-url', shellQuote(normalizeBaseUrl(url)), '--worker-secret', shellQuote(secret)];
   if (provider && provider !== 'local') parts.push('--provider', shellQuote(provider));
+  if (fingerprint) parts.push('--proxy-fingerprint', shellQuote(fingerprint));
   return parts.join(' ');
 }

@@ -2,7 +2,7 @@ import { useEffect, useMemo, useState } from 'preact/hooks';
 import { api, errorMessage, type JoinRequest } from '../api';
 import { Alert, Badge, Card, CodeBlock, CopyButton, DataTable, Spinner } from '../components/common';
 import { navigate } from '../hash';
-import { decodeJoinCode, looksLikeJoinCode } from '../lib/joincode';
+import { decodeJoinCode, isFingerprint, looksLikeJoinCode } from '../lib/joincode';
 import { buildSnippets, normalizeBaseUrl, workerCommand } from '../lib/snippets';
 import { useLive } from '../live';
 import type { Discovery, JoinCodeInfo, JoinTestResult, Roles, SettingsResponse } from '../types';
@@ -62,6 +62,8 @@ export function Setup() {
   const [proxyUrl, setProxyUrl] = useState('');
   const [secret, setSecret] = useState('');
   const [provider, setProvider] = useState('');
+  // The proxy's certificate fingerprint, from a join code or a proxy found on the network.
+  const [fingerprint, setFingerprint] = useState('');
   const [joinedUrl, setJoinedUrl] = useState<string | null>(null);
   const [discovery, setDiscovery] = useState<Discovery | null>(null);
 
@@ -164,8 +166,9 @@ export function Setup() {
           roles={roles}
           discovery={discovery}
           setDiscovery={setDiscovery}
-          onPickProxy={(url) => {
+          onPickProxy={(url, pin) => {
             setProxyUrl(url);
+            setFingerprint(pin ?? '');
             setStep(2);
           }}
           onBack={() => setStep(0)}
@@ -181,6 +184,8 @@ export function Setup() {
           secret={secret}
           setSecret={setSecret}
           provider={provider}
+          fingerprint={fingerprint}
+          setFingerprint={setFingerprint}
           setProvider={setProvider}
           discovery={discovery}
           onJoined={async (url) => {
@@ -221,7 +226,7 @@ function BackendsStep({
   roles: Roles;
   discovery: Discovery | null;
   setDiscovery: (d: Discovery) => void;
-  onPickProxy: (url: string) => void;
+  onPickProxy: (url: string, fingerprint?: string | null) => void;
   onBack: () => void;
   onNext: () => void;
 }) {
@@ -300,9 +305,15 @@ function BackendsStep({
                 <li key={p.url} data-testid="proxy-row">
                   <span>
                     <strong>{p.name}</strong> <code>{p.url}</code>
+                    {p.fingerprint ? (
+                      <span class="small muted" data-testid="proxy-fingerprint">
+                        {' '}
+                        TLS certificate <code>{p.fingerprint}</code>
+                      </span>
+                    ) : null}
                   </span>
                   {roles.worker ? (
-                    <button type="button" class="btn btn-small" onClick={() => onPickProxy(p.url)} aria-label={`Use proxy ${p.name}`}>
+                    <button type="button" class="btn btn-small" onClick={() => onPickProxy(p.url, p.fingerprint)} aria-label={`Use proxy ${p.name}`}>
                       Use this proxy
                     </button>
                   ) : null}
@@ -332,6 +343,8 @@ function ConnectStep(props: {
   setSecret: (v: string) => void;
   provider: string;
   setProvider: (v: string) => void;
+  fingerprint: string;
+  setFingerprint: (v: string) => void;
   discovery: Discovery | null;
   onJoined: (url: string) => Promise<void>;
   joinedUrl: string | null;
@@ -356,9 +369,12 @@ function ConnectStep(props: {
   );
 }
 
-function validateJoin(proxyUrl: string, secret: string): string | null {
+function validateJoin(proxyUrl: string, secret: string, fingerprint: string): string | null {
   if (!/^https?:\/\/[^\s/]+/i.test(proxyUrl.trim())) return 'Enter the proxy URL, e.g. http://192.168.1.10:8080.';
   if (!secret.trim()) return "Enter the proxy's worker secret.";
+  if (fingerprint.trim() && !isFingerprint(fingerprint)) {
+    return 'The certificate fingerprint is sha256: followed by 64 hex digits, as the proxy shows it; or leave it empty.';
+  }
   return null;
 }
 
@@ -370,6 +386,8 @@ function JoinForm({
   setSecret,
   provider,
   setProvider,
+  fingerprint,
+  setFingerprint,
   discovery,
   onJoined,
   joinedUrl,
@@ -397,6 +415,7 @@ function JoinForm({
       setProxyUrl(r.details.url);
       setSecret(r.details.secret);
       setProvider(r.details.provider ?? '');
+      setFingerprint(r.details.fingerprint ?? '');
     } else {
       setCodeError(r.error);
     }
@@ -405,11 +424,12 @@ function JoinForm({
   const body = (): JoinRequest => {
     const b: JoinRequest = { proxy_url: normalizeBaseUrl(proxyUrl), secret: secret.trim() };
     if (provider.trim()) b.provider = provider.trim();
+    if (fingerprint.trim()) b.fingerprint = fingerprint.trim();
     return b;
   };
 
   const test = async () => {
-    const invalid = validateJoin(proxyUrl, secret);
+    const invalid = validateJoin(proxyUrl, secret, fingerprint);
     setFormError(invalid);
     setTestResult(null);
     if (invalid) return;
@@ -424,7 +444,7 @@ function JoinForm({
   };
 
   const join = async () => {
-    const invalid = validateJoin(proxyUrl, secret);
+    const invalid = validateJoin(proxyUrl, secret, fingerprint);
     setFormError(invalid);
     setJoinError(null);
     if (invalid) return;
@@ -508,12 +528,36 @@ function JoinForm({
             onInput={(e) => setProvider((e.target as HTMLInputElement).value)}
           />
         </label>
+        <label class="field">
+          <span>Certificate fingerprint (for a proxy serving TLS)</span>
+          <input
+            type="text"
+            value={fingerprint}
+            placeholder="sha256:…"
+            spellcheck={false}
+            autocomplete="off"
+            data-testid="join-fingerprint"
+            onInput={(e) => {
+              setFingerprint((e.target as HTMLInputElement).value);
+              setTestResult(null);
+            }}
+          />
+          <span class="muted small">The worker then connects encrypted and trusts only this certificate.</span>
+        </label>
       </div>
       {proxies.length ? (
         <p class="small">
           Found on this network:{' '}
           {proxies.map((p) => (
-            <button key={p.url} type="button" class="btn btn-link" onClick={() => setProxyUrl(p.url)}>
+            <button
+              key={p.url}
+              type="button"
+              class="btn btn-link"
+              onClick={() => {
+                setProxyUrl(p.url);
+                setFingerprint(p.fingerprint ?? '');
+              }}
+            >
               {p.name} ({p.url})
             </button>
           ))}
@@ -596,6 +640,14 @@ function JoinCodePanel() {
                 <code>{info.url}</code>
               </dd>
             </div>
+            {info.fingerprint ? (
+              <div>
+                <dt>TLS certificate</dt>
+                <dd>
+                  <code data-testid="own-fingerprint">{info.fingerprint}</code>
+                </dd>
+              </div>
+            ) : null}
             <div>
               <dt>Worker secret</dt>
               <dd>
@@ -606,7 +658,7 @@ function JoinCodePanel() {
               </dd>
             </div>
           </dl>
-          <CodeBlock text={workerCommand(info.url, info.secret, info.provider)} label="worker command" />
+          <CodeBlock text={workerCommand(info.url, info.secret, info.provider, info.fingerprint)} label="worker command" />
           {loopback ? (
             <Alert kind="warning">
               This node listens on a loopback address, so other machines cannot reach it. Set <em>Listen address</em> to
