@@ -316,3 +316,42 @@ fn given_certificate_files_are_served_and_their_fingerprint_shown() {
         "nothing generated when files are given"
     );
 }
+
+#[test]
+fn the_wizards_connection_test_is_pinned_too_and_names_both_fingerprints_on_a_mismatch() {
+    let proxy = TlsProxy::start(TempDir::new("tls-join-test"));
+    let origin = proxy.url.clone();
+    let test = |fingerprint: &str| -> Value {
+        let body = serde_json::json!({
+            "proxy_url": proxy.url,
+            "secret": proxy.secret(),
+            "fingerprint": fingerprint,
+        })
+        .to_string();
+        let reply = https_exchange(
+            "POST",
+            &format!("{}/api/join/test", proxy.url),
+            &proxy.fingerprint,
+            &[("Origin", origin.as_str())],
+            Some(&body),
+        );
+        assert_eq!(reply.status, 200, "{reply:?}");
+        serde_json::from_str(&reply.body).expect("JSON")
+    };
+    let right = test(&proxy.fingerprint);
+    assert_eq!(right["ok"], true, "{right}");
+    let wrong = format!("sha256:{}", "cd".repeat(32));
+    let refused = test(&wrong);
+    assert_eq!(refused["ok"], false, "{refused}");
+    let message = refused["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("presented certificate {}", proxy.fingerprint))
+            && message.contains(&format!("pinned to {wrong}")),
+        "{message}"
+    );
+    assert_eq!(
+        proxy.workers_connected(),
+        0,
+        "a connection test never registers"
+    );
+}
