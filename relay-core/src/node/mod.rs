@@ -7,12 +7,16 @@
 pub mod api;
 pub mod guarded;
 pub mod join_code;
+mod saving;
 pub mod settings;
+mod watchers;
+mod worker_role;
+
+pub use saving::Caller;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
@@ -21,21 +25,15 @@ use crate::app::{self, AppError};
 use crate::cli::{ProxyArgs, WorkerArgs};
 use crate::config::{self, FileConfig};
 use crate::dialect::ApiError;
-use crate::discovery::{self, DiscoveredBackend, DiscoveryOptions};
 use crate::lan;
 use crate::proxy::aliases::LiveAliases;
-use crate::proxy::control::{AdminAccess, AdminToken, OwnWorker, SharedNodeInfo, TokenOrigin};
+use crate::proxy::control::{AdminAccess, AdminToken, SharedNodeInfo, TokenOrigin};
 use crate::proxy::hub::Hub;
 use crate::proxy::{self, RunningProxy};
-use crate::worker::report::{ConnectionState, WorkerReport};
-use crate::worker::{self, Backends};
+use crate::worker::report::WorkerReport;
+use worker_role::RunningWorker;
 
 pub use crate::proxy::control::{OwnWorkerState as WorkerState, Roles};
-
-/// How often the node looks at the hub for workers joining and leaving.
-const WATCH_PERIOD: Duration = Duration::from_millis(500);
-/// How often local backends are looked for, while someone listens for node events.
-const BACKEND_SCAN_PERIOD: Duration = Duration::from_secs(30);
 
 /// How to start a node.
 #[derive(Debug, Clone, Default)]
@@ -122,26 +120,10 @@ pub enum NodeError {
     Forbidden(ApiError),
 }
 
-/// Who asks for a settings change.
-pub enum Caller<'a> {
-    /// Code of the program embedding the node (the desktop app's tray): trusted.
-    Owner,
-    /// A control-API request: its guarded changes ([`guarded`]) need the admin token in
-    /// these headers.
-    Request(&'a axum::http::HeaderMap),
-}
-
 /// A running node; cheap to clone.
 #[derive(Clone)]
 pub struct Node {
     inner: Arc<Inner>,
-}
-
-struct RunningWorker {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-    watcher: JoinHandle<()>,
-    report: Arc<WorkerReport>,
 }
 
 struct Inner {
@@ -343,421 +325,6 @@ impl Node {
         locked(&self.inner.restart_required).clone()
     }
 
-    /// Turns roles on or off now and saves them to the config file.
-    pub async fn set_roles(&self, roles: Roles) -> Result<(), NodeError> {
-        let patch = serde_json::json!({"roles": {"proxy": roles.proxy, "worker": roles.worker}});
-        self.save_settings(&patch, Caller::Owner).await.map(|_| ())
-    }
-
-    /// Refuses `caller`'s change from `old` to `new` when it touches a guarded setting and the
-    /// caller has no admin token.
-    fn authorize(&self, caller: &Caller<'_>, old: &str, new: &str) -> Result<(), NodeError> {
-        let Caller::Request(headers) = caller else {
-            return Ok(());
-        };
-        let fields = guarded::changed(old, new);
-        if fields.is_empty() {
-            return Ok(());
-        }
-        let what = format!(
-            "Changing {} (it decides which programs this node runs or where it sends secrets)",
-            fields.join(", ")
-        );
-        self.inner
-            .access
-            .elevated(headers, &what)
-            .map_err(NodeError::Forbidden)
-    }
-
-    /// Applies a settings patch (see [`settings::patch`]): validates, saves, and applies what
-    /// can be applied live.
-    pub async fn save_settings(
-        &self,
-        patch: &serde_json::Value,
-        caller: Caller<'_>,
-    ) -> Result<settings::Changes, NodeError> {
-        let _one_at_a_time = self.inner.apply.lock().await;
-        let path = &self.inner.config_path;
-        let text = settings::read(path).map_err(|source| NodeError::File {
-            path: path.clone(),
-            source,
-        })?;
-        let (new_text, changes) = settings::patch(&text, patch).map_err(NodeError::Invalid)?;
-        self.authorize(&caller, &text, &new_text)?;
-        self.write_and_apply(&new_text, changes).await
-    }
-
-    /// Replaces the whole config file with `text` (validated first) and applies it.
-    /// Secrets shown as [`settings::REDACTED`] keep their saved values.
-    pub async fn save_config_text(
-        &self,
-        text: &str,
-        caller: Caller<'_>,
-    ) -> Result<settings::Changes, NodeError> {
-        let _one_at_a_time = self.inner.apply.lock().await;
-        let path = &self.inner.config_path;
-        let old = settings::read(path).map_err(|source| NodeError::File {
-            path: path.clone(),
-            source,
-        })?;
-        let text = settings::restore_secrets(text, &old).map_err(NodeError::Invalid)?;
-        settings::validate(&text).map_err(NodeError::Invalid)?;
-        self.authorize(&caller, &old, &text)?;
-        let changes = settings::diff(&old, &text);
-        self.write_and_apply(&text, changes).await
-    }
-
-    async fn write_and_apply(
-        &self,
-        text: &str,
-        changes: settings::Changes,
-    ) -> Result<settings::Changes, NodeError> {
-        let path = &self.inner.config_path;
-        if !changes.fields.is_empty() {
-            settings::write(path, text).map_err(|source| NodeError::File {
-                path: path.clone(),
-                source,
-            })?;
-            tracing::info!(path = %path.display(), changed = ?changes.fields, "settings saved");
-        }
-        let file = settings::validate(text).map_err(NodeError::Invalid)?;
-        if changes.touches_any(settings::LIVE_PROXY_FIELDS) {
-            // Resolved as at start (flags and environment over the file), then applied.
-            let config =
-                config::proxy_config(&self.inner.proxy_args, &file, self.inner.secret.clone())
-                    .map_err(|e| NodeError::Invalid(e.to_string()))?;
-            self.inner.aliases.replace(config.aliases);
-            for provider in config.providers {
-                self.inner.hub.set_limits(&provider.name, provider.limits);
-            }
-            tracing::info!("model aliases and queue limits applied");
-        }
-        {
-            let mut pending = locked(&self.inner.restart_required);
-            for field in changes.needing_restart() {
-                if !pending.contains(&field) {
-                    pending.push(field);
-                }
-            }
-        }
-        // A role the file leaves unset stays as it runs (it may come from the command line).
-        let running = self.roles();
-        let roles = Roles {
-            proxy: file.roles.proxy.unwrap_or(running.proxy),
-            worker: file.roles.worker.unwrap_or(running.worker),
-        };
-        if changes.touches("worker") && roles.worker && self.roles().worker {
-            // New connection or backend settings: a fresh worker picks them up.
-            self.stop_worker().await;
-        }
-        self.apply_roles(roles, &file)?;
-        Ok(changes)
-    }
-
-    fn apply_roles(&self, roles: Roles, file: &FileConfig) -> Result<(), AppError> {
-        *locked(&self.inner.roles) = roles;
-        self.inner.hub.set_serving(roles.proxy);
-        self.update_announcement(roles.proxy);
-        if roles.worker {
-            if locked(&self.inner.worker).is_none() {
-                self.start_worker(file)?;
-            }
-        } else if let Some(worker) = locked(&self.inner.worker).take() {
-            stop_in_background(worker);
-        }
-        self.publish();
-        Ok(())
-    }
-
-    fn start_worker(&self, file: &FileConfig) -> Result<(), AppError> {
-        let own_url = self.url();
-        let mut args = self.inner.worker_args.clone();
-        let proxy_url = args
-            .proxy_url
-            .clone()
-            .or_else(|| file.worker.proxy_url.clone())
-            .unwrap_or_else(|| own_url.clone());
-        let joins_self = same_proxy(&proxy_url, &own_url);
-        let secret = if joins_self {
-            self.inner.secret.clone()
-        } else {
-            file.worker
-                .worker_secret
-                .clone()
-                .or_else(|| self.inner.proxy_args.worker_secret.clone())
-                .ok_or(AppError::MissingSecret)?
-        };
-        args.proxy_url = Some(proxy_url.clone());
-        let mut config = config::worker_config(
-            &args,
-            &self.inner.proxy_args,
-            file,
-            secret,
-            Some(self.discovery_options()),
-        )?;
-        if let Some(dir) = &self.inner.data_dir {
-            config.data_dir = dir.clone();
-        }
-        if joins_self && self.inner.fingerprint.is_some() {
-            // Its own certificate: no CA vouches for a generated one, the pin does.
-            config.proxy_fingerprint = self.inner.fingerprint;
-        }
-        if let Backends::Discover(options) = &mut config.backends {
-            options.exclude_ports.push(self.inner.addr.port());
-        }
-        let report = config.report.clone();
-        let (stop, stopped) = watch::channel(false);
-        tracing::info!(proxy = %proxy_url, name = %config.name, "starting the worker role");
-        let name = config.name.clone();
-        let task = tokio::spawn(worker::run(config, stopped));
-        let watcher = self.spawn_worker_watcher(report.clone(), proxy_url, name);
-        *locked(&self.inner.worker) = Some(RunningWorker {
-            stop,
-            task,
-            watcher,
-            report,
-        });
-        Ok(())
-    }
-
-    async fn stop_worker(&self) {
-        let worker = locked(&self.inner.worker).take();
-        if let Some(worker) = worker {
-            stop_and_wait(worker).await;
-        }
-        self.publish();
-    }
-
-    /// Local backend discovery as this node does it: the well-known ports, or
-    /// `MODELRELAY_DISCOVERY_PORTS` (a comma-separated list), never this node's own port.
-    pub fn discovery_options(&self) -> DiscoveryOptions {
-        let mut options = DiscoveryOptions::default();
-        if let Some(ports) = std::env::var("MODELRELAY_DISCOVERY_PORTS")
-            .ok()
-            .map(|v| parse_ports(&v))
-        {
-            options.ports = ports;
-        }
-        options.exclude_ports.push(self.inner.addr.port());
-        options
-    }
-
-    /// Local backends and LAN proxies, looked for at the same time.
-    pub async fn discover(&self) -> (Vec<DiscoveredBackend>, Vec<lan::LanProxy>) {
-        let options = self.discovery_options();
-        let own = self.url();
-        let (backends, mut proxies) = tokio::join!(
-            discovery::discover(&options),
-            lan::browse(Duration::from_millis(1500))
-        );
-        proxies.retain(|p| !same_proxy(&p.url, &own));
-        (backends, proxies)
-    }
-
-    fn spawn_worker_watcher(
-        &self,
-        report: Arc<WorkerReport>,
-        proxy_url: String,
-        name: String,
-    ) -> JoinHandle<()> {
-        let node = self.clone();
-        let mut changes = report.subscribe();
-        let mut managers = report.subscribe_lifecycle();
-        tokio::spawn(async move {
-            loop {
-                let status = changes.borrow_and_update().clone();
-                let manager = managers.borrow_and_update().clone();
-                // Subscribed before reading, so a change in between wakes the next wait.
-                let mut model_changes = manager.as_ref().map(|m| m.changes());
-                let lifecycle = manager.map(|m| m.status()).unwrap_or_default();
-                node.inner.info.send_modify(|info| {
-                    info.worker = OwnWorker {
-                        state: match status.state {
-                            ConnectionState::Connecting => WorkerState::Connecting,
-                            ConnectionState::Connected => WorkerState::Connected,
-                            ConnectionState::Disconnected => WorkerState::Disconnected,
-                        },
-                        proxy_url: Some(proxy_url.clone()),
-                        name: Some(name.clone()),
-                        last_error: status.last_error.clone(),
-                    };
-                    info.lifecycle = lifecycle;
-                });
-                node.publish();
-                let models_changed = async {
-                    let changed = match &mut model_changes {
-                        Some(changes) => changes.changed().await.is_ok(),
-                        None => false,
-                    };
-                    if !changed {
-                        // No manager, or one that is gone: only `managers` can tell more.
-                        std::future::pending::<()>().await;
-                    }
-                };
-                tokio::select! {
-                    changed = changes.changed() => if changed.is_err() { return },
-                    changed = managers.changed() => if changed.is_err() { return },
-                    () = models_changed => {}
-                }
-            }
-        })
-    }
-
-    /// Recomputes the dashboard's node info and the tray state from the roles and the worker.
-    fn publish(&self) {
-        let roles = self.roles();
-        let has_worker = locked(&self.inner.worker).is_some();
-        self.inner.info.send_modify(|info| {
-            info.roles = roles;
-            if !has_worker {
-                info.worker = OwnWorker {
-                    state: WorkerState::Off,
-                    proxy_url: None,
-                    name: None,
-                    last_error: None,
-                };
-                info.lifecycle.clear();
-            }
-        });
-        let info = self.inner.info.borrow().clone();
-        let workers_connected = self.inner.hub.counts().0;
-        let error = match info.worker.state {
-            WorkerState::Disconnected => info
-                .worker
-                .last_error
-                .clone()
-                .map(|e| format!("worker cannot reach its proxy: {e}")),
-            _ => None,
-        };
-        self.inner.state.send_if_modified(|state| {
-            let next = NodeState {
-                roles,
-                worker: info.worker.state,
-                workers_connected,
-                error,
-            };
-            let changed = *state != next;
-            if changed {
-                if let (Some(message), true) = (&next.error, next.error != state.error) {
-                    let _ = self.inner.events.send(NodeEvent::Error {
-                        message: message.clone(),
-                    });
-                }
-                *state = next;
-            }
-            changed
-        });
-    }
-
-    fn update_announcement(&self, proxy_on: bool) {
-        let mut announcement = locked(&self.inner.announcement);
-        // Only a proxy others can reach is worth announcing.
-        let wanted = proxy_on && !self.inner.addr.ip().is_loopback();
-        match (wanted, announcement.is_some()) {
-            (true, false) => {
-                match lan::announce(
-                    &lan::host_name(),
-                    self.inner.addr.port(),
-                    &self.inner.provider,
-                    self.inner.fingerprint,
-                ) {
-                    Ok(handle) => *announcement = Some(handle),
-                    Err(error) => {
-                        tracing::warn!("cannot announce this proxy on the LAN: {error}")
-                    }
-                }
-            }
-            (false, true) => {
-                if let Some(handle) = announcement.take() {
-                    drop(handle);
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Watches the hub for workers joining and leaving, and (while anyone listens for events)
-    /// this machine for model servers appearing and going.
-    fn spawn_watchers(&self) {
-        let node = self.clone();
-        let workers = tokio::spawn(async move {
-            let mut known: Vec<(String, String)> = Vec::new();
-            let mut version = u64::MAX;
-            let mut tick = tokio::time::interval(WATCH_PERIOD);
-            loop {
-                tick.tick().await;
-                let now = node.inner.hub.telemetry().version();
-                if now == version {
-                    continue;
-                }
-                version = now;
-                let current: Vec<(String, String)> = node
-                    .inner
-                    .hub
-                    .workers()
-                    .into_iter()
-                    .map(|w| (w.id, w.name))
-                    .collect();
-                for (id, name) in &current {
-                    if !known.iter().any(|(k, _)| k == id) {
-                        let host = node
-                            .inner
-                            .hub
-                            .telemetry()
-                            .worker(id)
-                            .map(|r| r.host)
-                            .unwrap_or_default();
-                        let _ = node.inner.events.send(NodeEvent::WorkerJoined {
-                            name: name.clone(),
-                            host,
-                        });
-                    }
-                }
-                for (id, name) in &known {
-                    if !current.iter().any(|(c, _)| c == id) {
-                        let _ = node
-                            .inner
-                            .events
-                            .send(NodeEvent::WorkerLeft { name: name.clone() });
-                    }
-                }
-                known = current;
-                node.publish();
-            }
-        });
-        let node = self.clone();
-        let backends = tokio::spawn(async move {
-            let mut known: Option<Vec<DiscoveredBackend>> = None;
-            let mut tick = tokio::time::interval(BACKEND_SCAN_PERIOD);
-            loop {
-                tick.tick().await;
-                if node.inner.events.receiver_count() == 0 {
-                    continue;
-                }
-                let found = discovery::discover(&node.discovery_options()).await;
-                if let Some(before) = &known {
-                    for backend in &found {
-                        if !before.iter().any(|b| b.url == backend.url) {
-                            let _ = node.inner.events.send(NodeEvent::BackendFound {
-                                url: backend.url.clone(),
-                                label: backend.kind.label().to_string(),
-                            });
-                        }
-                    }
-                    for backend in before {
-                        if !found.iter().any(|b| b.url == backend.url) {
-                            let _ = node.inner.events.send(NodeEvent::BackendLost {
-                                url: backend.url.clone(),
-                            });
-                        }
-                    }
-                }
-                known = Some(found);
-            }
-        });
-        locked(&self.inner.background).extend([workers, backends]);
-    }
-
     /// Stops the worker (it drains), then the proxy (it drains too).
     pub async fn shutdown(&self) {
         for task in locked(&self.inner.background).drain(..) {
@@ -772,16 +339,6 @@ impl Node {
             proxy.shutdown().await;
         }
     }
-}
-
-fn stop_in_background(worker: RunningWorker) {
-    tokio::spawn(stop_and_wait(worker));
-}
-
-async fn stop_and_wait(worker: RunningWorker) {
-    let _ = worker.stop.send(true);
-    let _ = worker.task.await;
-    worker.watcher.abort();
 }
 
 /// Loads the node's config file; a missing one is empty.
@@ -803,13 +360,6 @@ fn same_proxy(a: &str, b: &str) -> bool {
     norm(a) == norm(b)
 }
 
-fn parse_ports(value: &str) -> Vec<u16> {
-    value
-        .split(',')
-        .filter_map(|p| p.trim().parse().ok())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -821,10 +371,5 @@ mod tests {
             "http://127.0.0.1:8080"
         ));
         assert!(!same_proxy("http://10.0.0.2:8080", "http://127.0.0.1:8080"));
-    }
-
-    #[test]
-    fn discovery_ports_parse_from_a_comma_list() {
-        assert_eq!(parse_ports("1234, 8000,x,"), vec![1234, 8000]);
     }
 }

@@ -142,9 +142,7 @@ impl AdminAccess {
             None => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 ELEVATION_CODE,
-                format!(
-                    "{what} needs {where_it_is}. Send it as `Authorization: Bearer TOKEN`."
-                ),
+                format!("{what} needs {where_it_is}. Send it as `Authorization: Bearer TOKEN`."),
             )),
         }
     }

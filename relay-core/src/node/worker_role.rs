@@ -1,0 +1,157 @@
+//! The worker role: started with the settings of the moment, watched for the dashboard, stopped
+//! (drained) when the role goes off or its settings change.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{locked, same_proxy, Node, Roles, WorkerState};
+use crate::app::AppError;
+use crate::config::{self, FileConfig};
+use crate::proxy::control::OwnWorker;
+use crate::worker::report::{ConnectionState, WorkerReport};
+use crate::worker::{self, Backends};
+
+/// The worker role while it runs.
+pub(super) struct RunningWorker {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    watcher: JoinHandle<()>,
+    pub(super) report: Arc<WorkerReport>,
+}
+
+impl Node {
+    pub(super) fn apply_roles(&self, roles: Roles, file: &FileConfig) -> Result<(), AppError> {
+        *locked(&self.inner.roles) = roles;
+        self.inner.hub.set_serving(roles.proxy);
+        self.update_announcement(roles.proxy);
+        if roles.worker {
+            if locked(&self.inner.worker).is_none() {
+                self.start_worker(file)?;
+            }
+        } else if let Some(worker) = locked(&self.inner.worker).take() {
+            stop_in_background(worker);
+        }
+        self.publish();
+        Ok(())
+    }
+
+    pub(super) fn start_worker(&self, file: &FileConfig) -> Result<(), AppError> {
+        let own_url = self.url();
+        let mut args = self.inner.worker_args.clone();
+        let proxy_url = args
+            .proxy_url
+            .clone()
+            .or_else(|| file.worker.proxy_url.clone())
+            .unwrap_or_else(|| own_url.clone());
+        let joins_self = same_proxy(&proxy_url, &own_url);
+        let secret = if joins_self {
+            self.inner.secret.clone()
+        } else {
+            file.worker
+                .worker_secret
+                .clone()
+                .or_else(|| self.inner.proxy_args.worker_secret.clone())
+                .ok_or(AppError::MissingSecret)?
+        };
+        args.proxy_url = Some(proxy_url.clone());
+        let mut config = config::worker_config(
+            &args,
+            &self.inner.proxy_args,
+            file,
+            secret,
+            Some(self.discovery_options()),
+        )?;
+        if let Some(dir) = &self.inner.data_dir {
+            config.data_dir = dir.clone();
+        }
+        if joins_self && self.inner.fingerprint.is_some() {
+            // Its own certificate: no CA vouches for a generated one, the pin does.
+            config.proxy_fingerprint = self.inner.fingerprint;
+        }
+        if let Backends::Discover(options) = &mut config.backends {
+            options.exclude_ports.push(self.inner.addr.port());
+        }
+        let report = config.report.clone();
+        let (stop, stopped) = watch::channel(false);
+        tracing::info!(proxy = %proxy_url, name = %config.name, "starting the worker role");
+        let name = config.name.clone();
+        let task = tokio::spawn(worker::run(config, stopped));
+        let watcher = self.spawn_worker_watcher(report.clone(), proxy_url, name);
+        *locked(&self.inner.worker) = Some(RunningWorker {
+            stop,
+            task,
+            watcher,
+            report,
+        });
+        Ok(())
+    }
+
+    pub(super) async fn stop_worker(&self) {
+        let worker = locked(&self.inner.worker).take();
+        if let Some(worker) = worker {
+            stop_and_wait(worker).await;
+        }
+        self.publish();
+    }
+
+    pub(super) fn spawn_worker_watcher(
+        &self,
+        report: Arc<WorkerReport>,
+        proxy_url: String,
+        name: String,
+    ) -> JoinHandle<()> {
+        let node = self.clone();
+        let mut changes = report.subscribe();
+        let mut managers = report.subscribe_lifecycle();
+        tokio::spawn(async move {
+            loop {
+                let status = changes.borrow_and_update().clone();
+                let manager = managers.borrow_and_update().clone();
+                // Subscribed before reading, so a change in between wakes the next wait.
+                let mut model_changes = manager.as_ref().map(|m| m.changes());
+                let lifecycle = manager.map(|m| m.status()).unwrap_or_default();
+                node.inner.info.send_modify(|info| {
+                    info.worker = OwnWorker {
+                        state: match status.state {
+                            ConnectionState::Connecting => WorkerState::Connecting,
+                            ConnectionState::Connected => WorkerState::Connected,
+                            ConnectionState::Disconnected => WorkerState::Disconnected,
+                        },
+                        proxy_url: Some(proxy_url.clone()),
+                        name: Some(name.clone()),
+                        last_error: status.last_error.clone(),
+                    };
+                    info.lifecycle = lifecycle;
+                });
+                node.publish();
+                let models_changed = async {
+                    let changed = match &mut model_changes {
+                        Some(changes) => changes.changed().await.is_ok(),
+                        None => false,
+                    };
+                    if !changed {
+                        // No manager, or one that is gone: only `managers` can tell more.
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { return },
+                    changed = managers.changed() => if changed.is_err() { return },
+                    () = models_changed => {}
+                }
+            }
+        })
+    }
+}
+
+pub(super) fn stop_in_background(worker: RunningWorker) {
+    tokio::spawn(stop_and_wait(worker));
+}
+
+pub(super) async fn stop_and_wait(worker: RunningWorker) {
+    let _ = worker.stop.send(true);
+    let _ = worker.task.await;
+    worker.watcher.abort();
+}
