@@ -15,5 +15,6 @@ pub mod lifecycle;
 pub mod node;
 pub mod protocol;
 pub mod proxy;
+pub mod startup;
 pub mod tls;
 pub mod worker;

@@ -3,7 +3,6 @@
 //! like `modelrelay` would; otherwise the tray app starts.
 
 use std::ffi::OsString;
-use std::io::IsTerminal;
 
 use clap::{Arg, ArgAction, CommandFactory, FromArgMatches};
 use relay_core::cli::Cli;
@@ -75,22 +74,10 @@ pub fn has_display() -> bool {
 /// Starts logging to stderr, like the `modelrelay` command: `LOG_LEVEL`/`--log-level` is a level
 /// for ModelRelay's own crates (libraries stay at `warn`) or a full tracing filter directive.
 pub fn init_logging(level: Option<&str>) {
-    let level = level.unwrap_or("info");
-    let directive = if level.contains('=') {
-        level.to_string()
-    } else {
-        format!("warn,relay_core={level},relay_desktop={level},modelrelay_desktop={level}")
-    };
-    let filter = tracing_subscriber::EnvFilter::try_new(&directive).unwrap_or_else(|error| {
-        eprintln!("LOG_LEVEL {level:?} is not valid ({error}); using info");
-        tracing_subscriber::EnvFilter::new("warn,relay_core=info,relay_desktop=info")
-    });
-    // try_init: tests and embedders may have installed a subscriber already.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+    relay_core::startup::init_logging(
+        level,
+        &["relay_core", "relay_desktop", "modelrelay_desktop"],
+    );
 }
 
 #[cfg(test)]

@@ -36,11 +36,8 @@ pub fn run_headless(cli: Cli) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(relay_core::app::run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("{}: {error}", launch::BIN_NAME);
-            ExitCode::FAILURE
-        }
-    }
+    relay_core::startup::exit_code(
+        launch::BIN_NAME,
+        runtime.block_on(relay_core::app::run(cli)),
+    )
 }

@@ -7,20 +7,9 @@ use std::process::ExitCode;
 
 use relay_desktop::launch::{self, Launch};
 
-// The allocator of the headless `modelrelay` binary (see ARCHITECTURE.md, "jemalloc"), so both
-// give memory back to the OS the same way after a burst of streams.
-#[cfg(not(target_env = "msvc"))]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-/// jemalloc settings read at startup, the same as `modelrelay`'s: a background thread purges
-/// pages freed for a second.
-#[cfg(not(target_env = "msvc"))]
-#[allow(non_upper_case_globals)]
-#[export_name = "_rjem_malloc_conf"]
-// jemalloc reads this symbol as a C `const char *`: a reference to an array is a thin pointer.
-pub static malloc_conf: &[u8; 60] =
-    b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+// The allocator of the headless `modelrelay` binary, with its settings, so both give memory
+// back to the OS the same way after a burst of streams.
+relay_core::use_jemalloc!();
 
 fn main() -> ExitCode {
     // Decided before anything from Tauri runs: headless mode must never initialise GTK.
