@@ -3,7 +3,8 @@
 #   1. the Rust suites of the workspace (unit, contract, command-line, model lifecycle, and the
 #      real-llama-server suite when ../shared/tools/realstack/setup.sh has built its stack);
 #   2. the official OpenAI and Anthropic Python SDKs (and curl) against the real `modelrelay`;
-#   3. the web UI: its unit tests, a check that the embedded build (ui/dist) matches its sources,
+#   3. the supply chain: every npm lockfile entry carries its registry integrity;
+#   4. the web UI: its unit tests, a check that the embedded build (ui/dist) matches its sources,
 #      and end-to-end tests in a real Chromium against real relays and workers.
 # Missing system packages are installed first (scripts/install-deps.sh); Python and npm packages
 # are installed on first run into .venv and node_modules, and reused later.
@@ -11,6 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./scripts/install-deps.sh
+
+echo "==> supply chain: every npm lockfile entry carries its registry integrity"
+node --test scripts/lockfiles.test.mjs
 
 echo "==> web UI: install, build, unit tests"
 (
