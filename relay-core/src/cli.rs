@@ -118,6 +118,19 @@ pub struct ProxyArgs {
     )]
     pub worker_secret_file: Option<PathBuf>,
 
+    /// Pass clients' `Authorization` and `x-api-key` on: the proxy to the workers of its
+    /// default provider, a worker to its backends (for backends that check them) [default:
+    /// false: the shared worker secret must not hand every box the users' keys].
+    #[arg(
+        long,
+        env = "FORWARD_CLIENT_AUTH",
+        global = true,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub forward_client_auth: Option<bool>,
+
     /// Host names, besides this machine's own, that requests may carry in `Host` (comma-separated;
     /// `*` turns the check off). Others are refused: that stops DNS-rebinding web pages.
     #[arg(

@@ -105,6 +105,8 @@ pub struct ProxyFile {
     pub aliases: BTreeMap<String, String>,
     /// The model for requests naming a model nobody serves (and no alias matches).
     pub default_model: Option<String>,
+    /// `FORWARD_CLIENT_AUTH`: pass clients' credentials on to the default provider's workers.
+    pub forward_client_auth: Option<bool>,
     /// `MODELRELAY_ALLOWED_HOSTS`: host names besides this machine's that requests may carry.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
@@ -171,6 +173,8 @@ pub struct ProviderFile {
     pub request_timeout_secs: Option<u64>,
     /// A disabled provider refuses workers and requests.
     pub enabled: Option<bool>,
+    /// Pass clients' `Authorization` and `x-api-key` on to this provider's workers.
+    pub forward_client_auth: Option<bool>,
     /// Models routed here even while no worker serves them.
     #[serde(default)]
     pub models: Vec<String>,
@@ -184,6 +188,8 @@ pub struct WorkerFile {
     pub proxy_url: Option<String>,
     /// `PROXY_FINGERPRINT`: the proxy's certificate, pinned.
     pub proxy_fingerprint: Option<crate::tls::Fingerprint>,
+    /// `FORWARD_CLIENT_AUTH`: pass clients' credentials on to the backends.
+    pub forward_client_auth: Option<bool>,
     /// `WORKER_SECRET`.
     pub worker_secret: Option<String>,
     /// `WORKER_NAME`.
@@ -302,6 +308,10 @@ pub fn proxy_config(
         .cors_origins
         .clone()
         .unwrap_or_else(|| p.cors_origins.clone());
+    config.providers[0].forward_client_auth = args
+        .forward_client_auth
+        .or(p.forward_client_auth)
+        .unwrap_or(false);
     let max_models = p.max_models_per_worker.unwrap_or(256);
     let default_provider = &mut config.providers[0];
     default_provider.name = args
@@ -336,6 +346,7 @@ pub fn proxy_config(
         config.providers.push(ProviderConfig {
             name: extra.name.clone(),
             secret: extra.worker_secret.clone(),
+            forward_client_auth: extra.forward_client_auth.unwrap_or(false),
             limits: ProviderLimits {
                 max_queue_len: extra.max_queue_len.unwrap_or(max_queue_len),
                 queue_timeout: extra
@@ -583,6 +594,10 @@ pub fn worker_config(
         backends,
         models,
         max_concurrent,
+        forward_client_auth: proxy_args
+            .forward_client_auth
+            .or(w.forward_client_auth)
+            .unwrap_or(false),
         protocol_version: (!protocol_version.is_empty() && protocol_version != "none")
             .then_some(protocol_version),
         model_refresh_interval: secs(w.model_refresh_secs, 30),

@@ -27,10 +27,20 @@ pub const ACCEPTED_PROTOCOL_VERSIONS: &[&str] = &[SEED_PROTOCOL_VERSION, BRIDGE_
 /// once. (A published worker sends nothing; the proxy's grace timer covers that.)
 pub const CANCELLED_CODE: &str = "cancelled";
 
+/// Client headers that carry users' credentials. Not forwarded to workers, nor by workers to
+/// their backends, unless the provider or worker opts in (`forward_client_auth`): anyone with the
+/// shared worker secret could otherwise collect users' keys.
+pub const CLIENT_AUTH_HEADERS: &[&str] = &["authorization", "x-api-key"];
+
+/// The `error.code` with which our worker refuses a request beyond its `max_concurrent` (a proxy
+/// that over-dispatched, or one that lies): nothing reached the backend.
+pub const WORKER_BUSY_CODE: &str = "worker_busy";
+
 /// `error.code` values meaning "this attempt failed before producing any output and may be retried
-/// on another attempt" (a managed model process crashed). Our proxy requeues such a request when no
-/// byte of it reached the client; an older proxy answers it with a 502 like any other error.
-pub const RETRYABLE_ERROR_CODES: &[&str] = &["model_crashed"];
+/// on another attempt" (a managed model process crashed, the worker was full). Our proxy requeues
+/// such a request when no byte of it reached the client; an older proxy answers it with a 502 like
+/// any other error.
+pub const RETRYABLE_ERROR_CODES: &[&str] = &["model_crashed", WORKER_BUSY_CODE];
 
 /// Whether a worker announcing `version` may register.
 pub fn is_accepted_protocol_version(version: Option<&str>) -> bool {

@@ -27,18 +27,20 @@ use super::upstream::UpstreamRequest;
 use super::worker_socket::serve_worker;
 use super::AppState;
 use crate::dialect::{ApiError, Dialect};
+use crate::protocol::CLIENT_AUTH_HEADERS;
 
 /// Client headers carried to the worker: authentication, content type, the OpenAI and
 /// Anthropic version and feature headers, and the session ids a worker's model lifecycle can
 /// restart a model on. Transport headers (user-agent, accept-encoding, ...) stay behind, as the
 /// contract says.
+///
+/// The client's credentials ([`CLIENT_AUTH_HEADERS`]) are kept apart: only workers of providers
+/// that opt in get them.
 const FORWARDED_HEADERS: &[&str] = &[
-    "authorization",
     "content-type",
     "openai-organization",
     "openai-project",
     "openai-beta",
-    "x-api-key",
     "anthropic-version",
     "anthropic-beta",
     "session-id",
@@ -170,17 +172,23 @@ struct RequestHead {
     endpoint_path: String,
     /// The client headers carried to the worker ([`FORWARDED_HEADERS`]).
     forwarded: crate::protocol::HeaderMap,
+    /// The client's credentials, for providers that opt in.
+    client_auth: crate::protocol::HeaderMap,
 }
 
 impl RequestHead {
     fn new(uri: axum::http::Uri, headers: HeaderMap) -> Self {
-        let forwarded = FORWARDED_HEADERS
-            .iter()
-            .filter_map(|name| {
-                let value = headers.get(*name)?.to_str().ok()?;
-                Some((name.to_string(), value.to_string()))
-            })
-            .collect();
+        let copy = |names: &[&str]| {
+            names
+                .iter()
+                .filter_map(|name| {
+                    let value = headers.get(*name)?.to_str().ok()?;
+                    Some((name.to_string(), value.to_string()))
+                })
+                .collect()
+        };
+        let forwarded = copy(FORWARDED_HEADERS);
+        let client_auth = copy(CLIENT_AUTH_HEADERS);
         let endpoint_path = uri
             .path_and_query()
             .map_or_else(|| uri.path(), |pq| pq.as_str())
@@ -189,6 +197,7 @@ impl RequestHead {
             dialect: Dialect::for_path(uri.path()),
             endpoint_path,
             forwarded,
+            client_auth,
         }
     }
 
@@ -256,6 +265,7 @@ async fn dispatch(
         dialect,
         endpoint_path,
         forwarded,
+        client_auth,
     } = head;
     // The hub consumes the request; a copy is kept only when an upstream may take it instead.
     let spare = (!state.upstreams.is_empty()).then(|| UpstreamRequest {
@@ -272,6 +282,7 @@ async fn dispatch(
         is_streaming,
         body,
         headers: forwarded,
+        client_auth,
     }) {
         Ok(accepted) => accepted,
         Err(error) => {
@@ -561,7 +572,7 @@ mod tests {
     }
 
     #[test]
-    fn the_request_head_keeps_the_query_and_only_the_forwarded_headers() {
+    fn the_request_head_keeps_the_query_and_only_the_forwarded_headers_with_credentials_apart() {
         let head = head(
             "/v1/messages?beta=true",
             &[
@@ -574,8 +585,8 @@ mod tests {
         assert_eq!(head.endpoint_path, "/v1/messages?beta=true");
         assert_eq!(head.dialect, Dialect::for_path("/v1/messages"));
         let names: Vec<&str> = head.forwarded.keys().map(String::as_str).collect();
-        assert_eq!(names, ["anthropic-version", "x-api-key"]);
-        assert_eq!(head.forwarded["x-api-key"], "sk-1");
+        assert_eq!(names, ["anthropic-version"]);
+        assert_eq!(head.client_auth["x-api-key"], "sk-1");
         assert!(!head.is_responses_api());
     }
 

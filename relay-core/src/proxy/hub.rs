@@ -75,15 +75,22 @@ pub struct HubSettings {
     pub cancel_grace: Duration,
     /// How long a draining worker may take before it is closed anyway.
     pub drain_timeout: Duration,
+    /// Providers whose workers get clients' credentials (`forward_client_auth`).
+    pub client_auth_providers: Vec<String>,
 }
 
 struct Pending {
     frame: Utf8Bytes,
+    /// The same frame with the client's credentials, for workers of providers that opt in;
+    /// built only when some provider does and the client sent any.
+    frame_with_auth: Option<Utf8Bytes>,
     events: EventSender,
 }
 
 struct WorkerLink {
     outbound: mpsc::UnboundedSender<Outbound>,
+    /// Its provider passes clients' credentials on.
+    forwards_client_auth: bool,
 }
 
 struct Inner {
@@ -139,8 +146,11 @@ pub struct RequestSpec {
     pub is_streaming: bool,
     /// The body, untouched.
     pub body: String,
-    /// Forwarded headers.
+    /// Forwarded headers, without the client's credentials.
     pub headers: HeaderMap,
+    /// The client's credentials ([`crate::protocol::CLIENT_AUTH_HEADERS`]): sent only to workers
+    /// of providers that opt in.
+    pub client_auth: HeaderMap,
 }
 
 impl Hub {
@@ -203,17 +213,26 @@ impl Hub {
     pub fn submit(&self, spec: RequestSpec) -> Result<Accepted, ApiError> {
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
         // Serialize once, outside the lock; requeues resend the same frame.
-        let frame = Utf8Bytes::from(
-            ServerToWorker::Request(RequestMessage {
-                request_id: request_wire_id(request),
-                model: spec.model.clone(),
-                endpoint_path: spec.endpoint_path,
-                is_streaming: spec.is_streaming,
-                body: spec.body,
-                headers: spec.headers,
-            })
-            .to_json(),
-        );
+        let wire = ServerToWorker::Request(RequestMessage {
+            request_id: request_wire_id(request),
+            model: spec.model.clone(),
+            endpoint_path: spec.endpoint_path,
+            is_streaming: spec.is_streaming,
+            body: spec.body,
+            headers: spec.headers,
+        });
+        let frame = Utf8Bytes::from(wire.to_json());
+        // A second frame only on the opt-in path, so the default one costs nothing more.
+        let frame_with_auth = match wire {
+            ServerToWorker::Request(mut message)
+                if !self.settings.client_auth_providers.is_empty()
+                    && !spec.client_auth.is_empty() =>
+            {
+                message.headers.extend(spec.client_auth);
+                Some(Utf8Bytes::from(ServerToWorker::Request(message).to_json()))
+            }
+            _ => None,
+        };
         let (events, receiver) = mpsc::unbounded_channel();
         let mut inner = self.lock();
         let submitted = match inner.scheduler.submit(request, &spec.model, Instant::now()) {
@@ -228,7 +247,14 @@ impl Hub {
             .scheduler
             .request_deadline(request)
             .expect("a submitted request is tracked");
-        inner.pending.insert(request, Pending { frame, events });
+        inner.pending.insert(
+            request,
+            Pending {
+                frame,
+                frame_with_auth,
+                events,
+            },
+        );
         match submitted {
             Submitted::Dispatched { worker, .. } => {
                 inner.execute(vec![Action::Dispatch { request, worker }]);
@@ -319,9 +345,18 @@ impl Hub {
             return Err(RegisterError::Drained);
         }
         let registered = inner.scheduler.register_worker(provider, message)?;
-        inner
-            .links
-            .insert(registered.worker, WorkerLink { outbound });
+        let forwards_client_auth = self
+            .settings
+            .client_auth_providers
+            .iter()
+            .any(|p| p == provider);
+        inner.links.insert(
+            registered.worker,
+            WorkerLink {
+                outbound,
+                forwards_client_auth,
+            },
+        );
         inner.execute(registered.actions);
         Ok(Joined {
             worker: registered.worker,
@@ -553,11 +588,19 @@ impl Inner {
                     };
                     tracing::debug!(request = %request_wire_id(request), worker = %worker_wire_id(worker), "request dispatched");
                     self.telemetry.touch();
+                    let with_auth = self
+                        .links
+                        .get(&worker)
+                        .is_some_and(|link| link.forwards_client_auth);
+                    let frame = match (&pending.frame_with_auth, with_auth) {
+                        (Some(frame), true) => frame.clone(),
+                        _ => pending.frame.clone(),
+                    };
                     self.send(
                         worker,
                         Outbound::Dispatch {
                             request,
-                            frame: pending.frame.clone(),
+                            frame,
                             events: pending.events.clone(),
                         },
                     );

@@ -10,6 +10,7 @@ pub mod control;
 pub mod guard;
 pub mod http;
 pub mod hub;
+mod passthrough;
 pub mod response;
 pub mod responses_api;
 pub mod responses_store;
@@ -45,6 +46,9 @@ pub struct ProviderConfig {
     pub secret: String,
     /// Queue and timeout limits.
     pub limits: ProviderLimits,
+    /// Whether its workers get clients' `Authorization` and `x-api-key` (off by default: anyone
+    /// with the worker secret could otherwise collect users' keys).
+    pub forward_client_auth: bool,
 }
 
 impl std::fmt::Debug for ProviderConfig {
@@ -110,6 +114,7 @@ impl ProxyConfig {
                 name: "local".to_string(),
                 secret: secret.into(),
                 limits: ProviderLimits::default(),
+                forward_client_auth: false,
             }],
             max_body_bytes: 32 * 1024 * 1024,
             max_stream_bytes: 256 * 1024 * 1024,
@@ -205,6 +210,12 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
         HubSettings {
             cancel_grace: config.cancel_grace,
             drain_timeout: config.drain_timeout,
+            client_auth_providers: config
+                .providers
+                .iter()
+                .filter(|p| p.forward_client_auth)
+                .map(|p| p.name.clone())
+                .collect(),
         },
     );
     let admin = AdminAccess::new(

@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+
+use super::passthrough;
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
@@ -173,7 +175,10 @@ impl Waiter {
                 if let Some(tracked) = self.tracked.as_mut() {
                     tracked.complete(complete.status_code, complete.token_counts.as_ref());
                 }
-                pass_through(*complete)
+                match pass_through(*complete) {
+                    Ok(response) => response,
+                    Err(refused) => self.relay_error(refused),
+                }
             }
             ResponseEvent::Failed(error) => {
                 self.guard.disarm();
@@ -284,42 +289,28 @@ pub fn sse_response(body: Body) -> Response {
     response
 }
 
-/// Headers that describe one HTTP hop, or that the relay recomputes, are not copied.
-fn is_hop_header(name: &str) -> bool {
-    matches!(
-        name,
-        "connection"
-            | "keep-alive"
-            | "transfer-encoding"
-            | "content-length"
-            | "content-encoding"
-            | "upgrade"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-    )
-}
-
-/// The backend's status, headers and body, as the worker reported them.
-pub fn pass_through(complete: ResponseCompleteMessage) -> Response {
-    let status = StatusCode::from_u16(complete.status_code).unwrap_or(StatusCode::BAD_GATEWAY);
+/// The backend's status, headers and body, as the worker reported them, through the relay's
+/// filter ([`passthrough`]): an answer it refuses (a status outside 200–599, a content type no
+/// inference API returns) is the error to send instead.
+pub fn pass_through(complete: ResponseCompleteMessage) -> Result<Response, ApiError> {
+    let status = passthrough::status(complete.status_code)?;
+    let content_type = complete
+        .headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+        .map(|(_, value)| value.as_str());
+    passthrough::content_type(content_type, complete.status_code)?;
     let mut response = Response::new(Body::from(complete.body.unwrap_or_default()));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     for (name, value) in &complete.headers {
-        let lower = name.to_ascii_lowercase();
-        if is_hop_header(&lower) {
-            continue;
-        }
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(lower.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
+        if let Some((name, value)) = passthrough::allowed_header(name, value) {
             headers.append(name, value);
         }
     }
     headers
         .entry(header::CONTENT_TYPE)
         .or_insert(HeaderValue::from_static("application/json"));
-    response
+    passthrough::harden(headers);
+    Ok(response)
 }

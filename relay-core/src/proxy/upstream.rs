@@ -256,7 +256,9 @@ impl Upstreams {
                 if let Some(observer) = observer.as_mut() {
                     observer.complete(&mut complete);
                 }
-                pass_through(complete)
+                pass_through(complete).unwrap_or_else(|refused| {
+                    upstream_failed(&upstream.name, &refused.message).into_response(dialect)
+                })
             }
             Some(WorkerToServer::ResponseChunk(chunk)) => {
                 let relay = StreamRelay {

@@ -9,7 +9,7 @@ use futures_util::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
 use super::sse::{SseSplitter, UsageTracker};
-use super::translate;
+use super::{endpoint, translate};
 use crate::dialect::Dialect;
 use crate::protocol::{
     ErrorMessage, HeaderMap, RequestMessage, ResponseChunkMessage, ResponseCompleteMessage,
@@ -68,6 +68,15 @@ pub(super) async fn forward_native(
     }
 }
 
+/// Why a request never got an answer from the backend.
+#[derive(Debug)]
+pub(super) enum SendError {
+    /// The path would leave the backend ([`endpoint::join`]): nothing was sent.
+    Refused(String),
+    /// The backend could not be reached.
+    Http(reqwest::Error),
+}
+
 /// POSTs `body` with the client's `headers` to `path` on the backend.
 pub(super) async fn send(
     client: &reqwest::Client,
@@ -75,10 +84,10 @@ pub(super) async fn send(
     path: &str,
     headers: &HeaderMap,
     body: String,
-) -> Result<reqwest::Response, reqwest::Error> {
-    let url = format!("{}{}", backend_url.trim_end_matches('/'), path);
+) -> Result<reqwest::Response, SendError> {
+    let url = endpoint::join(backend_url, path).map_err(SendError::Refused)?;
     tracing::debug!(%url, "forwarding request");
-    let mut builder = client.post(&url).body(body);
+    let mut builder = client.post(url).body(body);
     let mut has_content_type = false;
     for (name, value) in headers {
         let name = name.to_ascii_lowercase();
@@ -91,28 +100,41 @@ pub(super) async fn send(
     if !has_content_type {
         builder = builder.header("content-type", "application/json");
     }
-    builder.send().await
+    builder.send().await.map_err(SendError::Http)
 }
 
-/// Reports a backend that could not be reached: a 502 in the dialect of `path`.
+/// Reports a request the backend never answered: a 502 in the dialect of `path` when it could
+/// not be reached, a 400 when its path was refused.
 pub(super) async fn unreachable(
     backend_url: &str,
     path: &str,
     request_id: &str,
-    error: &reqwest::Error,
+    error: &SendError,
     events: &mpsc::Sender<TaskEvent>,
 ) {
-    tracing::warn!(request = %request_id, %backend_url, "backend error: {error}");
-    let message = format!(
-        "the worker's backend at {backend_url} is unreachable: {}",
-        error_chain(error)
-    );
-    let body = Dialect::for_path(path).error_body(
-        StatusCode::BAD_GATEWAY,
-        "backend_unavailable",
-        &message,
-    );
-    let complete = complete_message(request_id, StatusCode::BAD_GATEWAY, json_headers(), body);
+    let (status, code, message) = match error {
+        SendError::Http(error) => {
+            tracing::warn!(request = %request_id, %backend_url, "backend error: {error}");
+            (
+                StatusCode::BAD_GATEWAY,
+                "backend_unavailable",
+                format!(
+                    "the worker's backend at {backend_url} is unreachable: {}",
+                    error_chain(error)
+                ),
+            )
+        }
+        SendError::Refused(why) => {
+            tracing::warn!(request = %request_id, "{why}");
+            (
+                StatusCode::BAD_REQUEST,
+                "invalid_endpoint_path",
+                why.clone(),
+            )
+        }
+    };
+    let body = Dialect::for_path(path).error_body(status, code, &message);
+    let complete = complete_message(request_id, status, json_headers(), body);
     finish(events, request_id, complete).await;
 }
 

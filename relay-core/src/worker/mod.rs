@@ -3,6 +3,7 @@
 
 pub mod catalog;
 pub mod count_tokens;
+pub mod endpoint;
 pub mod forward;
 pub mod managed;
 pub mod native_routes;
@@ -52,8 +53,10 @@ pub struct WorkerConfig {
     pub backends: Backends,
     /// Models to advertise; `None` asks the backends.
     pub models: Option<Vec<String>>,
-    /// Requests run at once.
+    /// Requests run at once; more are refused with a retryable error.
     pub max_concurrent: u32,
+    /// Whether clients' `Authorization` and `x-api-key` reach the backends.
+    pub forward_client_auth: bool,
     /// Sent in `register`; `None` sends none (legacy).
     pub protocol_version: Option<String>,
     /// How often the backends' model lists are re-read.
@@ -89,6 +92,7 @@ impl WorkerConfig {
             backends: Backends::Fixed(vec![backend_url.to_string()]),
             models: None,
             max_concurrent: 4,
+            forward_client_auth: false,
             protocol_version: Some(BRIDGE_PROTOCOL_VERSION.to_string()),
             model_refresh_interval: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(30),

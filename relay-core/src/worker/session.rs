@@ -27,12 +27,12 @@ use window::FlowWindow;
 
 use super::catalog::{self, Catalog, Route};
 use super::forward::{error_chain, forward, TaskEvent};
-use super::{connect_url, managed, WorkerConfig};
+use super::{connect_url, endpoint, managed, WorkerConfig};
 use crate::dialect::Dialect;
 use crate::lifecycle::LifecycleManager;
 use crate::protocol::{
     ErrorMessage, ModelsUpdateMessage, PongMessage, RegisterMessage, RequestMessage,
-    ResponseCompleteMessage, ServerToWorker, WorkerToServer, CANCELLED_CODE,
+    ResponseCompleteMessage, ServerToWorker, WorkerToServer, CANCELLED_CODE, WORKER_BUSY_CODE,
 };
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -376,13 +376,34 @@ impl Session<'_> {
         }
     }
 
-    async fn start_request(&mut self, socket: &mut Socket, request: RequestMessage) {
+    async fn start_request(&mut self, socket: &mut Socket, mut request: RequestMessage) {
+        if self.active.len() >= self.config.max_concurrent as usize {
+            // More than it advertised: refuse before the backend sees it, retryably, so the
+            // proxy gives the request to another worker (or to this one once a slot frees).
+            tracing::warn!(request = %request.request_id, max_concurrent = self.config.max_concurrent, "refused a request beyond max_concurrent");
+            let busy = WorkerToServer::Error(ErrorMessage {
+                request_id: Some(request.request_id),
+                code: WORKER_BUSY_CODE.to_string(),
+                message: format!(
+                    "this worker already runs its {} requests (max_concurrent)",
+                    self.config.max_concurrent
+                ),
+            });
+            let _ = send(socket, &busy).await;
+            return;
+        }
+        if !self.config.forward_client_auth {
+            endpoint::strip_client_auth(&mut request.headers);
+        }
         let target = match self.catalog.route(&request.model) {
             Some(Route::Managed) => self.lifecycle.cloned().map(Target::Managed),
             Some(Route::Backend(url)) => Some(Target::Backend(url.to_string())),
             None => None,
         };
-        let refusal = if self.draining {
+        let refusal = if let Err(why) = endpoint::check_path(&request.endpoint_path) {
+            tracing::warn!(request = %request.request_id, "{why}");
+            Some((StatusCode::BAD_REQUEST, "invalid_endpoint_path", why))
+        } else if self.draining {
             Some((
                 StatusCode::SERVICE_UNAVAILABLE,
                 "worker_draining",

@@ -377,9 +377,13 @@ async fn dispatched_request_carries_id_model_raw_body_path_and_streaming_flag() 
     assert_eq!(answer_of(task).await.0, 200);
 }
 
-#[tokio::test]
-async fn dispatched_request_forwards_only_compatibility_headers() {
-    let proxy = start_proxy(test_config()).await;
+/// The headers a worker receives for a client request carrying the usual compatibility
+/// headers, credentials and transport noise, from a proxy whose provider opts in to passing
+/// credentials on or not.
+async fn headers_a_worker_receives(forward_client_auth: bool) -> Vec<(String, String)> {
+    let mut config = test_config();
+    config.providers[0].forward_client_auth = forward_client_auth;
+    let proxy = start_proxy(config).await;
     let (mut worker, _) = ScriptedWorker::join(proxy.addr, "w", &["m"], 4).await;
     let base = proxy.url();
     let task = tokio::spawn(async move {
@@ -400,35 +404,47 @@ async fn dispatched_request_forwards_only_compatibility_headers() {
         .await
     });
     let request = worker.next_request().await;
-    let expected = [
-        ("anthropic-beta", "tools-2024-04-04"),
-        ("anthropic-version", "2023-06-01"),
-        ("authorization", "Bearer sk-client"),
-        ("content-type", "application/json"),
-        ("openai-organization", "org-123"),
-        ("x-api-key", "sk-ant-client"),
-    ];
-    for (name, value) in expected {
-        assert_eq!(
-            request.headers.get(name).map(String::as_str),
-            Some(value),
-            "{name} is forwarded: {:?}",
-            request.headers
-        );
-    }
-    assert!(
-        !request.headers.contains_key("user-agent"),
-        "user-agent is not part of the envelope: {:?}",
-        request.headers
-    );
-    let names: Vec<&str> = request.headers.keys().map(String::as_str).collect();
-    assert_eq!(
-        names,
-        expected.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
-        "only the compatibility headers are forwarded"
-    );
     worker.complete(&request.request_id, "{}").await;
     assert_eq!(answer_of(task).await.0, 200);
+    request.headers.into_iter().collect()
+}
+
+fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
+    expected
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn dispatched_request_forwards_only_compatibility_headers_and_keeps_credentials_back() {
+    // The seeds list authorization and x-api-key among the forwarded headers; issue 12 (safe by
+    // default) overrides that: anyone with the worker secret would otherwise collect users' keys.
+    assert_eq!(
+        headers_a_worker_receives(false).await,
+        pairs(&[
+            ("anthropic-beta", "tools-2024-04-04"),
+            ("anthropic-version", "2023-06-01"),
+            ("content-type", "application/json"),
+            ("openai-organization", "org-123"),
+        ]),
+        "only the compatibility headers are forwarded, without credentials"
+    );
+}
+
+#[tokio::test]
+async fn a_provider_that_opts_in_gets_the_clients_credentials_too() {
+    assert_eq!(
+        headers_a_worker_receives(true).await,
+        pairs(&[
+            ("anthropic-beta", "tools-2024-04-04"),
+            ("anthropic-version", "2023-06-01"),
+            ("authorization", "Bearer sk-client"),
+            ("content-type", "application/json"),
+            ("openai-organization", "org-123"),
+            ("x-api-key", "sk-ant-client"),
+        ])
+    );
 }
 
 #[tokio::test]

@@ -154,6 +154,7 @@ async fn disabled_provider_is_refused_even_with_its_secret() {
     config.providers.push(ProviderConfig {
         name: "paused".to_string(),
         secret: "paused-secret".to_string(),
+        forward_client_auth: false,
         limits: ProviderLimits {
             enabled: false,
             ..ProviderLimits::default()
