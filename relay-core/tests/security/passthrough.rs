@@ -294,16 +294,19 @@ fn request(id: &str, path: &str, headers: &[(&str, &str)]) -> ServerToWorker {
     })
 }
 
+/// What a backend saw of one request: its path and its headers.
+type Seen = (String, Vec<(String, String)>);
+
 /// A backend that records every request (path and headers) and answers after `hold`.
 struct Backend {
     url: String,
-    seen: Arc<Mutex<Vec<(String, Vec<(String, String)>)>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
     in_flight_peak: Arc<AtomicUsize>,
 }
 
 async fn backend(hold: Duration) -> Backend {
     use axum::extract::Request;
-    let seen: Arc<Mutex<Vec<(String, Vec<(String, String)>)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let in_flight = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
     let (record, now, top) = (seen.clone(), in_flight.clone(), peak.clone());
