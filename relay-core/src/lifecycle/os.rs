@@ -29,6 +29,12 @@ pub fn is_same_process(pid: u32, expected: &ProcessIdentity) -> bool {
     identity(pid).is_some_and(|found| &found == expected)
 }
 
+/// This boot of the machine (Linux: the kernel's boot id; other Unixes: the boot time), or
+/// `None` where the system does not say. Records from another boot name recycled pids.
+pub fn boot_id() -> Option<String> {
+    imp::boot_id()
+}
+
 /// This process's pid and identity.
 pub fn me() -> (u32, Option<ProcessIdentity>) {
     let pid = std::process::id();
@@ -72,10 +78,11 @@ mod imp {
         Some(rest.split_whitespace().map(str::to_string).collect())
     }
 
-    fn boot_id() -> Option<String> {
+    pub fn boot_id() -> Option<String> {
         std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .ok()
             .map(|id| id.trim().to_string())
+            .filter(|id| !id.is_empty())
     }
 
     pub fn identity(pid: u32) -> Option<super::ProcessIdentity> {
@@ -144,12 +151,22 @@ mod imp {
         (out.status.success() && !text.is_empty()).then_some(text)
     }
 
+    /// `kern.boottime` (macOS, the BSDs): the time of this boot, as good as an id.
+    pub fn boot_id() -> Option<String> {
+        let out = Command::new("sysctl")
+            .args(["-n", "kern.boottime"])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (out.status.success() && !text.is_empty()).then_some(text)
+    }
+
     pub fn identity(pid: u32) -> Option<super::ProcessIdentity> {
         if ps(pid, "stat=")?.starts_with('Z') {
             return None;
         }
         Some(super::ProcessIdentity {
-            boot_id: None,
+            boot_id: boot_id(),
             start_time: ps(pid, "lstart=")?,
         })
     }
@@ -174,6 +191,10 @@ mod imp {
     // has no way to identify survivors, so it leaves them alone.
     pub const TERM: i32 = 15;
     pub const KILL: i32 = 9;
+
+    pub fn boot_id() -> Option<String> {
+        None
+    }
 
     pub fn identity(_pid: u32) -> Option<super::ProcessIdentity> {
         None

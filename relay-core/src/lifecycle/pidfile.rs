@@ -1,7 +1,10 @@
 //! Pid files: every model server this worker starts is recorded under `DATA_DIR/pids/`, with the
 //! identity of the process *and* of the worker that owns it. At startup the worker kills the
 //! survivors of a previous run (its owner is gone, the process is still the one recorded), and
-//! nothing else: a recycled pid or a record of a worker that is still running is left alone.
+//! nothing else: a recycled pid or a record of a worker that is still running is left alone, and
+//! so is every record from another boot (after a power loss the recorded pids and process
+//! groups name unrelated processes, which must never be signalled). Records are readable by
+//! their owner only: they hold command lines.
 
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
@@ -29,6 +32,19 @@ pub struct PidRecord {
     pub owner_pid: u32,
     /// Who that worker process is.
     pub owner: Option<ProcessIdentity>,
+}
+
+/// Writes `text` to `path`, readable and writable by its owner only.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path)?.write_all(text.as_bytes())
 }
 
 /// What [`PidDir::cleanup_orphans`] did.
@@ -90,7 +106,7 @@ impl PidDir {
         let text = serde_json::to_string_pretty(&record).expect("a record always serializes");
         // Write then rename, so a crash mid-write never leaves a half record.
         let tmp = self.dir.join(format!(".{pid}.json.tmp"));
-        std::fs::write(&tmp, text)?;
+        write_private(&tmp, &text)?;
         std::fs::rename(&tmp, self.file(pid))
     }
 
@@ -137,10 +153,23 @@ impl PidDir {
 
     /// Kills the recorded processes whose worker is gone and that are still the very processes
     /// recorded (their groups: SIGTERM, then SIGKILL after `grace`), and removes stale records.
+    /// Only records of this boot are acted on; without a boot id to compare (an OS that gives
+    /// none) nothing is signalled.
     pub async fn cleanup_orphans(&self, grace: Duration) -> CleanupReport {
         let mut report = CleanupReport::default();
         let mut doomed = Vec::new();
+        let this_boot = os::boot_id();
         for record in self.records() {
+            if this_boot.is_none() || record.identity.boot_id != this_boot {
+                tracing::info!(
+                    pid = record.pid,
+                    model = %record.model,
+                    "forgetting a pid record from another boot (its pid may name another process now)"
+                );
+                report.stale += 1;
+                self.remove(record.pid);
+                continue;
+            }
             if self.owned_by_live_worker(&record) {
                 // Ours (this very worker) or another worker's that is still running.
                 report.foreign += 1;

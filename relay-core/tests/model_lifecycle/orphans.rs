@@ -184,3 +184,115 @@ async fn orphan_cleanup_kills_survivors_of_a_killed_worker_and_only_those() {
     })
     .await;
 }
+
+/// A process group whose leader has exited while a member lives on: what a recorded model
+/// server's group looks like after the server itself died, and, after a reboot, what an
+/// unrelated program's group can look like under a recycled pgid. Killed when dropped.
+struct LeaderlessGroup {
+    pgid: u32,
+}
+
+impl LeaderlessGroup {
+    async fn start() -> Self {
+        use std::os::unix::process::CommandExt;
+        let mut leader = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 >/dev/null 2>&1 & exit 0"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = leader.id();
+        leader.wait().unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !os::group_exists(pgid) {
+            assert!(tokio::time::Instant::now() < deadline, "the member started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        LeaderlessGroup { pgid }
+    }
+}
+
+impl Drop for LeaderlessGroup {
+    fn drop(&mut self) {
+        os::kill_group(self.pgid);
+    }
+}
+
+fn record_of_group(pgid: u32, boot_id: Option<String>) -> PidRecord {
+    PidRecord {
+        pid: pgid,
+        identity: ProcessIdentity {
+            boot_id,
+            start_time: "12345".into(),
+        },
+        model: "m".into(),
+        port: 1,
+        command: "llama-server (before the power loss)".into(),
+        owner_pid: 1,
+        owner: None,
+    }
+}
+
+#[tokio::test]
+async fn records_from_another_boot_are_forgotten_and_never_signalled() {
+    bounded(async {
+        let dir = TempDir::new("orphans-boot");
+        let data = dir.join("data");
+        let manager = LifecycleManager::new(quick(config("")), &data).unwrap();
+        // After a power loss the recorded pgid names someone else's group.
+        let stranger = LeaderlessGroup::start().await;
+        write_record(
+            &data,
+            &record_of_group(stranger.pgid, Some("a-boot-long-ago".into())),
+        );
+        let report = manager.cleanup_orphans().await;
+        assert!(report.killed.is_empty(), "{report:?}");
+        assert_eq!(report.stale, 1);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            os::group_exists(stranger.pgid),
+            "a process under a pid from another boot was signalled"
+        );
+        assert!(
+            !data
+                .join("pids")
+                .join(format!("{}.json", stranger.pgid))
+                .exists(),
+            "the record is forgotten"
+        );
+
+        // The same group recorded in this boot is a survivor of ours: it goes.
+        let survivor = LeaderlessGroup::start().await;
+        write_record(&data, &record_of_group(survivor.pgid, os::boot_id()));
+        let report = manager.cleanup_orphans().await;
+        assert_eq!(report.killed.len(), 1, "{report:?}");
+        assert!(!os::group_exists(survivor.pgid));
+        manager.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn pid_records_are_readable_by_their_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    bounded(async {
+        let dir = TempDir::new("orphans-mode");
+        let data = dir.join("data");
+        let log = dir.join("m.log");
+        let text = format!(
+            "[worker.lifecycle]\nmodel_port_base = 25620\n{}",
+            fake_entry("m", &log, "", "")
+        );
+        let manager = LifecycleManager::new(quick(config(&text)), &data).unwrap();
+        let lease = manager.acquire("m", None).await.unwrap();
+        let records: Vec<_> = std::fs::read_dir(data.join("pids"))
+            .unwrap()
+            .flatten()
+            .collect();
+        assert_eq!(records.len(), 1, "{records:?}");
+        let mode = records[0].metadata().unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "pid record mode {mode:o}");
+        drop(lease);
+        manager.shutdown().await;
+    })
+    .await;
+}
