@@ -346,7 +346,7 @@ async function checkEmbeddedUi(relay) {
 }
 
 /** Headless Debian Chromium with a fresh profile; closed by `cleanup()`. */
-export async function launchBrowser() {
+export async function launchBrowser({ extraArgs = [] } = {}) {
   const profile = tempDir('mr-chromium-');
   mkdirSync(profile, { recursive: true });
   const context = await withTimeout(
@@ -365,6 +365,7 @@ export async function launchBrowser() {
         '--disable-component-update',
         '--disable-sync',
         '--disable-dev-shm-usage',
+        ...extraArgs,
       ],
     }),
     40_000,
