@@ -44,7 +44,7 @@ RELAY_ENV = {
     "REQUEST_TIMEOUT_SECS", "MAX_BODY_BYTES", "HEARTBEAT_INTERVAL_SECS", "HEARTBEAT_TIMEOUT_SECS",
     "DRAIN_TIMEOUT_SECS", "LOG_LEVEL", "PROXY_URL", "WORKER_NAME", "BACKEND_URL", "MODELS",
     "MAX_CONCURRENCY", "PROTOCOL_VERSION", "WORKER_DRAIN_TIMEOUT_SECS", "TLS_CERT", "TLS_KEY",
-    "PROXY_FINGERPRINT",
+    "PROXY_FINGERPRINT", "FORWARD_CLIENT_AUTH", "WORKER_SECRET_FILE",
 }
 
 URL_PATTERN = re.compile(r"ModelRelay is serving at (https?://\S+)")
@@ -167,10 +167,17 @@ def backend():
         server.stop()
 
 
-def start_relay(backend: MockBackend, data_dir: Path, config_text: str | None = None, tls: bool = False) -> Relay:
+def start_relay(
+    backend: MockBackend,
+    data_dir: Path,
+    config_text: str | None = None,
+    tls: bool = False,
+    extra_env: dict[str, str] | None = None,
+) -> Relay:
     """Starts `modelrelay --listen 127.0.0.1:0` (proxy + in-process worker) in front of `backend`
     and waits until it lists the backend's models. `config_text` becomes its config file; `tls`
-    serves https with a self-signed certificate (generated into `data_dir/tls/cert.pem`)."""
+    serves https with a self-signed certificate (generated into `data_dir/tls/cert.pem`);
+    `extra_env` sets more of its environment variables."""
     # Settings from the developer's shell must not leak into the run under test.
     env = {key: value for key, value in os.environ.items() if key not in RELAY_ENV and not key.startswith("MODELRELAY_")}
     env.update(
@@ -186,6 +193,7 @@ def start_relay(backend: MockBackend, data_dir: Path, config_text: str | None = 
             "no_proxy": "127.0.0.1,localhost",
         }
     )
+    env.update(extra_env or {})
     args = [str(relay_binary()), "--listen", "127.0.0.1:0"]
     if tls:
         args += ["--tls", "self-signed"]

@@ -70,9 +70,10 @@ def test_unknown_model_raises_not_found(client):
     assert "claude-no-such-model" in body["error"]["message"]
 
 
-def test_relay_forwards_the_sdk_auth_and_version_headers(client, seen):
-    """Whatever the SDK authenticates with (this SDK version sends the key as
-    `Authorization: Bearer`), and its `anthropic-version`, reach the backend unchanged."""
+def test_relay_forwards_the_sdk_version_headers_and_keeps_its_credentials(client, seen):
+    """The SDK's `anthropic-version` reaches the backend unchanged; its credential (this SDK
+    version sends the key as `Authorization: Bearer`) stays with the relay by default, so the
+    shared worker secret never hands a worker the users' keys."""
     sdk_auth = {name.lower(): value for name, value in client.auth_headers.items()}
     sdk_version = client.default_headers["anthropic-version"]
     assert sdk_auth, "the SDK sends some credential"
@@ -80,15 +81,16 @@ def test_relay_forwards_the_sdk_auth_and_version_headers(client, seen):
     forwarded = [r for r in seen() if r["path"] == "/v1/messages"]
     assert len(forwarded) == 1
     headers = forwarded[0]["headers"]
-    for name, value in sdk_auth.items():
-        assert headers.get(name) == value, f"{name} not forwarded: {headers}"
+    for name in sdk_auth:
+        assert name not in headers, f"{name} reached the backend: {headers}"
     assert headers.get("anthropic-version") == sdk_version
     assert forwarded[0]["body"]["messages"] == MESSAGES
     assert forwarded[0]["body"]["max_tokens"] == 16
 
 
-def test_relay_forwards_x_api_key_anthropic_version_and_beta(client, seen):
-    """Claude Code style: `x-api-key`, a pinned `anthropic-version` and `anthropic-beta` flags."""
+def test_relay_forwards_anthropic_version_and_beta_but_not_x_api_key(client, seen):
+    """Claude Code style: `x-api-key`, a pinned `anthropic-version` and `anthropic-beta` flags;
+    the key stays with the relay unless forwarding is turned on."""
     client.messages.create(
         model=CHAT_MODEL,
         max_tokens=16,
@@ -102,6 +104,27 @@ def test_relay_forwards_x_api_key_anthropic_version_and_beta(client, seen):
     forwarded = [r for r in seen() if r["path"] == "/v1/messages"]
     assert len(forwarded) == 1
     headers = forwarded[0]["headers"]
-    assert headers.get("x-api-key") == "sk-relay-test"
+    assert "x-api-key" not in headers, headers
     assert headers.get("anthropic-version") == "2023-06-01"
     assert headers.get("anthropic-beta") == "claude-code-20250219,interleaved-thinking-2025-05-14"
+
+
+def test_a_relay_that_opts_in_forwards_the_sdk_credentials(backend, tmp_path):
+    """With `FORWARD_CLIENT_AUTH=true` (for backends that check the users' keys) the proxy
+    passes the credentials to its workers and the worker to its backend."""
+    from conftest import assert_clean_exit, seen_reader, start_relay
+
+    data_dir = tmp_path / "modelrelay-data"
+    data_dir.mkdir()
+    relay = start_relay(backend, data_dir, extra_env={"FORWARD_CLIENT_AUTH": "true"})
+    try:
+        seen = seen_reader(backend)
+        with anthropic.Anthropic(base_url=relay.url, api_key="sk-user", max_retries=0, timeout=20) as client:
+            client.messages.create(
+                model=CHAT_MODEL, max_tokens=16, messages=MESSAGES, extra_headers={"x-api-key": "sk-ant-user"}
+            )
+        forwarded = [r for r in seen() if r["path"] == "/v1/messages"]
+        assert len(forwarded) == 1
+        assert forwarded[0]["headers"].get("x-api-key") == "sk-ant-user", forwarded[0]["headers"]
+    finally:
+        relay.kill_if_running_after(assert_clean_exit)
