@@ -54,6 +54,14 @@ pub const RELAY_ENV: &[&str] = &[
     "PROXY_FINGERPRINT",
 ];
 
+/// The binary under test: the one cargo built for these tests, or `MODELRELAY_TEST_BIN` (e.g. the
+/// release build: `MODELRELAY_TEST_BIN=target/release/modelrelay cargo test --test security`).
+pub fn binary_path() -> PathBuf {
+    std::env::var_os("MODELRELAY_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_modelrelay")))
+}
+
 /// A fresh directory under the system temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);
 
@@ -87,7 +95,7 @@ impl Drop for TempDir {
 /// `modelrelay` with a clean environment: `MODELRELAY_DATA_DIR` set to `data_dir`, no config
 /// file from the user's home, info logs.
 pub fn modelrelay(data_dir: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_modelrelay"));
+    let mut command = Command::new(binary_path());
     for name in RELAY_ENV {
         command.env_remove(name);
     }
