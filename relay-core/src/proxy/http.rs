@@ -291,9 +291,14 @@ async fn dispatch(
                 .and_then(|r| state.upstreams.for_refusal(&r.model, &error));
             return match (upstream, spare) {
                 (Some(upstream), Some(request)) => {
+                    let tracked = state.hub.track_upstream(
+                        &request.model,
+                        request.is_streaming,
+                        &upstream.name,
+                    );
                     state
                         .upstreams
-                        .serve(upstream, request, dialect, observer)
+                        .serve(upstream, request, dialect, observer, tracked)
                         .await
                 }
                 _ => error.into_response(dialect),

@@ -18,7 +18,7 @@ use super::scheduler::{
     ProviderLimits, RegisterError, RequestId, Scheduler, SubmitError, Submitted, WorkerId,
     WorkerSnapshot,
 };
-use super::telemetry::Telemetry;
+use super::telemetry::{Telemetry, TrackedRequest};
 use crate::dialect::ApiError;
 use crate::protocol::{
     CancelMessage, CancelReason, GracefulShutdownMessage, HeaderMap, ModelsRefreshMessage,
@@ -269,6 +269,14 @@ impl Hub {
             deadline,
             events: receiver,
         })
+    }
+
+    /// Starts tracking a request that an upstream serves instead of a worker, so the dashboard
+    /// counts it like any other (its id comes from the same sequence).
+    pub fn track_upstream(&self, model: &str, streaming: bool, upstream: &str) -> TrackedRequest {
+        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
+        self.telemetry
+            .begin_via(request, model, streaming, Some(upstream))
     }
 
     /// The client is gone or timed out: unqueue the request, or tell its worker to stop and hold

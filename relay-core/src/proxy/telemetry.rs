@@ -35,6 +35,8 @@ pub struct RequestRecord {
     pub streaming: bool,
     /// When it arrived.
     pub arrived: Instant,
+    /// The upstream serving it (`[[proxy.upstreams]]` name), for requests no worker runs.
+    pub upstream: Option<String>,
     /// Nanoseconds from arrival to the answer's first byte; 0 until then.
     first_byte_nanos: AtomicU64,
     /// Output tokens so far.
@@ -152,10 +154,22 @@ impl Telemetry {
         model: &str,
         streaming: bool,
     ) -> TrackedRequest {
+        self.begin_via(request, model, streaming, None)
+    }
+
+    /// A request accepted for `upstream` (or a worker, with `None`).
+    pub fn begin_via(
+        self: &Arc<Self>,
+        request: RequestId,
+        model: &str,
+        streaming: bool,
+        upstream: Option<&str>,
+    ) -> TrackedRequest {
         let record = Arc::new(RequestRecord {
             model: model.to_string(),
             streaming,
             arrived: Instant::now(),
+            upstream: upstream.map(str::to_string),
             first_byte_nanos: AtomicU64::new(0),
             tokens: AtomicU64::new(0),
         });

@@ -27,6 +27,7 @@ use tokio::task::AbortHandle;
 
 use super::aliases::glob_match;
 use super::response::{pass_through, sse_response, AnswerObserver};
+use super::telemetry::TrackedRequest;
 use crate::adapter::{client_api_for_path, ClientApi};
 use crate::dialect::{ApiError, Dialect};
 use crate::protocol::{HeaderMap, RequestMessage, WorkerToServer};
@@ -209,13 +210,15 @@ impl Upstreams {
         }
     }
 
-    /// Serves `request` from `upstream` and answers the client in `dialect`.
+    /// Serves `request` from `upstream` and answers the client in `dialect`; `tracked` counts it
+    /// on the dashboard like a worker's request.
     pub async fn serve(
         &self,
         upstream: &UpstreamConfig,
         request: UpstreamRequest,
         dialect: Dialect,
         mut observer: Option<Box<dyn AnswerObserver>>,
+        mut tracked: TrackedRequest,
     ) -> Response {
         let translate_to_anthropic = match upstream.kind {
             UpstreamKind::OpenAi => false,
@@ -226,6 +229,7 @@ impl Upstreams {
                         "model {} is served by upstream {}, an Anthropic API, which has no {}",
                         request.model, upstream.name, request.endpoint_path
                     );
+                    tracked.fail();
                     return ApiError::new(StatusCode::BAD_REQUEST, "unsupported_route", message)
                         .into_response(dialect);
                 }
@@ -256,7 +260,9 @@ impl Upstreams {
                 if let Some(observer) = observer.as_mut() {
                     observer.complete(&mut complete);
                 }
+                tracked.complete(complete.status_code, complete.token_counts.as_ref());
                 pass_through(complete).unwrap_or_else(|refused| {
+                    tracked.fail();
                     upstream_failed(&upstream.name, &refused.message).into_response(dialect)
                 })
             }
@@ -265,6 +271,7 @@ impl Upstreams {
                     answers,
                     _guard: guard,
                     observer,
+                    tracked,
                     dialect,
                     sent: 0,
                     limit: self.max_stream_bytes,
@@ -272,9 +279,13 @@ impl Upstreams {
                 relay.into_response(Bytes::from(chunk.chunk))
             }
             Some(WorkerToServer::Error(error)) => {
+                tracked.fail();
                 upstream_failed(&upstream.name, &error.message).into_response(dialect)
             }
-            _ => upstream_failed(&upstream.name, "no answer").into_response(dialect),
+            _ => {
+                tracked.fail();
+                upstream_failed(&upstream.name, "no answer").into_response(dialect)
+            }
         }
     }
 }
@@ -311,6 +322,8 @@ struct StreamRelay {
     answers: mpsc::Receiver<TaskEvent>,
     _guard: AbortOnDrop,
     observer: Option<Box<dyn AnswerObserver>>,
+    /// The dashboard's record of the request: chunks, the final counts, or the failure.
+    tracked: TrackedRequest,
     dialect: Dialect,
     sent: u64,
     limit: u64,
@@ -322,8 +335,14 @@ impl StreamRelay {
         match next_message(&mut self.answers).await? {
             WorkerToServer::ResponseChunk(chunk) => Some((Bytes::from(chunk.chunk), false)),
             WorkerToServer::Error(error) => {
+                self.tracked.fail();
                 let error = upstream_failed("stream", &error.message);
                 Some((error.to_sse(self.dialect), true))
+            }
+            WorkerToServer::ResponseComplete(complete) => {
+                self.tracked
+                    .complete(complete.status_code, complete.token_counts.as_ref());
+                None
             }
             _ => None,
         }
@@ -333,6 +352,7 @@ impl StreamRelay {
     fn pass(&mut self, bytes: Bytes) -> (Bytes, bool) {
         self.sent += bytes.len() as u64;
         if self.sent > self.limit {
+            self.tracked.fail();
             let error = ApiError::new(
                 StatusCode::BAD_GATEWAY,
                 "stream_too_large",
@@ -343,6 +363,7 @@ impl StreamRelay {
         if let Some(observer) = self.observer.as_mut() {
             observer.chunk(&bytes);
         }
+        self.tracked.chunk(&bytes);
         (bytes, false)
     }
 

@@ -265,3 +265,34 @@ async fn an_upstream_that_is_down_is_a_502_in_the_clients_dialect() {
     assert!(!text.contains(UPSTREAM_KEY));
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn requests_served_upstream_count_on_the_dashboard_like_a_workers() {
+    let cloud = ChatOnlyBackend::start(&[]).await;
+    let proxy = proxy_with_cloud(&cloud.url(), &["gpt-*"]).await;
+    let unary = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &unary).await;
+    assert_eq!(status, 200, "{text}");
+    let streamed =
+        json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &streamed).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("[DONE]"), "{text}");
+    // Counted when each answer has been handed over entirely.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let totals = loop {
+        let (code, body) = get_json(&proxy.url(), "/api/status", &[]).await;
+        assert_eq!(code, 200);
+        if body["totals"]["requests"] == 2 || std::time::Instant::now() > deadline {
+            break body["totals"].clone();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(totals["requests"], 2, "{totals}");
+    assert_eq!(totals["errors"], 0, "{totals}");
+    assert!(
+        totals["tokens"].as_u64().unwrap() >= CHAT_ONLY_USAGE.1,
+        "the upstream's tokens count too: {totals}"
+    );
+    proxy.shutdown().await;
+}

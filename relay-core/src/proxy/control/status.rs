@@ -146,8 +146,13 @@ pub fn snapshot(state: &AppState) -> Status {
         .iter()
         .zip(assignments)
         .filter_map(|((id, record), assignment)| {
-            // Untracked by the scheduler: answered, the client still reading the last bytes.
-            let worker = assignment?;
+            // Untracked by the scheduler: an upstream's, or answered with the client still
+            // reading the last bytes.
+            let worker = match (assignment, &record.upstream) {
+                (Some(worker), _) => worker,
+                (None, Some(upstream)) => Some(format!("upstream:{upstream}")),
+                (None, None) => return None,
+            };
             let age = record.arrived.elapsed();
             let ttft = record.ttft();
             let tokens = record.tokens();
