@@ -5,7 +5,6 @@ use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use rand::distr::{Alphanumeric, SampleString};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -13,6 +12,7 @@ use crate::cli::{Cli, Command, ModelsCommand};
 use crate::config::{self, ConfigError, FileConfig};
 use crate::discovery::{self, DiscoveryOptions};
 use crate::node::{Node, NodeOptions, Roles};
+use crate::paths;
 use crate::worker;
 
 /// How many ports after the default one are tried when it is taken.
@@ -88,88 +88,30 @@ pub async fn run(mut cli: Cli) -> Result<(), AppError> {
             command: ModelsCommand::Status,
         }) => {
             let mapped: Vec<String> = file()?.worker.model_map.keys().cloned().collect();
-            crate::lifecycle::inspect::run(&mapped, &data_dir()).await;
+            crate::lifecycle::inspect::run(&mapped, &paths::data_dir()).await;
             Ok(())
         }
     }
 }
 
-/// The data directory: `MODELRELAY_DATA_DIR`, or the OS data directory
-/// (`~/.local/share/modelrelay` on Linux).
-pub fn data_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("MODELRELAY_DATA_DIR") {
-        return PathBuf::from(dir);
-    }
-    directories::ProjectDirs::from("", "", "modelrelay")
-        .map(|d| d.data_dir().to_path_buf())
-        .unwrap_or_else(|| PathBuf::from(".modelrelay"))
-}
-
 /// The stored worker secret, created on first use with 32 random characters (owner-only file).
 pub fn stored_secret(create: bool) -> Result<Option<String>, AppError> {
-    stored_value(&data_dir(), "worker-secret", create)
+    let dir = paths::data_dir();
+    paths::stored_secret(&dir, paths::WORKER_SECRET_FILE, create).map_err(|e| AppError::Secret {
+        path: dir.join(paths::WORKER_SECRET_FILE),
+        reason: e.to_string(),
+    })
 }
-
-/// Where the generated admin token is stored in the data directory `dir`.
-pub fn admin_token_path(dir: &std::path::Path) -> PathBuf {
-    dir.join(ADMIN_TOKEN_FILE)
-}
-
-const ADMIN_TOKEN_FILE: &str = "admin-token";
 
 /// The admin token of the control API stored in the data directory `dir`, created on first use
 /// like the worker secret.
 pub fn stored_admin_token(dir: &std::path::Path) -> Result<String, AppError> {
-    Ok(stored_value(dir, ADMIN_TOKEN_FILE, true)?.expect("created when missing"))
-}
-
-/// A generated secret kept in the file `name` of the data directory `dir`.
-fn stored_value(
-    dir: &std::path::Path,
-    name: &str,
-    create: bool,
-) -> Result<Option<String>, AppError> {
-    let path = dir.join(name);
-    let failure = |reason: String| AppError::Secret {
-        path: path.clone(),
-        reason,
-    };
-    match std::fs::read_to_string(&path) {
-        Ok(text) if !text.trim().is_empty() => return Ok(Some(text.trim().to_string())),
-        Ok(_) => {}
-        Err(e) if e.kind() == ErrorKind::NotFound => {}
-        Err(e) => return Err(failure(e.to_string())),
-    }
-    if !create {
-        return Ok(None);
-    }
-    let secret = Alphanumeric.sample_string(&mut rand::rng(), 32);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| failure(e.to_string()))?;
-    }
-    write_private(&path, &secret).map_err(|e| failure(e.to_string()))?;
-    tracing::info!(path = %path.display(), "generated a new {name}");
-    Ok(Some(secret))
-}
-
-/// Writes `text` to `path`, readable by its owner only.
-#[cfg(unix)]
-pub(crate) fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(text.as_bytes())
-}
-
-/// Writes `text` to `path`.
-#[cfg(not(unix))]
-pub(crate) fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    std::fs::write(path, text)
+    paths::stored_secret(dir, paths::ADMIN_TOKEN_FILE, true)
+        .map(|token| token.expect("created when missing"))
+        .map_err(|e| AppError::Secret {
+            path: dir.join(paths::ADMIN_TOKEN_FILE),
+            reason: e.to_string(),
+        })
 }
 
 /// The proxy's secret: flag/env, file, or the stored one (generated on first run).
@@ -285,7 +227,10 @@ impl SecretSource {
             }
             SecretSource::File(path) => format!("in {}", path.display()),
             SecretSource::Stored => {
-                format!("stored in {}", data_dir().join("worker-secret").display())
+                format!(
+                    "stored in {}",
+                    paths::data_dir().join(paths::WORKER_SECRET_FILE).display()
+                )
             }
         }
     }

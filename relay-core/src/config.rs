@@ -605,7 +605,7 @@ pub fn worker_config(
         reconnect_min: Duration::from_secs(1),
         reconnect_max: Duration::from_secs(30),
         lifecycle,
-        data_dir: crate::app::data_dir(),
+        data_dir: crate::paths::data_dir(),
         native_routes: crate::worker::native_routes::NativeOverrides {
             messages: w.native_messages,
             responses: w.native_responses,

@@ -13,6 +13,7 @@ pub mod discovery;
 pub mod lan;
 pub mod lifecycle;
 pub mod node;
+pub mod paths;
 pub mod protocol;
 pub mod proxy;
 pub mod startup;

@@ -47,7 +47,7 @@ struct Waiting {
 
 impl LifecycleManager {
     /// A manager for `config`, recording its processes under `data_dir` (created if needed;
-    /// the worker passes `app::data_dir().join("lifecycle")`). Must be called inside a tokio
+    /// the worker passes `paths::data_dir().join("lifecycle")`). Must be called inside a tokio
     /// runtime: it spawns the idle timer task.
     pub fn new(config: LifecycleConfig, data_dir: &Path) -> std::io::Result<Self> {
         let pids = PidDir::open(data_dir)?;

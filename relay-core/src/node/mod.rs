@@ -182,16 +182,23 @@ impl Node {
         let tls_setting = config::tls_setting(&options.proxy_args, &file)?;
         proxy_config.tls = crate::tls::ServerTls::for_setting(
             &tls_setting,
-            &options.data_dir.clone().unwrap_or_else(app::data_dir),
+            &options
+                .data_dir
+                .clone()
+                .unwrap_or_else(crate::paths::data_dir),
             &crate::tls::server::self_signed_names(&lan::host_name(), addr.ip()),
         )?;
         let fingerprint = proxy_config.tls.as_ref().map(|tls| tls.fingerprint());
         // Every node has a token: on loopback it guards only the changes that run programs or
         // send secrets elsewhere, beyond loopback (or when configured) every control route.
         if proxy_config.admin_token.is_none() {
-            let dir = options.data_dir.clone().unwrap_or_else(app::data_dir);
+            let dir = options
+                .data_dir
+                .clone()
+                .unwrap_or_else(crate::paths::data_dir);
             proxy_config.admin_token = Some(AdminToken(app::stored_admin_token(&dir)?));
-            proxy_config.admin_token_origin = TokenOrigin::Stored(app::admin_token_path(&dir));
+            proxy_config.admin_token_origin =
+                TokenOrigin::Stored(crate::paths::admin_token_path(&dir));
         }
         let admin_token = proxy_config.admin_token.as_ref().map(|t| t.0.clone());
         let access = AdminAccess::new(

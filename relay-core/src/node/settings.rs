@@ -429,7 +429,7 @@ pub fn write(path: &Path, text: &str) -> std::io::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     let temporary = path.with_extension("toml.tmp");
-    crate::app::write_private(&temporary, text)?;
+    crate::paths::write_private(&temporary, text)?;
     std::fs::rename(&temporary, path)
 }
 

@@ -235,7 +235,7 @@ fn generate(dir: &Path, cert: &Path, key: &Path, names: &[String]) -> Result<(),
         .self_signed(&key_pair)
         .map_err(|e| TlsError::Generate(e.to_string()))?;
     std::fs::create_dir_all(dir).map_err(|e| write_error(dir, e))?;
-    crate::app::write_private(key, &key_pair.serialize_pem()).map_err(|e| write_error(key, e))?;
+    crate::paths::write_private(key, &key_pair.serialize_pem()).map_err(|e| write_error(key, e))?;
     std::fs::write(cert, certificate.pem()).map_err(|e| write_error(cert, e))?;
     tracing::info!(
         cert = %cert.display(),

@@ -99,7 +99,7 @@ impl WorkerConfig {
             reconnect_min: Duration::from_secs(1),
             reconnect_max: Duration::from_secs(30),
             lifecycle: None,
-            data_dir: crate::app::data_dir(),
+            data_dir: crate::paths::data_dir(),
             native_routes: native_routes::NativeOverrides::default(),
             report: Arc::default(),
         }

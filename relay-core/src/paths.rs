@@ -1,0 +1,87 @@
+//! Where the relay keeps its state on disk: the data directory, the secrets generated into it,
+//! and files only their owner may read.
+
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+
+use rand::distr::{Alphanumeric, SampleString};
+
+/// The worker secret's file in the data directory.
+pub const WORKER_SECRET_FILE: &str = "worker-secret";
+/// The admin token's file in the data directory.
+pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+
+/// The data directory: `MODELRELAY_DATA_DIR`, or the OS data directory
+/// (`~/.local/share/modelrelay` on Linux).
+pub fn data_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("MODELRELAY_DATA_DIR") {
+        return PathBuf::from(dir);
+    }
+    directories::ProjectDirs::from("", "", "modelrelay")
+        .map(|d| d.data_dir().to_path_buf())
+        .unwrap_or_else(|| PathBuf::from(".modelrelay"))
+}
+
+/// Where the generated admin token is stored in the data directory `dir`.
+pub fn admin_token_path(dir: &Path) -> PathBuf {
+    dir.join(ADMIN_TOKEN_FILE)
+}
+
+/// The secret kept in file `name` of `dir`; with `create`, one of 32 random characters is
+/// generated and stored (owner-only) when there is none.
+pub fn stored_secret(dir: &Path, name: &str, create: bool) -> std::io::Result<Option<String>> {
+    let path = dir.join(name);
+    match std::fs::read_to_string(&path) {
+        Ok(text) if !text.trim().is_empty() => return Ok(Some(text.trim().to_string())),
+        Ok(_) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    if !create {
+        return Ok(None);
+    }
+    let secret = Alphanumeric.sample_string(&mut rand::rng(), 32);
+    std::fs::create_dir_all(dir)?;
+    write_private(&path, &secret)?;
+    tracing::info!(path = %path.display(), "generated a new {name}");
+    Ok(Some(secret))
+}
+
+/// Writes `text` to `path`, readable and writable by its owner only (elsewhere than Unix, with
+/// the directory's default permissions).
+pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path)?.write_all(text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_is_generated_once_then_read_back() {
+        let dir = std::env::temp_dir().join(format!("mr-paths-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(stored_secret(&dir, "s", false).unwrap(), None);
+        let first = stored_secret(&dir, "s", true).unwrap().unwrap();
+        assert_eq!(first.len(), 32);
+        assert_eq!(stored_secret(&dir, "s", true).unwrap().unwrap(), first);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.join("s"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
