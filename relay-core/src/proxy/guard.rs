@@ -305,27 +305,38 @@ pub async fn guard(State(guard): State<SiteGuard>, request: Request, next: Next)
 
 /// The answer to a configured origin's CORS preflight on `/v1`.
 fn preflight(origin: HeaderValue) -> Response {
+    cors_preflight(
+        origin,
+        "GET, POST, DELETE, OPTIONS",
+        "authorization, content-type, x-api-key, anthropic-version, anthropic-beta, \
+         openai-organization, openai-project, x-stainless-arch, x-stainless-lang, \
+         x-stainless-os, x-stainless-package-version, x-stainless-retry-count, \
+         x-stainless-runtime, x-stainless-runtime-version, x-stainless-timeout",
+    )
+}
+
+/// A `204` granting `origin` the `methods` and request `headers` for ten minutes.
+pub(crate) fn cors_preflight(
+    origin: HeaderValue,
+    methods: &'static str,
+    headers: &'static str,
+) -> Response {
     let mut response = StatusCode::NO_CONTENT.into_response();
-    let headers = response.headers_mut();
-    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-    headers.insert(
+    let answer = response.headers_mut();
+    answer.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    answer.insert(
         header::ACCESS_CONTROL_ALLOW_METHODS,
-        HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
+        HeaderValue::from_static(methods),
     );
-    headers.insert(
+    answer.insert(
         header::ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static(
-            "authorization, content-type, x-api-key, anthropic-version, anthropic-beta, \
-             openai-organization, openai-project, x-stainless-arch, x-stainless-lang, \
-             x-stainless-os, x-stainless-package-version, x-stainless-retry-count, \
-             x-stainless-runtime, x-stainless-runtime-version, x-stainless-timeout",
-        ),
+        HeaderValue::from_static(headers),
     );
-    headers.insert(
+    answer.insert(
         header::ACCESS_CONTROL_MAX_AGE,
         HeaderValue::from_static("600"),
     );
-    headers.insert(header::VARY, HeaderValue::from_static("origin"));
+    answer.insert(header::VARY, HeaderValue::from_static("origin"));
     response
 }
 

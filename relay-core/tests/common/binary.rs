@@ -313,15 +313,21 @@ impl Reply {
 /// An HTTP/1.1 exchange with `Connection: close` and any `headers`; a `Host` among them replaces
 /// the real one (what a DNS-rebinding page's request carries).
 pub fn exchange(method: &str, url: &str, headers: &[(&str, &str)], body: Option<&str>) -> Reply {
+    let (mut stream, host, path) = connect(url);
+    exchange_over(&mut stream, method, &host, &path, headers, body)
+}
+
+/// A plain connection to `url`'s host, with its host and path.
+fn connect(url: &str) -> (TcpStream, String, String) {
     let rest = url.strip_prefix("http://").expect("http URL");
     let (host, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let mut stream = TcpStream::connect(host).unwrap_or_else(|e| panic!("connect {host}: {e}"));
+    let stream = TcpStream::connect(host).unwrap_or_else(|e| panic!("connect {host}: {e}"));
     stream.set_read_timeout(Some(WAIT)).unwrap();
     stream.set_write_timeout(Some(WAIT)).unwrap();
-    exchange_over(&mut stream, method, host, path, headers, body)
+    (stream, host.to_string(), path.to_string())
 }
 
 /// [`exchange`] over HTTPS with a proxy serving TLS, trusting only the certificate with
@@ -350,15 +356,16 @@ pub fn https_exchange(
     exchange_over(&mut stream, method, host, path, headers, body)
 }
 
-/// One request with `Connection: close` on `stream`, and its whole answer.
-fn exchange_over(
-    stream: &mut (impl Read + Write),
+/// Writes one request with `Connection: close`; a `Host` among `headers` replaces the real one
+/// (what a DNS-rebinding page's request carries).
+fn write_request(
+    stream: &mut impl Write,
     method: &str,
     host: &str,
     path: &str,
     headers: &[(&str, &str)],
     body: Option<&str>,
-) -> Reply {
+) {
     let body = body.unwrap_or("");
     let has = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
     let mut request = format!("{method} {path} HTTP/1.1\r\n");
@@ -376,6 +383,26 @@ fn exchange_over(
         body.len()
     ));
     stream.write_all(request.as_bytes()).expect("send request");
+}
+
+/// The status code of a response head.
+fn status_of(head: &str) -> u16 {
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code")
+}
+
+/// One request with `Connection: close` on `stream`, and its whole answer.
+fn exchange_over(
+    stream: &mut (impl Read + Write),
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Reply {
+    write_request(stream, method, host, path, headers, body);
     let mut raw = Vec::new();
     if let Err(error) = stream.read_to_end(&mut raw) {
         // A TLS peer that closes without close_notify: the answer is complete all the same.
@@ -386,11 +413,7 @@ fn exchange_over(
     }
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").expect("response head");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status code");
+    let status = status_of(head);
     let chunked = head.lines().any(|l| {
         l.to_ascii_lowercase()
             .starts_with("transfer-encoding: chunked")
@@ -458,19 +481,8 @@ pub fn unused_port() -> u16 {
 
 /// Sends a request and reads only the status line and headers (for streams that never end).
 pub fn exchange_head(method: &str, url: &str, headers: &[(&str, &str)]) -> Reply {
-    let rest = url.strip_prefix("http://").expect("http URL");
-    let (host, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let mut stream = TcpStream::connect(host).unwrap_or_else(|e| panic!("connect {host}: {e}"));
-    stream.set_read_timeout(Some(WAIT)).unwrap();
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("Connection: close\r\nContent-Length: 0\r\n\r\n");
-    stream.write_all(request.as_bytes()).expect("send request");
+    let (mut stream, host, path) = connect(url);
+    write_request(&mut stream, method, &host, &path, headers, None);
     let mut raw = Vec::new();
     let mut byte = [0u8; 1];
     while !raw.ends_with(b"\r\n\r\n") {
@@ -480,13 +492,8 @@ pub fn exchange_head(method: &str, url: &str, headers: &[(&str, &str)]) -> Reply
         }
     }
     let head = String::from_utf8_lossy(&raw).trim_end().to_string();
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status code");
     Reply {
-        status,
+        status: status_of(&head),
         head,
         body: String::new(),
     }

@@ -1,4 +1,5 @@
-import { useEffect, useRef, useState } from 'preact/hooks';
+import { useState } from 'preact/hooks';
+import { TokenField } from './TokenField';
 
 /**
  * Asks for the admin token when a save changes what the node runs or where it sends secrets.
@@ -15,8 +16,6 @@ export function ElevationPrompt({
   onCancel: () => void;
 }) {
   const [value, setValue] = useState('');
-  const input = useRef<HTMLInputElement>(null);
-  useEffect(() => input.current?.focus(), []);
 
   const submit = (e: Event) => {
     e.preventDefault();
@@ -42,16 +41,7 @@ export function ElevationPrompt({
         <div class="alert alert-info" data-testid="elevation-message">
           {message}
         </div>
-        <label class="field">
-          <span>Admin token</span>
-          <input
-            ref={input}
-            type="password"
-            autocomplete="current-password"
-            value={value}
-            onInput={(e) => setValue((e.target as HTMLInputElement).value)}
-          />
-        </label>
+        <TokenField value={value} onChange={setValue} />
         <div class="row-end">
           <button class="btn" type="button" onClick={onCancel}>
             Cancel

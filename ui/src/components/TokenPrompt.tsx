@@ -1,4 +1,5 @@
-import { useEffect, useRef, useState } from 'preact/hooks';
+import { useState } from 'preact/hooks';
+import { TokenField } from './TokenField';
 import { checkToken, errorMessage, setToken } from '../api';
 
 /** Asks for the admin token after the API answered 401; checks it before keeping it. */
@@ -6,8 +7,6 @@ export function TokenPrompt({ onAccepted, hadToken }: { onAccepted: () => void; 
   const [value, setValue] = useState('');
   const [error, setError] = useState<string | null>(hadToken ? 'The saved admin token was refused.' : null);
   const [busy, setBusy] = useState(false);
-  const input = useRef<HTMLInputElement>(null);
-  useEffect(() => input.current?.focus(), []);
 
   const submit = async (e: Event) => {
     e.preventDefault();
@@ -48,16 +47,7 @@ export function TokenPrompt({ onAccepted, hadToken }: { onAccepted: () => void; 
           It is the one configured with <code>MODELRELAY_ADMIN_TOKEN</code>, or the one stored in the{' '}
           <code>admin-token</code> file of the relay's data directory (the start-up banner says where).
         </p>
-        <label class="field">
-          <span>Admin token</span>
-          <input
-            ref={input}
-            type="password"
-            autocomplete="current-password"
-            value={value}
-            onInput={(e) => setValue((e.target as HTMLInputElement).value)}
-          />
-        </label>
+        <TokenField value={value} onChange={setValue} />
         {error ? (
           <div class="alert alert-error" role="alert" data-testid="token-error">
             {error}

@@ -205,24 +205,14 @@ fn allowed_origin(headers: &HeaderMap) -> Option<HeaderValue> {
 pub async fn guard(State(access): State<AdminAccess>, request: Request, next: Next) -> Response {
     let origin = allowed_origin(request.headers());
     if request.method() == Method::OPTIONS {
-        let mut response = StatusCode::NO_CONTENT.into_response();
-        if let Some(origin) = origin {
-            let headers = response.headers_mut();
-            headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-            headers.insert(
-                header::ACCESS_CONTROL_ALLOW_METHODS,
-                HeaderValue::from_static("GET, POST, PUT, DELETE, OPTIONS"),
-            );
-            headers.insert(
-                header::ACCESS_CONTROL_ALLOW_HEADERS,
-                HeaderValue::from_static("authorization, content-type, x-admin-token"),
-            );
-            headers.insert(
-                header::ACCESS_CONTROL_MAX_AGE,
-                HeaderValue::from_static("600"),
-            );
-        }
-        return response;
+        return match origin {
+            Some(origin) => crate::proxy::guard::cors_preflight(
+                origin,
+                "GET, POST, PUT, DELETE, OPTIONS",
+                "authorization, content-type, x-admin-token",
+            ),
+            None => StatusCode::NO_CONTENT.into_response(),
+        };
     }
     let mut response = match access.check(
         request.headers(),
