@@ -9,11 +9,10 @@ use futures_util::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 
 use super::sse::{SseSplitter, UsageTracker};
-use super::{endpoint, translate};
-use crate::dialect::Dialect;
+use super::{answer, endpoint, translate};
+use crate::dialect::{ApiError, Dialect};
 use crate::protocol::{
-    ErrorMessage, HeaderMap, RequestMessage, ResponseChunkMessage, ResponseCompleteMessage,
-    WorkerToServer,
+    ErrorMessage, HeaderMap, RequestMessage, ResponseChunkMessage, WorkerToServer,
 };
 
 /// A non-streaming backend body larger than this fails the request instead of exhausting memory.
@@ -133,25 +132,12 @@ pub(super) async fn unreachable(
             )
         }
     };
-    let body = Dialect::for_path(path).error_body(status, code, &message);
-    let complete = complete_message(request_id, status, json_headers(), body);
-    finish(events, request_id, complete).await;
-}
-
-/// A `response_complete` with a JSON body and no token counts.
-pub(super) fn complete_message(
-    request_id: &str,
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-) -> WorkerToServer {
-    WorkerToServer::ResponseComplete(ResponseCompleteMessage {
-        request_id: request_id.to_string(),
-        status_code: status.as_u16(),
-        headers,
-        body: Some(body),
-        token_counts: None,
-    })
+    let failure = answer::error(
+        request_id,
+        Dialect::for_path(path),
+        &ApiError::new(status, code, message),
+    );
+    finish(events, request_id, failure).await;
 }
 
 /// Sends a request's final message, then tells the connection loop the task is done.
@@ -206,13 +192,7 @@ pub(super) async fn deliver(
             if !status.is_success() {
                 tracing::warn!(request = %request_id, status = status.as_u16(), "backend error status");
             }
-            WorkerToServer::ResponseComplete(ResponseCompleteMessage {
-                request_id: request_id.to_string(),
-                status_code: status.as_u16(),
-                headers,
-                body,
-                token_counts: usage.token_counts(),
-            })
+            answer::complete(request_id, status, headers, body, usage.token_counts())
         }
         Err(message) => backend_error(request_id, message),
     };
@@ -305,11 +285,6 @@ pub(super) async fn read_body(
     usage.observe_body(&bytes);
     Ok(String::from_utf8(bytes)
         .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
-}
-
-/// `content-type: application/json`.
-pub(super) fn json_headers() -> HeaderMap {
-    HeaderMap::from([("content-type".to_string(), "application/json".to_string())])
 }
 
 /// An error with its causes, e.g. "error sending request: connection refused".

@@ -10,12 +10,12 @@ use axum::http::StatusCode;
 use tokio::sync::mpsc;
 use tokio::time::{interval_at, timeout, Instant};
 
+use super::answer;
 use super::forward::{forward, TaskEvent};
-use crate::dialect::Dialect;
+use crate::dialect::{ApiError, Dialect};
 use crate::lifecycle::{Lease, LifecycleError, LifecycleManager};
 use crate::protocol::{
-    ErrorMessage, HeaderMap, RequestMessage, ResponseChunkMessage, ResponseCompleteMessage,
-    WorkerToServer,
+    ErrorMessage, HeaderMap, RequestMessage, ResponseChunkMessage, WorkerToServer,
 };
 
 /// How often a streaming client waiting for a model start gets an SSE comment. The first comes
@@ -207,39 +207,25 @@ fn lifecycle_answer(
     streaming: bool,
 ) -> Vec<WorkerToServer> {
     let status = StatusCode::from_u16(error.status_code()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let message = short_message(error);
-    let mut headers = HeaderMap::new();
+    let mut refusal = ApiError::new(status, error.code(), short_message(error));
     if let LifecycleError::BreakerOpen { retry_in, .. } = error {
+        refusal = refusal.retry_after(*retry_in);
+    }
+    if !streaming {
+        return vec![answer::error(request_id, dialect, &refusal)];
+    }
+    let mut headers = HeaderMap::new();
+    if let Some(after) = refusal.retry_after {
         headers.insert(
             "retry-after".to_string(),
-            retry_in.as_secs().max(1).to_string(),
+            after.as_secs().max(1).to_string(),
         );
     }
-    if streaming {
-        let event = dialect.sse_error(status, error.code(), &message);
-        return vec![
-            chunk(request_id, String::from_utf8_lossy(&event).into_owned()),
-            complete(request_id, status.as_u16(), headers, None),
-        ];
-    }
-    headers.insert("content-type".to_string(), "application/json".to_string());
-    let body = dialect.error_body(status, error.code(), &message);
-    vec![complete(request_id, status.as_u16(), headers, Some(body))]
-}
-
-fn complete(
-    request_id: &str,
-    status_code: u16,
-    headers: HeaderMap,
-    body: Option<String>,
-) -> WorkerToServer {
-    WorkerToServer::ResponseComplete(ResponseCompleteMessage {
-        request_id: request_id.to_string(),
-        status_code,
-        headers,
-        body,
-        token_counts: None,
-    })
+    let event = refusal.to_sse(dialect);
+    vec![
+        chunk(request_id, String::from_utf8_lossy(&event).into_owned()),
+        answer::complete(request_id, status, headers, None, None),
+    ]
 }
 
 /// A forward's message for a client that already gets an SSE stream (keep-alives went out): a
@@ -285,6 +271,22 @@ fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::ResponseCompleteMessage;
+
+    fn complete(
+        request_id: &str,
+        status: u16,
+        headers: HeaderMap,
+        body: Option<String>,
+    ) -> WorkerToServer {
+        answer::complete(
+            request_id,
+            StatusCode::from_u16(status).unwrap(),
+            headers,
+            body,
+            None,
+        )
+    }
 
     fn start_failed() -> LifecycleError {
         LifecycleError::StartFailed {

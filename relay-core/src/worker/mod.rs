@@ -1,6 +1,7 @@
 //! The worker daemon: connects out to a proxy, registers its models, forwards requests to local
 //! backends, and reconnects with exponential backoff when the connection ends.
 
+pub mod answer;
 pub mod catalog;
 pub mod count_tokens;
 pub mod endpoint;

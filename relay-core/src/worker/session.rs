@@ -27,12 +27,12 @@ use window::FlowWindow;
 
 use super::catalog::{self, Catalog, Route};
 use super::forward::{error_chain, forward, TaskEvent};
-use super::{connect_url, endpoint, managed, WorkerConfig};
-use crate::dialect::Dialect;
+use super::{answer, connect_url, endpoint, managed, WorkerConfig};
+use crate::dialect::{ApiError, Dialect};
 use crate::lifecycle::LifecycleManager;
 use crate::protocol::{
     ErrorMessage, ModelsUpdateMessage, PongMessage, RegisterMessage, RequestMessage,
-    ResponseCompleteMessage, ServerToWorker, WorkerToServer, CANCELLED_CODE, WORKER_BUSY_CODE,
+    ServerToWorker, WorkerToServer, CANCELLED_CODE, WORKER_BUSY_CODE,
 };
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -402,28 +402,33 @@ impl Session<'_> {
         };
         let refusal = if let Err(why) = endpoint::check_path(&request.endpoint_path) {
             tracing::warn!(request = %request.request_id, "{why}");
-            Some((StatusCode::BAD_REQUEST, "invalid_endpoint_path", why))
+            Some(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_endpoint_path",
+                why,
+            ))
         } else if self.draining {
-            Some((
+            Some(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "worker_draining",
-                "this worker is draining and takes no new requests".to_string(),
+                "this worker is draining and takes no new requests",
             ))
         } else {
             target.is_none().then(|| {
-                (StatusCode::BAD_GATEWAY, "backend_unavailable", "this worker has no backend; start one (llama-server, Ollama, ...) or set BACKEND_URL".to_string())
+                ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "backend_unavailable",
+                    "this worker has no backend; start one (llama-server, Ollama, ...) or set BACKEND_URL",
+                )
             })
         };
-        if let Some((status, code, message)) = refusal {
+        if let Some(refusal) = refusal {
             let dialect = Dialect::for_path(&request.endpoint_path);
-            let answer = WorkerToServer::ResponseComplete(ResponseCompleteMessage {
-                request_id: request.request_id,
-                status_code: status.as_u16(),
-                headers: [("content-type".to_string(), "application/json".to_string())].into(),
-                body: Some(dialect.error_body(status, code, &message)),
-                token_counts: None,
-            });
-            let _ = send(socket, &answer).await;
+            let _ = send(
+                socket,
+                &answer::error(&request.request_id, dialect, &refusal),
+            )
+            .await;
             return;
         }
         let id = request.request_id.clone();

@@ -19,20 +19,18 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::count_tokens;
 use super::forward::{
-    backend_error, chunk, complete_message, deliver, error_chain, finish, forward_native, is_sse,
-    json_headers, read_body, response_headers, send, unreachable, TaskEvent,
+    backend_error, chunk, deliver, error_chain, finish, forward_native, is_sse, read_body,
+    response_headers, send, unreachable, TaskEvent,
 };
 use super::native_routes::{self, Route, Support};
 use super::sse::{SseSplitter, UsageTracker};
+use super::{answer, count_tokens};
 use crate::adapter::{
     self, canonical::Usage, AdapterError, BackendApi, ClientApi, StreamTranslator,
 };
 use crate::dialect::Dialect;
-use crate::protocol::{
-    HeaderMap, RequestMessage, ResponseCompleteMessage, TokenCounts, WorkerToServer,
-};
+use crate::protocol::{HeaderMap, RequestMessage, TokenCounts, WorkerToServer};
 
 /// The translatable route of a request path (query string allowed), if any.
 pub fn route_of(path: &str) -> Option<Route> {
@@ -106,7 +104,7 @@ async fn probe(
     }
     native_routes::learn(backend_url, route, true);
     let id = &request.request_id;
-    let complete = response_complete(id, status, headers, Some(body), usage.token_counts());
+    let complete = answer::complete(id, status, headers, Some(body), usage.token_counts());
     finish(events, id, complete).await;
 }
 
@@ -129,10 +127,9 @@ async fn serve_translated(
             let id = request.request_id.as_str();
             let dialect = Dialect::for_path(&request.endpoint_path);
             let answer = match count_tokens::estimate(&body) {
-                Ok(tokens) => complete_message(
+                Ok(tokens) => answer::json(
                     id,
                     StatusCode::OK,
-                    json_headers(),
                     json!({"input_tokens": tokens}).to_string(),
                 ),
                 Err(error) => rejection(id, dialect, &error),
@@ -269,7 +266,13 @@ async fn complete_translated(
             dialect.error_body(status, "backend_error", &error_message(&text)),
         )
     };
-    let complete = response_complete(id, status, json_headers(), Some(body), usage.token_counts());
+    let complete = answer::complete(
+        id,
+        status,
+        answer::json_headers(),
+        Some(body),
+        usage.token_counts(),
+    );
     finish(events, id, complete).await;
 }
 
@@ -310,25 +313,8 @@ async fn stream_translated(
     send_text(tail).await;
     let headers = HeaderMap::from([("content-type".to_string(), "text/event-stream".to_string())]);
     let usage = translator.usage().map(token_counts);
-    let complete = response_complete(id, StatusCode::OK, headers, None, usage);
+    let complete = answer::complete(id, StatusCode::OK, headers, None, usage);
     finish(events, id, complete).await;
-}
-
-/// A `response_complete` with everything given.
-fn response_complete(
-    id: &str,
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Option<String>,
-    token_counts: Option<TokenCounts>,
-) -> WorkerToServer {
-    WorkerToServer::ResponseComplete(ResponseCompleteMessage {
-        request_id: id.to_string(),
-        status_code: status.as_u16(),
-        headers,
-        body,
-        token_counts,
-    })
 }
 
 /// A 400 in the client's dialect naming the field the adapter could not take. OpenAI clients
@@ -346,7 +332,7 @@ fn rejection(id: &str, dialect: Dialect, error: &AdapterError) -> WorkerToServer
         }})
         .to_string(),
     };
-    complete_message(id, status, json_headers(), body)
+    answer::json(id, status, body)
 }
 
 /// The headers for the route of `backend`: [`chat_headers`], or for Anthropic the client's
