@@ -285,10 +285,10 @@ async fn dispatch(
         client_auth,
     }) {
         Ok(accepted) => accepted,
-        Err(error) => {
+        Err(refused) => {
             let upstream = spare
                 .as_ref()
-                .and_then(|r| state.upstreams.for_refusal(&r.model, &error));
+                .and_then(|r| state.upstreams.for_refusal(&r.model, &refused.reason));
             return match (upstream, spare) {
                 (Some(upstream), Some(request)) => {
                     let tracked = state.hub.track_upstream(
@@ -301,7 +301,7 @@ async fn dispatch(
                         .serve(upstream, request, dialect, observer, tracked)
                         .await
                 }
-                _ => error.into_response(dialect),
+                _ => refused.error.into_response(dialect),
             };
         }
     };

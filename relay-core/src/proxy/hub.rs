@@ -210,7 +210,7 @@ impl Hub {
     }
 
     /// Accepts a client request: dispatches it, queues it, or refuses it.
-    pub fn submit(&self, spec: RequestSpec) -> Result<Accepted, ApiError> {
+    pub fn submit(&self, spec: RequestSpec) -> Result<Accepted, Refused> {
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
         // Serialize once, outside the lock; requeues resend the same frame.
         let wire = ServerToWorker::Request(RequestMessage {
@@ -240,7 +240,10 @@ impl Hub {
             Err(error) => {
                 let models = inner.scheduler.models();
                 drop(inner);
-                return Err(submit_error(error, &spec.model, &models));
+                return Err(Refused {
+                    error: submit_error(error.clone(), &spec.model, &models),
+                    reason: error,
+                });
             }
         };
         let deadline = inner
@@ -679,6 +682,16 @@ pub fn fail_error(reason: FailReason) -> ApiError {
         )
         .retry_after(Duration::from_secs(5)),
     }
+}
+
+/// A request the hub did not take: why (for routing it elsewhere, e.g. to an upstream), and the
+/// answer to give the client otherwise.
+#[derive(Debug)]
+pub struct Refused {
+    /// Why, as the scheduler said.
+    pub reason: SubmitError,
+    /// The client's answer in its dialect-independent form.
+    pub error: ApiError,
 }
 
 fn submit_error(error: SubmitError, model: &str, models: &[(String, String)]) -> ApiError {

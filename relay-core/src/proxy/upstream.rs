@@ -27,6 +27,7 @@ use tokio::task::AbortHandle;
 
 use super::aliases::glob_match;
 use super::response::{pass_through, sse_response, AnswerObserver};
+use super::scheduler::SubmitError;
 use super::telemetry::TrackedRequest;
 use crate::adapter::{client_api_for_path, ClientApi};
 use crate::dialect::{ApiError, Dialect};
@@ -201,12 +202,12 @@ impl Upstreams {
     /// The upstream for a request the workers refused with `refusal`, if any: an unknown model
     /// goes to the first upstream serving it, else to the fallback; a full queue to the
     /// fallback.
-    pub fn for_refusal(&self, model: &str, refusal: &ApiError) -> Option<&UpstreamConfig> {
+    pub fn for_refusal(&self, model: &str, refusal: &SubmitError) -> Option<&UpstreamConfig> {
         let fallback = self.fallback.map(|i| &self.list[i]);
-        match refusal.code {
-            "model_not_found" => self.list.iter().find(|u| u.serves(model)).or(fallback),
-            "queue_full" => fallback,
-            _ => None,
+        match refusal {
+            SubmitError::UnknownModel => self.list.iter().find(|u| u.serves(model)).or(fallback),
+            SubmitError::QueueFull { .. } => fallback,
+            SubmitError::ProviderDisabled | SubmitError::ShuttingDown => None,
         }
     }
 
@@ -448,9 +449,11 @@ mod tests {
             Duration::from_secs(5),
             1 << 20,
         );
-        let unknown = ApiError::new(StatusCode::NOT_FOUND, "model_not_found", "");
-        let full = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", "");
-        let draining = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "");
+        let unknown = SubmitError::UnknownModel;
+        let full = SubmitError::QueueFull {
+            retry_after: Duration::from_secs(1),
+        };
+        let draining = SubmitError::ShuttingDown;
         let name = |u: Option<&UpstreamConfig>| u.map(|u| u.name.clone());
         assert_eq!(
             name(upstreams.for_refusal("claude-x", &unknown)),
