@@ -193,6 +193,10 @@ pub struct ProxyArgs {
     )]
     pub request_timeout: Option<u64>,
 
+    /// Open connections (clients and workers) beyond which new ones get 503 [default: 20000].
+    #[arg(long, env = "MAX_CONNECTIONS", global = true, value_name = "N")]
+    pub max_connections: Option<usize>,
+
     /// Largest request body accepted, in bytes, before 413 [default: 33554432].
     #[arg(long, env = "MAX_BODY_BYTES", global = true, value_name = "BYTES")]
     pub max_body_bytes: Option<usize>,

@@ -74,6 +74,11 @@ pub struct ProxyFile {
     pub request_timeout_secs: Option<u64>,
     /// `MAX_BODY_BYTES`.
     pub max_body_bytes: Option<usize>,
+    /// `MAX_CONNECTIONS`.
+    pub max_connections: Option<usize>,
+    /// Seconds a client has to send a request's head (and an idle keep-alive connection to
+    /// start its next one).
+    pub header_read_timeout_secs: Option<u64>,
     /// `MAX_STREAM_BYTES`.
     pub max_stream_bytes: Option<u64>,
     /// `HEARTBEAT_INTERVAL_SECS`.
@@ -362,6 +367,22 @@ pub fn proxy_config(
                 models: extra.models.clone(),
             },
         });
+    }
+    if let Some(max) = args.max_connections.or(p.max_connections) {
+        if max == 0 {
+            return Err(ConfigError::Invalid(
+                "MAX_CONNECTIONS must be at least 1".to_string(),
+            ));
+        }
+        config.connections.max_connections = max;
+    }
+    if let Some(secs) = p.header_read_timeout_secs {
+        if secs == 0 {
+            return Err(ConfigError::Invalid(
+                "[proxy] header_read_timeout_secs must be at least 1".to_string(),
+            ));
+        }
+        config.connections.header_read_timeout = Duration::from_secs(secs);
     }
     if let Some(bytes) = args.max_body_bytes.or(p.max_body_bytes) {
         config.max_body_bytes = bytes;

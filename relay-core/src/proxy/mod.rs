@@ -15,7 +15,7 @@ pub mod response;
 pub mod responses_api;
 pub mod responses_store;
 pub mod scheduler;
-mod serve;
+pub mod serve;
 pub mod telemetry;
 pub mod upstream;
 pub mod worker_socket;
@@ -69,6 +69,8 @@ pub struct ProxyConfig {
     pub providers: Vec<ProviderConfig>,
     /// Largest accepted request body (413 beyond).
     pub max_body_bytes: usize,
+    /// Open connections and the request-head deadline (see `serve.rs`).
+    pub connections: serve::ConnectionLimits,
     /// Largest streamed answer before it is ended with an SSE error.
     pub max_stream_bytes: u64,
     /// Largest WebSocket message accepted from a worker.
@@ -117,6 +119,7 @@ impl ProxyConfig {
                 forward_client_auth: false,
             }],
             max_body_bytes: 32 * 1024 * 1024,
+            connections: serve::ConnectionLimits::default(),
             max_stream_bytes: 256 * 1024 * 1024,
             max_ws_message_bytes: 64 * 1024 * 1024,
             heartbeat_interval: Duration::from_secs(15),
@@ -286,6 +289,7 @@ pub fn start_with(
     let addr = listener.local_addr()?;
     let drain_timeout = config.drain_timeout;
     let tls = config.tls.as_ref().map(|tls| tls.acceptor().clone());
+    let connections = config.connections;
     let scheme = if tls.is_some() { "https" } else { "http" };
     let Built {
         app,
@@ -296,7 +300,7 @@ pub fn start_with(
     } = router(config, addr, extra);
     control::spawn_sampler(&hub);
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve::serve(listener, app, tls, async {
+    let task = tokio::spawn(serve::serve(listener, app, tls, connections, async {
         let _ = stopped.await;
     }));
     Ok(RunningProxy {

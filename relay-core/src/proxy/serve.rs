@@ -8,21 +8,28 @@
 //! (axum's `http2` feature is off), so nothing needs detecting: hyper reads the head straight
 //! from the socket.
 //!
+//! Bounds, so a few hundred slow or idle sockets cannot hold the node: a client must send a
+//! request's whole head within [`ConnectionLimits::header_read_timeout`] (hyper's timer; it also
+//! closes keep-alive connections left idle that long), and beyond
+//! [`ConnectionLimits::max_connections`] open connections a new one is answered `503` with
+//! `Retry-After` and closed.
+//!
 //! With TLS (`--tls-cert`/`--tls-key`, `--tls self-signed`) each connection's handshake runs in
 //! that connection's task, never in the accept loop: a client that stalls mid-handshake holds only
 //! its own task (until [`HANDSHAKE_TIMEOUT`]), and the loop keeps accepting.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
 use axum::Router;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tower_service::Service;
 
@@ -34,6 +41,42 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
 /// idle half-open connections do not pile up.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How many connections may be open at once, and how long a request head may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Open connections (clients and workers) beyond which new ones are refused with a 503.
+    pub max_connections: usize,
+    /// Time a client has to send a request's head (and an idle keep-alive connection to start
+    /// its next one).
+    pub header_read_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            // Above the 10,000 streams and 1,000 workers the bench holds open at once.
+            max_connections: 20_000,
+            header_read_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The answer to a connection beyond [`ConnectionLimits::max_connections`]: short, complete, and
+/// in the OpenAI error shape every client here parses.
+fn over_capacity() -> Vec<u8> {
+    let body = crate::dialect::Dialect::OpenAi.error_body(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "too_many_connections",
+        "the relay has as many open connections as it accepts (max_connections); retry shortly",
+    );
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
 /// Serves `app` on `listener` (over TLS with `tls`) until `stop` resolves, then stops accepting,
 /// asks every open connection to finish its current exchange (an idle keep-alive connection
 /// closes at once; a streaming answer or an upgraded WebSocket runs on) and returns when all have
@@ -42,11 +85,13 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     tls: Option<TlsAcceptor>,
+    limits: ConnectionLimits,
     stop: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     // Connections watch `closing`; each holds a receiver, so `closed()` resolves when the last
     // connection task has ended.
     let (closing, _) = watch::channel(false);
+    let open = Arc::new(Semaphore::new(limits.max_connections));
     let mut stop = std::pin::pin!(stop);
     loop {
         let accepted = tokio::select! {
@@ -57,10 +102,18 @@ pub async fn serve(
             Ok((stream, peer)) => {
                 // Small SSE chunks must leave at once, not wait for Nagle's algorithm.
                 let _ = stream.set_nodelay(true);
+                let Ok(permit) = open.clone().try_acquire_owned() else {
+                    tokio::spawn(refuse_over_capacity(stream, peer));
+                    continue;
+                };
                 let (app, closing) = (app.clone(), closing.subscribe());
+                let http = Http {
+                    header_read_timeout: limits.header_read_timeout,
+                    _permit: permit,
+                };
                 match &tls {
                     None => {
-                        tokio::spawn(serve_connection(stream, peer, app, closing));
+                        tokio::spawn(serve_connection(stream, peer, app, http, closing));
                     }
                     Some(acceptor) => {
                         tokio::spawn(serve_tls_connection(
@@ -68,6 +121,7 @@ pub async fn serve(
                             stream,
                             peer,
                             app,
+                            http,
                             closing,
                         ));
                     }
@@ -84,6 +138,24 @@ pub async fn serve(
     closing.send_replace(true);
     closing.closed().await;
     Ok(())
+}
+
+/// Answers a connection beyond the cap with a 503 and closes it. The plain answer reaches plain
+/// HTTP clients; a TLS client sees the connection close, which its SDK retries as well.
+async fn refuse_over_capacity(mut stream: TcpStream, peer: SocketAddr) {
+    tracing::warn!(%peer, "connection refused: max_connections reached");
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(&over_capacity()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+/// What every connection is served with: the head's deadline, and its place under the cap
+/// (released when the connection's task ends).
+struct Http {
+    header_read_timeout: Duration,
+    _permit: OwnedSemaphorePermit,
 }
 
 /// Errors that concern only the connection being accepted: the next accept is unaffected.
@@ -104,6 +176,7 @@ async fn serve_tls_connection(
     stream: TcpStream,
     peer: SocketAddr,
     app: Router,
+    http: Http,
     mut closing: watch::Receiver<bool>,
 ) {
     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
@@ -123,7 +196,7 @@ async fn serve_tls_connection(
         },
         _ = closing.wait_for(|closing| *closing) => return,
     };
-    serve_connection(stream, peer, app, closing).await;
+    serve_connection(stream, peer, app, http, closing).await;
 }
 
 /// Runs HTTP/1.1 on one connection until it closes, starting a graceful close when `closing`
@@ -132,6 +205,7 @@ async fn serve_connection<S>(
     stream: S,
     peer: SocketAddr,
     app: Router,
+    http: Http,
     mut closing: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -142,6 +216,8 @@ async fn serve_connection<S>(
         app.clone().call(request)
     });
     let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(http.header_read_timeout)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     let mut connection = std::pin::pin!(connection);
@@ -180,13 +256,87 @@ mod tests {
         oneshot::Sender<()>,
         tokio::task::JoinHandle<std::io::Result<()>>,
     ) {
+        start_limited(app, ConnectionLimits::default()).await
+    }
+
+    /// [`start`] with `limits`.
+    async fn start_limited(
+        app: Router,
+        limits: ConnectionLimits,
+    ) -> (
+        SocketAddr,
+        oneshot::Sender<()>,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve(listener, app, None, async {
+        let task = tokio::spawn(serve(listener, app, None, limits, async {
             let _ = stopped.await;
         }));
         (addr, stop, task)
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_finishes_its_request_head_is_disconnected() {
+        let app = Router::new().route("/", get(|| async { "hello" }));
+        let limits = ConnectionLimits {
+            header_read_timeout: Duration::from_millis(300),
+            ..ConnectionLimits::default()
+        };
+        let (addr, _stop, _task) = start_limited(app, limits).await;
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        let started = std::time::Instant::now();
+        // A slowloris: the head trickles in and never ends.
+        slow.write_all(b"GET / HTTP/1.1\r\nhost: relay\r\n")
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(BOUND, slow.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "the connection stayed open");
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        // Others are served as usual.
+        let mut fine = TcpStream::connect(addr).await.unwrap();
+        assert!(get_on(&mut fine, "/").await.ends_with("hello"));
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_get_a_503_and_a_freed_place_is_reused() {
+        let app = Router::new().route("/", get(|| async { "hello" }));
+        let limits = ConnectionLimits {
+            max_connections: 2,
+            ..ConnectionLimits::default()
+        };
+        let (addr, _stop, _task) = start_limited(app, limits).await;
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        assert!(get_on(&mut first, "/").await.ends_with("hello"));
+        assert!(get_on(&mut second, "/").await.ends_with("hello"));
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let mut refused = Vec::new();
+        tokio::time::timeout(BOUND, third.read_to_end(&mut refused))
+            .await
+            .expect("refused in time")
+            .unwrap();
+        let refused = String::from_utf8_lossy(&refused);
+        assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+        assert!(refused.contains("too_many_connections"), "{refused}");
+        assert!(
+            refused.to_ascii_lowercase().contains("retry-after: 1"),
+            "{refused}"
+        );
+        drop(first);
+        // The closed connection's place frees as its task ends.
+        let deadline = std::time::Instant::now() + BOUND;
+        loop {
+            let mut next = TcpStream::connect(addr).await.unwrap();
+            let answer = get_on(&mut next, "/").await;
+            if answer.ends_with("hello") {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{answer}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Sends one keep-alive GET on `stream` and reads until the answer's body is complete.
@@ -313,9 +463,15 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(serve(listener, app, Some(tls.acceptor().clone()), async {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(serve(
+            listener,
+            app,
+            Some(tls.acceptor().clone()),
+            ConnectionLimits::default(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
         // Connected, but never says a word: its handshake waits in its own task.
         let _stalled = TcpStream::connect(addr).await.unwrap();
         let tcp = TcpStream::connect(addr).await.unwrap();
