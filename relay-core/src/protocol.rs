@@ -27,6 +27,28 @@ pub const ACCEPTED_PROTOCOL_VERSIONS: &[&str] = &[SEED_PROTOCOL_VERSION, BRIDGE_
 /// once. (A published worker sends nothing; the proxy's grace timer covers that.)
 pub const CANCELLED_CODE: &str = "cancelled";
 
+/// The largest WebSocket message either side accepts (the published worker's limit too). Both
+/// sides derive their limits from it: the proxy refuses a request whose frame would not fit,
+/// and the worker answers an error instead of a `response_complete` that would not.
+pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+
+/// Room in a frame for everything but the body: ids, model, path, headers, field names.
+pub const FRAME_OVERHEAD_BYTES: usize = 64 * 1024;
+
+/// The length of `text` written as a JSON string (quotes and escapes included), as it travels
+/// inside a frame: a body of quotes or backslashes doubles, one of control characters grows
+/// six-fold.
+pub fn json_string_len(text: &str) -> usize {
+    2 + text
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0x00..=0x1f => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
+}
+
 /// Client headers that carry users' credentials. Not forwarded to workers, nor by workers to
 /// their backends, unless the provider or worker opts in (`forward_client_auth`): anyone with the
 /// shared worker secret could otherwise collect users' keys.
@@ -318,6 +340,14 @@ impl WorkerToServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The estimate is exactly what serde writes, whatever the text.
+        #[test]
+        fn json_string_len_is_the_length_serde_writes(text in "\\PC{0,40}|[\\x00-\\x20\"\\\\a-z]{0,40}") {
+            proptest::prop_assert_eq!(json_string_len(&text), serde_json::to_string(&text).unwrap().len());
+        }
+    }
 
     #[test]
     fn the_fast_path_reads_what_the_general_parse_reads() {

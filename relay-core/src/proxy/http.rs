@@ -27,7 +27,7 @@ use super::upstream::UpstreamRequest;
 use super::worker_socket::serve_worker;
 use super::AppState;
 use crate::dialect::{ApiError, Dialect};
-use crate::protocol::CLIENT_AUTH_HEADERS;
+use crate::protocol::{json_string_len, CLIENT_AUTH_HEADERS, FRAME_OVERHEAD_BYTES};
 
 /// Client headers carried to the worker: authentication, content type, the OpenAI and
 /// Anthropic version and feature headers, and the session ids a worker's model lifecycle can
@@ -267,6 +267,22 @@ async fn dispatch(
         forwarded,
         client_auth,
     } = head;
+    // Escaped into the `request` frame the body may grow past what a worker accepts, and the
+    // worker would drop its whole connection: refuse it here, precisely.
+    let framed = json_string_len(&body) + FRAME_OVERHEAD_BYTES;
+    if framed > state.config.max_ws_message_bytes {
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!(
+                "this request's body takes {framed} bytes once escaped into the worker \
+                 protocol's frame, beyond the {} bytes a worker accepts; send less (quotes, \
+                 backslashes and control characters count double or more)",
+                state.config.max_ws_message_bytes
+            ),
+        )
+        .into_response(dialect);
+    }
     // The hub consumes the request; a copy is kept only when an upstream may take it instead.
     let spare = (!state.upstreams.is_empty()).then(|| UpstreamRequest {
         model: model.clone(),

@@ -121,7 +121,7 @@ impl ProxyConfig {
             max_body_bytes: 32 * 1024 * 1024,
             connections: serve::ConnectionLimits::default(),
             max_stream_bytes: 256 * 1024 * 1024,
-            max_ws_message_bytes: 64 * 1024 * 1024,
+            max_ws_message_bytes: crate::protocol::MAX_FRAME_BYTES,
             heartbeat_interval: Duration::from_secs(15),
             heartbeat_timeout: Duration::from_secs(45),
             register_timeout: Duration::from_secs(10),

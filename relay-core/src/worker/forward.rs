@@ -12,11 +12,12 @@ use super::sse::{SseSplitter, UsageTracker};
 use super::{answer, endpoint, translate};
 use crate::dialect::{ApiError, Dialect};
 use crate::protocol::{
-    ErrorMessage, HeaderMap, RequestMessage, ResponseChunkMessage, WorkerToServer,
+    json_string_len, ErrorMessage, HeaderMap, RequestMessage, ResponseChunkMessage, WorkerToServer,
+    FRAME_OVERHEAD_BYTES, MAX_FRAME_BYTES,
 };
 
 /// A non-streaming backend body larger than this fails the request instead of exhausting memory.
-const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+const MAX_BODY_BYTES: usize = crate::protocol::MAX_FRAME_BYTES;
 
 /// Stream bytes already received are gathered into one chunk up to about this size.
 const COALESCE_BYTES: usize = 32 * 1024;
@@ -283,8 +284,19 @@ pub(super) async fn read_body(
         bytes.extend_from_slice(&piece);
     }
     usage.observe_body(&bytes);
-    Ok(String::from_utf8(bytes)
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+    let text = String::from_utf8(bytes)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    // Escaped into the `response_complete` frame the body may grow: one the proxy would refuse
+    // (closing this worker's connection, and every stream on it) is an error instead.
+    let framed = json_string_len(&text) + FRAME_OVERHEAD_BYTES;
+    if framed > MAX_FRAME_BYTES {
+        return Err(format!(
+            "the backend's answer ({} bytes) would take {framed} bytes in a frame, beyond the \
+             {MAX_FRAME_BYTES} a proxy accepts",
+            text.len()
+        ));
+    }
+    Ok(text)
 }
 
 /// An error with its causes, e.g. "error sending request: connection refused".

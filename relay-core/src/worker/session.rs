@@ -38,7 +38,7 @@ use crate::protocol::{
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// The largest message accepted from the proxy (a request with a large body).
-const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+const MAX_MESSAGE_BYTES: usize = crate::protocol::MAX_FRAME_BYTES;
 
 /// The WebSocket's read buffer. tungstenite zero-fills the buffer's free space before every read
 /// attempt, and the loop tries a read each time round: with the 128 KiB default that memset was

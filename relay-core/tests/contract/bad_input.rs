@@ -429,3 +429,44 @@ async fn wrong_method_is_405_json_in_the_paths_dialect() {
         "{body}"
     );
 }
+
+/// A request body of `pairs` escaped quotes: each `\"` doubles once escaped into a frame.
+fn quote_heavy_body(pairs: usize) -> String {
+    format!(
+        r#"{{"model":"{MODEL}","max_tokens":8,"messages":[],"input":"{}"}}"#,
+        "\\\"".repeat(pairs)
+    )
+}
+
+#[tokio::test]
+async fn a_request_whose_frame_would_exceed_what_a_worker_accepts_is_413_and_the_worker_stays() {
+    let mut config = test_config();
+    config.max_ws_message_bytes = 1024 * 1024;
+    let setup = setup(config).await;
+    // 1.2 MB raw, under the body limit, but 2.4 MB once escaped into the frame.
+    for (path, shape) in ENDPOINTS {
+        let (status, _, text) = send(&setup.url(), path, quote_heavy_body(600_000)).await;
+        assert_eq!(status, 413, "{path}: {text}");
+        let body: Value = serde_json::from_str(&text).expect("JSON error");
+        match shape {
+            Shape::OpenAi => assert_eq!(body["error"]["code"], "request_too_large", "{body}"),
+            Shape::Anthropic => assert_eq!(body["type"], "error", "{body}"),
+        }
+    }
+    // One that fits once escaped (0.8 MB) still travels.
+    let (status, _, text) = send(
+        &setup.url(),
+        "/v1/chat/completions",
+        quote_heavy_body(200_000),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        setup.proxy.hub.counts().0,
+        1,
+        "the worker kept its connection"
+    );
+    assert_eq!(setup.backend.seen().len(), 1);
+    setup.worker.stop().await;
+    setup.proxy.shutdown().await;
+}
