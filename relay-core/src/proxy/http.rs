@@ -270,7 +270,7 @@ async fn dispatch(
     // Escaped into the `request` frame the body may grow past what a worker accepts, and the
     // worker would drop its whole connection: refuse it here, precisely.
     let framed = json_string_len(&body) + FRAME_OVERHEAD_BYTES;
-    if framed > state.config.max_ws_message_bytes {
+    if framed > state.config.worker_frame_limit {
         return ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "request_too_large",
@@ -278,7 +278,7 @@ async fn dispatch(
                 "this request's body takes {framed} bytes once escaped into the worker \
                  protocol's frame, beyond the {} bytes a worker accepts; send less (quotes, \
                  backslashes and control characters count double or more)",
-                state.config.max_ws_message_bytes
+                state.config.worker_frame_limit
             ),
         )
         .into_response(dialect);

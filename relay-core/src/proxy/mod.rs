@@ -75,6 +75,9 @@ pub struct ProxyConfig {
     pub max_stream_bytes: u64,
     /// Largest WebSocket message accepted from a worker.
     pub max_ws_message_bytes: usize,
+    /// Largest frame a worker accepts: a request whose `request` frame would be larger is
+    /// refused here (413) instead of costing the worker its connection.
+    pub worker_frame_limit: usize,
     /// Ping period.
     pub heartbeat_interval: Duration,
     /// A worker silent this long is closed.
@@ -122,6 +125,7 @@ impl ProxyConfig {
             connections: serve::ConnectionLimits::default(),
             max_stream_bytes: 256 * 1024 * 1024,
             max_ws_message_bytes: crate::protocol::MAX_FRAME_BYTES,
+            worker_frame_limit: crate::protocol::MAX_FRAME_BYTES,
             heartbeat_interval: Duration::from_secs(15),
             heartbeat_timeout: Duration::from_secs(45),
             register_timeout: Duration::from_secs(10),

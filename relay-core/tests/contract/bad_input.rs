@@ -441,7 +441,7 @@ fn quote_heavy_body(pairs: usize) -> String {
 #[tokio::test]
 async fn a_request_whose_frame_would_exceed_what_a_worker_accepts_is_413_and_the_worker_stays() {
     let mut config = test_config();
-    config.max_ws_message_bytes = 1024 * 1024;
+    config.worker_frame_limit = 1024 * 1024;
     let setup = setup(config).await;
     // 1.2 MB raw, under the body limit, but 2.4 MB once escaped into the frame.
     for (path, shape) in ENDPOINTS {

@@ -105,8 +105,12 @@ impl ScriptedWorker {
 
     /// The next protocol message, skipping pings (answered with pong, load 0).
     pub async fn recv(&mut self) -> ServerToWorker {
+        // Pings keep coming while nothing else does: bound the whole wait, not each message.
+        let deadline = tokio::time::Instant::now() + WAIT;
         loop {
-            let message = self.recv_any().await;
+            let message = tokio::time::timeout_at(deadline, self.recv_any())
+                .await
+                .expect("a message other than ping in time");
             if let ServerToWorker::Ping(ping) = &message {
                 let pong = WorkerToServer::Pong(relay_core::protocol::PongMessage {
                     current_load: 0,
