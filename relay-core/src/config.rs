@@ -627,7 +627,7 @@ pub fn worker_config(
         reconnect_max: Duration::from_secs(30),
         lifecycle,
         data_dir: crate::paths::data_dir(),
-        native_routes: crate::worker::native_routes::NativeOverrides {
+        native_routes: crate::backend::NativeOverrides {
             messages: w.native_messages,
             responses: w.native_responses,
         },

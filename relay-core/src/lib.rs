@@ -6,6 +6,7 @@
 
 pub mod adapter;
 pub mod app;
+pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod dialect;

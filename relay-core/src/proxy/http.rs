@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::auth::secrets_match;
 use super::hub::RequestSpec;
-use super::response::{AnswerObserver, CancelGuard, Waiter};
+use super::response::{AnswerObserver, AnswerSource, CancelGuard, Waiter};
 use super::responses_api;
 use super::scheduler::{RegisterError, Submitted};
 use super::upstream::UpstreamRequest;
@@ -332,7 +332,7 @@ async fn dispatch(
         .begin(accepted.request, &model_name, is_streaming);
     Waiter::new(
         guard,
-        accepted.events,
+        AnswerSource::Hub(accepted.events),
         Instant::from_std(accepted.deadline),
         queue_deadline,
         dialect,

@@ -1,5 +1,8 @@
 //! Turning a request's answer events into an HTTP response: waiting for the first event under the
 //! queue and request deadlines, passing non-streaming answers through, and bridging streams to SSE.
+//! The events come from a worker through the hub, or from an upstream called in-process (the
+//! backend module's events); either way the client gets the same coalescing, deadline,
+//! cancellation and dashboard accounting.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -12,11 +15,13 @@ use super::passthrough;
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
 use tokio::time::{sleep_until, Instant, Sleep};
 
 use super::hub::{fail_error, Hub, ResponseEvent};
 use super::scheduler::{FailReason, RequestId};
 use super::telemetry::TrackedRequest;
+use crate::backend::BackendEvent;
 use crate::dialect::{ApiError, Dialect};
 use crate::protocol::{CancelReason, ResponseCompleteMessage};
 
@@ -26,17 +31,31 @@ const COALESCE_LIMIT: usize = 64 * 1024;
 /// Cancels its request when dropped while armed: the HTTP future or stream body is dropped
 /// exactly when the client disconnects, so this is where cancellation starts.
 pub struct CancelGuard {
-    hub: Arc<Hub>,
-    request: RequestId,
+    target: CancelTarget,
     armed: bool,
 }
 
+/// What a cancel stops.
+enum CancelTarget {
+    /// A request of the hub (queued, or on a worker).
+    Hub { hub: Arc<Hub>, request: RequestId },
+    /// The task calling an upstream: aborting it closes the upstream connection.
+    Task(AbortHandle),
+}
+
 impl CancelGuard {
-    /// Arms a guard for `request`.
+    /// Arms a guard for the hub's `request`.
     pub fn new(hub: Arc<Hub>, request: RequestId) -> Self {
         CancelGuard {
-            hub,
-            request,
+            target: CancelTarget::Hub { hub, request },
+            armed: true,
+        }
+    }
+
+    /// Arms a guard that aborts `task`.
+    pub fn task(task: AbortHandle) -> Self {
+        CancelGuard {
+            target: CancelTarget::Task(task),
             armed: true,
         }
     }
@@ -50,14 +69,128 @@ impl CancelGuard {
     pub fn cancel(&mut self, reason: CancelReason) {
         if self.armed {
             self.armed = false;
-            self.hub.cancel(self.request, reason);
+            match &self.target {
+                CancelTarget::Hub { hub, request } => hub.cancel(*request, reason),
+                CancelTarget::Task(task) => task.abort(),
+            }
         }
+    }
+
+    /// Takes the request out of the queue if it still waits there (then it is over).
+    fn expire_queued(&mut self) -> bool {
+        let expired = match &self.target {
+            CancelTarget::Hub { hub, request } => hub.expire_queued(*request),
+            CancelTarget::Task(_) => false,
+        };
+        if expired {
+            self.disarm();
+        }
+        expired
     }
 }
 
 impl Drop for CancelGuard {
     fn drop(&mut self) {
         self.cancel(CancelReason::ClientDisconnect);
+    }
+}
+
+/// Where a waiting client's answer comes from.
+pub enum AnswerSource {
+    /// A worker, through the hub (which may also requeue the request).
+    Hub(mpsc::UnboundedReceiver<ResponseEvent>),
+    /// An upstream called in-process. The channel is short, so a slow client slows the upstream
+    /// read instead of filling memory; the stream is bounded by `limit` bytes (the hub path
+    /// bounds worker streams where they arrive).
+    Upstream {
+        /// The upstream's name, for errors.
+        name: String,
+        /// The backend module's events.
+        events: mpsc::Receiver<BackendEvent>,
+        /// Stream bytes so far.
+        sent: u64,
+        /// The most stream bytes passed on.
+        limit: u64,
+        /// Whether the channel ended (its end was reported once).
+        ended: bool,
+    },
+}
+
+impl AnswerSource {
+    /// The next event; `None` when there is nothing more.
+    async fn recv(&mut self) -> Option<ResponseEvent> {
+        match self {
+            AnswerSource::Hub(events) => events.recv().await,
+            AnswerSource::Upstream { events, .. } => {
+                let event = events.recv().await;
+                self.upstream_event(event)
+            }
+        }
+    }
+
+    /// An event that is already waiting.
+    fn try_recv(&mut self) -> Option<ResponseEvent> {
+        match self {
+            AnswerSource::Hub(events) => events.try_recv().ok(),
+            AnswerSource::Upstream { events, .. } => match events.try_recv() {
+                Ok(event) => self.upstream_event(Some(event)),
+                Err(mpsc::error::TryRecvError::Disconnected) => self.upstream_event(None),
+                Err(mpsc::error::TryRecvError::Empty) => None,
+            },
+        }
+    }
+
+    /// An upstream's event as the client's: a failure, an overlong stream or a task that ended
+    /// without an answer becomes the relay's error naming the upstream.
+    fn upstream_event(&mut self, event: Option<BackendEvent>) -> Option<ResponseEvent> {
+        let AnswerSource::Upstream {
+            name,
+            sent,
+            limit,
+            ended,
+            ..
+        } = self
+        else {
+            unreachable!("only called for upstreams")
+        };
+        if *ended {
+            return None;
+        }
+        let failed = |why: &str| {
+            ResponseEvent::Failed(Box::new(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                format!("upstream {name} failed: {why}"),
+            )))
+        };
+        Some(match event {
+            Some(BackendEvent::Chunk(text)) => {
+                *sent += text.len() as u64;
+                if *sent > *limit {
+                    *ended = true;
+                    return Some(ResponseEvent::Failed(Box::new(ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        "stream_too_large",
+                        format!("the upstream's answer exceeds {limit} bytes"),
+                    ))));
+                }
+                ResponseEvent::Chunk(Bytes::from(text))
+            }
+            Some(BackendEvent::Complete(answer)) => {
+                ResponseEvent::Complete(Box::new(ResponseCompleteMessage {
+                    request_id: String::new(),
+                    status_code: answer.status.as_u16(),
+                    headers: answer.headers,
+                    body: answer.body,
+                    token_counts: answer.token_counts,
+                }))
+            }
+            Some(BackendEvent::Failed(failure)) => failed(&failure.message),
+            None => {
+                *ended = true;
+                failed("no answer")
+            }
+        })
     }
 }
 
@@ -73,7 +206,7 @@ pub trait AnswerObserver: Send {
 /// A request in flight, from the client's side.
 pub struct Waiter {
     guard: CancelGuard,
-    events: mpsc::UnboundedReceiver<ResponseEvent>,
+    events: AnswerSource,
     /// The end of the request's life, fixed at arrival.
     deadline: Instant,
     /// A timer for `deadline`, made once: a stream waits on it for every chunk, and a timer made
@@ -95,7 +228,7 @@ impl Waiter {
     /// the request is queued.
     pub fn new(
         guard: CancelGuard,
-        events: mpsc::UnboundedReceiver<ResponseEvent>,
+        events: AnswerSource,
         deadline: Instant,
         queue_deadline: Option<Instant>,
         dialect: Dialect,
@@ -153,8 +286,7 @@ impl Waiter {
                     None => break ResponseEvent::Failed(Box::new(lost_request())),
                 },
                 _ = sleep_until(self.queue_deadline.unwrap_or(self.deadline)), if self.queue_deadline.is_some() => {
-                    if self.guard.hub.expire_queued(self.guard.request) {
-                        self.guard.disarm();
+                    if self.guard.expire_queued() {
                         return self.relay_error(fail_error(FailReason::QueueTimeout));
                     }
                     self.queue_deadline = None;
@@ -216,16 +348,16 @@ impl Waiter {
         let mut merged: Option<BytesMut> = None;
         while merged.as_ref().map_or(first.len(), |m| m.len()) < COALESCE_LIMIT {
             match self.events.try_recv() {
-                Ok(ResponseEvent::Chunk(more)) => {
+                Some(ResponseEvent::Chunk(more)) => {
                     merged
                         .get_or_insert_with(|| BytesMut::from(&first[..]))
                         .extend_from_slice(&more);
                 }
-                Ok(other) => {
+                Some(other) => {
                     self.pending_terminal = Some(other);
                     break;
                 }
-                Err(_) => break,
+                None => break,
             }
         }
         merged.map_or(first, BytesMut::freeze)

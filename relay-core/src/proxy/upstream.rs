@@ -3,10 +3,11 @@
 //!
 //! Workers come first: a request goes upstream only when no worker serves its model (then to
 //! the first upstream whose `models` match, exactly or by glob, else to `fallback_upstream`),
-//! or when the model's queue is full (then to `fallback_upstream`). The proxy runs the worker's
-//! own forwarding in-process, so an upstream gets the same treatment as a local backend: routes
-//! it lacks (an OpenAI-compatible API has no `/v1/messages`) are translated by the adapter, and
-//! streams are relayed as they arrive. An Anthropic upstream serves OpenAI Chat and Responses
+//! or when the model's queue is full (then to `fallback_upstream`). The proxy calls it through
+//! the [`backend`](crate::backend) module in-process, so an upstream gets the same treatment as
+//! a worker's local backend: routes it lacks (an OpenAI-compatible API has no `/v1/messages`)
+//! are translated by the adapter, and streams are relayed as they arrive, through the same
+//! [`Waiter`] as a worker's answers. An Anthropic upstream serves OpenAI Chat and Responses
 //! clients the same way, through the adapter's Messages converters. The client's credentials
 //! never travel upstream; the upstream's API key replaces them, and it is never logged (`Debug`
 //! redacts it).
@@ -17,24 +18,24 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::http::StatusCode;
 use axum::response::Response;
-use bytes::Bytes;
 use serde::Deserialize;
 use tokio::sync::mpsc;
-use tokio::task::AbortHandle;
+use tokio::time::Instant;
 
 use super::aliases::glob_match;
-use super::response::{pass_through, sse_response, AnswerObserver};
+use super::response::{AnswerObserver, AnswerSource, CancelGuard, Waiter};
 use super::scheduler::SubmitError;
 use super::telemetry::TrackedRequest;
 use crate::adapter::{client_api_for_path, ClientApi};
+use crate::backend::{Backend, BackendRequest, Capabilities, NativeOverrides, Speaks};
 use crate::dialect::{ApiError, Dialect};
-use crate::protocol::{HeaderMap, RequestMessage, WorkerToServer};
-use crate::worker::forward::{forward, TaskEvent};
-use crate::worker::native_routes::{self, NativeOverrides};
-use crate::worker::translate::forward_to_anthropic;
+use crate::protocol::HeaderMap;
+
+/// Events an upstream call may have waiting for its client: a few, so a slow client slows the
+/// upstream read instead of filling memory.
+const UPSTREAM_EVENTS: usize = 16;
 
 /// The API an upstream speaks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -141,11 +142,14 @@ pub struct UpstreamRequest {
     pub headers: HeaderMap,
 }
 
-/// The configured upstreams and the HTTP client that reaches them.
+/// The configured upstreams, the HTTP client that reaches them and what is known of their
+/// routes.
 pub struct Upstreams {
     list: Vec<UpstreamConfig>,
     fallback: Option<usize>,
     client: reqwest::Client,
+    capabilities: Capabilities,
+    request_timeout: Duration,
     max_stream_bytes: u64,
     next_id: AtomicU64,
     lists: models::ModelLists,
@@ -160,6 +164,8 @@ impl Upstreams {
         request_timeout: Duration,
         max_stream_bytes: u64,
     ) -> Self {
+        // Probe results last as long as a worker's by default.
+        let capabilities = Capabilities::new(&[], NativeOverrides::default(), LEARNED_FOR);
         for upstream in &list {
             // An Anthropic API has Messages and nothing else; an OpenAI-compatible one is probed.
             if upstream.kind == UpstreamKind::Anthropic {
@@ -167,7 +173,7 @@ impl Upstreams {
                     messages: Some(true),
                     responses: Some(false),
                 };
-                native_routes::configure_backend(&upstream.base_url, overrides);
+                capabilities.configure_backend(&upstream.base_url, overrides);
             }
         }
         let fallback = fallback.and_then(|name| list.iter().position(|u| u.name == name));
@@ -180,6 +186,8 @@ impl Upstreams {
                 .timeout(request_timeout)
                 .build()
                 .expect("a client with these options always builds"),
+            capabilities,
+            request_timeout,
             max_stream_bytes,
             next_id: AtomicU64::new(1),
             lists: models::ModelLists::default(),
@@ -218,177 +226,64 @@ impl Upstreams {
         upstream: &UpstreamConfig,
         request: UpstreamRequest,
         dialect: Dialect,
-        mut observer: Option<Box<dyn AnswerObserver>>,
+        observer: Option<Box<dyn AnswerObserver>>,
         mut tracked: TrackedRequest,
     ) -> Response {
-        let translate_to_anthropic = match upstream.kind {
-            UpstreamKind::OpenAi => false,
-            UpstreamKind::Anthropic => match anthropic_route(&request.endpoint_path) {
-                Some(native) => !native,
-                None => {
-                    let message = format!(
-                        "model {} is served by upstream {}, an Anthropic API, which has no {}",
-                        request.model, upstream.name, request.endpoint_path
-                    );
-                    tracked.fail();
-                    return ApiError::new(StatusCode::BAD_REQUEST, "unsupported_route", message)
-                        .into_response(dialect);
-                }
-            },
-        };
+        if upstream.kind == UpstreamKind::Anthropic
+            && anthropic_route(&request.endpoint_path).is_none()
+        {
+            let message = format!(
+                "model {} is served by upstream {}, an Anthropic API, which has no {}",
+                request.model, upstream.name, request.endpoint_path
+            );
+            tracked.fail();
+            return ApiError::new(StatusCode::BAD_REQUEST, "unsupported_route", message)
+                .into_response(dialect);
+        }
         let id = format!("upstream-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
         tracing::info!(request = %id, upstream = %upstream.name, model = %request.model, "request sent upstream");
-        let message = RequestMessage {
-            request_id: id,
-            model: request.model,
-            endpoint_path: request.endpoint_path,
+        let backend = Backend {
+            base_url: upstream.base_url.clone(),
+            speaks: match upstream.kind {
+                UpstreamKind::OpenAi => Speaks::OpenAi,
+                UpstreamKind::Anthropic => Speaks::Anthropic,
+            },
+            client: self.client.clone(),
+            capabilities: self.capabilities.clone(),
+        };
+        let call = BackendRequest {
+            id,
+            path: request.endpoint_path,
             is_streaming: request.is_streaming,
             body: request.body,
             headers: upstream.headers(&request.headers),
         };
-        // Small: the stream is relayed as the client reads it, so a slow client slows the
-        // upstream read instead of filling memory.
-        let (events, mut answers) = mpsc::channel(16);
-        let (client, base_url) = (self.client.clone(), upstream.base_url.clone());
-        let task = if translate_to_anthropic {
-            tokio::spawn(forward_to_anthropic(client, base_url, message, events))
-        } else {
-            tokio::spawn(forward(client, base_url, message, events))
+        let (events, answers) = mpsc::channel(UPSTREAM_EVENTS);
+        let task = tokio::spawn(backend.serve(call, events));
+        let source = AnswerSource::Upstream {
+            name: upstream.name.clone(),
+            events: answers,
+            sent: 0,
+            limit: self.max_stream_bytes,
+            ended: false,
         };
-        let guard = AbortOnDrop(task.abort_handle());
-        match next_message(&mut answers).await {
-            Some(WorkerToServer::ResponseComplete(mut complete)) => {
-                if let Some(observer) = observer.as_mut() {
-                    observer.complete(&mut complete);
-                }
-                tracked.complete(complete.status_code, complete.token_counts.as_ref());
-                pass_through(complete).unwrap_or_else(|refused| {
-                    tracked.fail();
-                    upstream_failed(&upstream.name, &refused.message).into_response(dialect)
-                })
-            }
-            Some(WorkerToServer::ResponseChunk(chunk)) => {
-                let relay = StreamRelay {
-                    answers,
-                    _guard: guard,
-                    observer,
-                    tracked,
-                    dialect,
-                    sent: 0,
-                    limit: self.max_stream_bytes,
-                };
-                relay.into_response(Bytes::from(chunk.chunk))
-            }
-            Some(WorkerToServer::Error(error)) => {
-                tracked.fail();
-                upstream_failed(&upstream.name, &error.message).into_response(dialect)
-            }
-            _ => {
-                tracked.fail();
-                upstream_failed(&upstream.name, "no answer").into_response(dialect)
-            }
-        }
+        let deadline = Instant::now() + self.request_timeout;
+        Waiter::new(
+            CancelGuard::task(task.abort_handle()),
+            source,
+            deadline,
+            None,
+            dialect,
+        )
+        .observe(observer)
+        .track(tracked)
+        .respond()
+        .await
     }
 }
 
-fn upstream_failed(name: &str, why: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::BAD_GATEWAY,
-        "upstream_error",
-        format!("upstream {name} failed: {why}"),
-    )
-}
-
-/// The next message the forwarding task sends (its `Done` notes are not messages).
-async fn next_message(answers: &mut mpsc::Receiver<TaskEvent>) -> Option<WorkerToServer> {
-    loop {
-        match answers.recv().await? {
-            TaskEvent::Send(message) => return Some(message),
-            TaskEvent::Done(_) => continue,
-        }
-    }
-}
-
-/// Aborts the forwarding task (closing the upstream connection) when the client goes away.
-struct AbortOnDrop(AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// An upstream stream on its way to the client.
-struct StreamRelay {
-    answers: mpsc::Receiver<TaskEvent>,
-    _guard: AbortOnDrop,
-    observer: Option<Box<dyn AnswerObserver>>,
-    /// The dashboard's record of the request: chunks, the final counts, or the failure.
-    tracked: TrackedRequest,
-    dialect: Dialect,
-    sent: u64,
-    limit: u64,
-}
-
-impl StreamRelay {
-    /// The next piece for the client and whether it is the last.
-    async fn next_piece(&mut self) -> Option<(Bytes, bool)> {
-        match next_message(&mut self.answers).await? {
-            WorkerToServer::ResponseChunk(chunk) => Some((Bytes::from(chunk.chunk), false)),
-            WorkerToServer::Error(error) => {
-                self.tracked.fail();
-                let error = upstream_failed("stream", &error.message);
-                Some((error.to_sse(self.dialect), true))
-            }
-            WorkerToServer::ResponseComplete(complete) => {
-                self.tracked
-                    .complete(complete.status_code, complete.token_counts.as_ref());
-                None
-            }
-            _ => None,
-        }
-    }
-
-    /// Counts and observes a piece; past the stream limit it becomes the closing error.
-    fn pass(&mut self, bytes: Bytes) -> (Bytes, bool) {
-        self.sent += bytes.len() as u64;
-        if self.sent > self.limit {
-            self.tracked.fail();
-            let error = ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "stream_too_large",
-                format!("the upstream's answer exceeds {} bytes", self.limit),
-            );
-            return (error.to_sse(self.dialect), true);
-        }
-        if let Some(observer) = self.observer.as_mut() {
-            observer.chunk(&bytes);
-        }
-        self.tracked.chunk(&bytes);
-        (bytes, false)
-    }
-
-    fn into_response(self, first: Bytes) -> Response {
-        let body = futures_util::stream::unfold(
-            (self, Some(first), false),
-            |(mut relay, first, done)| async move {
-                if done {
-                    return None;
-                }
-                let (bytes, last) = match first {
-                    Some(first) => (first, false),
-                    None => relay.next_piece().await?,
-                };
-                let (bytes, over) = relay.pass(bytes);
-                Some((
-                    Ok::<_, std::convert::Infallible>(bytes),
-                    (relay, None, last || over),
-                ))
-            },
-        );
-        sse_response(Body::from_stream(body))
-    }
-}
+/// How long what was learned of an upstream's routes is used before it is probed again.
+const LEARNED_FOR: Duration = Duration::from_secs(30);
 
 #[cfg(test)]
 mod tests {

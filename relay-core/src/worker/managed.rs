@@ -10,13 +10,11 @@ use axum::http::StatusCode;
 use tokio::sync::mpsc;
 use tokio::time::{interval_at, timeout, Instant};
 
-use super::answer;
-use super::forward::{forward, TaskEvent};
+use super::{wire, BackendAccess};
+use crate::backend::{answer, BackendEvent, Events, Failure};
 use crate::dialect::{ApiError, Dialect};
 use crate::lifecycle::{Lease, LifecycleError, LifecycleManager};
-use crate::protocol::{
-    ErrorMessage, HeaderMap, RequestMessage, ResponseChunkMessage, WorkerToServer,
-};
+use crate::protocol::{HeaderMap, RequestMessage};
 
 /// How often a streaming client waiting for a model start gets an SSE comment. The first comes
 /// after one period, so a quick start or a quick failure still answers with a plain status (and a
@@ -30,9 +28,9 @@ const CRASH_REPORT_GRACE: Duration = Duration::from_secs(2);
 /// Serves `request` for a mapped model through `manager`, reporting through `events`.
 pub async fn serve(
     manager: LifecycleManager,
-    client: reqwest::Client,
+    access: BackendAccess,
     request: RequestMessage,
-    events: mpsc::Sender<TaskEvent>,
+    events: Events,
 ) {
     let session = manager.config().session_id(
         request
@@ -49,10 +47,9 @@ pub async fn serve(
     };
     let acquired = acquire(&manager, &request, session.as_deref(), &mut reply).await;
     match acquired {
-        Ok(lease) => relay(lease, client, request, &mut reply).await,
+        Ok(lease) => relay(lease, &access, request, &mut reply).await,
         Err(error) => reply.lifecycle_error(&error).await,
     }
-    let _ = reply.events.send(TaskEvent::Done(reply.request_id)).await;
 }
 
 /// A lease on the request's model; a streaming request gets `: loading model NAME` comments
@@ -83,14 +80,15 @@ async fn acquire(
 /// Forwards to the lease's server until the answer is complete or the process ends.
 async fn relay(
     mut lease: Lease,
-    client: reqwest::Client,
+    access: &BackendAccess,
     request: RequestMessage,
     reply: &mut Reply,
 ) {
-    // The forward reports into a channel of its own, so its messages can be held back when the
+    // The forward reports into a channel of its own, so its events can be held back when the
     // process turns out to have died under it.
     let (tx, mut rx) = mpsc::channel(16);
-    let forwarding = forward(client, lease.base_url().to_string(), request, tx);
+    let backend = access.backend(lease.base_url());
+    let forwarding = backend.serve(wire::backend_request(request), tx);
     tokio::pin!(forwarding);
     let mut forwarded = false;
     loop {
@@ -99,15 +97,15 @@ async fn relay(
         tokio::select! {
             biased;
             event = rx.recv() => match event {
-                Some(TaskEvent::Send(message)) => {
-                    if is_failure(&message) {
+                Some(event) => {
+                    if is_failure(&event) {
                         if let Ok(ended) = timeout(CRASH_REPORT_GRACE, lease.ended()).await {
                             return reply.process_ended(&ended).await;
                         }
                     }
-                    reply.pass(message).await;
+                    reply.pass(event).await;
                 }
-                Some(TaskEvent::Done(_)) | None => return,
+                None => return,
             },
             ended = lease.ended() => return reply.process_ended(&ended).await,
             () = &mut forwarding, if !forwarded => forwarded = true,
@@ -115,12 +113,12 @@ async fn relay(
     }
 }
 
-/// A forward's final message that says the server failed (rather than answered).
-fn is_failure(message: &WorkerToServer) -> bool {
-    match message {
-        WorkerToServer::Error(_) => true,
-        WorkerToServer::ResponseComplete(complete) => complete.status_code == 502,
-        _ => false,
+/// A forward's final event that says the server failed (rather than answered).
+fn is_failure(event: &BackendEvent) -> bool {
+    match event {
+        BackendEvent::Failed(_) => true,
+        BackendEvent::Complete(answer) => answer.status == StatusCode::BAD_GATEWAY,
+        BackendEvent::Chunk(_) => false,
     }
 }
 
@@ -129,31 +127,31 @@ struct Reply {
     request_id: String,
     model: String,
     dialect: Dialect,
-    events: mpsc::Sender<TaskEvent>,
+    events: Events,
     /// Keep-alive comments went out: the proxy answers with an SSE stream now, so a failure
     /// must be an SSE error event rather than a status.
     streaming: bool,
 }
 
 impl Reply {
-    async fn send(&self, message: WorkerToServer) {
-        let _ = self.events.send(TaskEvent::Send(message)).await;
+    async fn send(&self, event: BackendEvent) {
+        let _ = self.events.send(event).await;
     }
 
     async fn chunk(&mut self, text: String) {
         self.streaming = true;
-        self.send(chunk(&self.request_id, text)).await;
+        self.send(BackendEvent::Chunk(text)).await;
     }
 
-    /// A forward's message; after keep-alives a final whole-body answer becomes stream events.
-    async fn pass(&mut self, message: WorkerToServer) {
-        let messages = if self.streaming {
-            as_stream(message, self.dialect)
+    /// A forward's event; after keep-alives a final whole-body answer becomes stream events.
+    async fn pass(&mut self, event: BackendEvent) {
+        let events = if self.streaming {
+            as_stream(event, self.dialect)
         } else {
-            vec![message]
+            vec![event]
         };
-        for message in messages {
-            self.send(message).await;
+        for event in events {
+            self.send(event).await;
         }
     }
 
@@ -161,8 +159,8 @@ impl Reply {
     /// the whole story (command, process output) goes to the log.
     async fn lifecycle_error(&mut self, error: &LifecycleError) {
         tracing::warn!(request = %self.request_id, model = %self.model, "{error}");
-        for message in lifecycle_answer(&self.request_id, self.dialect, error, self.streaming) {
-            self.send(message).await;
+        for event in lifecycle_answer(self.dialect, error, self.streaming) {
+            self.send(event).await;
         }
     }
 
@@ -170,20 +168,9 @@ impl Reply {
     /// already got bytes; a failed request the proxy can tell apart otherwise).
     async fn process_ended(&mut self, error: &LifecycleError) {
         tracing::warn!(request = %self.request_id, model = %self.model, "request failed: {error}");
-        self.send(WorkerToServer::Error(ErrorMessage {
-            request_id: Some(self.request_id.clone()),
-            code: error.code().to_string(),
-            message: short_message(error),
-        }))
-        .await;
+        let failed = Failure::new(error.code(), short_message(error));
+        self.send(BackendEvent::Failed(failed)).await;
     }
-}
-
-fn chunk(request_id: &str, text: String) -> WorkerToServer {
-    WorkerToServer::ResponseChunk(ResponseChunkMessage {
-        request_id: request_id.to_string(),
-        chunk: text,
-    })
 }
 
 /// The first line of a lifecycle error (the rest is the command and the process's output),
@@ -201,18 +188,17 @@ fn short_message(error: &LifecycleError) -> String {
 
 /// The answer to a request whose model could not be leased.
 fn lifecycle_answer(
-    request_id: &str,
     dialect: Dialect,
     error: &LifecycleError,
     streaming: bool,
-) -> Vec<WorkerToServer> {
+) -> Vec<BackendEvent> {
     let status = StatusCode::from_u16(error.status_code()).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut refusal = ApiError::new(status, error.code(), short_message(error));
     if let LifecycleError::BreakerOpen { retry_in, .. } = error {
         refusal = refusal.retry_after(*retry_in);
     }
     if !streaming {
-        return vec![answer::error(request_id, dialect, &refusal)];
+        return vec![answer::error(dialect, &refusal)];
     }
     let mut headers = HeaderMap::new();
     if let Some(after) = refusal.retry_after {
@@ -223,33 +209,29 @@ fn lifecycle_answer(
     }
     let event = refusal.to_sse(dialect);
     vec![
-        chunk(request_id, String::from_utf8_lossy(&event).into_owned()),
-        answer::complete(request_id, status, headers, None, None),
+        BackendEvent::Chunk(String::from_utf8_lossy(&event).into_owned()),
+        answer::complete(status, headers, None, None),
     ]
 }
 
 /// A forward's message for a client that already gets an SSE stream (keep-alives went out): a
 /// whole-body answer would be lost at the proxy, which ends a stream at `response_complete`, so
 /// an error body becomes an error event and any other body a data event.
-fn as_stream(message: WorkerToServer, dialect: Dialect) -> Vec<WorkerToServer> {
-    let WorkerToServer::ResponseComplete(mut complete) = message else {
-        return vec![message];
+fn as_stream(event: BackendEvent, dialect: Dialect) -> Vec<BackendEvent> {
+    let BackendEvent::Complete(mut complete) = event else {
+        return vec![event];
     };
     let Some(body) = complete.body.take().filter(|b| !b.is_empty()) else {
-        return vec![WorkerToServer::ResponseComplete(complete)];
+        return vec![BackendEvent::Complete(complete)];
     };
-    let status = StatusCode::from_u16(complete.status_code).unwrap_or(StatusCode::BAD_GATEWAY);
+    let status = complete.status;
     let event = if status.is_success() {
         format!("data: {}\n\n", one_line(&body))
     } else {
         let message = error_message_of(&body);
         String::from_utf8_lossy(&dialect.sse_error(status, "backend_error", &message)).into_owned()
     };
-    let request_id = complete.request_id.clone();
-    vec![
-        chunk(&request_id, event),
-        WorkerToServer::ResponseComplete(complete),
-    ]
+    vec![BackendEvent::Chunk(event), BackendEvent::Complete(complete)]
 }
 
 /// The message of an error body (`{"error":{"message"}}`, `{"error":"..."}`), or its text.
@@ -271,21 +253,10 @@ fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::ResponseCompleteMessage;
+    use crate::backend::Answer;
 
-    fn complete(
-        request_id: &str,
-        status: u16,
-        headers: HeaderMap,
-        body: Option<String>,
-    ) -> WorkerToServer {
-        answer::complete(
-            request_id,
-            StatusCode::from_u16(status).unwrap(),
-            headers,
-            body,
-            None,
-        )
+    fn complete(status: u16, headers: HeaderMap, body: Option<String>) -> BackendEvent {
+        answer::complete(StatusCode::from_u16(status).unwrap(), headers, body, None)
     }
 
     fn start_failed() -> LifecycleError {
@@ -297,26 +268,26 @@ mod tests {
         }
     }
 
-    fn completion(message: &WorkerToServer) -> &ResponseCompleteMessage {
-        match message {
-            WorkerToServer::ResponseComplete(complete) => complete,
-            other => panic!("expected response_complete, got {other:?}"),
+    fn completion(event: &BackendEvent) -> &Answer {
+        match event {
+            BackendEvent::Complete(complete) => complete,
+            other => panic!("expected an answer, got {other:?}"),
         }
     }
 
-    fn chunk_text(message: &WorkerToServer) -> &str {
-        match message {
-            WorkerToServer::ResponseChunk(chunk) => &chunk.chunk,
-            other => panic!("expected response_chunk, got {other:?}"),
+    fn chunk_text(event: &BackendEvent) -> &str {
+        match event {
+            BackendEvent::Chunk(chunk) => chunk,
+            other => panic!("expected a chunk, got {other:?}"),
         }
     }
 
     #[test]
     fn a_lifecycle_error_answers_with_its_status_and_a_short_dialect_shaped_message() {
-        let answer = lifecycle_answer("r1", Dialect::Anthropic, &start_failed(), false);
+        let answer = lifecycle_answer(Dialect::Anthropic, &start_failed(), false);
         assert_eq!(answer.len(), 1);
         let complete = completion(&answer[0]);
-        assert_eq!(complete.status_code, 502);
+        assert_eq!(complete.status, StatusCode::BAD_GATEWAY);
         let body: serde_json::Value =
             serde_json::from_str(complete.body.as_deref().unwrap()).unwrap();
         assert_eq!(body["type"], "error");
@@ -336,9 +307,9 @@ mod tests {
             retry_in: Duration::from_secs(42),
             last_error: start_failed().to_string(),
         };
-        let answer = lifecycle_answer("r1", Dialect::OpenAi, &open, false);
+        let answer = lifecycle_answer(Dialect::OpenAi, &open, false);
         let complete = completion(&answer[0]);
-        assert_eq!(complete.status_code, 503);
+        assert_eq!(complete.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(complete.headers["retry-after"], "42");
         let body: serde_json::Value =
             serde_json::from_str(complete.body.as_deref().unwrap()).unwrap();
@@ -347,7 +318,7 @@ mod tests {
 
     #[test]
     fn after_keep_alives_a_lifecycle_error_is_an_sse_error_event() {
-        let answer = lifecycle_answer("r1", Dialect::OpenAi, &start_failed(), true);
+        let answer = lifecycle_answer(Dialect::OpenAi, &start_failed(), true);
         assert_eq!(answer.len(), 2);
         let event = chunk_text(&answer[0]);
         assert!(event.starts_with("data: {\"error\""), "{event}");
@@ -359,7 +330,6 @@ mod tests {
     #[test]
     fn after_keep_alives_a_whole_body_answer_becomes_stream_events() {
         let failed = complete(
-            "r1",
             400,
             HeaderMap::new(),
             Some(r#"{"error":{"code":400,"message":"bad\nrequest"}}"#.into()),
@@ -370,22 +340,21 @@ mod tests {
         assert!(event.contains("bad\\nrequest"));
         assert_eq!(completion(&events[1]).body, None);
 
-        let answered = complete("r1", 200, HeaderMap::new(), Some("{\"a\":\n1}".into()));
+        let answered = complete(200, HeaderMap::new(), Some("{\"a\":\n1}".into()));
         let events = as_stream(answered, Dialect::OpenAi);
         assert_eq!(chunk_text(&events[0]), "data: {\"a\": 1}\n\n");
 
-        let streamed = complete("r1", 200, HeaderMap::new(), None);
+        let streamed = complete(200, HeaderMap::new(), None);
         assert_eq!(as_stream(streamed, Dialect::OpenAi).len(), 1);
     }
 
     #[test]
     fn a_forward_failure_is_told_apart_from_an_answer() {
-        assert!(is_failure(&complete("r", 502, HeaderMap::new(), None)));
-        assert!(!is_failure(&complete("r", 500, HeaderMap::new(), None)));
-        assert!(is_failure(&WorkerToServer::Error(ErrorMessage {
-            request_id: Some("r".into()),
-            code: "backend_error".into(),
-            message: "broke off".into(),
-        })));
+        assert!(is_failure(&complete(502, HeaderMap::new(), None)));
+        assert!(!is_failure(&complete(500, HeaderMap::new(), None)));
+        assert!(is_failure(&BackendEvent::Failed(Failure::new(
+            "backend_error",
+            "broke off"
+        ))));
     }
 }

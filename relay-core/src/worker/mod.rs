@@ -1,17 +1,11 @@
 //! The worker daemon: connects out to a proxy, registers its models, forwards requests to local
 //! backends, and reconnects with exponential backoff when the connection ends.
 
-pub mod answer;
 pub mod catalog;
-pub mod count_tokens;
-pub mod endpoint;
-pub mod forward;
 pub mod managed;
-pub mod native_routes;
 pub mod report;
 pub mod session;
-pub mod sse;
-pub mod translate;
+pub mod wire;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,6 +14,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::sync::watch;
 
+use crate::backend::{Backend, Capabilities, NativeOverrides, Speaks};
 use crate::discovery::DiscoveryOptions;
 use crate::lifecycle::{LifecycleConfig, LifecycleManager};
 use crate::protocol::BRIDGE_PROTOCOL_VERSION;
@@ -74,8 +69,8 @@ pub struct WorkerConfig {
     /// Where the worker keeps state; the model servers' pid files go to `lifecycle/pids/`.
     pub data_dir: PathBuf,
     /// Whether backends serve `/v1/messages` and `/v1/responses` themselves; unset routes are
-    /// probed (see [`native_routes`]).
-    pub native_routes: native_routes::NativeOverrides,
+    /// probed (see [`Capabilities`]).
+    pub native_routes: NativeOverrides,
     /// Where the worker reports its connection state and lifecycle manager to its embedder.
     pub report: Arc<WorkerReport>,
 }
@@ -101,7 +96,7 @@ impl WorkerConfig {
             reconnect_max: Duration::from_secs(30),
             lifecycle: None,
             data_dir: crate::paths::data_dir(),
-            native_routes: native_routes::NativeOverrides::default(),
+            native_routes: NativeOverrides::default(),
             report: Arc::default(),
         }
     }
@@ -110,12 +105,11 @@ impl WorkerConfig {
 /// Runs the worker until `shutdown` turns true; then it stops taking work, finishes what is in
 /// flight (up to the drain timeout), stops the model servers it started and returns.
 pub async fn run(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) {
-    let client = backend_client(config.max_concurrent);
-    configure_native_routes(&config);
+    let access = BackendAccess::new(&config);
     // One manager for the worker's whole life: a reconnect to the proxy must not restart models.
     let lifecycle = start_lifecycle(&config).await;
     config.report.set_lifecycle(lifecycle.clone());
-    serve_until_shutdown(&config, &client, lifecycle.as_ref(), &mut shutdown).await;
+    serve_until_shutdown(&config, &access, lifecycle.as_ref(), &mut shutdown).await;
     config.report.set_lifecycle(None);
     if let Some(manager) = lifecycle {
         // The servers run in process groups of their own: nothing else would stop them.
@@ -156,7 +150,7 @@ async fn start_lifecycle(config: &WorkerConfig) -> Option<LifecycleManager> {
 /// Connects, serves and reconnects until shutdown.
 async fn serve_until_shutdown(
     config: &WorkerConfig,
-    client: &reqwest::Client,
+    access: &BackendAccess,
     lifecycle: Option<&LifecycleManager>,
     shutdown: &mut watch::Receiver<bool>,
 ) {
@@ -166,7 +160,7 @@ async fn serve_until_shutdown(
             return;
         }
         config.report.set_state(ConnectionState::Connecting, None);
-        match session::serve(config, client, lifecycle, shutdown).await {
+        match session::serve(config, access, lifecycle, shutdown).await {
             SessionEnd::Shutdown => return,
             SessionEnd::Disconnected { registered, reason } => {
                 config
@@ -191,14 +185,42 @@ async fn serve_until_shutdown(
     }
 }
 
-/// Records which routes this worker's backends serve natively, where configured, and how long
-/// a probe result lasts: one model refresh, so a swapped server is probed again.
-fn configure_native_routes(config: &WorkerConfig) {
-    let fixed = match &config.backends {
-        Backends::Fixed(urls) => urls.as_slice(),
-        Backends::Discover(_) => &[],
-    };
-    native_routes::configure(fixed, config.native_routes, config.model_refresh_interval);
+/// How this worker reaches its backends: one HTTP client, and one table of the routes they
+/// serve natively (configured where the settings say, probed otherwise; a probe result lasts
+/// one model refresh, so a swapped server is probed again).
+#[derive(Debug, Clone)]
+pub struct BackendAccess {
+    /// The HTTP client for backends (also for their model lists).
+    pub client: reqwest::Client,
+    /// What this worker learned of its backends' routes.
+    pub capabilities: Capabilities,
+}
+
+impl BackendAccess {
+    fn new(config: &WorkerConfig) -> Self {
+        let fixed = match &config.backends {
+            Backends::Fixed(urls) => urls.as_slice(),
+            Backends::Discover(_) => &[],
+        };
+        BackendAccess {
+            client: backend_client(config.max_concurrent),
+            capabilities: Capabilities::new(
+                fixed,
+                config.native_routes,
+                config.model_refresh_interval,
+            ),
+        }
+    }
+
+    /// The backend at `base_url`, an OpenAI-compatible server.
+    pub fn backend(&self, base_url: &str) -> Backend {
+        Backend {
+            base_url: base_url.to_string(),
+            speaks: Speaks::OpenAi,
+            client: self.client.clone(),
+            capabilities: self.capabilities.clone(),
+        }
+    }
 }
 
 /// Idle backend connections kept per backend at most, whatever the concurrency.

@@ -26,8 +26,8 @@ use outbox::{Outbox, Pulled};
 use window::FlowWindow;
 
 use super::catalog::{self, Catalog, Route};
-use super::forward::{error_chain, forward, TaskEvent};
-use super::{answer, connect_url, endpoint, managed, WorkerConfig};
+use super::{connect_url, managed, wire, BackendAccess, WorkerConfig};
+use crate::backend::{answer, endpoint, error_chain};
 use crate::dialect::{ApiError, Dialect};
 use crate::lifecycle::LifecycleManager;
 use crate::protocol::{
@@ -75,11 +75,11 @@ fn disconnected(registered: bool, reason: impl Into<String>) -> SessionEnd {
 /// for the model map's models go through `lifecycle`.
 pub async fn serve(
     config: &WorkerConfig,
-    client: &reqwest::Client,
+    access: &BackendAccess,
     lifecycle: Option<&LifecycleManager>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> SessionEnd {
-    let catalog = catalog::load(config, client, mapped_models(lifecycle)).await;
+    let catalog = catalog::load(config, &access.client, mapped_models(lifecycle)).await;
     let mut socket = match connect(config).await {
         Ok(socket) => socket,
         Err(reason) => return disconnected(false, reason),
@@ -110,7 +110,7 @@ pub async fn serve(
     }
     let mut session = Session {
         config,
-        client,
+        access,
         lifecycle,
         catalog,
         active: HashMap::new(),
@@ -210,7 +210,7 @@ enum Target {
 
 struct Session<'a> {
     config: &'a WorkerConfig,
-    client: &'a reqwest::Client,
+    access: &'a BackendAccess,
     lifecycle: Option<&'a LifecycleManager>,
     catalog: Catalog,
     /// Running requests by wire id.
@@ -368,7 +368,7 @@ impl Session<'_> {
                     "models refresh requested"
                 );
                 // The server behind a backend URL may have changed: learn its routes again.
-                super::native_routes::forget(None);
+                self.access.capabilities.forget(None);
                 self.spawn_refresh(catalog_tx, true);
                 Next::Continue
             }
@@ -426,21 +426,24 @@ impl Session<'_> {
             let dialect = Dialect::for_path(&request.endpoint_path);
             let _ = send(
                 socket,
-                &answer::error(&request.request_id, dialect, &refusal),
+                &wire::message(&request.request_id, answer::error(dialect, &refusal)),
             )
             .await;
             return;
         }
         let id = request.request_id.clone();
-        let client = self.client.clone();
         let events = self.outbox.open(&id);
         // Aborting the task (cancel, disconnect) drops what it holds: the backend response and,
         // for a mapped model, its lease (or its wait for a start, which goes on for others).
         let task = match target.expect("checked above") {
             Target::Managed(manager) => {
-                tokio::spawn(managed::serve(manager, client, request, events))
+                let access = self.access.clone();
+                tokio::spawn(managed::serve(manager, access, request, events))
             }
-            Target::Backend(url) => tokio::spawn(forward(client, url, request, events)),
+            Target::Backend(url) => {
+                let backend = self.access.backend(&url);
+                tokio::spawn(backend.serve(wire::backend_request(request), events))
+            }
         };
         self.active.insert(id, task.abort_handle());
     }
@@ -454,17 +457,17 @@ impl Session<'_> {
         while let Some(Pulled { request, event }) = next {
             match event {
                 // A late message of a cancelled request is not sent.
-                Some(TaskEvent::Send(message)) if self.active.contains_key(&*request) => {
-                    let text = message.to_json();
+                Some(event) if self.active.contains_key(&*request) => {
+                    let text = wire::message(&request, event).to_json();
                     self.window.wrote(text.len());
                     if socket.feed(Message::Text(text.into())).await.is_err() {
                         return Next::End(disconnected(true, "sending failed"));
                     }
                     written += 1;
                 }
-                Some(TaskEvent::Send(_)) => {}
-                // A task that ended without `Done` (aborted, or panicked) is over all the same.
-                Some(TaskEvent::Done(_)) | None => {
+                Some(_) => {}
+                // The task ended: finished, aborted or panicked.
+                None => {
                     self.active.remove(&*request);
                     if self.active.is_empty() && self.active.capacity() > 1024 {
                         // Give back what a burst of requests grew the map to.
@@ -518,7 +521,7 @@ impl Session<'_> {
     /// Re-reads the catalog in the background; `requested` marks a refresh the proxy asked for.
     fn spawn_refresh(&self, catalog_tx: &mpsc::Sender<Refreshed>, requested: bool) {
         let config = self.config.clone();
-        let client = self.client.clone();
+        let client = self.access.client.clone();
         let mapped = mapped_models(self.lifecycle);
         let catalog_tx = catalog_tx.clone();
         tokio::spawn(async move {

@@ -296,3 +296,34 @@ async fn requests_served_upstream_count_on_the_dashboard_like_a_workers() {
     );
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_upstream_request_ends_at_its_deadline_or_when_its_client_leaves_and_the_upstream_sees_it(
+) {
+    let cloud = ControlledBackend::start(&[]).await;
+    let mut config: ProxyConfig = test_config();
+    config.upstreams = vec![upstream(
+        "cloud",
+        UpstreamKind::OpenAi,
+        &cloud.url(),
+        &["gpt-*"],
+    )];
+    config.providers[0].limits.request_timeout = std::time::Duration::from_millis(800);
+    let proxy = start_proxy(config).await;
+    let hang = json!({"model": "gpt-4o", "messages": [], "mock": {"hang": true}});
+
+    // The request deadline applies as it does to a worker's request: a 504 in dialect, and the
+    // upstream's connection is closed.
+    let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &hang).await;
+    assert_eq!(status, 504, "{text}");
+    assert_eq!(parse(&text)["error"]["code"], "request_timeout", "{text}");
+    wait_until("the upstream saw the timeout", || cloud.dropped() == 1).await;
+
+    // A client that leaves cancels the upstream call.
+    let base = proxy.url();
+    let client = tokio::spawn(async move { post(&base, "/v1/chat/completions", &hang).await });
+    wait_until("the upstream got the request", || cloud.started() == 2).await;
+    client.abort();
+    wait_until("the upstream saw the client leave", || cloud.dropped() == 2).await;
+    proxy.shutdown().await;
+}

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::{UpstreamConfig, UpstreamKind};
+use crate::backend::error_chain;
 use crate::protocol::HeaderMap;
 use crate::proxy::aliases::is_pattern;
-use crate::worker::forward::error_chain;
 
 /// How long a fetched list is used before it is fetched again.
 pub const LIST_TTL: Duration = Duration::from_secs(300);

@@ -29,8 +29,7 @@ use futures_util::stream::{FuturesUnordered, Stream, StreamExt, StreamFuture};
 use futures_util::FutureExt;
 use tokio::sync::mpsc;
 
-use crate::protocol::WorkerToServer;
-use crate::worker::forward::TaskEvent;
+use crate::backend::{BackendEvent, Events};
 
 /// Messages one request task may have waiting. Its messages are already coalesced (every SSE
 /// event that arrived in one backend read is one message), so a few are enough to keep it busy.
@@ -42,24 +41,20 @@ const MERGE_LIMIT: usize = 32 * 1024;
 /// One request task's messages.
 struct Lane {
     request: Arc<str>,
-    events: mpsc::Receiver<TaskEvent>,
-    /// A message taken out while merging that could not be merged; it comes next.
-    held: Option<TaskEvent>,
+    events: mpsc::Receiver<BackendEvent>,
+    /// An event taken out while merging that could not be merged; it comes next.
+    held: Option<BackendEvent>,
 }
 
 impl Lane {
     /// `event`, with the chunks waiting behind it appended when it is a chunk.
-    fn merge_waiting(&mut self, mut event: TaskEvent) -> TaskEvent {
-        let TaskEvent::Send(WorkerToServer::ResponseChunk(first)) = &mut event else {
+    fn merge_waiting(&mut self, mut event: BackendEvent) -> BackendEvent {
+        let BackendEvent::Chunk(first) = &mut event else {
             return event;
         };
-        while first.chunk.len() < MERGE_LIMIT {
+        while first.len() < MERGE_LIMIT {
             match self.events.try_recv() {
-                Ok(TaskEvent::Send(WorkerToServer::ResponseChunk(more)))
-                    if more.request_id == first.request_id =>
-                {
-                    first.chunk.push_str(&more.chunk);
-                }
+                Ok(BackendEvent::Chunk(more)) => first.push_str(&more),
                 Ok(other) => {
                     self.held = Some(other);
                     break;
@@ -72,9 +67,9 @@ impl Lane {
 }
 
 impl Stream for Lane {
-    type Item = TaskEvent;
+    type Item = BackendEvent;
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<TaskEvent>> {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<BackendEvent>> {
         let lane = self.get_mut();
         match lane.held.take() {
             Some(event) => Poll::Ready(Some(event)),
@@ -87,8 +82,8 @@ impl Stream for Lane {
 pub struct Pulled {
     /// The wire id of the lane's request.
     pub request: Arc<str>,
-    /// Its next message, or `None` when its task ended (finished, aborted or panicked).
-    pub event: Option<TaskEvent>,
+    /// Its next event, or `None` when its task ended (finished, aborted or panicked).
+    pub event: Option<BackendEvent>,
 }
 
 /// Every running request's lane.
@@ -100,7 +95,7 @@ pub struct Outbox {
 
 impl Outbox {
     /// Opens a lane for `request`; its task reports through the returned sender.
-    pub fn open(&mut self, request: &str) -> mpsc::Sender<TaskEvent> {
+    pub fn open(&mut self, request: &str) -> Events {
         let (sender, events) = mpsc::channel(LANE_CAPACITY);
         let lane = Lane {
             request: Arc::from(request),
@@ -139,7 +134,7 @@ impl Outbox {
 
     /// Puts a lane that produced a message at the back of the started lanes' turn; a lane that
     /// ended is dropped.
-    fn requeue(&mut self, event: Option<TaskEvent>, mut lane: Lane) -> Pulled {
+    fn requeue(&mut self, event: Option<BackendEvent>, mut lane: Lane) -> Pulled {
         let request = Arc::clone(&lane.request);
         let event = event.map(|event| lane.merge_waiting(event));
         if event.is_some() {
@@ -152,22 +147,22 @@ impl Outbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::ResponseChunkMessage;
+    use crate::backend::answer;
+    use axum::http::StatusCode;
 
-    fn chunk(request: &str, text: &str) -> TaskEvent {
-        TaskEvent::Send(WorkerToServer::ResponseChunk(ResponseChunkMessage {
-            request_id: request.to_string(),
-            chunk: text.to_string(),
-        }))
+    fn chunk(text: &str) -> BackendEvent {
+        BackendEvent::Chunk(text.to_string())
+    }
+
+    fn done() -> BackendEvent {
+        answer::json(StatusCode::OK, String::new())
     }
 
     fn text_of(pulled: Pulled) -> String {
         match pulled.event {
-            Some(TaskEvent::Send(WorkerToServer::ResponseChunk(chunk))) => {
-                format!("{}:{}", pulled.request, chunk.chunk)
-            }
-            Some(TaskEvent::Done(id)) => format!("{id}:done"),
-            other => panic!("unexpected {}", other.is_some()),
+            Some(BackendEvent::Chunk(chunk)) => format!("{}:{chunk}", pulled.request),
+            Some(BackendEvent::Complete(_)) => format!("{}:done", pulled.request),
+            other => panic!("unexpected {other:?}"),
         }
     }
 
@@ -175,15 +170,15 @@ mod tests {
     async fn a_fresh_lane_goes_before_started_lanes_and_each_lane_stays_in_order() {
         let mut outbox = Outbox::default();
         let a = outbox.open("a");
-        a.send(chunk("a", "1")).await.unwrap();
+        a.send(chunk("1")).await.unwrap();
         assert_eq!(text_of(outbox.try_next(true).unwrap()), "a:1");
-        a.send(chunk("a", "2")).await.unwrap();
+        a.send(chunk("2")).await.unwrap();
         let b = outbox.open("b");
-        b.send(chunk("b", "1")).await.unwrap();
+        b.send(chunk("1")).await.unwrap();
         // b's first chunk overtakes a's backlog.
         assert_eq!(text_of(outbox.try_next(true).unwrap()), "b:1");
-        b.send(chunk("b", "2")).await.unwrap();
-        a.send(chunk("a", "3")).await.unwrap();
+        b.send(chunk("2")).await.unwrap();
+        a.send(chunk("3")).await.unwrap();
         // Then the two take turns, each sending what it has waiting as one message.
         let order: Vec<String> =
             std::iter::from_fn(|| outbox.try_next(true).map(text_of)).collect();
@@ -194,24 +189,24 @@ mod tests {
     async fn started_lanes_wait_for_bulk_and_fresh_ones_do_not() {
         let mut outbox = Outbox::default();
         let a = outbox.open("a");
-        a.send(chunk("a", "1")).await.unwrap();
+        a.send(chunk("1")).await.unwrap();
         assert_eq!(text_of(outbox.try_next(false).unwrap()), "a:1");
-        a.send(chunk("a", "2")).await.unwrap();
+        a.send(chunk("2")).await.unwrap();
         assert!(outbox.try_next(false).is_none());
         let b = outbox.open("b");
-        b.send(chunk("b", "1")).await.unwrap();
+        b.send(chunk("1")).await.unwrap();
         assert_eq!(text_of(outbox.try_next(false).unwrap()), "b:1");
         assert_eq!(text_of(outbox.try_next(true).unwrap()), "a:2");
     }
 
     #[tokio::test]
-    async fn merging_stops_at_a_message_that_is_not_a_chunk_which_comes_next() {
+    async fn merging_stops_at_an_event_that_is_not_a_chunk_which_comes_next() {
         let mut outbox = Outbox::default();
         let a = outbox.open("a");
-        a.send(chunk("a", "1")).await.unwrap();
-        a.send(chunk("a", "2")).await.unwrap();
-        a.send(TaskEvent::Done("a".to_string())).await.unwrap();
-        a.send(chunk("a", "late")).await.unwrap();
+        a.send(chunk("1")).await.unwrap();
+        a.send(chunk("2")).await.unwrap();
+        a.send(done()).await.unwrap();
+        a.send(chunk("late")).await.unwrap();
         assert_eq!(text_of(outbox.try_next(true).unwrap()), "a:12");
         assert_eq!(text_of(outbox.try_next(true).unwrap()), "a:done");
         assert_eq!(text_of(outbox.try_next(true).unwrap()), "a:late");
@@ -221,7 +216,7 @@ mod tests {
     async fn a_lane_whose_task_ended_reports_its_request_once_then_is_gone() {
         let mut outbox = Outbox::default();
         let a = outbox.open("a");
-        a.send(TaskEvent::Done("a".to_string())).await.unwrap();
+        a.send(done()).await.unwrap();
         drop(a);
         assert_eq!(text_of(outbox.try_next(true).unwrap()), "a:done");
         let closed = outbox.try_next(true).unwrap();

@@ -1,35 +1,22 @@
-//! Forwarding one `request` to the local backend and reporting the answer back as
-//! `response_chunk`s and a final `response_complete`.
-//!
-//! Each request runs in its own task; aborting the task drops the backend response, which closes
-//! the backend connection, so the backend sees the cancellation.
+//! Forwarding a request to the backend's own route, and reading its answer: a stream as chunks
+//! of whole SSE events, anything else as one body.
 
 use axum::http::StatusCode;
 use futures_util::{FutureExt, StreamExt};
-use tokio::sync::mpsc;
 
+use super::answer;
+use super::endpoint;
 use super::sse::{SseSplitter, UsageTracker};
-use super::{answer, endpoint, translate};
+use super::{Backend, BackendEvent, BackendRequest, Events, Failure};
 use crate::dialect::{ApiError, Dialect};
-use crate::protocol::{
-    json_string_len, ErrorMessage, HeaderMap, RequestMessage, ResponseChunkMessage, WorkerToServer,
-    FRAME_OVERHEAD_BYTES, MAX_FRAME_BYTES,
-};
+use crate::protocol::HeaderMap;
 
-/// A non-streaming backend body larger than this fails the request instead of exhausting memory.
-const MAX_BODY_BYTES: usize = crate::protocol::MAX_FRAME_BYTES;
+/// A non-streaming backend body larger than this fails the request instead of exhausting memory
+/// (the worker protocol's frame limit, which no body could cross anyway).
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// Stream bytes already received are gathered into one chunk up to about this size.
 const COALESCE_BYTES: usize = 32 * 1024;
-
-/// What a request task tells the connection loop.
-#[derive(Debug)]
-pub enum TaskEvent {
-    /// A message to send to the proxy.
-    Send(WorkerToServer),
-    /// The request's task is done (its final message was already sent).
-    Done(String),
-}
 
 /// Client headers that must not be copied to the backend request: reqwest sets them itself.
 fn skip_request_header(name: &str) -> bool {
@@ -39,32 +26,18 @@ fn skip_request_header(name: &str) -> bool {
     )
 }
 
-/// Forwards `request` to `backend_url` and reports everything through `events`. Anthropic
-/// Messages and OpenAI Responses requests go through [`translate`], which passes them through
-/// when the backend serves the route itself and translates them to chat completions when not.
-pub async fn forward(
-    client: reqwest::Client,
-    backend_url: String,
-    request: RequestMessage,
-    events: mpsc::Sender<TaskEvent>,
-) {
-    match translate::route_of(&request.endpoint_path) {
-        Some(route) => translate::forward(client, backend_url, request, route, events).await,
-        None => forward_native(client, backend_url, request, events).await,
-    }
-}
-
 /// Forwards `request` to the backend's own route for it, untouched.
-pub(super) async fn forward_native(
-    client: reqwest::Client,
-    backend_url: String,
-    request: RequestMessage,
-    events: mpsc::Sender<TaskEvent>,
-) {
-    let path = request.endpoint_path.clone();
-    match send(&client, &backend_url, &path, &request.headers, request.body).await {
-        Ok(response) => deliver(response, &request.request_id, request.is_streaming, &events).await,
-        Err(error) => unreachable(&backend_url, &path, &request.request_id, &error, &events).await,
+pub(super) async fn serve_native(backend: &Backend, request: BackendRequest, events: &Events) {
+    let BackendRequest {
+        id,
+        path,
+        is_streaming,
+        body,
+        headers,
+    } = request;
+    match send(backend, &path, &headers, body).await {
+        Ok(response) => deliver(response, &id, is_streaming, events).await,
+        Err(error) => unreachable(backend, &path, &id, &error, events).await,
     }
 }
 
@@ -77,17 +50,16 @@ pub(super) enum SendError {
     Http(reqwest::Error),
 }
 
-/// POSTs `body` with the client's `headers` to `path` on the backend.
+/// POSTs `body` with `headers` to `path` on the backend.
 pub(super) async fn send(
-    client: &reqwest::Client,
-    backend_url: &str,
+    backend: &Backend,
     path: &str,
     headers: &HeaderMap,
     body: String,
 ) -> Result<reqwest::Response, SendError> {
-    let url = endpoint::join(backend_url, path).map_err(SendError::Refused)?;
+    let url = endpoint::join(&backend.base_url, path).map_err(SendError::Refused)?;
     tracing::debug!(%url, "forwarding request");
-    let mut builder = client.post(url).body(body);
+    let mut builder = backend.client.post(url).body(body);
     let mut has_content_type = false;
     for (name, value) in headers {
         let name = name.to_ascii_lowercase();
@@ -106,26 +78,27 @@ pub(super) async fn send(
 /// Reports a request the backend never answered: a 502 in the dialect of `path` when it could
 /// not be reached, a 400 when its path was refused.
 pub(super) async fn unreachable(
-    backend_url: &str,
+    backend: &Backend,
     path: &str,
-    request_id: &str,
+    id: &str,
     error: &SendError,
-    events: &mpsc::Sender<TaskEvent>,
+    events: &Events,
 ) {
+    let base_url = &backend.base_url;
     let (status, code, message) = match error {
         SendError::Http(error) => {
-            tracing::warn!(request = %request_id, %backend_url, "backend error: {error}");
+            tracing::warn!(request = %id, backend = %base_url, "backend error: {error}");
             (
                 StatusCode::BAD_GATEWAY,
                 "backend_unavailable",
                 format!(
-                    "the worker's backend at {backend_url} is unreachable: {}",
+                    "the backend at {base_url} is unreachable: {}",
                     error_chain(error)
                 ),
             )
         }
         SendError::Refused(why) => {
-            tracing::warn!(request = %request_id, "{why}");
+            tracing::warn!(request = %id, "{why}");
             (
                 StatusCode::BAD_REQUEST,
                 "invalid_endpoint_path",
@@ -133,22 +106,10 @@ pub(super) async fn unreachable(
             )
         }
     };
-    let failure = answer::error(
-        request_id,
-        Dialect::for_path(path),
-        &ApiError::new(status, code, message),
-    );
-    finish(events, request_id, failure).await;
-}
-
-/// Sends a request's final message, then tells the connection loop the task is done.
-pub(super) async fn finish(
-    events: &mpsc::Sender<TaskEvent>,
-    request_id: &str,
-    message: WorkerToServer,
-) {
-    let _ = events.send(TaskEvent::Send(message)).await;
-    let _ = events.send(TaskEvent::Done(request_id.to_string())).await;
+    let error = ApiError::new(status, code, message);
+    let _ = events
+        .send(answer::error(Dialect::for_path(path), &error))
+        .await;
 }
 
 /// The backend's headers that are valid text.
@@ -172,55 +133,43 @@ pub(super) fn is_sse(headers: &HeaderMap) -> bool {
 /// Reports the backend's answer as it is: a stream as chunks, anything else as one body.
 pub(super) async fn deliver(
     response: reqwest::Response,
-    request_id: &str,
+    id: &str,
     is_streaming: bool,
-    events: &mpsc::Sender<TaskEvent>,
+    events: &Events,
 ) {
-    let report = |message: WorkerToServer| {
-        let events = events.clone();
-        async move { events.send(TaskEvent::Send(message)).await.is_ok() }
-    };
     let status = response.status();
     let headers = response_headers(&response);
     let mut usage = UsageTracker::default();
     let outcome = if is_streaming && status.is_success() && is_sse(&headers) {
-        stream_body(response, request_id, &mut usage, &report).await
+        stream_body(response, &mut usage, events).await
     } else {
         read_body(response, &mut usage).await.map(Some)
     };
-    let final_message = match outcome {
+    let last = match outcome {
         Ok(body) => {
             if !status.is_success() {
-                tracing::warn!(request = %request_id, status = status.as_u16(), "backend error status");
+                tracing::warn!(request = %id, status = status.as_u16(), "backend error status");
             }
-            answer::complete(request_id, status, headers, body, usage.token_counts())
+            answer::complete(status, headers, body, usage.token_counts())
         }
-        Err(message) => backend_error(request_id, message),
+        Err(message) => failed(id, message),
     };
-    finish(events, request_id, final_message).await;
+    let _ = events.send(last).await;
 }
 
-/// A request-scoped `error`: the backend failed mid-answer.
-pub(super) fn backend_error(request_id: &str, message: String) -> WorkerToServer {
-    tracing::warn!(request = %request_id, "backend error: {message}");
-    WorkerToServer::Error(ErrorMessage {
-        request_id: Some(request_id.to_string()),
-        code: "backend_error".to_string(),
-        message,
-    })
+/// The backend failed mid-answer.
+pub(super) fn failed(id: &str, message: String) -> BackendEvent {
+    tracing::warn!(request = %id, "backend error: {message}");
+    BackendEvent::Failed(Failure::new("backend_error", message))
 }
 
-/// Sends the SSE body as chunks of whole events; `Ok(None)` when it ended cleanly.
-async fn stream_body<F, Fut>(
+/// Sends the SSE body as chunks of whole events; `Ok(None)` when it ended (or the receiver
+/// left).
+async fn stream_body(
     response: reqwest::Response,
-    request_id: &str,
     usage: &mut UsageTracker,
-    report: &F,
-) -> Result<Option<String>, String>
-where
-    F: Fn(WorkerToServer) -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
+    events: &Events,
+) -> Result<Option<String>, String> {
     let broke_off =
         |e: reqwest::Error| format!("the backend stream broke off: {}", error_chain(&e));
     let mut splitter = SseSplitter::default();
@@ -246,24 +195,16 @@ where
         }
         if let Some(text) = splitter.ready() {
             usage.observe_events(&text);
-            if !report(chunk(request_id, text)).await {
+            if events.send(BackendEvent::Chunk(text)).await.is_err() {
                 return Ok(None);
             }
         }
     }
     if let Some(rest) = splitter.finish() {
         usage.observe_events(&rest);
-        report(chunk(request_id, rest)).await;
+        let _ = events.send(BackendEvent::Chunk(rest)).await;
     }
     Ok(None)
-}
-
-/// A `response_chunk` of SSE text.
-pub(super) fn chunk(request_id: &str, text: String) -> WorkerToServer {
-    WorkerToServer::ResponseChunk(ResponseChunkMessage {
-        request_id: request_id.to_string(),
-        chunk: text,
-    })
 }
 
 /// Reads a whole body, bounded by [`MAX_BODY_BYTES`].
@@ -286,16 +227,6 @@ pub(super) async fn read_body(
     usage.observe_body(&bytes);
     let text = String::from_utf8(bytes)
         .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-    // Escaped into the `response_complete` frame the body may grow: one the proxy would refuse
-    // (closing this worker's connection, and every stream on it) is an error instead.
-    let framed = json_string_len(&text) + FRAME_OVERHEAD_BYTES;
-    if framed > MAX_FRAME_BYTES {
-        return Err(format!(
-            "the backend's answer ({} bytes) would take {framed} bytes in a frame, beyond the \
-             {MAX_FRAME_BYTES} a proxy accepts",
-            text.len()
-        ));
-    }
     Ok(text)
 }
 

@@ -11,11 +11,12 @@
 //! upgraded or replaced behind the same URL is probed again soon after. `[worker]
 //! native_messages` / `native_responses` settle a route without probing.
 //!
-//! The table is process-wide because a backend's routes are a property of its URL, whichever
-//! worker asks; the settings are recorded per backend URL when a worker starts.
+//! Each owner keeps its own table (a worker for its backends, the proxy for its upstreams), so
+//! one forgetting what it learned (a models refresh) or being configured differently never
+//! changes what another does, whatever order they started in.
 
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
@@ -92,7 +93,7 @@ impl Default for Settings {
 
 /// Settings and probe results by backend URL.
 #[derive(Debug, Default)]
-pub(crate) struct Table {
+struct Table {
     /// Settings of backends configured by URL.
     by_backend: HashMap<String, Settings>,
     /// Settings of any other backend (discovered, or started by the model lifecycle).
@@ -109,8 +110,8 @@ impl Table {
             .unwrap_or(self.fallback)
     }
 
-    /// Records a worker's settings for `backends` (and for any backend not listed).
-    pub(crate) fn configure(
+    /// Records an owner's settings for `backends` (and for any backend not listed).
+    fn configure(
         &mut self,
         backends: &[String],
         overrides: NativeOverrides,
@@ -127,7 +128,7 @@ impl Table {
     }
 
     /// How to serve `route` on `backend` at `now`.
-    pub(crate) fn support(&self, backend: &str, route: Route, now: Instant) -> Support {
+    fn support(&self, backend: &str, route: Route, now: Instant) -> Support {
         let backend = key(backend);
         let settings = self.settings(&backend);
         if let Some(native) = settings.overrides.get(route) {
@@ -156,13 +157,13 @@ impl Table {
     }
 
     /// Records what a probe (or a native answer) showed.
-    pub(crate) fn learn(&mut self, backend: &str, route: Route, native: bool, now: Instant) {
+    fn learn(&mut self, backend: &str, route: Route, native: bool, now: Instant) {
         self.learned.insert((key(backend), route), (native, now));
     }
 
     /// Forgets every probe result for `backend` (all backends when `None`), so the next
     /// requests probe again.
-    pub(crate) fn forget(&mut self, backend: Option<&str>) {
+    fn forget(&mut self, backend: Option<&str>) {
         match backend {
             Some(backend) => {
                 let backend = key(backend);
@@ -178,54 +179,66 @@ fn key(backend: &str) -> String {
     backend.trim_end_matches('/').to_string()
 }
 
-static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(Mutex::default);
-
-fn table() -> MutexGuard<'static, Table> {
-    // The table holds no invariant a panic could break halfway.
-    TABLE.lock().unwrap_or_else(|poison| poison.into_inner())
+/// An owner's table of which routes its backends serve; clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct Capabilities {
+    table: Arc<Mutex<Table>>,
 }
 
-/// Records a starting worker's settings: `overrides` for each of its fixed `backends` and for
-/// any backend found later, and how long a probe result lasts.
-pub fn configure(backends: &[String], overrides: NativeOverrides, reprobe_after: Duration) {
-    table().configure(backends, overrides, reprobe_after);
-}
+impl Capabilities {
+    /// A table with `overrides` for each of `backends` and for any backend found later, whose
+    /// probe results last `reprobe_after`.
+    pub fn new(backends: &[String], overrides: NativeOverrides, reprobe_after: Duration) -> Self {
+        let capabilities = Capabilities::default();
+        capabilities
+            .table()
+            .configure(backends, overrides, reprobe_after);
+        capabilities
+    }
 
-/// Settles the routes of one backend only (an upstream provider the proxy calls), leaving the
-/// settings of every other backend as they are.
-pub fn configure_backend(backend: &str, overrides: NativeOverrides) {
-    let mut table = table();
-    let reprobe_after = table.fallback.reprobe_after;
-    table.by_backend.insert(
-        key(backend),
-        Settings {
-            overrides,
-            reprobe_after,
-        },
-    );
-}
+    fn table(&self) -> MutexGuard<'_, Table> {
+        // The table holds no invariant a panic could break halfway.
+        self.table
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
 
-/// How to serve `route` on `backend` now.
-pub fn support(backend: &str, route: Route) -> Support {
-    table().support(backend, route, Instant::now())
-}
-
-/// Records whether `backend` serves `route` itself.
-pub fn learn(backend: &str, route: Route, native: bool) {
-    if !native {
-        tracing::info!(
-            %backend,
-            route = route.path(),
-            "the backend does not serve this route: translating to chat completions"
+    /// Settles the routes of one backend (an Anthropic upstream, say), leaving the others'.
+    pub fn configure_backend(&self, backend: &str, overrides: NativeOverrides) {
+        let mut table = self.table();
+        let reprobe_after = table.fallback.reprobe_after;
+        table.by_backend.insert(
+            key(backend),
+            Settings {
+                overrides,
+                reprobe_after,
+            },
         );
     }
-    table().learn(backend, route, native, Instant::now());
-}
 
-/// Forgets what was learned about `backend` (every backend when `None`): the next request for
-/// each route probes again. For a model refresh that may have swapped the server behind a URL.
-pub fn forget(backend: Option<&str>) {
-    table().forget(backend);
+    /// How to serve `route` on `backend` now.
+    pub(crate) fn support(&self, backend: &str, route: Route) -> Support {
+        self.table().support(backend, route, Instant::now())
+    }
+
+    /// Records whether `backend` serves `route` itself.
+    pub(crate) fn learn(&self, backend: &str, route: Route, native: bool) {
+        if !native {
+            tracing::info!(
+                %backend,
+                route = route.path(),
+                "the backend does not serve this route: translating to chat completions"
+            );
+        }
+        self.table().learn(backend, route, native, Instant::now());
+    }
+
+    /// Forgets what was learned about `backend` (every backend when `None`): the next request
+    /// for each route probes again. For a model refresh that may have swapped the server behind
+    /// a URL.
+    pub fn forget(&self, backend: Option<&str>) {
+        self.table().forget(backend);
+    }
 }
 
 /// Whether an answer from a route means the backend has no such route: 404, 405 or 501 (unless
@@ -274,6 +287,28 @@ mod tests {
         table.learn(B, Route::Messages, true, later);
         table.forget(Some(B));
         assert_eq!(table.support(B, Route::Messages, later), Support::Probe);
+    }
+
+    #[test]
+    fn each_owner_keeps_its_own_table() {
+        let worker = Capabilities::new(&[], NativeOverrides::default(), Duration::from_secs(30));
+        let upstreams = Capabilities::default();
+        let anthropic = NativeOverrides {
+            messages: Some(true),
+            responses: Some(false),
+        };
+        upstreams.configure_backend(B, anthropic);
+        worker.learn(B, Route::Messages, false);
+        upstreams.learn(B, Route::Responses, true);
+        // The worker's refresh forgets only what the worker learned.
+        worker.forget(None);
+        assert_eq!(worker.support(B, Route::Messages), Support::Probe);
+        assert_eq!(upstreams.support(B, Route::Messages), Support::Native);
+        assert_eq!(upstreams.support(B, Route::Responses), Support::Translated);
+        // Clones share their owner's table.
+        let clone = worker.clone();
+        clone.learn(B, Route::Responses, true);
+        assert_eq!(worker.support(B, Route::Responses), Support::Native);
     }
 
     #[test]

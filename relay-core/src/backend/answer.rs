@@ -1,22 +1,21 @@
-//! The worker's final messages for a request, built in one place: a backend's answer passed on,
-//! or an error the worker answers itself in the client's dialect.
+//! Answers built in one place: a backend's answer passed on, or an error answered in the
+//! client's dialect instead of the backend (the worker and the model lifecycle use them too).
 
 use axum::http::StatusCode;
 
+use super::{Answer, BackendEvent};
 use crate::dialect::{ApiError, Dialect};
-use crate::protocol::{HeaderMap, ResponseCompleteMessage, TokenCounts, WorkerToServer};
+use crate::protocol::{HeaderMap, TokenCounts};
 
-/// A `response_complete` with everything given.
+/// The final event with everything given.
 pub fn complete(
-    request_id: &str,
     status: StatusCode,
     headers: HeaderMap,
     body: Option<String>,
     token_counts: Option<TokenCounts>,
-) -> WorkerToServer {
-    WorkerToServer::ResponseComplete(ResponseCompleteMessage {
-        request_id: request_id.to_string(),
-        status_code: status.as_u16(),
+) -> BackendEvent {
+    BackendEvent::Complete(Answer {
+        status,
         headers,
         body,
         token_counts,
@@ -29,12 +28,12 @@ pub fn json_headers() -> HeaderMap {
 }
 
 /// A JSON body answered with `status`.
-pub fn json(request_id: &str, status: StatusCode, body: String) -> WorkerToServer {
-    complete(request_id, status, json_headers(), Some(body), None)
+pub fn json(status: StatusCode, body: String) -> BackendEvent {
+    complete(status, json_headers(), Some(body), None)
 }
 
 /// `error` as the whole answer, in `dialect`'s shape, with `Retry-After` when it has one.
-pub fn error(request_id: &str, dialect: Dialect, error: &ApiError) -> WorkerToServer {
+pub fn error(dialect: Dialect, error: &ApiError) -> BackendEvent {
     let mut headers = json_headers();
     if let Some(after) = error.retry_after {
         headers.insert(
@@ -43,7 +42,7 @@ pub fn error(request_id: &str, dialect: Dialect, error: &ApiError) -> WorkerToSe
         );
     }
     let body = dialect.error_body(error.status, error.code, &error.message);
-    complete(request_id, error.status, headers, Some(body), None)
+    complete(error.status, headers, Some(body), None)
 }
 
 #[cfg(test)]
@@ -55,11 +54,10 @@ mod tests {
     fn an_error_answer_has_the_dialects_shape_and_its_retry_hint() {
         let refusal = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "model_failed", "later")
             .retry_after(Duration::from_secs(30));
-        let WorkerToServer::ResponseComplete(answer) = error("r-1", Dialect::Anthropic, &refusal)
-        else {
-            panic!("a response_complete");
+        let BackendEvent::Complete(answer) = error(Dialect::Anthropic, &refusal) else {
+            panic!("a complete answer");
         };
-        assert_eq!(answer.status_code, 503);
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(answer.headers["retry-after"], "30");
         assert_eq!(answer.headers["content-type"], "application/json");
         let body: serde_json::Value = serde_json::from_str(&answer.body.unwrap()).unwrap();

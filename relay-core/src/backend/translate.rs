@@ -1,36 +1,37 @@
 //! Anthropic Messages and OpenAI Responses requests for backends that speak only OpenAI chat
 //! completions.
 //!
-//! For each such request the worker asks [`native_routes`] whether the backend serves the route
-//! itself. If it does, the request passes through untouched; if it does not, the body is
+//! For each such request the backend's [`Capabilities`](super::Capabilities) say whether it
+//! serves the route itself. If it does, the request passes through untouched; if it does not, the body is
 //! converted by the [`adapter`], sent to `/v1/chat/completions`, and the answer converted back:
 //! a whole answer at once, a stream event by event as it arrives (nothing waits for the end).
 //! Token counts come from the backend's usage, read by the translator. `count_tokens` is
 //! forwarded when the backend has it, and estimated ([`count_tokens::estimate`]) when not.
 //!
-//! The proxy runs the same machinery the other way round for an Anthropic upstream
-//! ([`forward_to_anthropic`]): OpenAI Chat and Responses requests become Messages requests.
+//! An Anthropic API gets the same machinery the other way round ([`serve_from_anthropic`]):
+//! OpenAI Chat and Responses requests become Messages requests.
 //!
 //! Content the adapter cannot translate (an audio block, say) is answered here with a 400 in the
-//! client's dialect naming the field, as a `response_complete`: the backend never sees it.
+//! client's dialect naming the field: the backend never sees it.
 
 use axum::http::StatusCode;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
+use super::answer;
+use super::capabilities::{Route, Support};
+use super::count_tokens;
 use super::forward::{
-    backend_error, chunk, deliver, error_chain, finish, forward_native, is_sse, read_body,
-    response_headers, send, unreachable, TaskEvent,
+    deliver, error_chain, failed, is_sse, read_body, response_headers, send, serve_native,
+    unreachable,
 };
-use super::native_routes::{self, Route, Support};
 use super::sse::{SseSplitter, UsageTracker};
-use super::{answer, count_tokens};
+use super::{Backend, BackendEvent, BackendRequest, Events};
 use crate::adapter::{
     self, canonical::Usage, AdapterError, BackendApi, ClientApi, StreamTranslator,
 };
 use crate::dialect::Dialect;
-use crate::protocol::{HeaderMap, RequestMessage, TokenCounts, WorkerToServer};
+use crate::protocol::{HeaderMap, TokenCounts};
 
 /// The translatable route of a request path (query string allowed), if any.
 pub fn route_of(path: &str) -> Option<Route> {
@@ -44,97 +45,77 @@ pub fn route_of(path: &str) -> Option<Route> {
 }
 
 /// Serves `request` for `route`: passed through, probed, or translated.
-pub async fn forward(
-    client: reqwest::Client,
-    backend_url: String,
-    request: RequestMessage,
+pub(super) async fn serve(
+    backend: &Backend,
+    request: BackendRequest,
     route: Route,
-    events: mpsc::Sender<TaskEvent>,
+    events: &Events,
 ) {
-    match native_routes::support(&backend_url, route) {
-        Support::Native => forward_native(client, backend_url, request, events).await,
-        Support::Translated => {
-            serve_translated(&client, &backend_url, request, route, &events).await
-        }
-        Support::Probe => probe(&client, &backend_url, request, route, &events).await,
+    match backend.capabilities.support(&backend.base_url, route) {
+        Support::Native => serve_native(backend, request, events).await,
+        Support::Translated => serve_translated(backend, request, route, events).await,
+        Support::Probe => probe(backend, request, route, events).await,
     }
 }
 
 /// Sends the request to its own route; an answer saying the route does not exist switches to
 /// translation (for this request and, for a while, the backend), any other answer is passed on.
-async fn probe(
-    client: &reqwest::Client,
-    backend_url: &str,
-    request: RequestMessage,
-    route: Route,
-    events: &mpsc::Sender<TaskEvent>,
-) {
-    let path = &request.endpoint_path;
-    let response = match send(
-        client,
-        backend_url,
-        path,
-        &request.headers,
-        request.body.clone(),
-    )
-    .await
-    {
+async fn probe(backend: &Backend, request: BackendRequest, route: Route, events: &Events) {
+    let (id, path) = (&request.id, &request.path);
+    let response = match send(backend, path, &request.headers, request.body.clone()).await {
         Ok(response) => response,
-        Err(error) => {
-            return unreachable(backend_url, path, &request.request_id, &error, events).await
-        }
+        Err(error) => return unreachable(backend, path, id, &error, events).await,
     };
+    let learn = |native| backend.capabilities.learn(&backend.base_url, route, native);
     let status = response.status();
     let headers = response_headers(&response);
     if is_sse(&headers) {
-        native_routes::learn(backend_url, route, true);
-        return deliver(response, &request.request_id, request.is_streaming, events).await;
+        learn(true);
+        return deliver(response, id, request.is_streaming, events).await;
     }
     let mut usage = UsageTracker::default();
     let body = match read_body(response, &mut usage).await {
         Ok(body) => body,
-        Err(message) => {
-            let failure = backend_error(&request.request_id, message);
-            return finish(events, &request.request_id, failure).await;
-        }
+        Err(message) => return send_last(events, failed(id, message)).await,
     };
-    if native_routes::route_missing(status, &body) {
-        native_routes::learn(backend_url, route, false);
-        return serve_translated(client, backend_url, request, route, events).await;
+    if super::route_missing(status, &body) {
+        learn(false);
+        return serve_translated(backend, request, route, events).await;
     }
-    native_routes::learn(backend_url, route, true);
-    let id = &request.request_id;
-    let complete = answer::complete(id, status, headers, Some(body), usage.token_counts());
-    finish(events, id, complete).await;
+    learn(true);
+    let complete = answer::complete(status, headers, Some(body), usage.token_counts());
+    send_last(events, complete).await;
+}
+
+/// Sends a request's final event (the receiver may have left: then nobody waits for it).
+async fn send_last(events: &Events, event: BackendEvent) {
+    let _ = events.send(event).await;
 }
 
 /// Serves `request` through the backend's chat completions (or, for `count_tokens`, the
 /// estimate).
 async fn serve_translated(
-    client: &reqwest::Client,
-    backend_url: &str,
-    request: RequestMessage,
+    backend: &Backend,
+    request: BackendRequest,
     route: Route,
-    events: &mpsc::Sender<TaskEvent>,
+    events: &Events,
 ) {
-    let Some(body) = client_body(&request, events).await else {
-        return;
+    let dialect = Dialect::for_path(&request.path);
+    let body = match client_body(&request) {
+        Ok(body) => body,
+        Err(error) => return send_last(events, rejection(&request.id, dialect, &error)).await,
     };
     let api = match route {
         Route::Messages => ClientApi::AnthropicMessages,
         Route::Responses => ClientApi::OpenAiResponses,
         Route::CountTokens => {
-            let id = request.request_id.as_str();
-            let dialect = Dialect::for_path(&request.endpoint_path);
             let answer = match count_tokens::estimate(&body) {
-                Ok(tokens) => answer::json(
-                    id,
-                    StatusCode::OK,
-                    json!({"input_tokens": tokens}).to_string(),
-                ),
-                Err(error) => rejection(id, dialect, &error),
+                Ok(tokens) => {
+                    answer::json(StatusCode::OK, json!({"input_tokens": tokens}).to_string())
+                }
+                Err(error) => rejection(&request.id, dialect, &error),
             };
-            return finish(events, id, answer).await;
+            return send_last(events, answer).await;
         }
     };
     let target = Target {
@@ -142,49 +123,42 @@ async fn serve_translated(
         api,
         body,
     };
-    translate_via(client, backend_url, request, target, events).await;
+    translate_via(backend, request, target, events).await;
 }
 
-/// Serves an OpenAI Chat Completions or Responses `request` from an Anthropic Messages API (an
-/// Anthropic upstream of the proxy): the request is converted to a Messages request, and the
-/// answer (whole, or a stream event by event) back into the client's dialect. Anything else is
-/// sent as it is.
-pub async fn forward_to_anthropic(
-    client: reqwest::Client,
-    backend_url: String,
-    request: RequestMessage,
-    events: mpsc::Sender<TaskEvent>,
+/// Serves an OpenAI Chat Completions or Responses `request` from an Anthropic Messages API: the
+/// request is converted to a Messages request, and the answer (whole, or a stream event by
+/// event) back into the client's dialect. Anything else is sent as it is.
+pub(super) async fn serve_from_anthropic(
+    backend: &Backend,
+    request: BackendRequest,
+    events: &Events,
 ) {
-    let api = match adapter::client_api_for_path(&request.endpoint_path) {
+    let api = match adapter::client_api_for_path(&request.path) {
         Some(api @ (ClientApi::OpenAiChat | ClientApi::OpenAiResponses)) => api,
-        _ => return forward_native(client, backend_url, request, events).await,
+        _ => return serve_native(backend, request, events).await,
     };
-    let Some(body) = client_body(&request, &events).await else {
-        return;
+    let body = match client_body(&request) {
+        Ok(body) => body,
+        Err(error) => {
+            let dialect = Dialect::for_path(&request.path);
+            return send_last(events, rejection(&request.id, dialect, &error)).await;
+        }
     };
     let target = Target {
         backend: BackendApi::AnthropicMessages,
         api,
         body,
     };
-    translate_via(&client, &backend_url, request, target, &events).await;
+    translate_via(backend, request, target, events).await;
 }
 
-/// The client's body as JSON; `None` after answering a body that is not JSON with a 400.
-async fn client_body(request: &RequestMessage, events: &mpsc::Sender<TaskEvent>) -> Option<Value> {
-    match serde_json::from_str(&request.body) {
-        Ok(body) => Some(body),
-        Err(error) => {
-            let error = AdapterError {
-                path: "body".into(),
-                message: format!("invalid JSON: {error}"),
-            };
-            let id = &request.request_id;
-            let dialect = Dialect::for_path(&request.endpoint_path);
-            finish(events, id, rejection(id, dialect, &error)).await;
-            None
-        }
-    }
+/// The client's body as JSON.
+fn client_body(request: &BackendRequest) -> Result<Value, AdapterError> {
+    serde_json::from_str(&request.body).map_err(|error| AdapterError {
+        path: "body".into(),
+        message: format!("invalid JSON: {error}"),
+    })
 }
 
 /// What a request is translated between: the client's `api` and `body`, and the `backend` API
@@ -198,25 +172,22 @@ struct Target {
 /// Sends the request converted for `target.backend` to that API's route, and the answer back
 /// converted for the client.
 async fn translate_via(
-    client: &reqwest::Client,
-    backend_url: &str,
-    request: RequestMessage,
+    backend: &Backend,
+    request: BackendRequest,
     target: Target,
-    events: &mpsc::Sender<TaskEvent>,
+    events: &Events,
 ) {
-    let dialect = Dialect::for_path(&request.endpoint_path);
-    let id = request.request_id.as_str();
+    let dialect = Dialect::for_path(&request.path);
+    let id = request.id.as_str();
     let converted = match adapter::to_backend_request(target.backend, target.api, &target.body) {
         Ok(converted) => converted,
-        Err(error) => return finish(events, id, rejection(id, dialect, &error)).await,
+        Err(error) => return send_last(events, rejection(id, dialect, &error)).await,
     };
     let headers = backend_headers(target.backend, &request.headers);
     let path = target.backend.path();
-    let response = match send(client, backend_url, path, &headers, converted.to_string()).await {
+    let response = match send(backend, path, &headers, converted.to_string()).await {
         Ok(response) => response,
-        Err(error) => {
-            return unreachable(backend_url, &request.endpoint_path, id, &error, events).await
-        }
+        Err(error) => return unreachable(backend, &request.path, id, &error, events).await,
     };
     let status = response.status();
     if request.is_streaming && status.is_success() && is_sse(&response_headers(&response)) {
@@ -232,13 +203,13 @@ async fn complete_translated(
     target: &Target,
     dialect: Dialect,
     id: &str,
-    events: &mpsc::Sender<TaskEvent>,
+    events: &Events,
 ) {
     let status = response.status();
     let mut usage = UsageTracker::default();
     let text = match read_body(response, &mut usage).await {
         Ok(text) => text,
-        Err(message) => return finish(events, id, backend_error(id, message)).await,
+        Err(message) => return send_last(events, failed(id, message)).await,
     };
     let (status, body) = if status.is_success() {
         let translated = serde_json::from_str::<Value>(&text)
@@ -267,13 +238,12 @@ async fn complete_translated(
         )
     };
     let complete = answer::complete(
-        id,
         status,
         answer::json_headers(),
         Some(body),
         usage.token_counts(),
     );
-    finish(events, id, complete).await;
+    send_last(events, complete).await;
 }
 
 /// Translates a backend stream as it arrives: each burst of whole backend events becomes the
@@ -283,20 +253,20 @@ async fn stream_translated(
     response: reqwest::Response,
     target: &Target,
     id: &str,
-    events: &mpsc::Sender<TaskEvent>,
+    events: &Events,
 ) {
     let mut translator = StreamTranslator::for_backend(target.backend, target.api, &target.body);
     let mut splitter = SseSplitter::default();
     let mut body = response.bytes_stream();
     let send_text = |text: String| async move {
-        text.is_empty() || events.send(TaskEvent::Send(chunk(id, text))).await.is_ok()
+        text.is_empty() || events.send(BackendEvent::Chunk(text)).await.is_ok()
     };
     while let Some(piece) = body.next().await {
         let piece = match piece {
             Ok(piece) => piece,
             Err(error) => {
                 let message = format!("the backend stream broke off: {}", error_chain(&error));
-                return finish(events, id, backend_error(id, message)).await;
+                return send_last(events, failed(id, message)).await;
             }
         };
         if let Some(text) = splitter.push(&piece) {
@@ -313,13 +283,16 @@ async fn stream_translated(
     send_text(tail).await;
     let headers = HeaderMap::from([("content-type".to_string(), "text/event-stream".to_string())]);
     let usage = translator.usage().map(token_counts);
-    let complete = answer::complete(id, StatusCode::OK, headers, None, usage);
-    finish(events, id, complete).await;
+    send_last(
+        events,
+        answer::complete(StatusCode::OK, headers, None, usage),
+    )
+    .await;
 }
 
 /// A 400 in the client's dialect naming the field the adapter could not take. OpenAI clients
 /// also get the field as `param`, where their SDKs look for it.
-fn rejection(id: &str, dialect: Dialect, error: &AdapterError) -> WorkerToServer {
+fn rejection(id: &str, dialect: Dialect, error: &AdapterError) -> BackendEvent {
     tracing::info!(request = %id, "untranslatable request: {error}");
     let status = StatusCode::BAD_REQUEST;
     let body = match dialect {
@@ -332,7 +305,7 @@ fn rejection(id: &str, dialect: Dialect, error: &AdapterError) -> WorkerToServer
         }})
         .to_string(),
     };
-    answer::json(id, status, body)
+    answer::json(status, body)
 }
 
 /// The headers for the route of `backend`: [`chat_headers`], or for Anthropic the client's
