@@ -9,11 +9,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::cli::{Cli, Command, ModelsCommand};
-use crate::config::{self, ConfigError, FileConfig};
 use crate::discovery::{self, DiscoveryOptions};
 use crate::node::{Node, NodeOptions, Roles};
 use crate::paths;
-use crate::worker;
+use crate::settings::{self, ConfigError, FileConfig, Overrides, WorkerSettings};
+use crate::worker::{self, WorkerConfig};
 
 /// How many ports after the default one are tried when it is taken.
 const PORT_SEARCH: u16 = 20;
@@ -57,17 +57,19 @@ pub async fn run(mut cli: Cli) -> Result<(), AppError> {
     read_secret_file(&mut cli)?;
     // A node creates its config file when settings are first saved, so only the other
     // commands need it to exist.
-    let file = || config::load_file(cli.config.as_deref());
+    let file = || settings::load_file(cli.config.as_deref());
+    let overrides = cli.overrides();
     let command = if cli.serve {
         Some(Command::Serve)
     } else {
         cli.command.clone()
     };
     match command {
-        None => run_node(&cli, None, &secret_source).await,
+        None => run_node(&cli, overrides, None, &secret_source).await,
         Some(Command::Serve) => {
             run_node(
                 &cli,
+                overrides,
                 Some(Roles {
                     proxy: true,
                     worker: false,
@@ -76,7 +78,7 @@ pub async fn run(mut cli: Cli) -> Result<(), AppError> {
             )
             .await
         }
-        Some(Command::Worker) => run_worker_only(&cli.proxy, &cli.worker, &file()?).await,
+        Some(Command::Worker) => run_worker_only(&overrides, &file()?).await,
         Some(Command::Discover { json }) => {
             run_discover(json).await;
             Ok(())
@@ -114,9 +116,10 @@ pub fn stored_admin_token(dir: &std::path::Path) -> Result<String, AppError> {
         })
 }
 
-/// The proxy's secret: flag/env, file, or the stored one (generated on first run).
-pub(crate) fn proxy_secret(flag: Option<&String>, file: &FileConfig) -> Result<String, AppError> {
-    if let Some(secret) = flag.or(file.proxy.worker_secret.as_ref()) {
+/// The proxy's secret: the configured one (flag, environment or file), or the stored one
+/// (generated on first run).
+pub(crate) fn proxy_secret(configured: Option<&String>) -> Result<String, AppError> {
+    if let Some(secret) = configured {
         return Ok(secret.clone());
     }
     Ok(stored_secret(true)?.expect("created when missing"))
@@ -196,7 +199,7 @@ fn print_banner(node: &Node, secret_source: &SecretSource) {
         addr.to_string()
     };
     let provider = match node.provider() {
-        "local" => String::new(),
+        settings::defaults::PROVIDER => String::new(),
         other => format!(" --provider {other}"),
     };
     let (scheme, pin) = match node.fingerprint() {
@@ -241,7 +244,7 @@ impl SecretSource {
         } else if cli.proxy.worker_secret.is_some() {
             SecretSource::Given
         } else {
-            match config::load_file(cli.config.as_deref()) {
+            match settings::load_file(cli.config.as_deref()) {
                 Ok(file) if file.proxy.worker_secret.is_some() => SecretSource::Given,
                 _ => SecretSource::Stored,
             }
@@ -272,13 +275,13 @@ fn read_secret_file(cli: &mut Cli) -> Result<(), AppError> {
 /// Runs a node (proxy and/or worker, with the dashboard) until Ctrl-C or SIGTERM.
 async fn run_node(
     cli: &Cli,
+    overrides: Overrides,
     roles: Option<Roles>,
     secret_source: &SecretSource,
 ) -> Result<(), AppError> {
     let node = Node::start(NodeOptions {
         config_path: cli.config.clone(),
-        proxy_args: cli.proxy.clone(),
-        worker_args: cli.worker.clone(),
+        overrides,
         roles,
         data_dir: None,
     })
@@ -289,24 +292,21 @@ async fn run_node(
     Ok(())
 }
 
-async fn run_worker_only(
-    proxy_args: &crate::cli::ProxyArgs,
-    worker_args: &crate::cli::WorkerArgs,
-    file: &FileConfig,
-) -> Result<(), AppError> {
-    let secret = match proxy_args
-        .worker_secret
-        .clone()
-        .or_else(|| file.worker.worker_secret.clone())
-    {
+async fn run_worker_only(overrides: &Overrides, file: &FileConfig) -> Result<(), AppError> {
+    let settings = WorkerSettings::resolve(file, overrides)?;
+    let secret = match settings.worker_secret.clone() {
         Some(secret) => secret,
         // On the proxy's own machine the stored secret is the right one.
         None => stored_secret(false)?.ok_or(AppError::MissingSecret)?,
     };
-    let config = config::worker_config(worker_args, proxy_args, file, secret, None)?;
+    let proxy_url = settings
+        .proxy_url
+        .clone()
+        .unwrap_or_else(|| settings::defaults::PROXY_URL.to_string());
+    let config = WorkerConfig::from_settings(settings, proxy_url, secret, None);
     tracing::info!(proxy = %config.proxy_url, name = %config.name, "starting worker");
     let (stop, stopped) = watch::channel(false);
-    let worker = tokio::spawn(worker::run(config, stopped));
+    let worker = tokio::spawn(worker::run(config, Default::default(), stopped));
     shutdown_signal().await;
     let _ = stop.send(true);
     let _ = worker.await;

@@ -3,8 +3,9 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
+use crate::settings::Overrides;
 use crate::tls::Fingerprint;
 
 /// ModelRelay: one OpenAI- and Anthropic-compatible endpoint for all your GPU boxes.
@@ -41,6 +42,41 @@ pub struct Cli {
     /// Worker settings.
     #[command(flatten)]
     pub worker: WorkerArgs,
+}
+
+impl Cli {
+    /// What the flags and environment variables say, as the settings' top layer.
+    pub fn overrides(&self) -> Overrides {
+        let (p, w) = (&self.proxy, &self.worker);
+        Overrides {
+            listen: p.listen.clone(),
+            worker_secret: p.worker_secret.clone(),
+            admin_token: p.admin_token.clone(),
+            forward_client_auth: p.forward_client_auth,
+            allowed_hosts: p.allowed_hosts.clone(),
+            cors_origins: p.cors_origins.clone(),
+            tls_cert: p.tls_cert.clone(),
+            tls_key: p.tls_key.clone(),
+            tls: p.tls,
+            provider: p.provider.clone(),
+            max_queue_len: p.max_queue_len,
+            queue_timeout_secs: p.queue_timeout,
+            request_timeout_secs: p.request_timeout,
+            max_connections: p.max_connections,
+            max_body_bytes: p.max_body_bytes,
+            heartbeat_interval_secs: p.heartbeat_interval,
+            heartbeat_timeout_secs: p.heartbeat_timeout,
+            drain_timeout_secs: p.drain_timeout,
+            proxy_url: w.proxy_url.clone(),
+            proxy_fingerprint: w.proxy_fingerprint,
+            worker_name: w.worker_name.clone(),
+            backend_url: w.backend_url.clone(),
+            models: w.models.clone(),
+            max_concurrency: w.max_concurrency,
+            protocol_version: w.protocol_version.clone(),
+            worker_drain_timeout_secs: w.worker_drain_timeout,
+        }
+    }
 }
 
 /// The commands.
@@ -229,15 +265,7 @@ pub struct ProxyArgs {
     pub drain_timeout: Option<u64>,
 }
 
-/// `--tls` / `MODELRELAY_TLS` / `[proxy] tls`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TlsMode {
-    /// A certificate generated once and stored in the data directory.
-    SelfSigned,
-    /// Plain HTTP.
-    Off,
-}
+pub use crate::settings::TlsMode;
 
 /// Worker flags.
 #[derive(Debug, Default, Clone, Args)]

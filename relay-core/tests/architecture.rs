@@ -24,7 +24,7 @@ const NEVER: &[(&str, &str)] = &[
     ("backend", "proxy"),
     ("backend", "worker"),
     ("backend", "node"),
-    ("backend", "config"),
+    ("backend", "cli"),
     ("backend", "app"),
     ("proxy", "worker"),
     ("worker", "proxy"),
@@ -32,7 +32,13 @@ const NEVER: &[(&str, &str)] = &[
     ("proxy", "node"),
     ("tls", "proxy"),
     ("tls", "worker"),
-    ("config", "node"),
+    // Settings are data: nothing that runs.
+    ("settings", "proxy"),
+    ("settings", "worker"),
+    ("settings", "node"),
+    ("settings", "backend"),
+    ("settings", "app"),
+    ("settings", "cli"),
     // The command line's run modes sit on top; nothing below reaches up to them.
     ("proxy", "app"),
     ("worker", "app"),

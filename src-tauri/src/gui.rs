@@ -70,8 +70,7 @@ pub fn run(cli: Cli, hidden: bool) -> ExitCode {
     // roles come from the config file, where the tray's check items save them.
     let options = NodeOptions {
         config_path: cli.config.clone(),
-        proxy_args: cli.proxy.clone(),
-        worker_args: cli.worker.clone(),
+        overrides: cli.overrides(),
         ..NodeOptions::default()
     };
     let node = match tauri::async_runtime::block_on(Node::start(options)) {

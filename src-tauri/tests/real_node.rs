@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use relay_core::cli::ProxyArgs;
 use relay_core::node::{Node, NodeEvent, NodeOptions, Roles, WorkerState};
+use relay_core::settings::Overrides;
 use relay_desktop::notifications::message_for;
 use relay_desktop::tray_state::{port_of, view, TrayIconKind};
 
@@ -25,7 +25,7 @@ fn tray_follows_a_real_node() {
     runtime.block_on(async {
         let node = Node::start(NodeOptions {
             config_path: Some(config.clone()),
-            proxy_args: ProxyArgs {
+            overrides: Overrides {
                 listen: Some("127.0.0.1:0".into()),
                 ..Default::default()
             },

@@ -54,14 +54,7 @@ pub enum Support {
     Probe,
 }
 
-/// `[worker] native_messages` and `native_responses`: `Some` settles the route, `None` probes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NativeOverrides {
-    /// Whether backends serve `/v1/messages` (and `/v1/messages/count_tokens`).
-    pub messages: Option<bool>,
-    /// Whether backends serve `/v1/responses`.
-    pub responses: Option<bool>,
-}
+pub use crate::settings::NativeOverrides;
 
 impl NativeOverrides {
     fn get(&self, route: Route) -> Option<bool> {

@@ -17,9 +17,9 @@ use tokio_tungstenite::tungstenite;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use super::join_code::{self, JoinDetails};
-use super::settings::{self, SettingsValues};
 use super::{Caller, Inner, Node, NodeError};
 use crate::proxy::control::{api_error, auth, AdminAccess, ControlError};
+use crate::settings::edit::{self as settings, SettingsValues};
 
 /// How long "test connection" waits for the proxy.
 const JOIN_TEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -198,7 +198,7 @@ impl JoinRequest {
             provider: self
                 .provider
                 .filter(|p| !p.trim().is_empty())
-                .unwrap_or_else(|| "local".to_string()),
+                .unwrap_or_else(|| crate::settings::defaults::PROVIDER.to_string()),
         })
     }
 }

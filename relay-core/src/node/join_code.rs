@@ -28,7 +28,7 @@ pub struct JoinDetails {
 }
 
 fn default_provider() -> String {
-    "local".to_string()
+    crate::settings::defaults::PROVIDER.to_string()
 }
 
 /// Encodes `details` as a join code.

@@ -8,7 +8,6 @@ pub mod api;
 pub mod guarded;
 pub mod join_code;
 mod saving;
-pub mod settings;
 mod watchers;
 mod worker_role;
 
@@ -22,14 +21,13 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
 use crate::app::{self, AppError};
-use crate::cli::{ProxyArgs, WorkerArgs};
-use crate::config::{self, FileConfig};
 use crate::dialect::ApiError;
 use crate::lan;
 use crate::proxy::aliases::LiveAliases;
 use crate::proxy::control::{AdminAccess, AdminToken, SharedNodeInfo, TokenOrigin};
 use crate::proxy::hub::Hub;
 use crate::proxy::{self, RunningProxy};
+use crate::settings::{self, FileConfig, Overrides, ProxySettings};
 use crate::worker::report::WorkerReport;
 use worker_role::RunningWorker;
 
@@ -41,10 +39,8 @@ pub struct NodeOptions {
     /// The config file settings are read from and saved to; the OS config directory's
     /// `modelrelay/config.toml` when `None`.
     pub config_path: Option<PathBuf>,
-    /// Proxy flags (they win over the file).
-    pub proxy_args: ProxyArgs,
-    /// Worker flags (they win over the file).
-    pub worker_args: WorkerArgs,
+    /// Flags and environment (they win over the file).
+    pub overrides: Overrides,
     /// Roles to run, overriding the file's `[roles]` (e.g. `modelrelay serve`).
     pub roles: Option<Roles>,
     /// Where the worker keeps its model servers' pid files; the data directory when `None`.
@@ -128,8 +124,7 @@ pub struct Node {
 
 struct Inner {
     config_path: PathBuf,
-    proxy_args: ProxyArgs,
-    worker_args: WorkerArgs,
+    overrides: Overrides,
     data_dir: Option<PathBuf>,
     addr: SocketAddr,
     /// The certificate's fingerprint when the proxy serves TLS (then the node's URL is https).
@@ -164,22 +159,23 @@ impl Node {
         let config_path = options
             .config_path
             .clone()
-            .or_else(config::default_config_path)
+            .or_else(settings::default_config_path)
             .unwrap_or_else(|| PathBuf::from("modelrelay.toml"));
         let file = load(&config_path)?;
         let roles = options.roles.unwrap_or(Roles {
             proxy: file.roles.proxy.unwrap_or(true),
             worker: file.roles.worker.unwrap_or(true),
         });
-        let (address, explicit) = config::listen_address(&options.proxy_args, &file);
-        let listener = app::bind(&address, explicit).await?;
+        let proxy_settings = ProxySettings::resolve(&file, &options.overrides)?;
+        let address = proxy_settings.listen.clone();
+        let listener = app::bind(&address, proxy_settings.listen_explicit).await?;
         let addr = listener.local_addr().map_err(|e| AppError::Listen {
             address: address.clone(),
             reason: e.to_string(),
         })?;
-        let secret = app::proxy_secret(options.proxy_args.worker_secret.as_ref(), &file)?;
-        let mut proxy_config = config::proxy_config(&options.proxy_args, &file, secret.clone())?;
-        let tls_setting = config::tls_setting(&options.proxy_args, &file)?;
+        let secret = app::proxy_secret(proxy_settings.worker_secret.as_ref())?;
+        let tls_setting = proxy_settings.tls.clone();
+        let mut proxy_config = proxy::ProxyConfig::from_settings(proxy_settings, secret.clone());
         proxy_config.tls = crate::tls::ServerTls::for_setting(
             &tls_setting,
             &options
@@ -220,8 +216,7 @@ impl Node {
         let node = Node {
             inner: Arc::new(Inner {
                 config_path,
-                proxy_args: options.proxy_args,
-                worker_args: options.worker_args,
+                overrides: options.overrides,
                 data_dir: options.data_dir,
                 addr,
                 fingerprint,
@@ -351,7 +346,7 @@ impl Node {
 /// Loads the node's config file; a missing one is empty.
 fn load(path: &std::path::Path) -> Result<FileConfig, AppError> {
     if path.exists() {
-        Ok(config::load_file(Some(path))?)
+        Ok(settings::load_file(Some(path))?)
     } else {
         Ok(FileConfig::default())
     }

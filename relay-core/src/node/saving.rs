@@ -1,8 +1,9 @@
 //! Saving settings: a patch from the form, the whole file, or the tray's role switches;
 //! validated, guarded ([`super::guarded`]), written, then applied live where the node can.
 
-use super::{guarded, locked, settings, Node, NodeError, Roles};
-use crate::config;
+use super::{guarded, locked, Node, NodeError, Roles};
+use crate::proxy::ProxyConfig;
+use crate::settings::{edit as settings, ProxySettings};
 
 /// Who asks for a settings change.
 pub enum Caller<'a> {
@@ -99,9 +100,9 @@ impl Node {
         let file = settings::validate(text).map_err(NodeError::Invalid)?;
         if changes.touches_any(settings::LIVE_PROXY_FIELDS) {
             // Resolved as at start (flags and environment over the file), then applied.
-            let config =
-                config::proxy_config(&self.inner.proxy_args, &file, self.inner.secret.clone())
-                    .map_err(|e| NodeError::Invalid(e.to_string()))?;
+            let resolved = ProxySettings::resolve(&file, &self.inner.overrides)
+                .map_err(|e| NodeError::Invalid(e.to_string()))?;
+            let config = ProxyConfig::from_settings(resolved, self.inner.secret.clone());
             self.inner.aliases.replace(config.aliases);
             for provider in config.providers {
                 self.inner.hub.set_limits(&provider.name, provider.limits);

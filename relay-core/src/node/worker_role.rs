@@ -8,10 +8,10 @@ use tokio::task::JoinHandle;
 
 use super::{locked, same_proxy, Node, Roles, WorkerState};
 use crate::app::AppError;
-use crate::config::{self, FileConfig};
 use crate::proxy::control::OwnWorker;
+use crate::settings::{FileConfig, WorkerSettings};
 use crate::worker::report::{ConnectionState, WorkerReport};
-use crate::worker::{self, Backends};
+use crate::worker::{self, Backends, WorkerConfig};
 
 /// The worker role while it runs.
 pub(super) struct RunningWorker {
@@ -39,30 +39,26 @@ impl Node {
 
     pub(super) fn start_worker(&self, file: &FileConfig) -> Result<(), AppError> {
         let own_url = self.url();
-        let mut args = self.inner.worker_args.clone();
-        let proxy_url = args
+        let settings = WorkerSettings::resolve(file, &self.inner.overrides)?;
+        let proxy_url = settings
             .proxy_url
             .clone()
-            .or_else(|| file.worker.proxy_url.clone())
             .unwrap_or_else(|| own_url.clone());
         let joins_self = same_proxy(&proxy_url, &own_url);
         let secret = if joins_self {
             self.inner.secret.clone()
         } else {
-            file.worker
+            settings
                 .worker_secret
                 .clone()
-                .or_else(|| self.inner.proxy_args.worker_secret.clone())
                 .ok_or(AppError::MissingSecret)?
         };
-        args.proxy_url = Some(proxy_url.clone());
-        let mut config = config::worker_config(
-            &args,
-            &self.inner.proxy_args,
-            file,
+        let mut config = WorkerConfig::from_settings(
+            settings,
+            proxy_url.clone(),
             secret,
             Some(self.discovery_options()),
-        )?;
+        );
         if let Some(dir) = &self.inner.data_dir {
             config.data_dir = dir.clone();
         }
@@ -73,11 +69,11 @@ impl Node {
         if let Backends::Discover(options) = &mut config.backends {
             options.exclude_ports.push(self.inner.addr.port());
         }
-        let report = config.report.clone();
+        let report = Arc::new(WorkerReport::default());
         let (stop, stopped) = watch::channel(false);
         tracing::info!(proxy = %proxy_url, name = %config.name, "starting the worker role");
         let name = config.name.clone();
-        let task = tokio::spawn(worker::run(config, stopped));
+        let task = tokio::spawn(worker::run(config, report.clone(), stopped));
         let watcher = self.spawn_worker_watcher(report.clone(), proxy_url, name);
         *locked(&self.inner.worker) = Some(RunningWorker {
             stop,

@@ -28,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::settings::{defaults, ProxySettings};
 use aliases::{LiveAliases, ModelAliases};
 use auth::{FailureLimiter, FailureLimits};
 use control::{AdminAccess, AdminToken, NodeInfo, SharedNodeInfo, TokenOrigin};
@@ -37,30 +38,7 @@ use scheduler::{ProviderLimits, Scheduler};
 use upstream::{UpstreamConfig, Upstreams};
 use worker_socket::SocketSettings;
 
-/// One virtual provider: a pool of workers sharing a secret, a queue and timeouts.
-#[derive(Clone)]
-pub struct ProviderConfig {
-    /// The name workers join with (`?provider=NAME`).
-    pub name: String,
-    /// The secret its workers present.
-    pub secret: String,
-    /// Queue and timeout limits.
-    pub limits: ProviderLimits,
-    /// Whether its workers get clients' `Authorization` and `x-api-key` (off by default: anyone
-    /// with the worker secret could otherwise collect users' keys).
-    pub forward_client_auth: bool,
-}
-
-impl std::fmt::Debug for ProviderConfig {
-    // Written by hand so the secret can never reach a log through `{:?}`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProviderConfig")
-            .field("name", &self.name)
-            .field("secret", &"<redacted>")
-            .field("limits", &self.limits)
-            .finish()
-    }
-}
+pub use crate::settings::ProviderConfig;
 
 /// Everything the proxy needs to run.
 #[derive(Debug, Clone)]
@@ -116,21 +94,21 @@ impl ProxyConfig {
     pub fn with_secret(secret: impl Into<String>) -> Self {
         ProxyConfig {
             providers: vec![ProviderConfig {
-                name: "local".to_string(),
+                name: defaults::PROVIDER.to_string(),
                 secret: secret.into(),
                 limits: ProviderLimits::default(),
                 forward_client_auth: false,
             }],
-            max_body_bytes: 32 * 1024 * 1024,
+            max_body_bytes: defaults::MAX_BODY_BYTES,
             connections: serve::ConnectionLimits::default(),
-            max_stream_bytes: 256 * 1024 * 1024,
+            max_stream_bytes: defaults::MAX_STREAM_BYTES,
             max_ws_message_bytes: crate::protocol::MAX_FRAME_BYTES,
             worker_frame_limit: crate::protocol::MAX_FRAME_BYTES,
-            heartbeat_interval: Duration::from_secs(15),
-            heartbeat_timeout: Duration::from_secs(45),
+            heartbeat_interval: defaults::HEARTBEAT_INTERVAL,
+            heartbeat_timeout: defaults::HEARTBEAT_TIMEOUT,
             register_timeout: Duration::from_secs(10),
-            cancel_grace: Duration::from_secs(5),
-            drain_timeout: Duration::from_secs(30),
+            cancel_grace: defaults::CANCEL_GRACE,
+            drain_timeout: defaults::DRAIN_TIMEOUT,
             auth_failures: FailureLimits::default(),
             responses_store: StoreLimits::default(),
             aliases: ModelAliases::default(),
@@ -141,6 +119,37 @@ impl ProxyConfig {
             allowed_hosts: Vec::new(),
             cors_origins: Vec::new(),
             tls: None,
+        }
+    }
+
+    /// The proxy `settings` describe, its default provider using `secret`. TLS is the caller's
+    /// to load (`settings.tls` says what), as is a stored admin token when none is configured.
+    pub fn from_settings(settings: ProxySettings, secret: String) -> Self {
+        let default_provider = ProviderConfig {
+            name: settings.provider,
+            secret,
+            limits: settings.limits,
+            forward_client_auth: settings.forward_client_auth,
+        };
+        ProxyConfig {
+            providers: std::iter::once(default_provider)
+                .chain(settings.extra_providers)
+                .collect(),
+            max_body_bytes: settings.max_body_bytes,
+            connections: settings.connections,
+            max_stream_bytes: settings.max_stream_bytes,
+            heartbeat_interval: settings.heartbeat_interval,
+            heartbeat_timeout: settings.heartbeat_timeout,
+            cancel_grace: settings.cancel_grace,
+            drain_timeout: settings.drain_timeout,
+            responses_store: settings.responses_store,
+            aliases: ModelAliases::new(settings.aliases, settings.default_model),
+            upstreams: settings.upstreams,
+            fallback_upstream: settings.fallback_upstream,
+            admin_token: settings.admin_token.map(AdminToken),
+            allowed_hosts: settings.allowed_hosts,
+            cors_origins: settings.cors_origins,
+            ..ProxyConfig::with_secret(String::new())
         }
     }
 }

@@ -10,40 +10,14 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::Value;
 
 use crate::adapter::canonical::{Image, Part};
 use crate::adapter::openai_responses::StoredConversation;
 
-/// Bounds of the store (`[proxy] responses_store_*`). A zero in any of them turns it off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoreLimits {
-    /// How long a stored response can be continued or fetched.
-    pub ttl: Duration,
-    /// Most responses kept at once.
-    pub max_entries: usize,
-    /// Most bytes kept at once (approximate: the texts, images and JSON held).
-    pub max_bytes: usize,
-}
-
-impl Default for StoreLimits {
-    fn default() -> Self {
-        StoreLimits {
-            ttl: Duration::from_secs(3600),
-            max_entries: 1000,
-            max_bytes: 64 * 1024 * 1024,
-        }
-    }
-}
-
-impl StoreLimits {
-    /// Whether anything can be stored at all.
-    pub fn enabled(&self) -> bool {
-        !self.ttl.is_zero() && self.max_entries > 0 && self.max_bytes > 0
-    }
-}
+pub use crate::settings::StoreLimits;
 
 /// One finished exchange.
 #[derive(Debug, Clone, PartialEq)]
@@ -248,6 +222,7 @@ mod tests {
     use super::*;
     use crate::adapter::canonical::{Message, Role};
     use serde_json::json;
+    use std::time::Duration;
 
     fn exchange(text: &str) -> StoredResponse {
         StoredResponse {

@@ -19,35 +19,7 @@ pub type RequestId = u64;
 /// A request is put back in the queue at most this many times after its worker dies.
 pub const MAX_REQUEUE_COUNT: u32 = 3;
 
-/// Per-provider limits, from configuration.
-#[derive(Debug, Clone)]
-pub struct ProviderLimits {
-    /// Queued requests beyond this are refused with 429.
-    pub max_queue_len: usize,
-    /// How long a request may wait in the queue.
-    pub queue_timeout: Duration,
-    /// The whole lifetime of a request, fixed when it arrives.
-    pub request_timeout: Duration,
-    /// Models accepted from one worker; the rest are dropped with a warning.
-    pub max_models_per_worker: usize,
-    /// A disabled provider refuses workers and requests.
-    pub enabled: bool,
-    /// Models routed to this provider even while no worker serves them (they queue).
-    pub models: Vec<String>,
-}
-
-impl Default for ProviderLimits {
-    fn default() -> Self {
-        ProviderLimits {
-            max_queue_len: 100,
-            queue_timeout: Duration::from_secs(30),
-            request_timeout: Duration::from_secs(300),
-            max_models_per_worker: 256,
-            enabled: true,
-            models: Vec::new(),
-        }
-    }
-}
+pub use crate::settings::ProviderLimits;
 
 /// What the async layer must do after an event.
 #[derive(Debug, Clone, PartialEq, Eq)]

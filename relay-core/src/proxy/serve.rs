@@ -41,25 +41,7 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
 /// idle half-open connections do not pile up.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How many connections may be open at once, and how long a request head may take.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnectionLimits {
-    /// Open connections (clients and workers) beyond which new ones are refused with a 503.
-    pub max_connections: usize,
-    /// Time a client has to send a request's head (and an idle keep-alive connection to start
-    /// its next one).
-    pub header_read_timeout: Duration,
-}
-
-impl Default for ConnectionLimits {
-    fn default() -> Self {
-        ConnectionLimits {
-            // Above the 10,000 streams and 1,000 workers the bench holds open at once.
-            max_connections: 20_000,
-            header_read_timeout: Duration::from_secs(30),
-        }
-    }
-}
+pub use crate::settings::ConnectionLimits;
 
 /// The answer to a connection beyond [`ConnectionLimits::max_connections`]: short, complete, and
 /// in the OpenAI error shape every client here parses.

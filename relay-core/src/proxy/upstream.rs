@@ -14,13 +14,11 @@
 
 mod models;
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::response::Response;
-use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -37,46 +35,9 @@ use crate::protocol::HeaderMap;
 /// upstream read instead of filling memory.
 const UPSTREAM_EVENTS: usize = 16;
 
-/// The API an upstream speaks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub enum UpstreamKind {
-    /// OpenAI's API, or a compatible one (Groq, DeepSeek, OpenRouter, vLLM, ...): chat
-    /// completions always; `/v1/messages` and `/v1/responses` are probed and translated.
-    #[default]
-    #[serde(rename = "openai")]
-    OpenAi,
-    /// Anthropic's API: `/v1/messages` and `/v1/messages/count_tokens` natively; OpenAI Chat
-    /// Completions and Responses requests are translated to Messages.
-    #[serde(rename = "anthropic")]
-    Anthropic,
-}
+pub use crate::settings::UpstreamKind;
 
-/// One upstream provider (`[[proxy.upstreams]]`).
-#[derive(Clone, PartialEq, Eq)]
-pub struct UpstreamConfig {
-    /// Its name, for `fallback_upstream` and the logs.
-    pub name: String,
-    /// The API it speaks.
-    pub kind: UpstreamKind,
-    /// The base URL the routes are appended to (`https://api.openai.com`, without `/v1`).
-    pub base_url: String,
-    /// Sent as `Authorization: Bearer` (OpenAI) or `x-api-key` (Anthropic).
-    pub api_key: Option<String>,
-    /// Models it serves: exact names or glob patterns (`gpt-*`).
-    pub models: Vec<String>,
-}
-
-impl fmt::Debug for UpstreamConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("UpstreamConfig")
-            .field("name", &self.name)
-            .field("kind", &self.kind)
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("models", &self.models)
-            .finish()
-    }
-}
+pub use crate::settings::UpstreamConfig;
 
 /// How an Anthropic upstream serves a route: `Some(true)` natively (Messages), `Some(false)`
 /// translated (OpenAI Chat, Responses), `None` not at all (completions, embeddings).

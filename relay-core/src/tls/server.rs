@@ -18,21 +18,7 @@ pub const SELF_SIGNED_DIR: &str = "tls";
 const CERT_FILE: &str = "cert.pem";
 const KEY_FILE: &str = "key.pem";
 
-/// What the settings ask for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TlsSetting {
-    /// Plain HTTP.
-    Off,
-    /// A certificate chain and its private key, PEM files the user provides.
-    Files {
-        /// The certificate (chain), leaf first.
-        cert: PathBuf,
-        /// The private key (PKCS#8, PKCS#1 or SEC1).
-        key: PathBuf,
-    },
-    /// A certificate this node generates once and stores in its data directory.
-    SelfSigned,
-}
+pub use crate::settings::TlsSetting;
 
 /// Why the proxy cannot serve TLS; each names the file and what to do.
 #[derive(Debug, thiserror::Error)]

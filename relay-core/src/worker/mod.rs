@@ -18,6 +18,7 @@ use crate::backend::{Backend, Capabilities, NativeOverrides, Speaks};
 use crate::discovery::DiscoveryOptions;
 use crate::lifecycle::{LifecycleConfig, LifecycleManager};
 use crate::protocol::BRIDGE_PROTOCOL_VERSION;
+use crate::settings::{defaults, WorkerSettings};
 use report::{ConnectionState, WorkerReport};
 use session::SessionEnd;
 
@@ -71,8 +72,6 @@ pub struct WorkerConfig {
     /// Whether backends serve `/v1/messages` and `/v1/responses` themselves; unset routes are
     /// probed (see [`Capabilities`]).
     pub native_routes: NativeOverrides,
-    /// Where the worker reports its connection state and lifecycle manager to its embedder.
-    pub report: Arc<WorkerReport>,
 }
 
 impl WorkerConfig {
@@ -83,34 +82,81 @@ impl WorkerConfig {
             proxy_url: proxy_url.to_string(),
             proxy_fingerprint: None,
             secret: secret.to_string(),
-            provider: "local".to_string(),
-            name: "worker".to_string(),
+            provider: defaults::PROVIDER.to_string(),
+            name: defaults::WORKER_NAME.to_string(),
             backends: Backends::Fixed(vec![backend_url.to_string()]),
             models: None,
-            max_concurrent: 4,
+            max_concurrent: defaults::MAX_CONCURRENCY,
             forward_client_auth: false,
             protocol_version: Some(BRIDGE_PROTOCOL_VERSION.to_string()),
-            model_refresh_interval: Duration::from_secs(30),
-            drain_timeout: Duration::from_secs(30),
-            reconnect_min: Duration::from_secs(1),
-            reconnect_max: Duration::from_secs(30),
+            model_refresh_interval: defaults::MODEL_REFRESH,
+            drain_timeout: defaults::DRAIN_TIMEOUT,
+            reconnect_min: defaults::RECONNECT_MIN,
+            reconnect_max: defaults::RECONNECT_MAX,
             lifecycle: None,
             data_dir: crate::paths::data_dir(),
             native_routes: NativeOverrides::default(),
-            report: Arc::default(),
+        }
+    }
+
+    /// The worker `settings` describe, joining `proxy_url` with `secret`. Backends are the
+    /// configured ones; without any, `discover` when given (a node's zero-configuration worker),
+    /// else none for a worker with a model map (it starts its own servers), else
+    /// [`defaults::BACKEND_URL`].
+    pub fn from_settings(
+        settings: WorkerSettings,
+        proxy_url: String,
+        secret: String,
+        discover: Option<DiscoveryOptions>,
+    ) -> Self {
+        let backends = match (settings.backend_urls, discover) {
+            (Some(urls), _) => Backends::Fixed(urls),
+            (None, Some(options)) => Backends::Discover(options),
+            (None, None) if settings.lifecycle.is_some() => Backends::Fixed(Vec::new()),
+            (None, None) => Backends::Fixed(vec![defaults::BACKEND_URL.to_string()]),
+        };
+        WorkerConfig {
+            proxy_url,
+            proxy_fingerprint: settings.proxy_fingerprint,
+            secret,
+            provider: settings.provider,
+            name: settings.name,
+            backends,
+            models: settings.models,
+            max_concurrent: settings.max_concurrent,
+            forward_client_auth: settings.forward_client_auth,
+            protocol_version: settings.protocol_version,
+            model_refresh_interval: settings.model_refresh_interval,
+            drain_timeout: settings.drain_timeout,
+            reconnect_min: defaults::RECONNECT_MIN,
+            reconnect_max: defaults::RECONNECT_MAX,
+            lifecycle: settings.lifecycle,
+            data_dir: crate::paths::data_dir(),
+            native_routes: settings.native_routes,
         }
     }
 }
 
 /// Runs the worker until `shutdown` turns true; then it stops taking work, finishes what is in
 /// flight (up to the drain timeout), stops the model servers it started and returns.
-pub async fn run(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) {
+/// Its connection state and lifecycle manager go to `report`, for its embedder.
+pub async fn run(
+    config: WorkerConfig,
+    report: Arc<WorkerReport>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let access = BackendAccess::new(&config);
     // One manager for the worker's whole life: a reconnect to the proxy must not restart models.
     let lifecycle = start_lifecycle(&config).await;
-    config.report.set_lifecycle(lifecycle.clone());
-    serve_until_shutdown(&config, &access, lifecycle.as_ref(), &mut shutdown).await;
-    config.report.set_lifecycle(None);
+    report.set_lifecycle(lifecycle.clone());
+    let running = Running {
+        config: &config,
+        access: &access,
+        report: &report,
+        lifecycle: lifecycle.as_ref(),
+    };
+    serve_until_shutdown(running, &mut shutdown).await;
+    report.set_lifecycle(None);
     if let Some(manager) = lifecycle {
         // The servers run in process groups of their own: nothing else would stop them.
         tracing::info!("stopping model servers");
@@ -148,24 +194,18 @@ async fn start_lifecycle(config: &WorkerConfig) -> Option<LifecycleManager> {
 }
 
 /// Connects, serves and reconnects until shutdown.
-async fn serve_until_shutdown(
-    config: &WorkerConfig,
-    access: &BackendAccess,
-    lifecycle: Option<&LifecycleManager>,
-    shutdown: &mut watch::Receiver<bool>,
-) {
+async fn serve_until_shutdown(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) {
+    let (config, report) = (running.config, running.report);
     let mut delay = config.reconnect_min;
     loop {
         if *shutdown.borrow() {
             return;
         }
-        config.report.set_state(ConnectionState::Connecting, None);
-        match session::serve(config, access, lifecycle, shutdown).await {
+        report.set_state(ConnectionState::Connecting, None);
+        match session::serve(running, shutdown).await {
             SessionEnd::Shutdown => return,
             SessionEnd::Disconnected { registered, reason } => {
-                config
-                    .report
-                    .set_state(ConnectionState::Disconnected, Some(reason.clone()));
+                report.set_state(ConnectionState::Disconnected, Some(reason.clone()));
                 if registered {
                     delay = config.reconnect_min;
                 }
@@ -183,6 +223,19 @@ async fn serve_until_shutdown(
             }
         }
     }
+}
+
+/// What a running worker's connections share.
+#[derive(Clone, Copy)]
+pub struct Running<'a> {
+    /// Its configuration.
+    pub config: &'a WorkerConfig,
+    /// Its way to its backends.
+    pub access: &'a BackendAccess,
+    /// Where it reports its state.
+    pub report: &'a WorkerReport,
+    /// The model map's manager, if it has one.
+    pub lifecycle: Option<&'a LifecycleManager>,
 }
 
 /// How this worker reaches its backends: one HTTP client, and one table of the routes they
@@ -305,6 +358,32 @@ pub fn pin_mismatch_message(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::{parse_file, Overrides};
+
+    fn settings(text: &str) -> WorkerSettings {
+        WorkerSettings::resolve(&parse_file(text).unwrap(), &Overrides::default()).unwrap()
+    }
+
+    fn backends_of(text: &str, discover: Option<DiscoveryOptions>) -> Backends {
+        WorkerConfig::from_settings(settings(text), "http://p:1".into(), "s".into(), discover)
+            .backends
+    }
+
+    #[test]
+    fn backends_are_the_configured_ones_else_discovered_else_none_with_a_model_map_else_the_default(
+    ) {
+        let configured = backends_of(
+            "[worker]\nbackend_url = \"http://b:1\"\n",
+            Some(DiscoveryOptions::default()),
+        );
+        assert!(matches!(configured, Backends::Fixed(ref urls) if urls == &["http://b:1"]));
+        let discovered = backends_of("", Some(DiscoveryOptions::default()));
+        assert!(matches!(discovered, Backends::Discover(_)));
+        let mapped = backends_of("[worker.model_map.m]\nstart_script = \"s\"\n", None);
+        assert!(matches!(mapped, Backends::Fixed(ref urls) if urls.is_empty()));
+        let default = backends_of("", None);
+        assert!(matches!(default, Backends::Fixed(ref urls) if urls == &[defaults::BACKEND_URL]));
+    }
 
     #[test]
     fn proxy_url_scheme_maps_to_websocket_scheme() {

@@ -26,7 +26,7 @@ use outbox::{Outbox, Pulled};
 use window::FlowWindow;
 
 use super::catalog::{self, Catalog, Route};
-use super::{connect_url, managed, wire, BackendAccess, WorkerConfig};
+use super::{connect_url, managed, wire, BackendAccess, Running, WorkerConfig};
 use crate::backend::{answer, endpoint, error_chain};
 use crate::dialect::{ApiError, Dialect};
 use crate::lifecycle::LifecycleManager;
@@ -73,12 +73,13 @@ fn disconnected(registered: bool, reason: impl Into<String>) -> SessionEnd {
 
 /// Connects, registers and serves until the connection ends or shutdown is requested. Requests
 /// for the model map's models go through `lifecycle`.
-pub async fn serve(
-    config: &WorkerConfig,
-    access: &BackendAccess,
-    lifecycle: Option<&LifecycleManager>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> SessionEnd {
+pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -> SessionEnd {
+    let Running {
+        config,
+        access,
+        report,
+        lifecycle,
+    } = running;
     let catalog = catalog::load(config, &access.client, mapped_models(lifecycle)).await;
     let mut socket = match connect(config).await {
         Ok(socket) => socket,
@@ -100,9 +101,7 @@ pub async fn serve(
         Ok(Err(reason)) => return disconnected(false, reason),
         Err(_) => return disconnected(false, "the proxy did not answer register within 10s"),
     }
-    config
-        .report
-        .set_state(crate::worker::report::ConnectionState::Connected, None);
+    report.set_state(crate::worker::report::ConnectionState::Connected, None);
     let mut window = FlowWindow::default();
     // Learns whether the proxy answers pings before the window limits anything.
     if let Err(error) = socket.send(Message::Ping(window.ping())).await {

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use relay_core::cli::{ProxyArgs, WorkerArgs};
 use relay_core::node::{Node, NodeOptions, Roles, WorkerState};
 use relay_core::protocol::ServerToWorker;
+use relay_core::settings::Overrides;
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -20,16 +20,13 @@ async fn start_node(roles: Roles, backend: Option<&str>, listen: &str) -> (Node,
     let dir = TempConfig::new();
     let node = Node::start(NodeOptions {
         config_path: Some(dir.path.clone()),
-        proxy_args: ProxyArgs {
+        overrides: Overrides {
             listen: Some(listen.to_string()),
             worker_secret: Some(SECRET.to_string()),
             admin_token: (!listen.starts_with("127.")).then(|| "admin-s3cret".to_string()),
-            ..ProxyArgs::default()
-        },
-        worker_args: WorkerArgs {
             backend_url: Some(backend.unwrap_or("http://127.0.0.1:9").to_string()),
             worker_name: Some("node-worker".to_string()),
-            ..WorkerArgs::default()
+            ..Overrides::default()
         },
         roles: Some(roles),
         data_dir: Some(dir.dir.clone()),

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use relay_core::cli::{ProxyArgs, WorkerArgs};
 use relay_core::node::{Node, NodeOptions, Roles};
+use relay_core::settings::Overrides;
 use serde_json::Value;
 
 use crate::support::*;
@@ -32,14 +32,11 @@ async fn start_mapped_node(dir: &TempDir, log: &std::path::Path, port_base: u16)
     std::fs::write(&config_path, text).expect("config");
     Node::start(NodeOptions {
         config_path: Some(config_path),
-        proxy_args: ProxyArgs {
+        overrides: Overrides {
             listen: Some("127.0.0.1:0".to_string()),
             worker_secret: Some("dashboard-secret".to_string()),
-            ..ProxyArgs::default()
-        },
-        worker_args: WorkerArgs {
             worker_name: Some("mapped".to_string()),
-            ..WorkerArgs::default()
+            ..Overrides::default()
         },
         roles: Some(Roles::default()),
         data_dir: Some(dir.join("data")),

@@ -98,7 +98,7 @@ impl Relay {
     /// Starts (another) in-process worker.
     pub fn start_worker(&mut self, config: WorkerConfig) {
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(worker::run(config, stopped));
+        let task = tokio::spawn(worker::run(config, Default::default(), stopped));
         self.worker = Some((stop, task));
     }
 

@@ -14,7 +14,7 @@ use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::json;
 
 use super::AppState;
@@ -22,23 +22,7 @@ use crate::dialect::{ApiError, Dialect};
 use crate::lifecycle::ModelStatus;
 pub use auth::{AdminAccess, AdminToken, TokenOrigin};
 
-/// Which parts of the relay a node runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Roles {
-    /// Serves clients and accepts workers.
-    pub proxy: bool,
-    /// Runs a worker that joins a proxy (this node's own or another).
-    pub worker: bool,
-}
-
-impl Default for Roles {
-    fn default() -> Self {
-        Roles {
-            proxy: true,
-            worker: true,
-        }
-    }
-}
+pub use crate::settings::Roles;
 
 /// The state of a node's own worker role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

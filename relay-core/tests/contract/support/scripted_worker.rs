@@ -226,7 +226,7 @@ impl RunningWorker {
     /// Starts a worker with a full configuration.
     pub fn start_with(config: WorkerConfig) -> RunningWorker {
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(worker::run(config, stopped));
+        let task = tokio::spawn(worker::run(config, Default::default(), stopped));
         RunningWorker { stop, task }
     }
 

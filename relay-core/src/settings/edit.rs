@@ -1,5 +1,5 @@
-//! The node's settings: what the dashboard's form shows, and edits to the config file that keep
-//! its comments and every key the form does not know.
+//! What the dashboard's settings form shows, and edits to the config file that keep its
+//! comments and every key the form does not know.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -8,14 +8,13 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use toml_edit::{value, Array, DocumentMut, InlineTable, Item, Table};
 
-use crate::cli::{ProxyArgs, WorkerArgs};
-use crate::config::{self, FileConfig, DEFAULT_LISTEN};
+use super::{defaults, FileConfig, Overrides, ProxySettings, Roles, WorkerSettings};
 
 /// The settings the form edits, with defaults filled in.
 #[derive(Debug, Clone, Serialize)]
 pub struct SettingsValues {
     /// Which roles run.
-    pub roles: crate::proxy::control::Roles,
+    pub roles: Roles,
     /// `[proxy]`.
     pub proxy: ProxyValues,
     /// `[worker]`.
@@ -51,7 +50,7 @@ impl SettingsValues {
         let p = &file.proxy;
         let w = &file.worker;
         SettingsValues {
-            roles: crate::proxy::control::Roles {
+            roles: Roles {
                 proxy: file.roles.proxy.unwrap_or(true),
                 worker: file.roles.worker.unwrap_or(true),
             },
@@ -59,11 +58,18 @@ impl SettingsValues {
                 listen: p
                     .listen
                     .clone()
-                    .unwrap_or_else(|| DEFAULT_LISTEN.to_string()),
-                provider: p.provider.clone().unwrap_or_else(|| "local".to_string()),
-                max_queue_len: p.max_queue_len.unwrap_or(100),
-                queue_timeout_secs: p.queue_timeout_secs.unwrap_or(30),
-                request_timeout_secs: p.request_timeout_secs.unwrap_or(300),
+                    .unwrap_or_else(|| defaults::LISTEN.to_string()),
+                provider: p
+                    .provider
+                    .clone()
+                    .unwrap_or_else(|| defaults::PROVIDER.to_string()),
+                max_queue_len: p.max_queue_len.unwrap_or(defaults::MAX_QUEUE_LEN),
+                queue_timeout_secs: p
+                    .queue_timeout_secs
+                    .unwrap_or(defaults::QUEUE_TIMEOUT.as_secs()),
+                request_timeout_secs: p
+                    .request_timeout_secs
+                    .unwrap_or(defaults::REQUEST_TIMEOUT.as_secs()),
                 aliases: p.aliases.clone(),
                 default_model: p.default_model.clone(),
             },
@@ -73,10 +79,10 @@ impl SettingsValues {
                 worker_name: w
                     .worker_name
                     .clone()
-                    .unwrap_or_else(config::default_worker_name),
+                    .unwrap_or_else(super::default_worker_name),
                 backend_url: w.backend_url.clone(),
                 models: w.models.clone(),
-                max_concurrency: w.max_concurrency.unwrap_or(4),
+                max_concurrency: w.max_concurrency.unwrap_or(defaults::MAX_CONCURRENCY),
             },
         }
     }
@@ -278,17 +284,10 @@ fn to_item(section: &str, key: &str, kind: Kind, new: &Value) -> Result<Item, St
 /// Checks config text the way the node will use it: it parses, and the proxy and worker it
 /// describes can be built.
 pub fn validate(text: &str) -> Result<FileConfig, String> {
-    let file = config::parse_file(text)?;
-    config::proxy_config(&ProxyArgs::default(), &file, "validation".to_string())
-        .map_err(|e| e.to_string())?;
-    config::worker_config(
-        &WorkerArgs::default(),
-        &ProxyArgs::default(),
-        &file,
-        "validation".to_string(),
-        None,
-    )
-    .map_err(|e| e.to_string())?;
+    let file = super::parse_file(text)?;
+    let none = Overrides::default();
+    ProxySettings::resolve(&file, &none).map_err(|e| e.to_string())?;
+    WorkerSettings::resolve(&file, &none).map_err(|e| e.to_string())?;
     if let Some(listen) = &file.proxy.listen {
         listen
             .parse::<std::net::SocketAddr>()
@@ -528,7 +527,7 @@ mod tests {
         )
         .unwrap();
         assert!(!out.contains("backend_url"), "{out}");
-        let file = config::parse_file(&out).unwrap();
+        let file = crate::settings::parse_file(&out).unwrap();
         assert_eq!(file.proxy.aliases["claude-*"], "qwen");
     }
 
@@ -561,7 +560,7 @@ mod tests {
 
     #[test]
     fn values_fill_in_defaults_and_never_show_the_secret() {
-        let file = config::parse_file("[worker]\nworker_secret = \"s3\"\n").unwrap();
+        let file = crate::settings::parse_file("[worker]\nworker_secret = \"s3\"\n").unwrap();
         let shown = serde_json::to_string(&SettingsValues::of(&file)).unwrap();
         assert!(!shown.contains("s3\""), "{shown}");
         assert!(shown.contains("\"worker_secret_set\":true"), "{shown}");

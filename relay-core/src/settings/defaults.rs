@@ -1,0 +1,60 @@
+//! Every built-in default, once. The file schema, the resolution, the runtime configurations'
+//! `Default`s and the dashboard's form all read them from here; the command line's help text
+//! names them in words.
+
+use std::time::Duration;
+
+/// The listen address: loopback, on llama-server's usual port (the next free port when taken).
+pub const LISTEN: &str = "127.0.0.1:8080";
+/// A worker's backend when none is configured: vLLM's and many servers' port.
+pub const BACKEND_URL: &str = "http://127.0.0.1:8000";
+/// The proxy a worker joins when none is configured.
+pub const PROXY_URL: &str = "http://127.0.0.1:8080";
+/// The provider proxies serve and workers join.
+pub const PROVIDER: &str = "local";
+/// A worker's name when none is configured and the host name is unknown.
+pub const WORKER_NAME: &str = "worker";
+
+/// Queued requests per provider before new ones get 429.
+pub const MAX_QUEUE_LEN: usize = 100;
+/// How long a request may wait in the queue before 504.
+pub const QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a request may live in total before it is cancelled with 504.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// Models accepted from one worker; the rest are dropped with a warning.
+pub const MAX_MODELS_PER_WORKER: usize = 256;
+
+/// Largest request body accepted (413 beyond).
+pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// Largest streamed answer before it is ended with an SSE error.
+pub const MAX_STREAM_BYTES: u64 = 256 * 1024 * 1024;
+/// Open connections (clients and workers) beyond which new ones get 503. Above the 10,000
+/// streams and 1,000 workers the bench holds open at once.
+pub const MAX_CONNECTIONS: usize = 20_000;
+/// Time a client has to send a request's head (and an idle keep-alive connection its next one).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Period of the proxy's pings to workers.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);
+/// A worker silent this long is disconnected.
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(45);
+/// In-flight requests get this long to finish when a proxy or worker stops.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// A cancelled request keeps its worker slot this long waiting for the worker to confirm.
+pub const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a stored Responses answer can be continued or fetched.
+pub const RESPONSES_STORE_TTL: Duration = Duration::from_secs(3600);
+/// Most Responses answers kept at once.
+pub const RESPONSES_STORE_MAX_ENTRIES: usize = 1000;
+/// Most bytes the Responses store holds.
+pub const RESPONSES_STORE_MAX_BYTES: usize = 64 * 1024 * 1024;
+
+/// Requests a worker runs at once.
+pub const MAX_CONCURRENCY: u32 = 4;
+/// How often a worker re-reads its backends' model lists (and forgets what it probed).
+pub const MODEL_REFRESH: Duration = Duration::from_secs(30);
+/// A worker's first reconnect delay.
+pub const RECONNECT_MIN: Duration = Duration::from_secs(1);
+/// A worker's longest reconnect delay.
+pub const RECONNECT_MAX: Duration = Duration::from_secs(30);

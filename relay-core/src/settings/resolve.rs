@@ -1,0 +1,467 @@
+//! Defaults < file < overrides, resolved into plain values and checked: each error names the
+//! setting and what to do. The proxy and the worker build their runtime configurations from
+//! these (`ProxyConfig::new`, `WorkerConfig::new`) with what only they know (the secret a
+//! node generated, the backends it discovered).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::file::{FileConfig, ProxyFile, TlsMode, WorkerFile};
+use super::limits::{
+    ConnectionLimits, NativeOverrides, ProviderConfig, ProviderLimits, StoreLimits, TlsSetting,
+    UpstreamConfig,
+};
+use super::overrides::Overrides;
+use super::{defaults, ConfigError};
+use crate::lifecycle::{LifecycleConfig, LifecycleSection};
+use crate::protocol::BRIDGE_PROTOCOL_VERSION;
+use crate::tls::Fingerprint;
+
+/// The proxy's settings, resolved.
+#[derive(Debug, Clone)]
+pub struct ProxySettings {
+    /// Where to listen.
+    pub listen: String,
+    /// Whether `listen` was chosen (a taken address is then an error; the default moves on to
+    /// the next free port).
+    pub listen_explicit: bool,
+    /// The configured worker secret of the default provider; `None` uses the stored one.
+    pub worker_secret: Option<String>,
+    /// The default provider's name.
+    pub provider: String,
+    /// The default provider's limits.
+    pub limits: ProviderLimits,
+    /// Whether the default provider's workers get clients' credentials.
+    pub forward_client_auth: bool,
+    /// `[[proxy.providers]]`, checked.
+    pub extra_providers: Vec<ProviderConfig>,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Open connections and the request-head deadline.
+    pub connections: ConnectionLimits,
+    /// Largest streamed answer.
+    pub max_stream_bytes: u64,
+    /// Ping period.
+    pub heartbeat_interval: Duration,
+    /// A worker silent this long is closed.
+    pub heartbeat_timeout: Duration,
+    /// In-flight requests get this long on shutdown.
+    pub drain_timeout: Duration,
+    /// A cancelled request keeps its slot this long waiting for the worker's confirmation.
+    pub cancel_grace: Duration,
+    /// Bounds of the Responses store.
+    pub responses_store: StoreLimits,
+    /// `[proxy.aliases]`.
+    pub aliases: BTreeMap<String, String>,
+    /// `default_model`.
+    pub default_model: Option<String>,
+    /// `[[proxy.upstreams]]`, checked, with their keys found.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// The upstream taking what nobody serves and what a full queue refuses.
+    pub fallback_upstream: Option<String>,
+    /// The configured admin token; `None` uses the stored one.
+    pub admin_token: Option<String>,
+    /// Host names besides this machine's own that requests may carry.
+    pub allowed_hosts: Vec<String>,
+    /// Web origins allowed to call `/v1` from a browser.
+    pub cors_origins: Vec<String>,
+    /// Whether and how to serve TLS.
+    pub tls: TlsSetting,
+}
+
+/// A worker's settings, resolved.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// The proxy to join; `None` when not configured (a node's worker joins its own proxy, a
+    /// lone worker [`defaults::PROXY_URL`]).
+    pub proxy_url: Option<String>,
+    /// The proxy's certificate, pinned.
+    pub proxy_fingerprint: Option<Fingerprint>,
+    /// The secret to present, when configured.
+    pub worker_secret: Option<String>,
+    /// The provider to join.
+    pub provider: String,
+    /// The worker's name.
+    pub name: String,
+    /// Configured backend URLs; `None` when none are (then discovery, or the default).
+    pub backend_urls: Option<Vec<String>>,
+    /// Models to advertise; `None` asks the backends.
+    pub models: Option<Vec<String>>,
+    /// Requests run at once.
+    pub max_concurrent: u32,
+    /// Whether clients' credentials reach the backends.
+    pub forward_client_auth: bool,
+    /// Sent in `register`; `None` sends none.
+    pub protocol_version: Option<String>,
+    /// How often the backends' model lists are re-read.
+    pub model_refresh_interval: Duration,
+    /// In-flight requests get this long on shutdown.
+    pub drain_timeout: Duration,
+    /// The model map; `None` without one.
+    pub lifecycle: Option<LifecycleConfig>,
+    /// Which routes backends serve natively, where configured.
+    pub native_routes: NativeOverrides,
+}
+
+fn secs(value: Option<u64>, default: Duration) -> Duration {
+    value.map(Duration::from_secs).unwrap_or(default)
+}
+
+fn invalid(message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid(message.into())
+}
+
+impl ProxySettings {
+    /// The proxy's settings from `overrides` over `file` over the defaults.
+    pub fn resolve(file: &FileConfig, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let p = &file.proxy;
+        let o = overrides;
+        let limits = ProviderLimits {
+            max_queue_len: o
+                .max_queue_len
+                .or(p.max_queue_len)
+                .unwrap_or(defaults::MAX_QUEUE_LEN),
+            queue_timeout: secs(
+                o.queue_timeout_secs.or(p.queue_timeout_secs),
+                defaults::QUEUE_TIMEOUT,
+            ),
+            request_timeout: secs(
+                o.request_timeout_secs.or(p.request_timeout_secs),
+                defaults::REQUEST_TIMEOUT,
+            ),
+            max_models_per_worker: p
+                .max_models_per_worker
+                .unwrap_or(defaults::MAX_MODELS_PER_WORKER),
+            enabled: true,
+            models: p.models.clone(),
+        };
+        if limits.queue_timeout.is_zero() || limits.request_timeout.is_zero() {
+            return Err(invalid(
+                "QUEUE_TIMEOUT_SECS and REQUEST_TIMEOUT_SECS must be at least 1",
+            ));
+        }
+        let provider = o
+            .provider
+            .clone()
+            .or_else(|| p.provider.clone())
+            .unwrap_or_else(|| defaults::PROVIDER.to_string());
+        let extra_providers = extra_providers(p, &provider, &limits)?;
+        let heartbeat_interval = secs(
+            o.heartbeat_interval_secs.or(p.heartbeat_interval_secs),
+            defaults::HEARTBEAT_INTERVAL,
+        );
+        let heartbeat_timeout = secs(
+            o.heartbeat_timeout_secs.or(p.heartbeat_timeout_secs),
+            defaults::HEARTBEAT_TIMEOUT,
+        );
+        if heartbeat_interval.is_zero() || heartbeat_timeout < heartbeat_interval {
+            return Err(invalid(
+                "HEARTBEAT_INTERVAL_SECS must be at least 1 and HEARTBEAT_TIMEOUT_SECS at least the interval",
+            ));
+        }
+        if let Some((name, _)) = p.aliases.iter().find(|(_, to)| to.trim().is_empty()) {
+            return Err(invalid(format!(
+                "[proxy.aliases] {name:?} maps to an empty model name"
+            )));
+        }
+        let (listen, listen_explicit) = match o.listen.clone().or_else(|| p.listen.clone()) {
+            Some(listen) => (listen, true),
+            None => (defaults::LISTEN.to_string(), false),
+        };
+        Ok(ProxySettings {
+            listen,
+            listen_explicit,
+            worker_secret: o.worker_secret.clone().or_else(|| p.worker_secret.clone()),
+            provider,
+            limits,
+            forward_client_auth: o
+                .forward_client_auth
+                .or(p.forward_client_auth)
+                .unwrap_or(false),
+            extra_providers,
+            max_body_bytes: o
+                .max_body_bytes
+                .or(p.max_body_bytes)
+                .unwrap_or(defaults::MAX_BODY_BYTES),
+            connections: connections(p, o)?,
+            max_stream_bytes: p.max_stream_bytes.unwrap_or(defaults::MAX_STREAM_BYTES),
+            heartbeat_interval,
+            heartbeat_timeout,
+            drain_timeout: secs(
+                o.drain_timeout_secs.or(p.drain_timeout_secs),
+                defaults::DRAIN_TIMEOUT,
+            ),
+            cancel_grace: secs(p.cancel_grace_secs, defaults::CANCEL_GRACE),
+            responses_store: responses_store(p),
+            aliases: p.aliases.clone(),
+            default_model: p.default_model.clone(),
+            upstreams: upstreams(p)?,
+            fallback_upstream: p.fallback_upstream.clone(),
+            admin_token: o
+                .admin_token
+                .clone()
+                .or_else(|| p.admin_token.clone())
+                .filter(|t| !t.trim().is_empty()),
+            allowed_hosts: o
+                .allowed_hosts
+                .clone()
+                .unwrap_or_else(|| p.allowed_hosts.clone()),
+            cors_origins: o
+                .cors_origins
+                .clone()
+                .unwrap_or_else(|| p.cors_origins.clone()),
+            tls: tls(p, o)?,
+        })
+    }
+}
+
+/// `[[proxy.providers]]`: each needs a name of its own and a secret; unset limits are the
+/// default provider's.
+fn extra_providers(
+    p: &ProxyFile,
+    default_name: &str,
+    limits: &ProviderLimits,
+) -> Result<Vec<ProviderConfig>, ConfigError> {
+    let mut providers: Vec<ProviderConfig> = Vec::new();
+    for extra in &p.providers {
+        if extra.name.trim().is_empty() || extra.worker_secret.is_empty() {
+            return Err(invalid(
+                "every [[proxy.providers]] entry needs a name and a worker_secret",
+            ));
+        }
+        if extra.name == default_name || providers.iter().any(|known| known.name == extra.name) {
+            return Err(invalid(format!(
+                "provider {:?} is configured twice",
+                extra.name
+            )));
+        }
+        providers.push(ProviderConfig {
+            name: extra.name.clone(),
+            secret: extra.worker_secret.clone(),
+            forward_client_auth: extra.forward_client_auth.unwrap_or(false),
+            limits: ProviderLimits {
+                max_queue_len: extra.max_queue_len.unwrap_or(limits.max_queue_len),
+                queue_timeout: secs(extra.queue_timeout_secs, limits.queue_timeout),
+                request_timeout: secs(extra.request_timeout_secs, limits.request_timeout),
+                max_models_per_worker: limits.max_models_per_worker,
+                enabled: extra.enabled.unwrap_or(true),
+                models: extra.models.clone(),
+            },
+        });
+    }
+    Ok(providers)
+}
+
+/// `MAX_CONNECTIONS` and `[proxy] header_read_timeout_secs`, at least 1 each.
+fn connections(p: &ProxyFile, o: &Overrides) -> Result<ConnectionLimits, ConfigError> {
+    let mut limits = ConnectionLimits::default();
+    if let Some(max) = o.max_connections.or(p.max_connections) {
+        if max == 0 {
+            return Err(invalid("MAX_CONNECTIONS must be at least 1"));
+        }
+        limits.max_connections = max;
+    }
+    if let Some(secs) = p.header_read_timeout_secs {
+        if secs == 0 {
+            return Err(invalid(
+                "[proxy] header_read_timeout_secs must be at least 1",
+            ));
+        }
+        limits.header_read_timeout = Duration::from_secs(secs);
+    }
+    Ok(limits)
+}
+
+/// `[proxy] responses_store_*` over the store's defaults.
+fn responses_store(p: &ProxyFile) -> StoreLimits {
+    let defaults = StoreLimits::default();
+    StoreLimits {
+        ttl: secs(p.responses_store_ttl_secs, defaults.ttl),
+        max_entries: p
+            .responses_store_max_entries
+            .unwrap_or(defaults.max_entries),
+        max_bytes: p.responses_store_max_bytes.unwrap_or(defaults.max_bytes),
+    }
+}
+
+/// `[[proxy.upstreams]]`, checked: unique names, http(s) base URLs, keys found, and a
+/// `fallback_upstream` that names one of them.
+fn upstreams(p: &ProxyFile) -> Result<Vec<UpstreamConfig>, ConfigError> {
+    let mut list: Vec<UpstreamConfig> = Vec::new();
+    for u in &p.upstreams {
+        let invalid = |why: String| invalid(format!("[[proxy.upstreams]] {:?}: {why}", u.name));
+        if u.name.trim().is_empty() || list.iter().any(|known| known.name == u.name) {
+            return Err(invalid("needs a name of its own".to_string()));
+        }
+        let base_url = u.base_url.trim().trim_end_matches('/').to_string();
+        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            return Err(invalid(format!(
+                "base_url {base_url:?} must start with http:// or https://"
+            )));
+        }
+        let api_key = match (&u.api_key, &u.api_key_env) {
+            (Some(key), _) => Some(key.clone()),
+            (None, Some(var)) => Some(
+                std::env::var(var)
+                    .map_err(|_| invalid(format!("api_key_env names {var}, which is not set")))?,
+            ),
+            (None, None) => None,
+        };
+        list.push(UpstreamConfig {
+            name: u.name.clone(),
+            kind: u.kind,
+            base_url,
+            api_key,
+            models: u.models.clone(),
+        });
+    }
+    if let Some(fallback) = &p.fallback_upstream {
+        if !list.iter().any(|u| &u.name == fallback) {
+            return Err(invalid(format!(
+                "fallback_upstream {fallback:?} names no [[proxy.upstreams]] entry"
+            )));
+        }
+    }
+    Ok(list)
+}
+
+/// Whether and how the proxy serves TLS: the overrides decide when they say anything, else the
+/// file, else plain HTTP. Within one layer, a self-signed certificate and certificate files
+/// exclude each other, and a certificate needs its key.
+fn tls(p: &ProxyFile, o: &Overrides) -> Result<TlsSetting, ConfigError> {
+    let from_overrides = tls_layer(
+        o.tls,
+        o.tls_cert.as_ref(),
+        o.tls_key.as_ref(),
+        [
+            "--tls/MODELRELAY_TLS",
+            "--tls-cert/TLS_CERT",
+            "--tls-key/TLS_KEY",
+        ],
+    )?;
+    if let Some(setting) = from_overrides {
+        return Ok(setting);
+    }
+    let from_file = tls_layer(
+        p.tls,
+        p.tls_cert.as_ref(),
+        p.tls_key.as_ref(),
+        ["[proxy] tls", "[proxy] tls_cert", "[proxy] tls_key"],
+    )?;
+    Ok(from_file.unwrap_or(TlsSetting::Off))
+}
+
+/// One layer's TLS settings; `None` when it sets none of them. `names` are the mode's, the
+/// certificate's and the key's, for errors.
+fn tls_layer(
+    mode: Option<TlsMode>,
+    cert: Option<&PathBuf>,
+    key: Option<&PathBuf>,
+    names: [&str; 3],
+) -> Result<Option<TlsSetting>, ConfigError> {
+    let [mode_name, cert_name, key_name] = names;
+    match (mode, cert, key) {
+        (None, None, None) => Ok(None),
+        (Some(mode), None, None) => Ok(Some(match mode {
+            TlsMode::SelfSigned => TlsSetting::SelfSigned,
+            TlsMode::Off => TlsSetting::Off,
+        })),
+        (Some(_), _, _) => Err(invalid(format!(
+            "{mode_name} and {cert_name}/{key_name} both given: use either a generated certificate (self-signed) or your own files, not both"
+        ))),
+        (None, Some(cert), Some(key)) => Ok(Some(TlsSetting::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+        })),
+        (None, Some(_), None) => Err(invalid(format!(
+            "{cert_name} is set but {key_name} is not: give the certificate's private key too"
+        ))),
+        (None, None, Some(_)) => Err(invalid(format!(
+            "{key_name} is set but {cert_name} is not: give the certificate too"
+        ))),
+    }
+}
+
+impl WorkerSettings {
+    /// A worker's settings from `overrides` over `file` over the defaults.
+    pub fn resolve(file: &FileConfig, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let w = &file.worker;
+        let o = overrides;
+        let max_concurrent = o
+            .max_concurrency
+            .or(w.max_concurrency)
+            .unwrap_or(defaults::MAX_CONCURRENCY);
+        if max_concurrent == 0 {
+            return Err(invalid("MAX_CONCURRENCY must be at least 1"));
+        }
+        let protocol_version = o
+            .protocol_version
+            .clone()
+            .or_else(|| w.protocol_version.clone())
+            .unwrap_or_else(|| BRIDGE_PROTOCOL_VERSION.to_string());
+        let models = match (&o.models, &w.models) {
+            (Some(value), _) => super::parse_models(value),
+            (None, Some(list)) => super::parse_models(&list.join(",")),
+            (None, None) => None,
+        };
+        Ok(WorkerSettings {
+            proxy_url: o.proxy_url.clone().or_else(|| w.proxy_url.clone()),
+            proxy_fingerprint: o.proxy_fingerprint.or(w.proxy_fingerprint),
+            worker_secret: o.worker_secret.clone().or_else(|| w.worker_secret.clone()),
+            provider: o
+                .provider
+                .clone()
+                .or_else(|| w.provider.clone())
+                .unwrap_or_else(|| defaults::PROVIDER.to_string()),
+            name: o
+                .worker_name
+                .clone()
+                .or_else(|| w.worker_name.clone())
+                .unwrap_or_else(super::default_worker_name),
+            backend_urls: o
+                .backend_url
+                .clone()
+                .or_else(|| w.backend_url.clone())
+                .map(|urls| {
+                    urls.split(',')
+                        .map(|u| u.trim().trim_end_matches('/').to_string())
+                        .filter(|u| !u.is_empty())
+                        .collect()
+                }),
+            models,
+            max_concurrent,
+            forward_client_auth: o
+                .forward_client_auth
+                .or(w.forward_client_auth)
+                .unwrap_or(false),
+            protocol_version: (!protocol_version.is_empty() && protocol_version != "none")
+                .then_some(protocol_version),
+            model_refresh_interval: secs(w.model_refresh_secs, defaults::MODEL_REFRESH),
+            drain_timeout: secs(
+                o.worker_drain_timeout_secs.or(w.drain_timeout_secs),
+                defaults::DRAIN_TIMEOUT,
+            ),
+            lifecycle: lifecycle(w)?,
+            native_routes: NativeOverrides {
+                messages: w.native_messages,
+                responses: w.native_responses,
+            },
+        })
+    }
+}
+
+/// The worker's model lifecycle: `None` without a model map (`[worker.lifecycle]` alone
+/// changes nothing).
+fn lifecycle(w: &WorkerFile) -> Result<Option<LifecycleConfig>, ConfigError> {
+    if w.model_map.is_empty() {
+        return Ok(None);
+    }
+    let section = LifecycleSection {
+        lifecycle: w.lifecycle.clone(),
+        model_map: w.model_map.clone(),
+    };
+    LifecycleConfig::resolve(&section)
+        .map(Some)
+        .map_err(ConfigError::Invalid)
+}
