@@ -7,6 +7,8 @@
 //! `models/tiny-random-llama.gguf`. Building takes 12–25 minutes, so these tests never build it:
 //! without them every test here prints why it is skipped and passes.
 
+#[path = "common/inprocess.rs"]
+mod inprocess;
 #[path = "model_lifecycle/relay.rs"]
 mod relay;
 #[path = "model_lifecycle/support.rs"]

@@ -3,6 +3,9 @@
 //!
 //! One test binary with modules keeps link time down on small machines.
 
+#[path = "../common/inprocess.rs"]
+mod inprocess;
+
 mod adapter_e2e;
 mod anthropic_upstream;
 mod bad_input;

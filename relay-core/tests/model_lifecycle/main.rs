@@ -3,6 +3,9 @@
 //! end to end through a real proxy and the real worker (`through_relay`). Everything binds
 //! 127.0.0.1, every test is bounded in time and checks that no process outlives it.
 
+#[path = "../common/inprocess.rs"]
+mod inprocess;
+
 mod dashboard;
 mod failures;
 mod orphans;

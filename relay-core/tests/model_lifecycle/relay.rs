@@ -10,10 +10,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use relay_core::lifecycle::{os, LifecycleConfig};
-use relay_core::proxy::{self, ProxyConfig, RunningProxy};
+use relay_core::proxy::{ProxyConfig, RunningProxy};
 use relay_core::worker::{self, Backends, WorkerConfig};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -28,8 +27,7 @@ pub async fn start_proxy() -> RunningProxy {
     config.heartbeat_interval = Duration::from_millis(500);
     config.heartbeat_timeout = Duration::from_secs(10);
     config.drain_timeout = Duration::from_secs(5);
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-    proxy::start(config, listener).expect("start proxy")
+    crate::inprocess::start_proxy(config).await
 }
 
 /// A worker joining `proxy` with `lifecycle` as its model map, keeping its pid files under

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub use crate::inprocess::{eventually, http};
 use relay_core::lifecycle::{os, LifecycleConfig, LifecycleManager, LifecycleSection};
 
 /// Bound on every test.
@@ -133,18 +134,6 @@ pub async fn gone_within(pid: u32, bound: Duration) -> bool {
     true
 }
 
-/// Polls `check` every 20 ms until it holds; false after `bound`.
-pub async fn eventually(bound: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + bound;
-    while !check() {
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    true
-}
-
 /// A manager over a fresh data dir, plus a guard that kills every process group it started
 /// (by the pids its fake servers logged) if the test fails before shutting it down.
 pub struct Harness {
@@ -205,15 +194,6 @@ pub async fn bounded<F: std::future::Future<Output = ()>>(body: F) {
     tokio::time::timeout(TEST_BOUND, body)
         .await
         .expect("the test exceeded its time bound");
-}
-
-/// An HTTP client for the fake servers.
-pub fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("client")
 }
 
 /// Asks a chat completion of the server behind `base_url`; the answer names the server's pid.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::Router;
-use relay_core::proxy::{self, ProxyConfig, RunningProxy};
+use relay_core::proxy::ProxyConfig;
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -18,6 +18,7 @@ mod backends;
 mod raw_http;
 mod scripted_worker;
 
+pub use crate::inprocess::{http, start_proxy, wait_until_within};
 pub use backends::*;
 pub use raw_http::*;
 pub use scripted_worker::*;
@@ -36,20 +37,6 @@ pub fn test_config() -> ProxyConfig {
     config.cancel_grace = Duration::from_millis(500);
     config.drain_timeout = Duration::from_secs(5);
     config
-}
-
-/// Starts a proxy with `config` on 127.0.0.1:0.
-pub async fn start_proxy(config: ProxyConfig) -> RunningProxy {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-    proxy::start(config, listener).expect("start proxy")
-}
-
-/// A plain HTTP client for talking to the proxy as a client would.
-pub fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("client")
 }
 
 /// POSTs JSON `body` to `url` + `path`; returns status, headers and body text.
@@ -96,16 +83,9 @@ pub async fn get_json(base: &str, path: &str, headers: &[(&str, &str)]) -> (Stat
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
-/// Polls `condition` until it holds (test-only; fails after [`WAIT`]).
-pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// Waits until `condition` holds; fails the test, naming `what`, after [`WAIT`].
+pub async fn wait_until(what: &str, condition: impl FnMut() -> bool) {
+    wait_until_within(WAIT, what, condition).await;
 }
 
 /// Serves a mock backend's `app` on `addr` (port 0 for any free port) until the task is aborted.
