@@ -106,7 +106,28 @@ pub struct ApiError {
     pub retry_after: Option<Duration>,
 }
 
+/// The `code` with which our worker refuses a request beyond its `max_concurrent` (a proxy that
+/// over-dispatched, or one that lies): nothing reached the backend.
+pub const WORKER_BUSY_CODE: &str = "worker_busy";
+
+/// Codes meaning "this attempt failed before producing any output and may be retried on another
+/// attempt" (a managed model process crashed, the worker was full). Our proxy requeues such a
+/// request when no byte of it reached the client; an older proxy answers it with a 502 like any
+/// other error. They travel as the worker protocol's `error.code`.
+const RETRYABLE_CODES: &[&str] = &["model_crashed", WORKER_BUSY_CODE];
+
+/// Whether an error with `code` may be retried elsewhere (see [`ApiError::is_retryable`]).
+pub fn is_retryable_code(code: &str) -> bool {
+    RETRYABLE_CODES.contains(&code)
+}
+
 impl ApiError {
+    /// Whether the attempt failed before producing any output, so another attempt (on another
+    /// worker) may succeed.
+    pub fn is_retryable(&self) -> bool {
+        is_retryable_code(self.code)
+    }
+
     /// An error without a retry hint.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
@@ -151,6 +172,16 @@ impl ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_failures_before_any_output_are_retryable() {
+        let busy = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, WORKER_BUSY_CODE, "full");
+        let crashed = ApiError::new(StatusCode::BAD_GATEWAY, "model_crashed", "exit 9");
+        let broke_off = ApiError::new(StatusCode::BAD_GATEWAY, "backend_error", "cut");
+        assert!(busy.is_retryable() && crashed.is_retryable());
+        assert!(!broke_off.is_retryable());
+        assert!(is_retryable_code("worker_busy") && !is_retryable_code("cancelled"));
+    }
 
     #[test]
     fn dialect_follows_the_path_including_query_strings() {

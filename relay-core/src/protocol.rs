@@ -54,16 +54,6 @@ pub fn json_string_len(text: &str) -> usize {
 /// shared worker secret could otherwise collect users' keys.
 pub const CLIENT_AUTH_HEADERS: &[&str] = &["authorization", "x-api-key"];
 
-/// The `error.code` with which our worker refuses a request beyond its `max_concurrent` (a proxy
-/// that over-dispatched, or one that lies): nothing reached the backend.
-pub const WORKER_BUSY_CODE: &str = "worker_busy";
-
-/// `error.code` values meaning "this attempt failed before producing any output and may be retried
-/// on another attempt" (a managed model process crashed, the worker was full). Our proxy requeues
-/// such a request when no byte of it reached the client; an older proxy answers it with a 502 like
-/// any other error.
-pub const RETRYABLE_ERROR_CODES: &[&str] = &["model_crashed", WORKER_BUSY_CODE];
-
 /// Whether a worker announcing `version` may register.
 pub fn is_accepted_protocol_version(version: Option<&str>) -> bool {
     version.is_none_or(|v| ACCEPTED_PROTOCOL_VERSIONS.contains(&v))

@@ -7,7 +7,7 @@ use futures_util::{FutureExt, StreamExt};
 use super::answer;
 use super::endpoint;
 use super::sse::{SseSplitter, UsageTracker};
-use super::{Backend, BackendEvent, BackendRequest, Events, Failure};
+use super::{Backend, BackendEvent, BackendRequest, Events};
 use crate::dialect::{ApiError, Dialect};
 use crate::protocol::HeaderMap;
 
@@ -160,7 +160,11 @@ pub(super) async fn deliver(
 /// The backend failed mid-answer.
 pub(super) fn failed(id: &str, message: String) -> BackendEvent {
     tracing::warn!(request = %id, "backend error: {message}");
-    BackendEvent::Failed(Failure::new("backend_error", message))
+    BackendEvent::Failed(ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "backend_error",
+        message,
+    ))
 }
 
 /// Sends the SSE body as chunks of whole events; `Ok(None)` when it ended (or the receiver

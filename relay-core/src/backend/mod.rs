@@ -23,6 +23,7 @@ mod translate;
 use axum::http::StatusCode;
 use tokio::sync::mpsc;
 
+use crate::dialect::ApiError;
 use crate::protocol::{HeaderMap, TokenCounts};
 
 pub use capabilities::{route_missing, Capabilities, NativeOverrides};
@@ -37,8 +38,9 @@ pub enum BackendEvent {
     Chunk(String),
     /// The answer: a whole body, or the end of a stream (`body: None`).
     Complete(Answer),
-    /// The backend failed before or during its answer; nothing more comes.
-    Failed(Failure),
+    /// The backend failed before or during its answer (a `code` such as `backend_error`, or the
+    /// model lifecycle's); nothing more comes.
+    Failed(ApiError),
 }
 
 /// A backend's answer (or one given in its place, in the client's dialect).
@@ -52,25 +54,6 @@ pub struct Answer {
     pub body: Option<String>,
     /// Token usage read from the answer.
     pub token_counts: Option<TokenCounts>,
-}
-
-/// Why an answer broke off or never came.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Failure {
-    /// A short code (`backend_error`, or the model lifecycle's).
-    pub code: String,
-    /// What happened, for the client.
-    pub message: String,
-}
-
-impl Failure {
-    /// A failure with `code` and `message`.
-    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Failure {
-            code: code.into(),
-            message: message.into(),
-        }
-    }
 }
 
 /// Where a request's events go. A closed channel (the owner gave up) ends the request early.

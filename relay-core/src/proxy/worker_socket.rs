@@ -18,11 +18,11 @@ use tokio::time::{interval_at, timeout, Instant, MissedTickBehavior};
 
 use super::hub::{EventSender, Hub, Outbound, ResponseEvent};
 use super::scheduler::{parse_request_wire_id, worker_wire_id, RegisterError, RequestId, WorkerId};
-use crate::dialect::ApiError;
+use crate::dialect::{is_retryable_code, ApiError};
 use crate::protocol::{
     is_accepted_protocol_version, CancelReason, ErrorMessage, PingMessage, RegisterMessage,
     ResponseChunkMessage, ResponseCompleteMessage, ServerToWorker, WorkerToServer,
-    ACCEPTED_PROTOCOL_VERSIONS, CANCELLED_CODE, RETRYABLE_ERROR_CODES,
+    ACCEPTED_PROTOCOL_VERSIONS, CANCELLED_CODE,
 };
 
 /// WebSocket close code for a protocol violation (RFC 6455).
@@ -388,7 +388,7 @@ impl Connection {
         };
         let route = self.routes.remove(&id);
         let unstarted = route.as_ref().is_some_and(|r| !r.started);
-        if unstarted && RETRYABLE_ERROR_CODES.contains(&error.code.as_str()) {
+        if unstarted && is_retryable_code(&error.code) {
             if self.hub.retry(self.worker, id) {
                 tracing::info!(worker = %worker_wire_id(self.worker), request = wire_id, code = %error.code, "request requeued after a retryable worker error: {}", error.message);
             }

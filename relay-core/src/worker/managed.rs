@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio::time::{interval_at, timeout, Instant};
 
 use super::{wire, BackendAccess};
-use crate::backend::{answer, BackendEvent, Events, Failure};
+use crate::backend::{answer, BackendEvent, Events};
 use crate::dialect::{ApiError, Dialect};
 use crate::lifecycle::{Lease, LifecycleError, LifecycleManager};
 use crate::protocol::{HeaderMap, RequestMessage};
@@ -168,7 +168,7 @@ impl Reply {
     /// already got bytes; a failed request the proxy can tell apart otherwise).
     async fn process_ended(&mut self, error: &LifecycleError) {
         tracing::warn!(request = %self.request_id, model = %self.model, "request failed: {error}");
-        let failed = Failure::new(error.code(), short_message(error));
+        let failed = ApiError::new(lifecycle_status(error), error.code(), short_message(error));
         self.send(BackendEvent::Failed(failed)).await;
     }
 }
@@ -186,13 +186,18 @@ fn short_message(error: &LifecycleError) -> String {
     }
 }
 
+/// The HTTP status of a lifecycle error.
+fn lifecycle_status(error: &LifecycleError) -> StatusCode {
+    StatusCode::from_u16(error.status_code()).unwrap_or(StatusCode::BAD_GATEWAY)
+}
+
 /// The answer to a request whose model could not be leased.
 fn lifecycle_answer(
     dialect: Dialect,
     error: &LifecycleError,
     streaming: bool,
 ) -> Vec<BackendEvent> {
-    let status = StatusCode::from_u16(error.status_code()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let status = lifecycle_status(error);
     let mut refusal = ApiError::new(status, error.code(), short_message(error));
     if let LifecycleError::BreakerOpen { retry_in, .. } = error {
         refusal = refusal.retry_after(*retry_in);
@@ -352,7 +357,8 @@ mod tests {
     fn a_forward_failure_is_told_apart_from_an_answer() {
         assert!(is_failure(&complete(502, HeaderMap::new(), None)));
         assert!(!is_failure(&complete(500, HeaderMap::new(), None)));
-        assert!(is_failure(&BackendEvent::Failed(Failure::new(
+        assert!(is_failure(&BackendEvent::Failed(ApiError::new(
+            StatusCode::BAD_GATEWAY,
             "backend_error",
             "broke off"
         ))));

@@ -28,11 +28,11 @@ use window::FlowWindow;
 use super::catalog::{self, Catalog, Route};
 use super::{connect_url, managed, wire, BackendAccess, Running, WorkerConfig};
 use crate::backend::{answer, endpoint, error_chain};
-use crate::dialect::{ApiError, Dialect};
+use crate::dialect::{ApiError, Dialect, WORKER_BUSY_CODE};
 use crate::lifecycle::LifecycleManager;
 use crate::protocol::{
-    ErrorMessage, ModelsUpdateMessage, PongMessage, RegisterMessage, RequestMessage,
-    ServerToWorker, WorkerToServer, CANCELLED_CODE, WORKER_BUSY_CODE,
+    ModelsUpdateMessage, PongMessage, RegisterMessage, RequestMessage, ServerToWorker,
+    WorkerToServer, CANCELLED_CODE,
 };
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -326,11 +326,9 @@ impl Session<'_> {
                     task.abort();
                     tracing::info!(request = %cancel.request_id, reason = cancel.reason.as_str(), "cancelled");
                     // Confirm the end so the proxy frees the slot at once.
-                    let confirm = WorkerToServer::Error(ErrorMessage {
-                        request_id: Some(cancel.request_id),
-                        code: CANCELLED_CODE.to_string(),
-                        message: format!("request cancelled: {}", cancel.reason.as_str()),
-                    });
+                    let reason = format!("request cancelled: {}", cancel.reason.as_str());
+                    let cancelled = ApiError::new(StatusCode::BAD_GATEWAY, CANCELLED_CODE, reason);
+                    let confirm = wire::failure(&cancel.request_id, cancelled);
                     if send(socket, &confirm).await.is_err() {
                         return Next::End(disconnected(true, "sending failed"));
                     }
@@ -380,14 +378,12 @@ impl Session<'_> {
             // More than it advertised: refuse before the backend sees it, retryably, so the
             // proxy gives the request to another worker (or to this one once a slot frees).
             tracing::warn!(request = %request.request_id, max_concurrent = self.config.max_concurrent, "refused a request beyond max_concurrent");
-            let busy = WorkerToServer::Error(ErrorMessage {
-                request_id: Some(request.request_id),
-                code: WORKER_BUSY_CODE.to_string(),
-                message: format!(
-                    "this worker already runs its {} requests (max_concurrent)",
-                    self.config.max_concurrent
-                ),
-            });
+            let why = format!(
+                "this worker already runs its {} requests (max_concurrent)",
+                self.config.max_concurrent
+            );
+            let refusal = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, WORKER_BUSY_CODE, why);
+            let busy = wire::failure(&request.request_id, refusal);
             let _ = send(socket, &busy).await;
             return;
         }

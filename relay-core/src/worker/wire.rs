@@ -1,7 +1,10 @@
 //! Between the worker protocol and the backend module: a `request` message as a backend request,
 //! and a request's backend events as the messages that answer it.
 
-use crate::backend::{BackendEvent, BackendRequest, Failure};
+use axum::http::StatusCode;
+
+use crate::backend::{BackendEvent, BackendRequest};
+use crate::dialect::ApiError;
 use crate::protocol::{
     json_string_len, ErrorMessage, RequestMessage, ResponseChunkMessage, ResponseCompleteMessage,
     WorkerToServer, FRAME_OVERHEAD_BYTES, MAX_FRAME_BYTES,
@@ -40,7 +43,8 @@ pub fn message(request_id: &str, event: BackendEvent) -> WorkerToServer {
                     answer.body.as_deref().map_or(0, str::len)
                 );
                 tracing::warn!(request = %request_id, "{message}");
-                return failure(request_id, Failure::new("backend_error", message));
+                let error = ApiError::new(StatusCode::BAD_GATEWAY, "backend_error", message);
+                return failure(request_id, error);
             }
             WorkerToServer::ResponseComplete(ResponseCompleteMessage {
                 request_id: request_id.to_string(),
@@ -54,12 +58,13 @@ pub fn message(request_id: &str, event: BackendEvent) -> WorkerToServer {
     }
 }
 
-/// A request-scoped `error`.
-fn failure(request_id: &str, failure: Failure) -> WorkerToServer {
+/// A request-scoped `error`: its code and message (the wire has no status; the proxy answers
+/// 502, or requeues what [`ApiError::is_retryable`] allows).
+pub fn failure(request_id: &str, error: ApiError) -> WorkerToServer {
     WorkerToServer::Error(ErrorMessage {
         request_id: Some(request_id.to_string()),
-        code: failure.code,
-        message: failure.message,
+        code: error.code.to_string(),
+        message: error.message,
     })
 }
 
@@ -67,7 +72,6 @@ fn failure(request_id: &str, failure: Failure) -> WorkerToServer {
 mod tests {
     use super::*;
     use crate::backend::answer;
-    use axum::http::StatusCode;
 
     #[test]
     fn events_become_the_messages_of_their_request() {
@@ -85,7 +89,11 @@ mod tests {
         assert_eq!(complete.body.as_deref(), Some("{}"));
         let WorkerToServer::Error(error) = message(
             "r1",
-            BackendEvent::Failed(Failure::new("backend_error", "broke off")),
+            BackendEvent::Failed(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "backend_error",
+                "broke off",
+            )),
         ) else {
             panic!("an error");
         };
