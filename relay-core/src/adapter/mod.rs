@@ -16,7 +16,7 @@ mod error;
 mod json;
 pub mod openai_chat;
 pub mod openai_responses;
-mod sse;
+pub mod sse;
 mod stream;
 
 #[cfg(test)]

@@ -3,34 +3,86 @@
 
 use serde_json::Value;
 
-/// Splits text into whole lines, keeping an unfinished last line for the next piece.
+/// Splits an SSE stream into whole lines as its pieces arrive, keeping an unfinished last line
+/// for the next piece. The one line reader of the relay: the adapter's event reader and chat
+/// passthrough, the worker's usage reading and the proxy's Responses stream patcher all use it.
+/// (The proxy's `CompletedWatch` keeps its own: it must skip large events without holding them.)
 #[derive(Debug, Default)]
-pub(crate) struct LineBuffer {
-    partial: String,
+pub struct LineBuffer {
+    partial: Vec<u8>,
 }
 
 impl LineBuffer {
-    /// Adds `chunk`; returns the lines it completed, without their `\n` or `\r\n`.
-    pub(crate) fn push(&mut self, chunk: &str) -> Vec<String> {
-        // Only the new text is searched, so a long line arriving in many pieces costs linear time.
-        let Some(last_newline) = chunk.rfind('\n') else {
-            self.partial.push_str(chunk);
-            return Vec::new();
+    /// Adds `piece`; calls `on_line(content, ending)` for each line it completes, in order: the
+    /// line without its ending, and the ending (`\n` or `\r\n`). Lines the piece holds whole are
+    /// passed without a copy.
+    pub fn push_bytes(&mut self, piece: &[u8], mut on_line: impl FnMut(&[u8], &[u8])) {
+        let Some(last_newline) = piece.iter().rposition(|b| *b == b'\n') else {
+            self.partial.extend_from_slice(piece);
+            return;
         };
-        self.partial.push_str(&chunk[..last_newline]);
-        let complete = std::mem::replace(&mut self.partial, chunk[last_newline + 1..].to_string());
-        complete
-            .split('\n')
-            .map(|line| line.strip_suffix('\r').unwrap_or(line).to_string())
-            .collect()
+        let (complete, rest) = piece.split_at(last_newline + 1);
+        let mut lines = complete.split_inclusive(|b| *b == b'\n');
+        if !self.partial.is_empty() {
+            // Only the new text is searched, so a long line arriving in many pieces costs
+            // linear time.
+            let first = lines.next().expect("`complete` ends with a newline");
+            let mut joined = std::mem::take(&mut self.partial);
+            joined.extend_from_slice(first);
+            emit(&joined, &mut on_line);
+        }
+        for line in lines {
+            emit(line, &mut on_line);
+        }
+        self.partial.extend_from_slice(rest);
+    }
+
+    /// The unfinished last line, if any, when the stream ends (its ending is empty, or a lone
+    /// `\r`).
+    pub fn finish_bytes(&mut self, mut on_line: impl FnMut(&[u8], &[u8])) {
+        let rest = std::mem::take(&mut self.partial);
+        if !rest.is_empty() {
+            emit(&rest, &mut on_line);
+        }
+    }
+
+    /// Adds `chunk`; returns the lines it completed, without their endings.
+    pub(crate) fn push(&mut self, chunk: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        self.push_bytes(chunk.as_bytes(), |line, _| lines.push(text(line)));
+        lines
     }
 
     /// The unfinished last line, if any, when the text ends.
     pub(crate) fn take_rest(&mut self) -> Option<String> {
-        let rest = std::mem::take(&mut self.partial);
-        let rest = rest.strip_suffix('\r').unwrap_or(&rest).to_string();
-        (!rest.is_empty()).then_some(rest)
+        let mut rest = None;
+        self.finish_bytes(|line, _| rest = Some(text(line)));
+        rest.filter(|line| !line.is_empty())
     }
+}
+
+/// Passes `line` to `on_line` as its content and its ending.
+fn emit(line: &[u8], on_line: &mut impl FnMut(&[u8], &[u8])) {
+    let content_len = match line {
+        [.., b'\r', b'\n'] => line.len() - 2,
+        [.., b'\n'] | [.., b'\r'] => line.len() - 1,
+        _ => line.len(),
+    };
+    let (content, ending) = line.split_at(content_len);
+    on_line(content, ending);
+}
+
+/// Lines are cut at ASCII newlines, so text stays whole wherever the pieces were cut; invalid
+/// UTF-8 from a backend is replaced rather than failing the stream.
+fn text(line: &[u8]) -> String {
+    String::from_utf8_lossy(line).into_owned()
+}
+
+/// The value of a `data:` line (one leading space dropped, as SSE says), or `None` for any other
+/// line.
+pub fn data_field(line: &str) -> Option<&str> {
+    let value = line.strip_prefix("data:")?;
+    Some(value.strip_prefix(' ').unwrap_or(value))
 }
 
 /// Reassembles SSE events and yields the `data` of each.
@@ -65,7 +117,7 @@ impl EventReader {
             self.dispatch(out);
             return;
         }
-        let Some(data) = line.strip_prefix("data:") else {
+        let Some(data) = data_field(line) else {
             // `event:`, `id:`, `retry:` and `:` comments carry nothing a chat stream needs.
             return;
         };
@@ -74,8 +126,7 @@ impl EventReader {
             // documents into one unreadable event.
             self.dispatch(out);
         }
-        self.data
-            .push(data.strip_prefix(' ').unwrap_or(data).to_string());
+        self.data.push(data.to_string());
     }
 
     fn pending_is_whole(&self) -> bool {
@@ -115,6 +166,61 @@ mod tests {
         assert_eq!(lines.push(":1}\r\n\r\nda"), vec!["data: {\"a\":1}", ""]);
         assert_eq!(lines.take_rest().as_deref(), Some("da"));
         assert_eq!(lines.take_rest(), None);
+    }
+
+    #[test]
+    fn lines_keep_their_endings_and_whole_lines_in_a_piece_come_as_they_are() {
+        let mut lines = LineBuffer::default();
+        let mut seen = Vec::new();
+        let mut record = |content: &[u8], ending: &[u8]| {
+            seen.push(format!(
+                "{}|{}",
+                String::from_utf8_lossy(content),
+                ending.escape_ascii()
+            ))
+        };
+        lines.push_bytes(b"a\r\nb\n\nc", &mut record);
+        lines.push_bytes("\u{e9}\u{e9}".as_bytes().split_at(3).0, &mut record);
+        lines.push_bytes(&"\u{e9}\u{e9}".as_bytes()[3..], &mut record);
+        lines.push_bytes(b"\r", &mut record);
+        lines.finish_bytes(&mut record);
+        assert_eq!(
+            seen,
+            ["a|\\r\\n", "b|\\n", "|\\n", "c\u{e9}\u{e9}|\\r"],
+            "a character cut between pieces is whole in its line"
+        );
+        assert_eq!(data_field("data: {}"), Some("{}"));
+        assert_eq!(data_field("data:{}"), Some("{}"));
+        assert_eq!(data_field("data:  x"), Some(" x"), "one space only");
+        assert_eq!(data_field("event: data:"), None);
+    }
+
+    proptest::proptest! {
+        /// However a stream is cut into pieces, the same lines come out.
+        #[test]
+        fn lines_do_not_depend_on_where_pieces_were_cut(
+            text in "[a-z:\r\n ]{0,60}",
+            cuts in proptest::collection::vec(0usize..60, 0..6),
+        ) {
+            let whole = {
+                let mut lines = LineBuffer::default();
+                let mut out = Vec::new();
+                lines.push_bytes(text.as_bytes(), |c, e| out.push((c.to_vec(), e.to_vec())));
+                lines.finish_bytes(|c, e| out.push((c.to_vec(), e.to_vec())));
+                out
+            };
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(text.len())).collect();
+            cuts.sort();
+            let mut lines = LineBuffer::default();
+            let mut out = Vec::new();
+            let mut from = 0;
+            for cut in cuts.into_iter().chain([text.len()]) {
+                lines.push_bytes(&text.as_bytes()[from..cut], |c, e| out.push((c.to_vec(), e.to_vec())));
+                from = cut;
+            }
+            lines.finish_bytes(|c, e| out.push((c.to_vec(), e.to_vec())));
+            proptest::prop_assert_eq!(out, whole);
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use serde_json::Value;
 
+use crate::adapter::sse::data_field;
 use crate::protocol::TokenCounts;
 
 /// A partial event larger than this is sent anyway (at a character boundary) so a backend that
@@ -100,7 +101,7 @@ impl UsageTracker {
             return;
         }
         for line in text.lines() {
-            let Some(data) = line.strip_prefix("data:") else {
+            let Some(data) = data_field(line) else {
                 continue;
             };
             if data.contains("usage") {

@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
+use crate::adapter::sse::{data_field, LineBuffer};
+
 /// The name (and `type`) of the event that carries the finished response.
 const COMPLETED: &str = "response.completed";
 
@@ -135,7 +137,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 #[derive(Debug)]
 pub struct StreamPatcher {
     previous: Option<String>,
-    partial: Vec<u8>,
+    lines: LineBuffer,
     next_sequence: u64,
     /// The output items opened so far, by item id.
     items: HashMap<String, ItemPlace>,
@@ -172,7 +174,7 @@ impl StreamPatcher {
     pub fn new(previous: Option<String>) -> Self {
         StreamPatcher {
             previous,
-            partial: Vec::new(),
+            lines: LineBuffer::default(),
             next_sequence: 0,
             items: HashMap::new(),
             next_output: 0,
@@ -181,40 +183,28 @@ impl StreamPatcher {
 
     /// Patches the whole lines `bytes` completes; returns them (possibly nothing).
     pub fn push(&mut self, bytes: &[u8]) -> Bytes {
-        let Some(last_newline) = bytes.iter().rposition(|b| *b == b'\n') else {
-            self.partial.extend_from_slice(bytes);
-            return Bytes::new();
-        };
-        let mut text = std::mem::take(&mut self.partial);
-        text.extend_from_slice(&bytes[..=last_newline]);
-        self.partial.extend_from_slice(&bytes[last_newline + 1..]);
-        let mut out = Vec::with_capacity(text.len() + 32);
-        for line in text.split_inclusive(|b| *b == b'\n') {
-            self.line(line, &mut out);
-        }
+        let mut lines = std::mem::take(&mut self.lines);
+        let mut out = Vec::with_capacity(bytes.len() + 32);
+        lines.push_bytes(bytes, |content, ending| {
+            self.line(content, ending, &mut out)
+        });
+        self.lines = lines;
         Bytes::from(out)
     }
 
     /// The end of the stream: an unfinished last line, patched.
     pub fn finish(&mut self) -> Bytes {
-        let rest = std::mem::take(&mut self.partial);
+        let mut lines = std::mem::take(&mut self.lines);
         let mut out = Vec::new();
-        if !rest.is_empty() {
-            self.line(&rest, &mut out);
-        }
+        lines.finish_bytes(|content, ending| self.line(content, ending, &mut out));
         Bytes::from(out)
     }
 
-    /// Appends `line` (with its line ending, if any), patched when it is event data.
-    fn line(&mut self, line: &[u8], out: &mut Vec<u8>) {
-        let content_end = line
-            .iter()
-            .rposition(|b| *b != b'\n' && *b != b'\r')
-            .map_or(0, |i| i + 1);
-        let (content, ending) = line.split_at(content_end);
-        let patched = content
-            .strip_prefix(b"data:")
-            .and_then(|data| std::str::from_utf8(data).ok())
+    /// Appends a line (`content`, then its `ending`), patched when it is event data.
+    fn line(&mut self, content: &[u8], ending: &[u8], out: &mut Vec<u8>) {
+        let patched = std::str::from_utf8(content)
+            .ok()
+            .and_then(data_field)
             .and_then(|data| self.patch(data.trim()));
         match patched {
             Some(data) => {

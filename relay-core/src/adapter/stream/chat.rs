@@ -4,7 +4,7 @@ use serde_json::Value;
 
 use crate::adapter::canonical::Usage;
 use crate::adapter::openai_chat::parse_usage;
-use crate::adapter::sse::LineBuffer;
+use crate::adapter::sse::{data_field, LineBuffer};
 
 /// Forwards the backend's lines as they complete. Exactly one `data: [DONE]` ends the stream:
 /// a missing one is added at the end, later ones (and anything after the first) are dropped.
@@ -59,7 +59,7 @@ impl ChatPassthrough {
         if self.done {
             return;
         }
-        if let Some(data) = line.strip_prefix("data:") {
+        if let Some(data) = data_field(line) {
             let data = data.trim();
             if data == "[DONE]" {
                 self.done(out);
@@ -91,7 +91,7 @@ impl ChatPassthrough {
 /// Whether an unterminated last line can be sent: a cut-off `data:` line would make the client's
 /// JSON parser fail, so only complete JSON (or `[DONE]`) goes out.
 fn is_whole(line: &str) -> bool {
-    match line.strip_prefix("data:") {
+    match data_field(line) {
         Some(data) => {
             let data = data.trim();
             data == "[DONE]" || serde_json::from_str::<Value>(data).is_ok()
