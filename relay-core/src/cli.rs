@@ -321,6 +321,30 @@ mod tests {
     }
 
     #[test]
+    fn the_defaults_the_help_names_are_the_settings_defaults() {
+        use crate::settings::defaults;
+        let help = Cli::command().render_long_help().to_string();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        for named in [
+            format!("[default: {}, or the next free port]", defaults::LISTEN),
+            format!("[default: {}]", defaults::PROVIDER),
+            format!("[default: {}]", defaults::MAX_QUEUE_LEN),
+            format!("[default: {}]", defaults::QUEUE_TIMEOUT.as_secs()),
+            format!("[default: {}]", defaults::REQUEST_TIMEOUT.as_secs()),
+            format!("[default: {}]", defaults::MAX_CONNECTIONS),
+            format!("[default: {}]", defaults::MAX_BODY_BYTES),
+            format!("[default: {}]", defaults::HEARTBEAT_INTERVAL.as_secs()),
+            format!("[default: {}]", defaults::HEARTBEAT_TIMEOUT.as_secs()),
+            format!("[default: {}]", defaults::DRAIN_TIMEOUT.as_secs()),
+            format!("[default: {}]", defaults::MAX_CONCURRENCY),
+            format!("[default: {}]", defaults::PROXY_URL),
+            format!("[default: {};", defaults::BACKEND_URL),
+        ] {
+            assert!(help.contains(&named), "the help does not say {named}");
+        }
+    }
+
+    #[test]
     fn flags_work_before_and_after_the_command() {
         let cli = Cli::try_parse_from([
             "modelrelay",

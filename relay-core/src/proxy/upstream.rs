@@ -30,6 +30,7 @@ use crate::adapter::{client_api_for_path, ClientApi};
 use crate::backend::{Backend, BackendRequest, Capabilities, NativeOverrides, Speaks};
 use crate::dialect::{ApiError, Dialect};
 use crate::protocol::HeaderMap;
+use crate::settings::defaults;
 
 /// Events an upstream call may have waiting for its client: a few, so a slow client slows the
 /// upstream read instead of filling memory.
@@ -125,8 +126,9 @@ impl Upstreams {
         request_timeout: Duration,
         max_stream_bytes: u64,
     ) -> Self {
-        // Probe results last as long as a worker's by default.
-        let capabilities = Capabilities::new(&[], NativeOverrides::default(), LEARNED_FOR);
+        // What a probe learned lasts as long as on a worker with default settings.
+        let capabilities =
+            Capabilities::new(&[], NativeOverrides::default(), defaults::MODEL_REFRESH);
         for upstream in &list {
             // An Anthropic API has Messages and nothing else; an OpenAI-compatible one is probed.
             if upstream.kind == UpstreamKind::Anthropic {
@@ -242,9 +244,6 @@ impl Upstreams {
         .await
     }
 }
-
-/// How long what was learned of an upstream's routes is used before it is probed again.
-const LEARNED_FOR: Duration = Duration::from_secs(30);
 
 #[cfg(test)]
 mod tests {
