@@ -155,13 +155,18 @@ impl Recorder {
     }
 
     /// Sets `previous_response_id` in an answer made from the expanded request (which had none).
+    /// Only an object can carry it: an answer that is JSON but not an object (a backend's
+    /// mistake) passes as it is, and is not stored.
     fn echo_previous(&self, response: &mut Value) -> bool {
-        match (&self.previous, response.get("previous_response_id")) {
-            (Some(previous), None | Some(Value::Null)) => {
-                response["previous_response_id"] = json!(previous);
+        let (Some(previous), Some(fields)) = (&self.previous, response.as_object_mut()) else {
+            return false;
+        };
+        match fields.get("previous_response_id") {
+            None | Some(Value::Null) => {
+                fields.insert("previous_response_id".to_string(), json!(previous));
                 true
             }
-            _ => false,
+            Some(_) => false,
         }
     }
 

@@ -315,3 +315,41 @@ async fn native_responses_streams_get_sequence_numbers_indices_and_the_continuat
     proxy.shutdown().await;
     task.abort();
 }
+
+#[tokio::test]
+async fn a_continuation_answered_with_json_that_is_not_an_object_passes_as_it_is() {
+    let proxy = start_proxy(test_config()).await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "odd", &[MODEL], 4).await;
+    let base = proxy.url();
+    let first = tokio::spawn(async move {
+        post(
+            &base,
+            "/v1/responses",
+            &json!({"model": MODEL, "input": "One."}),
+        )
+        .await
+    });
+    let request = worker.next_request().await;
+    let stored = json!({"id": "resp_a", "object": "response", "status": "completed", "model": MODEL,
+        "output": [{"type": "message", "id": "msg_a", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": "Hi.", "annotations": []}]}]});
+    worker
+        .complete(&request.request_id, &stored.to_string())
+        .await;
+    let (status, _, text) = first.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+
+    // The continuation is found, and the backend's odd answers neither panic the proxy nor change.
+    for odd in ["[1,2]", "\"text\"", "42", "null"] {
+        let base = proxy.url();
+        let body = json!({"model": MODEL, "previous_response_id": "resp_a", "input": "Two."});
+        let next = tokio::spawn(async move { post(&base, "/v1/responses", &body).await });
+        let request = worker.next_request().await;
+        worker.complete(&request.request_id, odd).await;
+        let (status, _, text) = next.await.unwrap();
+        assert_eq!((status.as_u16(), text.as_str()), (200, odd));
+    }
+    let (status, _, _) = post(&proxy.url(), "/v1/models", &json!({})).await;
+    assert_eq!(status, 405, "the proxy still serves");
+    proxy.shutdown().await;
+}
