@@ -69,6 +69,61 @@ fn registration_trims_drops_empty_dedupes_in_order_and_caps_with_warnings() {
 }
 
 #[test]
+fn oversized_or_control_character_names_are_dropped_and_warnings_stay_short() {
+    let long = "m".repeat(MAX_NAME_BYTES + 1);
+    let longest = "m".repeat(MAX_NAME_BYTES);
+    let mut models = vec![
+        long.as_str(),
+        "a\nINFO forged log line",
+        longest.as_str(),
+        "b",
+    ];
+    let copies = vec!["b"; 100_000];
+    models.extend(copies);
+    let r = register(&mut s_with_many_models(), &"w".repeat(10_000), &models, 1);
+    assert_eq!(r.models, vec![longest.clone(), "b".to_string()]);
+    assert!(r.warnings.len() <= 12, "{:?}", r.warnings.len());
+    let text = r.warnings.join("\n");
+    assert!(
+        text.contains("1 model name(s) longer than 256 bytes dropped"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 model name(s) with control characters dropped"),
+        "{text}"
+    );
+    assert!(
+        text.contains("99992 more duplicate model name(s) dropped"),
+        "{text}"
+    );
+    assert!(
+        text.contains("worker name cut to 256 bytes (10000 given)"),
+        "{text}"
+    );
+    assert!(
+        text.len() < 4096,
+        "warnings are a few lines: {}",
+        text.len()
+    );
+}
+
+#[test]
+fn a_worker_name_is_cut_at_a_character_boundary_and_loses_its_control_characters() {
+    let mut s = scheduler();
+    let name = format!("{}\u{e9}", "x".repeat(MAX_NAME_BYTES - 1));
+    register(&mut s, &name, &["a"], 1);
+    assert_eq!(s.workers()[0].name, "x".repeat(MAX_NAME_BYTES - 1));
+    register(&mut s, "box\r\n1", &["a"], 1);
+    assert_eq!(s.workers()[1].name, "box??1");
+}
+
+fn s_with_many_models() -> Scheduler {
+    let mut limits = limits();
+    limits.max_models_per_worker = 256;
+    Scheduler::new(vec![("local".to_string(), limits)])
+}
+
+#[test]
 fn worker_never_gains_models_beyond_the_acknowledged_list() {
     let mut s = scheduler();
     register(&mut s, "w", &["a", "b", "c", "d", "e"], 1);
