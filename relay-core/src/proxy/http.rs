@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::Instant as StdInstant;
+use std::time::{Duration, Instant as StdInstant};
 
 use axum::body::{to_bytes, Body};
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -568,6 +568,20 @@ async fn worker_connect(
             .into_response(dialect)
         }
     };
+    // Held for the connection's life: a proxy serves at most `max_workers` at once.
+    let Ok(slot) = state.worker_slots.clone().try_acquire_owned() else {
+        tracing::warn!(peer = %peer.ip(), max = state.config.max_workers, "worker refused: max_workers reached");
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_workers",
+            format!(
+                "this proxy already serves {} workers (max_workers); retry later or raise it",
+                state.config.max_workers
+            ),
+        )
+        .retry_after(Duration::from_secs(30))
+        .into_response(dialect);
+    };
     let hub = state.hub.clone();
     let settings = state.socket_settings.clone();
     upgrade
@@ -576,7 +590,10 @@ async fn worker_connect(
         .read_buffer_size(WORKER_READ_BUFFER_BYTES)
         .max_message_size(state.config.max_ws_message_bytes)
         .max_frame_size(state.config.max_ws_message_bytes)
-        .on_upgrade(move |socket| serve_worker(socket, hub, provider, settings, peer.ip()))
+        .on_upgrade(move |socket| async move {
+            serve_worker(socket, hub, provider, settings, peer.ip()).await;
+            drop(slot);
+        })
         .into_response()
 }
 

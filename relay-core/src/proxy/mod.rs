@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::settings::{defaults, ProxySettings};
@@ -51,6 +51,10 @@ pub struct ProxyConfig {
     pub connections: serve::ConnectionLimits,
     /// Largest streamed answer before it is ended with an SSE error.
     pub max_stream_bytes: u64,
+    /// Worker connections accepted at once (503 beyond).
+    pub max_workers: usize,
+    /// `/api/events` feeds open at once (503 beyond).
+    pub max_event_subscribers: usize,
     /// Largest WebSocket message accepted from a worker.
     pub max_ws_message_bytes: usize,
     /// Largest frame a worker accepts: a request whose `request` frame would be larger is
@@ -102,6 +106,8 @@ impl ProxyConfig {
             max_body_bytes: defaults::MAX_BODY_BYTES,
             connections: serve::ConnectionLimits::default(),
             max_stream_bytes: defaults::MAX_STREAM_BYTES,
+            max_workers: defaults::MAX_WORKERS,
+            max_event_subscribers: defaults::MAX_EVENT_SUBSCRIBERS,
             max_ws_message_bytes: crate::protocol::MAX_FRAME_BYTES,
             worker_frame_limit: crate::protocol::MAX_FRAME_BYTES,
             heartbeat_interval: defaults::HEARTBEAT_INTERVAL,
@@ -137,6 +143,7 @@ impl ProxyConfig {
                 .collect(),
             max_body_bytes: settings.max_body_bytes,
             connections: settings.connections,
+            max_workers: settings.max_workers,
             max_stream_bytes: settings.max_stream_bytes,
             heartbeat_interval: settings.heartbeat_interval,
             heartbeat_timeout: settings.heartbeat_timeout,
@@ -178,6 +185,10 @@ pub struct AppState {
     pub aliases: Arc<LiveAliases>,
     /// Who may use the control API.
     pub admin: AdminAccess,
+    /// One permit per worker connection ([`ProxyConfig::max_workers`]).
+    pub worker_slots: Arc<Semaphore>,
+    /// One permit per open `/api/events` feed ([`ProxyConfig::max_event_subscribers`]).
+    pub event_slots: Arc<Semaphore>,
 }
 
 /// A proxy serving in the background.
@@ -252,6 +263,8 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
     let node: SharedNodeInfo = Arc::new(watch::Sender::new(info));
     let closing = Arc::new(watch::Sender::new(false));
     let aliases = Arc::new(LiveAliases::new(config.aliases.clone()));
+    let worker_slots = Arc::new(Semaphore::new(config.max_workers));
+    let event_slots = Arc::new(Semaphore::new(config.max_event_subscribers));
     let state = AppState {
         hub: hub.clone(),
         limiter: Arc::new(FailureLimiter::new(config.auth_failures.clone())),
@@ -273,6 +286,8 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
         closing: closing.clone(),
         aliases: aliases.clone(),
         admin: admin.clone(),
+        worker_slots,
+        event_slots,
     };
     let app = http::routes()
         .merge(control::routes(admin))

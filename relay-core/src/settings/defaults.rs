@@ -34,6 +34,12 @@ pub const MAX_CONNECTIONS: usize = 20_000;
 /// Time a client has to send a request's head (and an idle keep-alive connection its next one).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Worker connections a proxy accepts at once; beyond, a joining worker gets 503 and retries
+/// with its backoff. Above the 1,000 workers the bench connects.
+pub const MAX_WORKERS: usize = 4096;
+/// Dashboards (`/api/events` live feeds) open at once; each costs a status snapshot a second.
+pub const MAX_EVENT_SUBSCRIBERS: usize = 64;
+
 /// Period of the proxy's pings to workers.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);
 /// A worker silent this long is disconnected.

@@ -84,6 +84,8 @@ pub struct ProxyFile {
     pub max_body_bytes: Option<usize>,
     /// `MAX_CONNECTIONS`.
     pub max_connections: Option<usize>,
+    /// Worker connections accepted at once.
+    pub max_workers: Option<usize>,
     /// Seconds a client has to send a request's head (and an idle keep-alive connection to
     /// start its next one).
     pub header_read_timeout_secs: Option<u64>,

@@ -40,6 +40,8 @@ pub struct ProxySettings {
     pub max_body_bytes: usize,
     /// Open connections and the request-head deadline.
     pub connections: ConnectionLimits,
+    /// Worker connections accepted at once.
+    pub max_workers: usize,
     /// Largest streamed answer.
     pub max_stream_bytes: u64,
     /// Ping period.
@@ -185,6 +187,11 @@ impl ProxySettings {
                 .or(p.max_body_bytes)
                 .unwrap_or(defaults::MAX_BODY_BYTES),
             connections: connections(p, o)?,
+            max_workers: match p.max_workers {
+                Some(0) => return Err(invalid("[proxy] max_workers must be at least 1")),
+                Some(max) => max,
+                None => defaults::MAX_WORKERS,
+            },
             max_stream_bytes: p.max_stream_bytes.unwrap_or(defaults::MAX_STREAM_BYTES),
             heartbeat_interval,
             heartbeat_timeout,

@@ -136,6 +136,12 @@ fn inconsistent_values_are_rejected_with_the_setting_named() {
     let error = proxy_of("[proxy]\nheartbeat_interval_secs = 10\nheartbeat_timeout_secs = 5\n")
         .unwrap_err();
     assert!(error.to_string().contains("HEARTBEAT_TIMEOUT_SECS"));
+    let error = proxy_of("[proxy]\nmax_workers = 0\n").unwrap_err();
+    assert!(error.to_string().contains("max_workers"));
+    assert_eq!(
+        proxy_of("[proxy]\nmax_workers = 9\n").unwrap().max_workers,
+        9
+    );
     let error = worker_of("[worker]\nmax_concurrency = 0\n").unwrap_err();
     assert!(error.to_string().contains("MAX_CONCURRENCY"));
 }

@@ -272,6 +272,40 @@ async fn events_feed_sends_status_at_once_then_on_change_and_every_second() {
 }
 
 #[tokio::test]
+async fn beyond_max_event_subscribers_a_feed_gets_503_until_one_closes() {
+    let mut config = test_config();
+    config.max_event_subscribers = 2;
+    let proxy = start_proxy(config).await;
+    let (first, _, _) = open_feed(&proxy.url()).await;
+    let (_second, _, _) = open_feed(&proxy.url()).await;
+    let refused = http()
+        .get(format!("{}/api/events", proxy.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = serde_json::from_str(&refused.text().await.unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "too_many_subscribers", "{body}");
+    drop(first);
+    // The closed feed's slot is free once the proxy notices the connection went away.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let response = http()
+            .get(format!("{}/api/events", proxy.url()))
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the slot never freed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
 async fn an_open_events_feed_ends_when_the_proxy_shuts_down_instead_of_holding_it_up() {
     let proxy = start_proxy(test_config()).await;
     let (mut body, _, _) = open_feed(&proxy.url()).await;

@@ -437,3 +437,32 @@ async fn models_update_is_sanitized_like_registration() {
         )
         .await;
 }
+
+#[tokio::test]
+async fn beyond_max_workers_a_joining_worker_gets_503_and_joins_once_a_slot_frees() {
+    let mut config = test_config();
+    config.max_workers = 2;
+    let proxy = start_proxy(config).await;
+    let (first, _) = ScriptedWorker::join(proxy.addr, "a", &["m"], 1).await;
+    let (_second, _) = ScriptedWorker::join(proxy.addr, "b", &["m"], 1).await;
+    let refused = try_connect(proxy.addr, "local", Some(SECRET), None).await;
+    assert_eq!(
+        refused.err(),
+        Some(axum::http::StatusCode::SERVICE_UNAVAILABLE)
+    );
+    first.crash();
+    wait_until("the first worker is gone", || proxy.hub.counts().0 == 1).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    let third = loop {
+        match try_connect(proxy.addr, "local", Some(SECRET), None).await {
+            Ok(worker) => break worker,
+            Err(status) => {
+                assert_eq!(status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+                assert!(std::time::Instant::now() < deadline, "no slot freed");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    };
+    drop(third);
+    proxy.shutdown().await;
+}

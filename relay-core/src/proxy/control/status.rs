@@ -5,13 +5,15 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::Stream;
 use serde::Serialize;
 use tokio::time::{interval, Instant, MissedTickBehavior};
 
 use super::NodeInfo;
+use crate::dialect::{ApiError, Dialect};
 use crate::proxy::telemetry::{Series, TotalsSnapshot};
 use crate::proxy::AppState;
 
@@ -213,9 +215,20 @@ fn status_event(state: &AppState) -> Event {
 
 /// `GET /api/events`: the status now, then on every change (at most every 100 ms) and at least
 /// once a second.
-pub async fn events(
-    State(state): State<AppState>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+pub async fn events(State(state): State<AppState>) -> Response {
+    // Held by the stream: each open feed costs a status snapshot a second.
+    let Ok(slot) = state.event_slots.clone().try_acquire_owned() else {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_subscribers",
+            format!(
+                "{} live feeds are open already (close a dashboard tab, or poll /api/status)",
+                state.config.max_event_subscribers
+            ),
+        )
+        .retry_after(Duration::from_secs(5))
+        .into_response(Dialect::OpenAi);
+    };
     let first = status_event(&state);
     let mut check = interval(FEED_CHECK);
     check.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -234,7 +247,8 @@ pub async fn events(
                     version = now_version;
                     sent = Instant::now();
                     let event = status_event(&state);
-                    return Some((Ok(event), (state, check, node_changes, (version, sent))));
+                    let next = Ok::<_, Infallible>(event);
+                    return Some((next, (state, check, node_changes, (version, sent))));
                 }
             }
         },
@@ -242,14 +256,20 @@ pub async fn events(
     let closed = async move {
         let _ = closing.wait_for(|closing| *closing).await;
     };
+    let later = futures_util::StreamExt::map(later, move |event| {
+        let _held = &slot;
+        event
+    });
     // Ends with the proxy: an open dashboard must not hold up a graceful stop.
     let stream = futures_util::StreamExt::take_until(
         futures_util::StreamExt::chain(futures_util::stream::once(async { Ok(first) }), later),
         closed,
     );
-    Sse::new(stream).keep_alive(
-        KeepAlive::new()
-            .interval(Duration::from_secs(15))
-            .text("keep-alive"),
-    )
+    Sse::new(stream)
+        .keep_alive(
+            KeepAlive::new()
+                .interval(Duration::from_secs(15))
+                .text("keep-alive"),
+        )
+        .into_response()
 }
