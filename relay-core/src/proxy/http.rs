@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant as StdInstant};
 
+use tokio::sync::OwnedSemaphorePermit;
+
 use axum::body::{to_bytes, Body};
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::WebSocketUpgrade;
@@ -98,6 +100,54 @@ fn proxy_role_off() -> ApiError {
 
 fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, code, message)
+}
+
+/// Reserves the request body's bytes against [`AppState::request_bytes`] before it is read: its
+/// declared length, or the body limit when it declares none.
+fn reserve_body_bytes(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<OwnedSemaphorePermit, ApiError> {
+    let limit = state.config.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    // Over the limit it is refused (413) on reading; reserving the limit is enough.
+    let wanted = declared.unwrap_or(limit).min(limit).max(1);
+    let permits = u32::try_from(wanted).unwrap_or(u32::MAX);
+    state
+        .request_bytes
+        .clone()
+        .try_acquire_many_owned(permits)
+        .map_err(|_| {
+            tracing::warn!(
+                bytes = wanted,
+                "request refused: max_request_bytes_in_flight reached"
+            );
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_request_bytes",
+                format!(
+                    "the relay holds as many request bytes as it accepts ({} bytes, \
+                     max_request_bytes_in_flight); retry shortly",
+                    state.config.max_request_bytes_in_flight
+                ),
+            )
+            .retry_after(Duration::from_secs(1))
+        })
+}
+
+/// A body that did not arrive within the deadline.
+fn body_too_slow(deadline: Duration) -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "body_timeout",
+        format!(
+            "the request body did not arrive within {} s (body_read_timeout_secs)",
+            deadline.as_secs_f64()
+        ),
+    )
 }
 
 /// Reads the body within the configured limit and pulls out `model` and `stream`.
@@ -216,11 +266,21 @@ async fn relay(
     if !state.hub.is_serving() {
         return proxy_role_off().into_response(dialect);
     }
+    // Held until the answer starts: the body stays in memory while the request is read,
+    // queued and dispatched (a worker death before the first byte requeues it).
+    let mut held = match reserve_body_bytes(&state, &headers) {
+        Ok(held) => held,
+        Err(error) => return error.into_response(dialect),
+    };
+    let reading = read_request(body, &headers, state.config.max_body_bytes);
     let (model, body, is_streaming) =
-        match read_request(body, &headers, state.config.max_body_bytes).await {
-            Ok(parts) => parts,
-            Err(error) => return error.into_response(dialect),
+        match tokio::time::timeout(state.config.body_read_timeout, reading).await {
+            Ok(Ok(parts)) => parts,
+            Ok(Err(error)) => return error.into_response(dialect),
+            Err(_) => return body_too_slow(state.config.body_read_timeout).into_response(dialect),
         };
+    // Keep only what the body takes.
+    let _ = held.split(held.num_permits().saturating_sub(body.len()));
     let head = RequestHead::new(uri, headers);
     let (model, body) = match apply_aliases(&state, model, body) {
         Ok(parts) => parts,
@@ -244,6 +304,7 @@ async fn relay(
         (body, None, None)
     };
     let answer = dispatch(&state, head, model, body, is_streaming, observer).await;
+    drop(held);
     if responses {
         responses_api::patch_stream(answer, continues)
     } else {

@@ -53,6 +53,10 @@ pub struct ProxyConfig {
     pub max_stream_bytes: u64,
     /// Worker connections accepted at once (503 beyond).
     pub max_workers: usize,
+    /// Time a client has to send a request's body (408 beyond).
+    pub body_read_timeout: Duration,
+    /// Request body bytes held at once, being read, queued or on a worker (503 beyond).
+    pub max_request_bytes_in_flight: usize,
     /// `/api/events` feeds open at once (503 beyond).
     pub max_event_subscribers: usize,
     /// Largest WebSocket message accepted from a worker.
@@ -107,6 +111,8 @@ impl ProxyConfig {
             connections: serve::ConnectionLimits::default(),
             max_stream_bytes: defaults::MAX_STREAM_BYTES,
             max_workers: defaults::MAX_WORKERS,
+            body_read_timeout: defaults::BODY_READ_TIMEOUT,
+            max_request_bytes_in_flight: defaults::MAX_REQUEST_BYTES_IN_FLIGHT,
             max_event_subscribers: defaults::MAX_EVENT_SUBSCRIBERS,
             max_ws_message_bytes: crate::protocol::MAX_FRAME_BYTES,
             worker_frame_limit: crate::protocol::MAX_FRAME_BYTES,
@@ -144,6 +150,8 @@ impl ProxyConfig {
             max_body_bytes: settings.max_body_bytes,
             connections: settings.connections,
             max_workers: settings.max_workers,
+            body_read_timeout: settings.body_read_timeout,
+            max_request_bytes_in_flight: settings.max_request_bytes_in_flight,
             max_stream_bytes: settings.max_stream_bytes,
             heartbeat_interval: settings.heartbeat_interval,
             heartbeat_timeout: settings.heartbeat_timeout,
@@ -189,6 +197,8 @@ pub struct AppState {
     pub worker_slots: Arc<Semaphore>,
     /// One permit per open `/api/events` feed ([`ProxyConfig::max_event_subscribers`]).
     pub event_slots: Arc<Semaphore>,
+    /// One permit per request body byte held ([`ProxyConfig::max_request_bytes_in_flight`]).
+    pub request_bytes: Arc<Semaphore>,
 }
 
 /// A proxy serving in the background.
@@ -265,6 +275,11 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
     let aliases = Arc::new(LiveAliases::new(config.aliases.clone()));
     let worker_slots = Arc::new(Semaphore::new(config.max_workers));
     let event_slots = Arc::new(Semaphore::new(config.max_event_subscribers));
+    let request_bytes = Arc::new(Semaphore::new(
+        config
+            .max_request_bytes_in_flight
+            .min(Semaphore::MAX_PERMITS),
+    ));
     let state = AppState {
         hub: hub.clone(),
         limiter: Arc::new(FailureLimiter::new(config.auth_failures.clone())),
@@ -288,6 +303,7 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
         admin: admin.clone(),
         worker_slots,
         event_slots,
+        request_bytes,
     };
     let app = http::routes()
         .merge(control::routes(admin))

@@ -34,6 +34,12 @@ pub const MAX_CONNECTIONS: usize = 20_000;
 /// Time a client has to send a request's head (and an idle keep-alive connection its next one).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Time a client has to send a request's whole body once its head arrived.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(120);
+/// Request body bytes a proxy holds at once (being read, queued or on a worker): bounds memory
+/// whatever clients send. Ordinary requests are kilobytes; this allows 32 bodies of the largest
+/// size at once.
+pub const MAX_REQUEST_BYTES_IN_FLIGHT: usize = 1024 * 1024 * 1024;
 /// Worker connections a proxy accepts at once; beyond, a joining worker gets 503 and retries
 /// with its backoff. Above the 1,000 workers the bench connects.
 pub const MAX_WORKERS: usize = 4096;

@@ -86,6 +86,10 @@ pub struct ProxyFile {
     pub max_connections: Option<usize>,
     /// Worker connections accepted at once.
     pub max_workers: Option<usize>,
+    /// Seconds a client has to send a request's body.
+    pub body_read_timeout_secs: Option<u64>,
+    /// Request body bytes held at once (being read, queued or on a worker).
+    pub max_request_bytes_in_flight: Option<usize>,
     /// Seconds a client has to send a request's head (and an idle keep-alive connection to
     /// start its next one).
     pub header_read_timeout_secs: Option<u64>,

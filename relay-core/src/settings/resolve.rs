@@ -42,6 +42,10 @@ pub struct ProxySettings {
     pub connections: ConnectionLimits,
     /// Worker connections accepted at once.
     pub max_workers: usize,
+    /// Time a client has to send a request's body.
+    pub body_read_timeout: Duration,
+    /// Request body bytes held at once.
+    pub max_request_bytes_in_flight: usize,
     /// Largest streamed answer.
     pub max_stream_bytes: u64,
     /// Ping period.
@@ -193,6 +197,15 @@ impl ProxySettings {
                 None => defaults::MAX_WORKERS,
             },
             max_stream_bytes: p.max_stream_bytes.unwrap_or(defaults::MAX_STREAM_BYTES),
+            body_read_timeout: match p.body_read_timeout_secs {
+                Some(0) => {
+                    return Err(invalid("[proxy] body_read_timeout_secs must be at least 1"))
+                }
+                secs_given => secs(secs_given, defaults::BODY_READ_TIMEOUT),
+            },
+            max_request_bytes_in_flight: p
+                .max_request_bytes_in_flight
+                .unwrap_or(defaults::MAX_REQUEST_BYTES_IN_FLIGHT),
             heartbeat_interval,
             heartbeat_timeout,
             drain_timeout: secs(

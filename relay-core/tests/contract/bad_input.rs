@@ -470,3 +470,86 @@ async fn a_request_whose_frame_would_exceed_what_a_worker_accepts_is_413_and_the
     setup.worker.stop().await;
     setup.proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_within_body_read_timeout_is_408_in_the_routes_dialect() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut config = test_config();
+    config.body_read_timeout = std::time::Duration::from_millis(500);
+    let proxy = start_proxy(config).await;
+    let mut socket = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"model\":",
+        proxy.addr
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(WAIT, async {
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&answer).ends_with(r#""type":"error"}"#) {
+            let n = socket.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "closed without an answer after {:?}",
+                started.elapsed()
+            );
+            answer.extend_from_slice(&buf[..n]);
+        }
+    });
+    read.await.expect("answered in time");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("body_read_timeout_secs"), "{text}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(proxy.hub.tracked_requests(), 0, "nothing was queued");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn request_bytes_beyond_max_in_flight_get_503_until_earlier_requests_end() {
+    let mut config = test_config();
+    config.max_request_bytes_in_flight = 1_000_000;
+    let proxy = start_proxy(config).await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "slow", &[MODEL], 4).await;
+    let big = |tag: &str| {
+        json!({"model": MODEL, "messages": [], "padding": "x".repeat(600_000), "tag": tag})
+            .to_string()
+    };
+    let base = proxy.url();
+    let first_body = big("first");
+    let first = tokio::spawn(async move { send(&base, "/v1/chat/completions", first_body).await });
+    let held = worker.next_request().await;
+    // Two such bodies do not fit: the second is refused before it is read, in its dialect.
+    let (status, headers, text) = send(&proxy.url(), "/v1/messages", big("second")).await;
+    assert_eq!(status, 503, "{text}");
+    assert!(headers.contains_key("retry-after"));
+    assert!(text.contains("max_request_bytes_in_flight"), "{text}");
+    assert!(
+        text.contains(r#""type":"error""#),
+        "Anthropic shape: {text}"
+    );
+    // Small requests still pass while the big one is held.
+    let base = proxy.url();
+    let small = tokio::spawn(async move {
+        send(
+            &base,
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": []}).to_string(),
+        )
+        .await
+    });
+    let request = worker.next_request().await;
+    worker.complete(&request.request_id, r#"{"ok":1}"#).await;
+    assert_eq!(small.await.unwrap().0, 200);
+    // Once the first has its answer, its bytes are free again.
+    worker.complete(&held.request_id, r#"{"ok":2}"#).await;
+    assert_eq!(first.await.unwrap().0, 200);
+    let base = proxy.url();
+    let third =
+        tokio::spawn(async move { send(&base, "/v1/chat/completions", big("third")).await });
+    let request = worker.next_request().await;
+    worker.complete(&request.request_id, r#"{"ok":3}"#).await;
+    assert_eq!(third.await.unwrap().0, 200);
+    proxy.shutdown().await;
+}
