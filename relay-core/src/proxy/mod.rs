@@ -68,6 +68,8 @@ pub struct ProxyConfig {
     pub heartbeat_interval: Duration,
     /// A worker silent this long is closed.
     pub heartbeat_timeout: Duration,
+    /// A write to a worker that does not complete within this closes it (it stopped reading).
+    pub worker_write_timeout: Duration,
     /// A new connection must `register` within this.
     pub register_timeout: Duration,
     /// A cancelled request's slot is released after this if the worker never confirms.
@@ -118,6 +120,7 @@ impl ProxyConfig {
             worker_frame_limit: crate::protocol::MAX_FRAME_BYTES,
             heartbeat_interval: defaults::HEARTBEAT_INTERVAL,
             heartbeat_timeout: defaults::HEARTBEAT_TIMEOUT,
+            worker_write_timeout: defaults::HEARTBEAT_TIMEOUT,
             register_timeout: Duration::from_secs(10),
             cancel_grace: defaults::CANCEL_GRACE,
             drain_timeout: defaults::DRAIN_TIMEOUT,
@@ -155,6 +158,8 @@ impl ProxyConfig {
             max_stream_bytes: settings.max_stream_bytes,
             heartbeat_interval: settings.heartbeat_interval,
             heartbeat_timeout: settings.heartbeat_timeout,
+            // A worker that cannot take a frame for as long as it may stay silent is gone.
+            worker_write_timeout: settings.heartbeat_timeout,
             cancel_grace: settings.cancel_grace,
             drain_timeout: settings.drain_timeout,
             responses_store: settings.responses_store,
@@ -288,6 +293,7 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
             heartbeat_timeout: config.heartbeat_timeout,
             register_timeout: config.register_timeout,
             max_stream_bytes: config.max_stream_bytes,
+            write_timeout: config.worker_write_timeout,
         },
         responses: Arc::new(ResponsesStore::new(config.responses_store)),
         upstreams: Arc::new(Upstreams::new(

@@ -43,7 +43,14 @@ pub struct SocketSettings {
     pub register_timeout: Duration,
     /// A streaming answer larger than this is ended with an SSE error.
     pub max_stream_bytes: u64,
+    /// A write to the worker (requests, pings) that cannot complete within this means the worker
+    /// stopped reading: the connection is closed and its requests requeued or failed, instead of
+    /// the connection's task waiting inside the write while requests keep being sent to it.
+    pub write_timeout: Duration,
 }
+
+/// How long the close frame may take to go out: a worker that stopped reading never takes it.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Where one dispatched request's answer goes.
 struct Route {
@@ -117,7 +124,8 @@ pub async fn serve_worker(
     }
     hub.telemetry().worker_joined(&joined.ack.worker_id, peer);
     let ack = ServerToWorker::RegisterAck(joined.ack).to_json();
-    if sink.send(Message::Text(ack.into())).await.is_err() {
+    let sent = timeout(settings.write_timeout, sink.send(Message::Text(ack.into()))).await;
+    if !matches!(sent, Ok(Ok(()))) {
         hub.worker_gone(joined.worker);
         return;
     }
@@ -165,7 +173,7 @@ async fn close(sink: &mut Sink, code: u16, reason: &str) {
         code,
         reason: Utf8Bytes::from(reason),
     };
-    let _ = sink.send(Message::Close(Some(frame))).await;
+    let _ = timeout(CLOSE_TIMEOUT, sink.send(Message::Close(Some(frame)))).await;
 }
 
 struct Connection {
@@ -197,8 +205,11 @@ impl Connection {
                 biased;
                 message = outbound.recv() => {
                     let message = message?;
-                    if let Err(reason) = self.write(sink, message, &mut outbound).await {
-                        return reason;
+                    let limit = self.settings.write_timeout;
+                    match timeout(limit, self.write(sink, message, &mut outbound)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(reason)) => return reason,
+                        Err(_) => return Some(self.stalled()),
                     }
                 }
                 _ = heartbeat.tick() => {
@@ -207,8 +218,10 @@ impl Connection {
                         return Some("worker heartbeat timed out".to_string());
                     }
                     let ping = ServerToWorker::Ping(PingMessage { timestamp_unix_ms: Some(unix_ms()) }).to_json();
-                    if sink.send(Message::Text(ping.into())).await.is_err() {
-                        return None;
+                    match timeout(self.settings.write_timeout, sink.send(Message::Text(ping.into()))).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => return None,
+                        Err(_) => return Some(self.stalled()),
                     }
                     self.ping_sent = Some(Instant::now());
                 }
@@ -229,6 +242,13 @@ impl Connection {
                 },
             }
         }
+    }
+
+    /// The close reason for a worker whose writes stopped completing.
+    fn stalled(&self) -> String {
+        let secs = self.settings.write_timeout.as_secs_f64();
+        tracing::warn!(worker = %worker_wire_id(self.worker), "worker stopped reading: a write did not complete within {secs} s; closing");
+        format!("the worker stopped reading (a write took over {secs} s)")
     }
 
     /// Writes `first` and everything else already waiting, then flushes once. Err carries the

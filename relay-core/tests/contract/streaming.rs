@@ -585,3 +585,35 @@ async fn request_timeout_mid_stream_ends_the_stream_with_an_error_event_and_canc
     );
     wait_until("nothing is tracked", || proxy.hub.tracked_requests() == 0).await;
 }
+
+#[tokio::test]
+async fn a_worker_that_stops_reading_is_closed_after_the_write_timeout_and_its_requests_go_elsewhere(
+) {
+    let mut config = test_config();
+    config.worker_write_timeout = Duration::from_secs(1);
+    // Heartbeats alone would take longer to notice: the worker's TCP stack still acks pings.
+    config.heartbeat_timeout = Duration::from_secs(60);
+    let proxy = start_proxy(config).await;
+    // Joins, then never reads again: its socket buffers fill with the requests below.
+    let (stuck, _) = ScriptedWorker::join(proxy.addr, "stuck", &["big-model"], 4).await;
+    let body = |n: usize| json!({"model": "big-model", "messages": [], "padding": "x".repeat(8_000_000), "n": n});
+    let clients: Vec<_> = (0..4)
+        .map(|n| {
+            let (base, body) = (proxy.url(), body(n));
+            tokio::spawn(async move { post(&base, "/v1/chat/completions", &body).await })
+        })
+        .collect();
+    wait_until("the stuck worker is closed", || proxy.hub.counts().0 == 0).await;
+    // Nothing of them reached a client, so all four wait for the next worker.
+    let (mut good, _) = ScriptedWorker::join(proxy.addr, "good", &["big-model"], 4).await;
+    for _ in 0..4 {
+        let request = good.next_request().await;
+        good.complete(&request.request_id, r#"{"ok":true}"#).await;
+    }
+    for client in clients {
+        let (status, _, text) = client.await.unwrap();
+        assert_eq!(status, 200, "{text}");
+    }
+    drop(stuck);
+    proxy.shutdown().await;
+}
