@@ -17,7 +17,7 @@ mod capabilities;
 mod count_tokens;
 pub mod endpoint;
 mod forward;
-mod sse;
+pub mod sse;
 mod translate;
 
 use axum::http::StatusCode;

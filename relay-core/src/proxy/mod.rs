@@ -5,7 +5,7 @@
 
 pub mod aliases;
 pub mod auth;
-mod completed_event;
+pub mod completed_event;
 pub mod control;
 pub mod guard;
 pub mod http;

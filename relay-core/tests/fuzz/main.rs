@@ -1,0 +1,233 @@
+//! Fuzzing of every parser that sees network bytes: the worker protocol's messages, the SSE
+//! readers (line reader, event splitter, usage reader, the proxy's `response.completed` watch and
+//! stream patcher), the adapter's request, answer and stream translations in every direction,
+//! join codes and the config file. Each target checks that nothing panics and, where there is
+//! one, an invariant (a round trip, or no byte lost).
+//!
+//! The test command runs a fixed number of inputs per target (the same ones every run);
+//! `scripts/fuzz.sh` runs each for longer with a random seed. See `engine.rs`.
+
+mod engine;
+
+use std::path::PathBuf;
+
+use engine::{corpus, fixtures, fuzz, hash, Budget, Rng};
+use relay_core::adapter::sse::LineBuffer;
+use relay_core::adapter::{
+    from_backend_response, to_backend_request, BackendApi, ClientApi, StreamTranslator,
+};
+use relay_core::backend::sse::{SseSplitter, UsageTracker};
+use relay_core::node::join_code;
+use relay_core::protocol::{ServerToWorker, WorkerToServer};
+use relay_core::proxy::completed_event::{CompletedWatch, StreamPatcher};
+use relay_core::settings::{parse_file, Overrides, ProxySettings, WorkerSettings};
+use serde_json::Value;
+
+/// Inputs per target in the test command.
+const RUNS: usize = 2_000;
+
+const BACKENDS: [BackendApi; 2] = [BackendApi::OpenAiChat, BackendApi::AnthropicMessages];
+const CLIENTS: [ClientApi; 3] = [
+    ClientApi::OpenAiChat,
+    ClientApi::AnthropicMessages,
+    ClientApi::OpenAiResponses,
+];
+
+/// `input` cut into pieces at points derived from it, as a network would deliver it.
+fn pieces(input: &[u8]) -> Vec<&[u8]> {
+    let mut rng = Rng::new(hash(input));
+    let mut out = Vec::new();
+    let mut rest = input;
+    while !rest.is_empty() {
+        let take = (rng.below(48) + 1).min(rest.len());
+        let (piece, after) = rest.split_at(take);
+        out.push(piece);
+        rest = after;
+    }
+    out
+}
+
+fn run(target: &str, extra: &[PathBuf], check: impl Fn(&[u8])) {
+    let budget = Budget::from_env(RUNS);
+    let seeds = corpus(target, extra);
+    let ran = fuzz(target, &seeds, &budget, check);
+    eprintln!(
+        "fuzz {target}: {ran} inputs, no panic (seed {:#x})",
+        budget.seed
+    );
+}
+
+#[test]
+fn fuzz_wire_messages() {
+    run("wire", &fixtures("tests/fixtures/wire", ".json"), |input| {
+        let text = String::from_utf8_lossy(input);
+        if let Ok(message) = WorkerToServer::from_json(&text) {
+            let again = WorkerToServer::from_json(&message.to_json()).expect("re-parses");
+            assert_eq!(again.to_json(), message.to_json(), "round trip");
+        }
+        if let Ok(message) = ServerToWorker::from_json(&text) {
+            let again = ServerToWorker::from_json(&message.to_json()).expect("re-parses");
+            assert_eq!(again.to_json(), message.to_json(), "round trip");
+        }
+    });
+}
+
+#[test]
+fn fuzz_sse_readers() {
+    let mut extra = fixtures("tests/fixtures/adapter/streams", ".sse");
+    extra.extend(fixtures("tests/fixtures/adapter/anthropic_streams", ".sse"));
+    extra.extend(fixtures("tests/fixtures/responses", ".sse"));
+    run("sse", &extra, |input| {
+        // The line reader loses and adds nothing, however the stream is cut.
+        let mut lines = LineBuffer::default();
+        let mut rebuilt = Vec::new();
+        for piece in pieces(input) {
+            lines.push_bytes(piece, |content, ending| {
+                rebuilt.extend_from_slice(content);
+                rebuilt.extend_from_slice(ending);
+            });
+        }
+        lines.finish_bytes(|content, ending| {
+            rebuilt.extend_from_slice(content);
+            rebuilt.extend_from_slice(ending);
+        });
+        assert_eq!(rebuilt, input, "the line reader kept every byte");
+
+        // The worker's event splitter passes text through whole (invalid UTF-8 replaced).
+        let mut splitter = SseSplitter::default();
+        let mut usage = UsageTracker::default();
+        let mut out = String::new();
+        for piece in pieces(input) {
+            if let Some(text) = splitter.push(piece) {
+                usage.observe_events(&text);
+                out.push_str(&text);
+            }
+        }
+        if let Some(rest) = splitter.finish() {
+            out.push_str(&rest);
+        }
+        if let Ok(text) = std::str::from_utf8(input) {
+            assert_eq!(out, text, "the event splitter kept every byte");
+        }
+        usage.observe_body(input);
+        let _ = usage.token_counts();
+
+        // The proxy's Responses watch and patcher.
+        let mut watch = CompletedWatch::new(4096);
+        let mut patcher = StreamPatcher::new(Some("resp_previous".to_string()));
+        let mut patched = Vec::new();
+        for piece in pieces(input) {
+            let _ = watch.push(piece);
+            patched.extend_from_slice(&patcher.push(piece));
+        }
+        patched.extend_from_slice(&patcher.finish());
+        let line_ends = |bytes: &[u8]| bytes.iter().filter(|b| **b == b'\n').count();
+        assert_eq!(
+            line_ends(&patched),
+            line_ends(input),
+            "the patcher keeps the lines"
+        );
+    });
+}
+
+#[test]
+fn fuzz_adapter_requests_and_answers() {
+    run(
+        "adapter",
+        &fixtures("tests/fixtures/adapter/convert", ".json"),
+        |input| {
+            let Ok(value) = serde_json::from_slice::<Value>(input) else {
+                return;
+            };
+            // The fixtures wrap a body (`input`) with what is expected of it.
+            let bodies = [Some(&value), value.get("input"), value.get("expected")];
+            for body in bodies.into_iter().flatten() {
+                for backend in BACKENDS {
+                    for api in CLIENTS {
+                        let _ = to_backend_request(backend, api, body);
+                        // The same value as a backend's answer to a plain request.
+                        let request =
+                            serde_json::json!({"model": "m", "messages": [], "input": "hi"});
+                        let _ = from_backend_response(backend, api, &request, body);
+                    }
+                }
+            }
+        },
+    );
+}
+
+#[test]
+fn fuzz_adapter_streams() {
+    let mut extra = fixtures("tests/fixtures/adapter/streams", ".sse");
+    extra.extend(fixtures("tests/fixtures/adapter/anthropic_streams", ".sse"));
+    run("adapter_streams", &extra, |input| {
+        let text = String::from_utf8_lossy(input);
+        let request = serde_json::json!({"model": "m", "stream": true, "input": "hi"});
+        for backend in BACKENDS {
+            for api in CLIENTS {
+                let mut translator = StreamTranslator::for_backend(backend, api, &request);
+                for piece in text.split_inclusive(['\n', '}']) {
+                    let _ = translator.push(piece);
+                }
+                let _ = translator.finish();
+                let _ = translator.usage();
+            }
+        }
+    });
+}
+
+#[test]
+fn fuzz_join_codes() {
+    use base64::Engine;
+    run("join_code", &[], |input| {
+        // The input as a code, and as the contents a code carries.
+        let contents = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(input);
+        for code in [
+            String::from_utf8_lossy(input).into_owned(),
+            format!("mrj1.{contents}"),
+        ] {
+            if let Ok(details) = join_code::decode(&code) {
+                let code = join_code::encode(&details);
+                let again = join_code::decode(&code).expect("an encoded code decodes");
+                assert_eq!(join_code::encode(&again), code, "round trip");
+            }
+        }
+    });
+}
+
+#[test]
+fn fuzz_config_file() {
+    run("config", &[], |input| {
+        let text = String::from_utf8_lossy(input);
+        if let Ok(file) = parse_file(&text) {
+            let _ = ProxySettings::resolve(&file, &Overrides::default());
+            let _ = WorkerSettings::resolve(&file, &Overrides::default());
+        }
+    });
+}
+
+#[test]
+fn the_engine_reports_a_panic_and_keeps_the_input() {
+    let seeds = vec![b"data: {}\n\n".to_vec()];
+    let budget = Budget::from_env(5_000);
+    let caught = std::panic::catch_unwind(|| {
+        fuzz("engine_self_test", &seeds, &budget, |input| {
+            // A stand-in bug: inputs this long "crash" the target.
+            assert!(input.len() < 64, "a long input");
+        })
+    });
+    let message = caught
+        .expect_err("a mutation that breaks the check is found")
+        .downcast::<String>()
+        .expect("a message");
+    assert!(
+        message.contains("fuzz-crashes/engine_self_test-"),
+        "{message}"
+    );
+    let saved = message
+        .split_whitespace()
+        .find(|w| w.contains("fuzz-crashes/engine_self_test-"))
+        .expect("the file is named");
+    assert!(std::path::Path::new(saved).exists(), "{saved}");
+    let _ = std::fs::remove_file(saved);
+}
