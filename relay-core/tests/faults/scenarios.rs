@@ -1,0 +1,216 @@
+//! The scenarios. Each starts its own processes on loopback ports and ends with its line.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::bad_backends::{BadBackend, Misbehaviour};
+use super::binary::{unused_port, TempDir};
+use super::support::MockBackend;
+use super::*;
+
+/// Sends every body at once; returns the outcomes in order.
+async fn send_all(url: &str, bodies: Vec<Value>) -> Vec<Outcome> {
+    let client = inprocess::http();
+    let tasks: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
+            let (client, url) = (client.clone(), url.to_string());
+            tokio::spawn(async move { call(&client, &url, body).await })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.expect("the client task ends"));
+    }
+    outcomes
+}
+
+fn slow_stream() -> Value {
+    json!({"model": "m", "stream": true, "messages": [],
+           "mock": {"chunks": 20, "chunk_delay_ms": 100}})
+}
+
+fn slow_unary(delay_ms: u64) -> Value {
+    json!({"model": "m", "messages": [], "mock": {"delay_ms": delay_ms}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_killed_mid_stream() {
+    let backend = MockBackend::start(&["m"]).await;
+    let data = TempDir::new("faults-kill-worker");
+    let (proxy, url) = start_proxy(&data, unused_port(), &[ROOMY_QUEUE]);
+    let slots = concurrency();
+    let env = [("MAX_CONCURRENCY", slots.as_str())];
+    let mut doomed = start_worker(&data, "doomed", &url, &backend.url(), &env);
+    let _survivor = start_worker(&data, "survivor", &url, &backend.url(), &env);
+    wait_for_workers(&url, 2).await;
+    let before = rss_kb(proxy.child.id());
+    // Half streams of two seconds, half answers after 800 ms: two thirds run, the rest queue.
+    let bodies: Vec<Value> = (0..12 * scale())
+        .map(|i| {
+            if i % 2 == 0 {
+                slow_stream()
+            } else {
+                slow_unary(800)
+            }
+        })
+        .collect();
+    let sending = tokio::spawn({
+        let url = url.clone();
+        async move { send_all(&url, bodies).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    doomed.child.kill().expect("SIGKILL the worker");
+    let outcomes = sending.await.unwrap();
+    let tally = Tally {
+        outcomes: outcomes.clone(),
+    };
+    tally.report(
+        "worker_killed_mid_stream",
+        rss_kb(proxy.child.id()) - before,
+    );
+    // What had not sent a byte went to the survivor and was answered; only streams already
+    // under way on the killed worker end with an error event.
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i % 2 == 1 {
+            assert_eq!(*outcome, Outcome::Answered, "request {i} was requeued");
+        }
+    }
+    assert!(tally.clean_errors() <= 4 * scale(), "{outcomes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_killed_and_restarted() {
+    let backend = MockBackend::start(&["m"]).await;
+    let data = TempDir::new("faults-kill-proxy");
+    let port = unused_port();
+    let (mut first, url) = start_proxy(&data, port, &[ROOMY_QUEUE]);
+    let slots = concurrency();
+    let env = [("MAX_CONCURRENCY", slots.as_str())];
+    let _a = start_worker(&data, "a", &url, &backend.url(), &env);
+    let _b = start_worker(&data, "b", &url, &backend.url(), &env);
+    wait_for_workers(&url, 2).await;
+    let warm = send_all(&url, vec![slow_unary(0); 8]).await;
+    assert!(warm.iter().all(|o| *o == Outcome::Answered), "{warm:?}");
+    first.child.kill().expect("SIGKILL the proxy");
+    let _ = first.child.wait();
+    let killed = Instant::now();
+    let (proxy, again) = start_proxy(&data, port, &[ROOMY_QUEUE]);
+    assert_eq!(again, url, "the same address");
+    wait_for_workers(&url, 2).await;
+    let rejoined = killed.elapsed();
+    let before = rss_kb(proxy.child.id());
+    let bodies: Vec<Value> = (0..16 * scale())
+        .map(|i| {
+            if i % 4 == 0 {
+                slow_stream()
+            } else {
+                slow_unary(50)
+            }
+        })
+        .collect();
+    let tally = Tally {
+        outcomes: send_all(&url, bodies).await,
+    };
+    println!(
+        "faults proxy_killed_and_restarted: both workers rejoined {:.1} s after the kill",
+        rejoined.as_secs_f64()
+    );
+    tally.report(
+        "proxy_killed_and_restarted",
+        rss_kb(proxy.child.id()) - before,
+    );
+    assert_eq!(tally.clean_errors(), 0, "{:?}", tally.outcomes);
+    assert!(rejoined < Duration::from_secs(15), "{rejoined:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flood_against_a_full_queue() {
+    let backend = MockBackend::start(&["m"]).await;
+    let data = TempDir::new("faults-flood");
+    let env = [("MAX_QUEUE_LEN", "20"), ("QUEUE_TIMEOUT_SECS", "20")];
+    let (proxy, url) = start_proxy(&data, unused_port(), &env);
+    let two = [("MAX_CONCURRENCY", "2")];
+    let _worker = start_worker(&data, "only", &url, &backend.url(), &two);
+    wait_for_workers(&url, 1).await;
+    let before = rss_kb(proxy.child.id());
+    let flood = 1_000 * scale();
+    let tally = Tally {
+        outcomes: send_all(&url, vec![slow_unary(200); flood]).await,
+    };
+    tally.report(
+        "flood_against_a_full_queue",
+        rss_kb(proxy.child.id()) - before,
+    );
+    let refused = tally.count(|o| *o == Outcome::CleanError(429));
+    assert!(refused > flood / 2, "most are refused at once: {refused}");
+    assert_eq!(
+        tally.count(|o| matches!(o, Outcome::CleanError(status) if *status != 429)),
+        0,
+        "only queue_full refusals"
+    );
+    let after = send_all(&url, vec![slow_unary(0)]).await;
+    assert_eq!(after, vec![Outcome::Answered], "the proxy still serves");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_that_crash_stall_or_answer_garbage() {
+    let data = TempDir::new("faults-bad-backends");
+    let env = [("REQUEST_TIMEOUT_SECS", "3"), ROOMY_QUEUE];
+    let (proxy, url) = start_proxy(&data, unused_port(), &env);
+    let slots = concurrency();
+    let worker_env =
+        |models: &'static str| [("MODELS", models), ("MAX_CONCURRENCY", slots.as_str())];
+    let crash = BadBackend::start(Misbehaviour::CrashMidStream);
+    let silent = BadBackend::start(Misbehaviour::NeverAnswers);
+    let garbage = BadBackend::start(Misbehaviour::Garbage);
+    let _workers = [
+        start_worker(&data, "crash", &url, &crash.url, &worker_env("crash")),
+        start_worker(&data, "silent", &url, &silent.url, &worker_env("silent")),
+        start_worker(&data, "garbage", &url, &garbage.url, &worker_env("garbage")),
+    ];
+    wait_for_workers(&url, 3).await;
+    let before = rss_kb(proxy.child.id());
+    let n = 4 * scale();
+    let mut bodies = Vec::new();
+    for _ in 0..n {
+        bodies.push(json!({"model": "crash", "stream": true, "messages": []}));
+        bodies.push(json!({"model": "silent", "messages": []}));
+        bodies.push(json!({"model": "garbage", "messages": []}));
+    }
+    let outcomes = send_all(&url, bodies).await;
+    let tally = Tally {
+        outcomes: outcomes.clone(),
+    };
+    tally.report(
+        "backends_that_crash_stall_or_answer_garbage",
+        rss_kb(proxy.child.id()) - before,
+    );
+    for chunk in outcomes.chunks(3) {
+        assert_eq!(
+            chunk[0],
+            Outcome::CleanError(200),
+            "a crash mid-stream is an error event"
+        );
+        assert_eq!(
+            chunk[1],
+            Outcome::CleanError(504),
+            "a backend that never answers times out"
+        );
+        assert_eq!(
+            chunk[2],
+            Outcome::CleanError(502),
+            "garbage is a bad gateway"
+        );
+    }
+    for backend in [&crash, &silent, &garbage] {
+        let reached = backend.accepted.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            reached >= n,
+            "every request reached its backend: {reached} of {n}"
+        );
+    }
+    // Every worker stays connected through its backend's faults.
+    wait_for_workers(&url, 3).await;
+}

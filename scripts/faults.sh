@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The fault-injection campaign: the scenarios of relay-core/tests/faults/ against the release
+# binary, FAULTS_SCALE times larger than the test command's short version (default 10), one at
+# a time so their numbers do not disturb each other. Prints one line per scenario:
+#   faults SCENARIO: accepted N, answered N (K as clean errors), lost 0, hung 0, proxy RSS +X MB
+# (RELIABILITY.md keeps the latest table).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export FAULTS_SCALE="${FAULTS_SCALE:-10}"
+cargo build --release --bin modelrelay
+export MODELRELAY_TEST_BIN="$PWD/target/release/modelrelay"
+echo "fault campaign at scale ${FAULTS_SCALE} against ${MODELRELAY_TEST_BIN}"
+cargo test --release -p relay-core --test faults -- --nocapture --test-threads 1 2>&1 |
+  grep -E '^faults |^test |panicked|test result'
