@@ -75,6 +75,7 @@ impl Cli {
             max_concurrency: w.max_concurrency,
             protocol_version: w.protocol_version.clone(),
             worker_drain_timeout_secs: w.worker_drain_timeout,
+            proxy_silence_timeout_secs: w.proxy_silence_timeout,
         }
     }
 }
@@ -308,6 +309,16 @@ pub struct WorkerArgs {
         value_name = "SECS"
     )]
     pub worker_drain_timeout: Option<u64>,
+
+    /// Seconds without hearing from the proxy (no message, no answer to the worker's own pings)
+    /// before the worker takes the connection for dead and reconnects [default: 60].
+    #[arg(
+        long = "proxy-silence-timeout",
+        env = "PROXY_SILENCE_TIMEOUT_SECS",
+        global = true,
+        value_name = "SECS"
+    )]
+    pub proxy_silence_timeout: Option<u64>,
 }
 
 #[cfg(test)]

@@ -66,6 +66,10 @@ pub const RESPONSES_STORE_MAX_BYTES: usize = 64 * 1024 * 1024;
 pub const MAX_CONCURRENCY: u32 = 4;
 /// How often a worker re-reads its backends' model lists (and forgets what it probed).
 pub const MODEL_REFRESH: Duration = Duration::from_secs(30);
+/// A worker that hears nothing from its proxy (no message, no pong to its own pings) for this
+/// long takes the connection for dead and reconnects: a network partition leaves a half-open
+/// TCP connection that would otherwise never end.
+pub const PROXY_SILENCE_TIMEOUT: Duration = Duration::from_secs(60);
 /// A worker's first reconnect delay.
 pub const RECONNECT_MIN: Duration = Duration::from_secs(1);
 /// A worker's longest reconnect delay.

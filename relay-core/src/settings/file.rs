@@ -227,6 +227,8 @@ pub struct WorkerFile {
     pub model_refresh_secs: Option<u64>,
     /// `DRAIN_TIMEOUT_SECS` on SIGTERM.
     pub drain_timeout_secs: Option<u64>,
+    /// `PROXY_SILENCE_TIMEOUT_SECS`: reconnect after hearing nothing from the proxy this long.
+    pub proxy_silence_timeout_secs: Option<u64>,
     /// Whether backends serve `/v1/messages` themselves; unset probes each backend.
     pub native_messages: Option<bool>,
     /// Whether backends serve `/v1/responses` themselves; unset probes each backend.

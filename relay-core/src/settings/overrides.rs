@@ -63,4 +63,6 @@ pub struct Overrides {
     pub protocol_version: Option<String>,
     /// `WORKER_DRAIN_TIMEOUT_SECS`.
     pub worker_drain_timeout_secs: Option<u64>,
+    /// `PROXY_SILENCE_TIMEOUT_SECS`.
+    pub proxy_silence_timeout_secs: Option<u64>,
 }

@@ -104,6 +104,8 @@ pub struct WorkerSettings {
     pub model_refresh_interval: Duration,
     /// In-flight requests get this long on shutdown.
     pub drain_timeout: Duration,
+    /// Silence from the proxy after which the connection is taken for dead.
+    pub proxy_silence_timeout: Duration,
     /// The model map; `None` without one.
     pub lifecycle: Option<LifecycleConfig>,
     /// Which routes backends serve natively, where configured.
@@ -462,6 +464,13 @@ impl WorkerSettings {
                 o.worker_drain_timeout_secs.or(w.drain_timeout_secs),
                 defaults::DRAIN_TIMEOUT,
             ),
+            proxy_silence_timeout: match o
+                .proxy_silence_timeout_secs
+                .or(w.proxy_silence_timeout_secs)
+            {
+                Some(0) => return Err(invalid("PROXY_SILENCE_TIMEOUT_SECS must be at least 1")),
+                given => secs(given, defaults::PROXY_SILENCE_TIMEOUT),
+            },
             lifecycle: lifecycle(w)?,
             native_routes: NativeOverrides {
                 messages: w.native_messages,

@@ -142,6 +142,10 @@ fn inconsistent_values_are_rejected_with_the_setting_named() {
         proxy_of("[proxy]\nmax_workers = 9\n").unwrap().max_workers,
         9
     );
+    let error = worker_of("[worker]\nproxy_silence_timeout_secs = 0\n").unwrap_err();
+    assert!(error.to_string().contains("PROXY_SILENCE_TIMEOUT_SECS"));
+    let quiet = worker_of("[worker]\nproxy_silence_timeout_secs = 9\n").unwrap();
+    assert_eq!(quiet.proxy_silence_timeout, Duration::from_secs(9));
     let error = worker_of("[worker]\nmax_concurrency = 0\n").unwrap_err();
     assert!(error.to_string().contains("MAX_CONCURRENCY"));
 }

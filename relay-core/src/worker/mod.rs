@@ -60,6 +60,8 @@ pub struct WorkerConfig {
     pub model_refresh_interval: Duration,
     /// On shutdown, in-flight requests get this long to finish.
     pub drain_timeout: Duration,
+    /// Hearing nothing from the proxy this long ends the connection (then it reconnects).
+    pub proxy_silence_timeout: Duration,
     /// First reconnect delay.
     pub reconnect_min: Duration,
     /// Longest reconnect delay.
@@ -91,6 +93,7 @@ impl WorkerConfig {
             protocol_version: Some(BRIDGE_PROTOCOL_VERSION.to_string()),
             model_refresh_interval: defaults::MODEL_REFRESH,
             drain_timeout: defaults::DRAIN_TIMEOUT,
+            proxy_silence_timeout: defaults::PROXY_SILENCE_TIMEOUT,
             reconnect_min: defaults::RECONNECT_MIN,
             reconnect_max: defaults::RECONNECT_MAX,
             lifecycle: None,
@@ -128,6 +131,7 @@ impl WorkerConfig {
             protocol_version: settings.protocol_version,
             model_refresh_interval: settings.model_refresh_interval,
             drain_timeout: settings.drain_timeout,
+            proxy_silence_timeout: settings.proxy_silence_timeout,
             reconnect_min: defaults::RECONNECT_MIN,
             reconnect_max: defaults::RECONNECT_MAX,
             lifecycle: settings.lifecycle,

@@ -245,6 +245,12 @@ impl Session<'_> {
         refresh.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let (catalog_tx, mut catalogs) = mpsc::channel::<Refreshed>(1);
         let mut local_shutdown = false;
+        // A partition leaves a half-open connection that never ends by itself: whatever the
+        // proxy's heartbeat, hearing nothing (not even a pong to our own ping) this long ends it.
+        let silence = self.config.proxy_silence_timeout;
+        let mut watchdog = interval_at(Instant::now() + silence / 4, silence / 4);
+        watchdog.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut last_heard = Instant::now();
         loop {
             let drain_deadline = self.drain_deadline;
             let bulk = self.window.is_open();
@@ -253,8 +259,12 @@ impl Session<'_> {
                 // byte) and the pongs that reopen the window must not wait behind our writes.
                 biased;
                 frame = socket.next() => match frame {
-                    Some(Ok(Message::Text(text))) => self.on_proxy_message(socket, &text, &catalog_tx).await,
+                    Some(Ok(Message::Text(text))) => {
+                        last_heard = Instant::now();
+                        self.on_proxy_message(socket, &text, &catalog_tx).await
+                    }
                     Some(Ok(Message::Pong(payload))) => {
+                        last_heard = Instant::now();
                         self.window.on_pong(&payload);
                         Next::Continue
                     }
@@ -262,7 +272,10 @@ impl Session<'_> {
                         let reason = frame.map(|f| f.reason.to_string()).filter(|r| !r.is_empty());
                         Next::End(disconnected(true, reason.unwrap_or_else(|| "the proxy closed the connection".into())))
                     }
-                    Some(Ok(_)) => Next::Continue,
+                    Some(Ok(_)) => {
+                        last_heard = Instant::now();
+                        Next::Continue
+                    }
                     Some(Err(error)) => Next::End(disconnected(true, format!("connection error: {error}"))),
                     None => Next::End(disconnected(true, "the connection closed")),
                 },
@@ -272,6 +285,7 @@ impl Session<'_> {
                     self.spawn_refresh(&catalog_tx, false);
                     Next::Continue
                 }
+                _ = watchdog.tick() => self.check_silence(socket, last_heard.elapsed(), silence).await,
                 changed = shutdown.changed(), if !local_shutdown => {
                     if changed.is_err() || *shutdown.borrow() {
                         local_shutdown = true;
@@ -441,6 +455,35 @@ impl Session<'_> {
             }
         };
         self.active.insert(id, task.abort_handle());
+    }
+
+    /// Ends a connection the proxy has been silent on for `silence`; past half of it, asks for a
+    /// pong (every WebSocket peer answers a ping), so a quiet but healthy proxy is heard.
+    async fn check_silence(
+        &mut self,
+        socket: &mut Socket,
+        quiet: Duration,
+        silence: Duration,
+    ) -> Next {
+        if quiet >= silence {
+            tracing::warn!(
+                silent_secs = quiet.as_secs(),
+                "the proxy has not been heard from; reconnecting"
+            );
+            return Next::End(disconnected(
+                true,
+                format!("nothing heard from the proxy for {} s", quiet.as_secs()),
+            ));
+        }
+        if quiet >= silence / 2
+            && socket
+                .send(Message::Ping(self.window.ping()))
+                .await
+                .is_err()
+        {
+            return Next::End(disconnected(true, "sending failed"));
+        }
+        Next::Continue
     }
 
     /// Writes a task's message, plus every other message the outbox lets out now (up to

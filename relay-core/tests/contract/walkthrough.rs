@@ -1544,3 +1544,39 @@ async fn real_worker_drains_on_graceful_shutdown_from_a_seeds_only_proxy() {
     );
     worker.stop().await;
 }
+
+#[tokio::test]
+async fn a_worker_that_hears_nothing_from_its_proxy_reconnects_and_a_quiet_proxy_that_answers_pings_keeps_it(
+) {
+    let mut proxy = SeedProxy::start().await;
+    let backend = MockBackend::start(&[MODEL]).await;
+    let mut config = WorkerConfig::new(&proxy.url(), "seed-secret", &backend.url());
+    config.proxy_silence_timeout = Duration::from_secs(1);
+    config.reconnect_min = Duration::from_millis(100);
+    config.reconnect_max = Duration::from_millis(200);
+    let worker = RunningWorker::start_with(config);
+
+    // A proxy that stays silent and reads nothing (so answers no ping), as a partition looks
+    // from the worker's side: the worker gives up on it and connects again.
+    let mut silent = proxy.accept().await;
+    silent.register().await;
+    let started = std::time::Instant::now();
+    let mut quiet = proxy.accept().await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "reconnected after {took:?}"
+    );
+    drop(silent);
+
+    // A proxy that sends nothing either, but reads (so answers the worker's pings): healthy.
+    quiet.register().await;
+    let reader = tokio::spawn(async move { while quiet.socket.recv().await.is_some() {} });
+    let third = tokio::time::timeout(Duration::from_secs(4), proxy.accept()).await;
+    assert!(
+        third.is_err(),
+        "the worker stays on a quiet proxy that answers pings"
+    );
+    reader.abort();
+    worker.stop().await;
+}
