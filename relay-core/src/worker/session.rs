@@ -46,6 +46,9 @@ const MAX_MESSAGE_BYTES: usize = crate::protocol::MAX_FRAME_BYTES;
 /// just takes more reads.
 const READ_BUFFER_BYTES: usize = 16 * 1024;
 
+/// The longest a connection attempt (TCP, TLS and the WebSocket handshake) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Messages written in one burst before the loop looks at the proxy's messages again (a new
 /// request or a pong must not wait behind a long burst).
 const MAX_BURST: usize = 64;
@@ -136,7 +139,17 @@ async fn connect(config: &WorkerConfig) -> Result<Socket, String> {
         .read_buffer_size(READ_BUFFER_BYTES)
         .max_message_size(Some(MAX_MESSAGE_BYTES))
         .max_frame_size(Some(MAX_MESSAGE_BYTES));
-    match super::dial(request, pin, Some(ws_config)).await {
+    // Unbounded, a connect into a partition waits out the kernel's SYN retries (about two
+    // minutes) before the backoff can try again.
+    let dialing = timeout(CONNECT_TIMEOUT, super::dial(request, pin, Some(ws_config)));
+    let Ok(dialed) = dialing.await else {
+        return Err(format!(
+            "connecting to {} took over {} s",
+            config.proxy_url,
+            CONNECT_TIMEOUT.as_secs()
+        ));
+    };
+    match dialed {
         Ok(socket) => Ok(socket),
         Err(WsError::Http(response)) => {
             let status = response.status();

@@ -23,6 +23,7 @@ mod inprocess;
 mod support;
 
 mod bad_backends;
+mod partition;
 mod scenarios;
 
 use std::time::Duration;
@@ -183,18 +184,33 @@ fn rss_kb(pid: u32) -> i64 {
         .unwrap_or(0)
 }
 
-/// A proxy (`modelrelay serve`) on `port` with `env`.
+/// The control API's token of every proxy here (beyond loopback it guards `/api/status`).
+const ADMIN_TOKEN: &str = "faults-admin";
+
+/// A proxy (`modelrelay serve`) on 127.0.0.1:`port` with `env`.
 fn start_proxy(data: &TempDir, port: u16, env: &[(&str, &str)]) -> (Running, String) {
+    start_proxy_at(data, &format!("127.0.0.1:{port}"), env)
+}
+
+/// A proxy listening on `listen` with `env`; its URL from the banner.
+fn start_proxy_at(data: &TempDir, listen: &str, env: &[(&str, &str)]) -> (Running, String) {
     let mut command = modelrelay(data.path());
     command
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["serve", "--listen", listen])
         .env("WORKER_SECRET", SECRET)
+        .env("MODELRELAY_ADMIN_TOKEN", ADMIN_TOKEN)
         .env("LOG_LEVEL", "warn");
     for (name, value) in env {
         command.env(name, value);
     }
     let mut proxy = Running::spawn(command);
-    let url = proxy.relay_url();
+    let banner = proxy.wait_for_stdout_line("ModelRelay is serving at ");
+    let url = banner
+        .split("ModelRelay is serving at ")
+        .nth(1)
+        .expect("the banner names the URL")
+        .trim()
+        .to_string();
     (proxy, url)
 }
 
@@ -222,10 +238,19 @@ fn start_worker(
 
 /// Waits until the proxy's dashboard lists `count` workers.
 async fn wait_for_workers(url: &str, count: usize) -> Duration {
+    wait_for_workers_within(url, count, BOUND).await
+}
+
+/// [`wait_for_workers`] with its own bound.
+async fn wait_for_workers_within(url: &str, count: usize, bound: Duration) -> Duration {
     let started = std::time::Instant::now();
     let client = inprocess::http();
     loop {
-        let status = client.get(format!("{url}/api/status")).send().await;
+        let status = client
+            .get(format!("{url}/api/status"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await;
         if let Ok(response) = status {
             let text = response.text().await.unwrap_or_default();
             let body: Value = serde_json::from_str(&text).unwrap_or_default();
@@ -234,8 +259,8 @@ async fn wait_for_workers(url: &str, count: usize) -> Duration {
             }
         }
         assert!(
-            started.elapsed() < BOUND,
-            "{count} workers never joined {url}"
+            started.elapsed() < bound,
+            "the proxy at {url} did not list {count} workers within {bound:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -10,7 +10,7 @@ use super::support::MockBackend;
 use super::*;
 
 /// Sends every body at once; returns the outcomes in order.
-async fn send_all(url: &str, bodies: Vec<Value>) -> Vec<Outcome> {
+pub(super) async fn send_all(url: &str, bodies: Vec<Value>) -> Vec<Outcome> {
     let client = inprocess::http();
     let tasks: Vec<_> = bodies
         .into_iter()
