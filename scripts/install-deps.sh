@@ -8,6 +8,8 @@ set -euo pipefail
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 command -v curl >/dev/null || need+=(curl)
+# `ip` makes the network namespaces of the fault suite's partition scenario.
+command -v ip >/dev/null || need+=(iproute2)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 for pkg in chromium \
   libwebkit2gtk-4.1-dev libgtk-3-dev libayatana-appindicator3-dev librsvg2-dev libxdo-dev \
