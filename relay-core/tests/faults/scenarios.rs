@@ -214,3 +214,160 @@ async fn backends_that_crash_stall_or_answer_garbage() {
     // Every worker stays connected through its backend's faults.
     wait_for_workers(&url, 3).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_joining_all_at_once() {
+    use super::support::{try_connect, ScriptedWorker};
+    use relay_core::protocol::ServerToWorker;
+
+    let data = TempDir::new("faults-join-burst");
+    let (proxy, url) = start_proxy(&data, unused_port(), &[ROOMY_QUEUE]);
+    let addr: std::net::SocketAddr = url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("a loopback address");
+    let count = 100 * scale();
+    let before = rss_kb(proxy.child.id());
+    // As after a proxy restart: every worker of a fleet connects and registers at the same time.
+    let started = Instant::now();
+    let joins: Vec<_> = (0..count)
+        .map(|i| {
+            tokio::spawn(async move {
+                let mut worker = try_connect(addr, "local", Some(SECRET), None)
+                    .await
+                    .expect("the proxy takes the connection");
+                worker.register(&format!("box-{i}"), &["m"], 1).await;
+                worker
+            })
+        })
+        .collect();
+    let mut workers = Vec::new();
+    for join in joins {
+        workers.push(join.await.expect("each worker registers"));
+    }
+    wait_for_workers(&url, count).await;
+    let joined_in = started.elapsed();
+    // Each answers what it is sent, as a worker would.
+    let serving: Vec<_> = workers
+        .into_iter()
+        .map(|mut worker: ScriptedWorker| {
+            tokio::spawn(async move {
+                while let Some(message) = worker.recv_within(Duration::from_secs(20)).await {
+                    if let ServerToWorker::Request(request) = message {
+                        worker.complete(&request.request_id, r#"{"ok":true}"#).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    let tally = Tally {
+        outcomes: send_all(&url, vec![slow_unary(0); count]).await,
+    };
+    println!(
+        "faults workers_joining_all_at_once: {count} workers connected and registered in {:.2} s",
+        joined_in.as_secs_f64()
+    );
+    tally.report(
+        "workers_joining_all_at_once",
+        rss_kb(proxy.child.id()) - before,
+    );
+    assert_eq!(tally.clean_errors(), 0, "{:?}", tally.outcomes);
+    for task in serving {
+        task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_that_send_garbage() {
+    use super::support::{try_connect, ScriptedWorker};
+    use futures_util::SinkExt;
+    use relay_core::protocol::ServerToWorker;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let data = TempDir::new("faults-garbage-workers");
+    let env = [("REQUEST_TIMEOUT_SECS", "3"), ROOMY_QUEUE];
+    let (proxy, url) = start_proxy(&data, unused_port(), &env);
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let join = |name: &'static str, models: &'static [&'static str], slots: u32| async move {
+        let mut worker = try_connect(addr, "local", Some(SECRET), None)
+            .await
+            .unwrap();
+        worker.register(name, models, slots).await;
+        worker
+    };
+    // Each misbehaves its own way on every request, then (but for the mute one) answers it.
+    let behaviours: [(&'static str, u32); 4] = [
+        ("truncating", 1),
+        ("duplicating", 1),
+        ("mute", 1),
+        ("good", 4),
+    ];
+    let mut tasks = Vec::new();
+    for (name, slots) in behaviours {
+        let models: &'static [&'static str] = if name == "good" {
+            &["m", "only-good"]
+        } else {
+            &["m"]
+        };
+        let mut worker: ScriptedWorker = join(name, models, slots).await;
+        tasks.push(tokio::spawn(async move {
+            while let Some(message) = worker.recv_within(Duration::from_secs(30)).await {
+                let ServerToWorker::Request(request) = message else {
+                    continue;
+                };
+                let id = request.request_id.as_str();
+                match name {
+                    "truncating" => {
+                        worker
+                            .send_text(r#"{"type":"response_chunk","request_id":"#)
+                            .await;
+                        let _ = worker
+                            .socket
+                            .send(Message::Binary(vec![0xff, 0xfe, 0x00].into()))
+                            .await;
+                        worker
+                            .send_text(r#"{"type":"mystery","request_id":"x"}"#)
+                            .await;
+                        worker.send_text(r#"{"type":"response_complete"}"#).await;
+                        worker.complete(id, r#"{"ok":"truncating"}"#).await;
+                    }
+                    "duplicating" => {
+                        worker.complete(id, r#"{"ok":"first"}"#).await;
+                        worker.complete(id, r#"{"ok":"second"}"#).await;
+                        worker.chunk(id, "data: {\"late\":true}\n\n").await;
+                        worker.complete("not-a-request-of-mine", "{}").await;
+                    }
+                    "mute" => {}
+                    _ => worker.complete(id, r#"{"ok":"good"}"#).await,
+                }
+            }
+        }));
+    }
+    wait_for_workers(&url, 4).await;
+    let before = rss_kb(proxy.child.id());
+    let tally = Tally {
+        outcomes: send_all(&url, vec![slow_unary(0); 20 * scale()]).await,
+    };
+    tally.report(
+        "workers_that_send_garbage",
+        rss_kb(proxy.child.id()) - before,
+    );
+    assert!(
+        tally
+            .outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Answered | Outcome::CleanError(504))),
+        "answers, or the mute worker's timeouts: {:?}",
+        tally.outcomes
+    );
+    let after = send_all(&url, vec![json!({"model": "only-good", "messages": []})]).await;
+    assert_eq!(
+        after,
+        vec![Outcome::Answered],
+        "the proxy and the good worker still serve"
+    );
+    wait_for_workers(&url, 4).await;
+    for task in tasks {
+        task.abort();
+    }
+}
