@@ -393,7 +393,10 @@ async fn dispatch(
         .begin(accepted.request, &model_name, is_streaming);
     Waiter::new(
         guard,
-        AnswerSource::Hub(accepted.events),
+        AnswerSource::Hub {
+            events: accepted.events,
+            waiting: accepted.waiting,
+        },
         Instant::from_std(accepted.deadline),
         queue_deadline,
         dialect,

@@ -4,7 +4,7 @@
 //! lock: sends go into unbounded channels that the socket tasks drain.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,12 @@ pub enum ResponseEvent {
 /// Sender half of a request's answer channel.
 pub type EventSender = mpsc::UnboundedSender<ResponseEvent>;
 
+/// A request's stream bytes sent into its answer channel and not yet taken out by the client's
+/// side: the worker's connection adds, the waiter subtracts, and beyond
+/// `max_buffered_stream_bytes` the stream is ended (the channel itself is unbounded, so that one
+/// slow client never holds up the other streams of the same worker).
+pub type WaitingBytes = Arc<AtomicUsize>;
+
 /// What a worker connection's task is asked to do.
 #[derive(Debug)]
 pub enum Outbound {
@@ -61,6 +67,8 @@ pub enum Outbound {
         frame: Utf8Bytes,
         /// Where its answer goes.
         events: EventSender,
+        /// Its stream bytes not yet taken by the client's side.
+        waiting: WaitingBytes,
     },
     /// Stop routing answers for a cancelled request whose worker never confirmed the end.
     Forget(RequestId),
@@ -85,6 +93,7 @@ struct Pending {
     /// built only when some provider does and the client sent any.
     frame_with_auth: Option<Utf8Bytes>,
     events: EventSender,
+    waiting: WaitingBytes,
 }
 
 struct WorkerLink {
@@ -124,6 +133,8 @@ pub struct Accepted {
     pub deadline: Instant,
     /// Its answer.
     pub events: mpsc::UnboundedReceiver<ResponseEvent>,
+    /// Its stream bytes waiting in `events`.
+    pub waiting: WaitingBytes,
 }
 
 /// A worker accepted by [`Hub::register_worker`].
@@ -234,6 +245,7 @@ impl Hub {
             _ => None,
         };
         let (events, receiver) = mpsc::unbounded_channel();
+        let waiting = WaitingBytes::default();
         let mut inner = self.lock();
         let submitted = match inner.scheduler.submit(request, &spec.model, Instant::now()) {
             Ok(submitted) => submitted,
@@ -256,6 +268,7 @@ impl Hub {
                 frame,
                 frame_with_auth,
                 events,
+                waiting: waiting.clone(),
             },
         );
         match submitted {
@@ -271,6 +284,7 @@ impl Hub {
             submitted,
             deadline,
             events: receiver,
+            waiting,
         })
     }
 
@@ -613,6 +627,7 @@ impl Inner {
                             request,
                             frame,
                             events: pending.events.clone(),
+                            waiting: pending.waiting.clone(),
                         },
                     );
                 }

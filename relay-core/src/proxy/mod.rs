@@ -51,6 +51,8 @@ pub struct ProxyConfig {
     pub connections: serve::ConnectionLimits,
     /// Largest streamed answer before it is ended with an SSE error.
     pub max_stream_bytes: u64,
+    /// Stream bytes that may wait for a slow client, per request (then the stream ends).
+    pub max_buffered_stream_bytes: usize,
     /// Worker connections accepted at once (503 beyond).
     pub max_workers: usize,
     /// Time a client has to send a request's body (408 beyond).
@@ -112,6 +114,7 @@ impl ProxyConfig {
             max_body_bytes: defaults::MAX_BODY_BYTES,
             connections: serve::ConnectionLimits::default(),
             max_stream_bytes: defaults::MAX_STREAM_BYTES,
+            max_buffered_stream_bytes: defaults::MAX_BUFFERED_STREAM_BYTES,
             max_workers: defaults::MAX_WORKERS,
             body_read_timeout: defaults::BODY_READ_TIMEOUT,
             max_request_bytes_in_flight: defaults::MAX_REQUEST_BYTES_IN_FLIGHT,
@@ -156,6 +159,7 @@ impl ProxyConfig {
             body_read_timeout: settings.body_read_timeout,
             max_request_bytes_in_flight: settings.max_request_bytes_in_flight,
             max_stream_bytes: settings.max_stream_bytes,
+            max_buffered_stream_bytes: settings.max_buffered_stream_bytes,
             heartbeat_interval: settings.heartbeat_interval,
             heartbeat_timeout: settings.heartbeat_timeout,
             // A worker that cannot take a frame for as long as it may stay silent is gone.
@@ -293,6 +297,7 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
             heartbeat_timeout: config.heartbeat_timeout,
             register_timeout: config.register_timeout,
             max_stream_bytes: config.max_stream_bytes,
+            max_buffered_stream_bytes: config.max_buffered_stream_bytes,
             write_timeout: config.worker_write_timeout,
         },
         responses: Arc::new(ResponsesStore::new(config.responses_store)),

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::{sleep_until, Instant, Sleep};
 
-use super::hub::{fail_error, Hub, ResponseEvent};
+use super::hub::{fail_error, Hub, ResponseEvent, WaitingBytes};
 use super::scheduler::{FailReason, RequestId};
 use super::telemetry::TrackedRequest;
 use crate::backend::BackendEvent;
@@ -97,8 +97,14 @@ impl Drop for CancelGuard {
 
 /// Where a waiting client's answer comes from.
 pub enum AnswerSource {
-    /// A worker, through the hub (which may also requeue the request).
-    Hub(mpsc::UnboundedReceiver<ResponseEvent>),
+    /// A worker, through the hub (which may also requeue the request); `waiting` counts the
+    /// stream bytes in the channel, taken off here as the client reads them.
+    Hub {
+        /// The answer's events.
+        events: mpsc::UnboundedReceiver<ResponseEvent>,
+        /// Stream bytes sent and not yet read.
+        waiting: WaitingBytes,
+    },
     /// An upstream called in-process. The channel is short, so a slow client slows the upstream
     /// read instead of filling memory; the stream is bounded by `limit` bytes (the hub path
     /// bounds worker streams where they arrive).
@@ -116,11 +122,22 @@ pub enum AnswerSource {
     },
 }
 
+/// Takes a chunk's bytes off the count of those waiting for the client.
+fn taken(waiting: &WaitingBytes, event: &Option<ResponseEvent>) {
+    if let Some(ResponseEvent::Chunk(bytes)) = event {
+        waiting.fetch_sub(bytes.len(), std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl AnswerSource {
     /// The next event; `None` when there is nothing more.
     async fn recv(&mut self) -> Option<ResponseEvent> {
         match self {
-            AnswerSource::Hub(events) => events.recv().await,
+            AnswerSource::Hub { events, waiting } => {
+                let event = events.recv().await;
+                taken(waiting, &event);
+                event
+            }
             AnswerSource::Upstream { events, .. } => {
                 let event = events.recv().await;
                 self.upstream_event(event)
@@ -131,7 +148,11 @@ impl AnswerSource {
     /// An event that is already waiting.
     fn try_recv(&mut self) -> Option<ResponseEvent> {
         match self {
-            AnswerSource::Hub(events) => events.try_recv().ok(),
+            AnswerSource::Hub { events, waiting } => {
+                let event = events.try_recv().ok();
+                taken(waiting, &event);
+                event
+            }
             AnswerSource::Upstream { events, .. } => match events.try_recv() {
                 Ok(event) => self.upstream_event(Some(event)),
                 Err(mpsc::error::TryRecvError::Disconnected) => self.upstream_event(None),

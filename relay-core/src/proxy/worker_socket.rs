@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::{interval_at, timeout, Instant, MissedTickBehavior};
 
-use super::hub::{EventSender, Hub, Outbound, ResponseEvent};
+use super::hub::{EventSender, Hub, Outbound, ResponseEvent, WaitingBytes};
 use super::scheduler::{parse_request_wire_id, worker_wire_id, RegisterError, RequestId, WorkerId};
 use crate::dialect::{is_retryable_code, ApiError};
 use crate::protocol::{
@@ -43,6 +44,9 @@ pub struct SocketSettings {
     pub register_timeout: Duration,
     /// A streaming answer larger than this is ended with an SSE error.
     pub max_stream_bytes: u64,
+    /// A stream whose unread bytes exceed this is ended with an SSE error (the client is too
+    /// slow).
+    pub max_buffered_stream_bytes: usize,
     /// A write to the worker (requests, pings) that cannot complete within this means the worker
     /// stopped reading: the connection is closed and its requests requeued or failed, instead of
     /// the connection's task waiting inside the write while requests keep being sent to it.
@@ -55,6 +59,8 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Where one dispatched request's answer goes.
 struct Route {
     events: EventSender,
+    /// Stream bytes in `events` the client's side has not taken yet.
+    waiting: WaitingBytes,
     started: bool,
     bytes: u64,
 }
@@ -267,11 +273,13 @@ impl Connection {
                     request,
                     frame,
                     events,
+                    waiting,
                 } => {
                     self.routes.insert(
                         request,
                         Route {
                             events,
+                            waiting,
                             started: false,
                             bytes: 0,
                         },
@@ -343,18 +351,34 @@ impl Connection {
             return;
         };
         let route = self.routes.get_mut(&request).expect("checked by route_of");
-        route.bytes += chunk.chunk.len() as u64;
-        if route.bytes > self.settings.max_stream_bytes {
+        let len = chunk.chunk.len();
+        route.bytes += len as u64;
+        let waiting = route.waiting.fetch_add(len, Ordering::Relaxed) + len;
+        let ended = if route.bytes > self.settings.max_stream_bytes {
             let limit = self.settings.max_stream_bytes;
-            let route = self.routes.remove(&request).expect("present");
-            let _ = route
-                .events
-                .send(ResponseEvent::Failed(Box::new(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "stream_too_large",
-                    format!("the response exceeded the relay's stream size limit of {limit} bytes"),
-                ))));
             tracing::warn!(request = %chunk.request_id, limit, "stream size limit exceeded; cancelling");
+            Some(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "stream_too_large",
+                format!("the response exceeded the relay's stream size limit of {limit} bytes"),
+            ))
+        } else if waiting > self.settings.max_buffered_stream_bytes {
+            let limit = self.settings.max_buffered_stream_bytes;
+            tracing::warn!(request = %chunk.request_id, waiting, limit, "client reads too slowly; ending its stream and cancelling");
+            Some(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "client_too_slow",
+                format!(
+                    "the stream was ended: {waiting} bytes of it waited for this client to read \
+                     them, beyond the relay's {limit} (max_buffered_stream_bytes)"
+                ),
+            ))
+        } else {
+            None
+        };
+        if let Some(error) = ended {
+            let route = self.routes.remove(&request).expect("present");
+            let _ = route.events.send(ResponseEvent::Failed(Box::new(error)));
             self.hub.cancel(request, CancelReason::ClientDisconnect);
             return;
         }

@@ -26,6 +26,10 @@ pub const MAX_MODELS_PER_WORKER: usize = 256;
 
 /// Largest request body accepted (413 beyond).
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// Stream bytes that may wait for a slow client, per request: beyond, the stream is ended with an
+/// SSE error and the worker told to stop, so a client that stops reading cannot make the proxy
+/// hold the whole answer.
+pub const MAX_BUFFERED_STREAM_BYTES: usize = 16 * 1024 * 1024;
 /// Largest streamed answer before it is ended with an SSE error.
 pub const MAX_STREAM_BYTES: u64 = 256 * 1024 * 1024;
 /// Open connections (clients and workers) beyond which new ones get 503. Above the 10,000

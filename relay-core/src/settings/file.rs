@@ -95,6 +95,8 @@ pub struct ProxyFile {
     pub header_read_timeout_secs: Option<u64>,
     /// `MAX_STREAM_BYTES`.
     pub max_stream_bytes: Option<u64>,
+    /// Stream bytes that may wait for a slow client, per request.
+    pub max_buffered_stream_bytes: Option<usize>,
     /// `HEARTBEAT_INTERVAL_SECS`.
     pub heartbeat_interval_secs: Option<u64>,
     /// `HEARTBEAT_TIMEOUT_SECS`.

@@ -48,6 +48,8 @@ pub struct ProxySettings {
     pub max_request_bytes_in_flight: usize,
     /// Largest streamed answer.
     pub max_stream_bytes: u64,
+    /// Stream bytes that may wait for a slow client, per request.
+    pub max_buffered_stream_bytes: usize,
     /// Ping period.
     pub heartbeat_interval: Duration,
     /// A worker silent this long is closed.
@@ -199,6 +201,9 @@ impl ProxySettings {
                 None => defaults::MAX_WORKERS,
             },
             max_stream_bytes: p.max_stream_bytes.unwrap_or(defaults::MAX_STREAM_BYTES),
+            max_buffered_stream_bytes: p
+                .max_buffered_stream_bytes
+                .unwrap_or(defaults::MAX_BUFFERED_STREAM_BYTES),
             body_read_timeout: match p.body_read_timeout_secs {
                 Some(0) => {
                     return Err(invalid("[proxy] body_read_timeout_secs must be at least 1"))

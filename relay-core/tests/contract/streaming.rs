@@ -617,3 +617,38 @@ async fn a_worker_that_stops_reading_is_closed_after_the_write_timeout_and_its_r
     drop(stuck);
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_client_that_stops_reading_has_its_stream_ended_once_the_bytes_waiting_for_it_pass_the_bound(
+) {
+    let mut config = test_config();
+    config.max_buffered_stream_bytes = 1024 * 1024;
+    let proxy = start_proxy(config).await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "fast", &["big-model"], 1).await;
+    // A client that sends its request and then reads nothing.
+    let body = json!({"model": "big-model", "stream": true, "messages": []});
+    let mut client = RawHttpClient::post(proxy.addr, "/v1/chat/completions", &body).await;
+    let request = worker.next_request().await;
+    let piece = format!("data: {{\"x\":\"{}\"}}\n\n", "y".repeat(64 * 1024));
+    // Far more than the socket buffers between proxy and client hold: the rest waits in the
+    // proxy until the bound ends the stream and the worker is told to stop.
+    let sender = tokio::spawn(async move {
+        for _ in 0..400 {
+            worker.chunk(&request.request_id, &piece).await;
+        }
+        worker.next_cancel().await
+    });
+    let cancel = tokio::time::timeout(WAIT, sender)
+        .await
+        .expect("the worker is told to stop in time")
+        .unwrap();
+    assert_eq!(cancel.reason, CancelReason::ClientDisconnect);
+    wait_until("nothing is tracked", || proxy.hub.tracked_requests() == 0).await;
+    // What the client gets when it reads again: the stream so far, then the reason it ended.
+    let text = client.read_until("max_buffered_stream_bytes").await;
+    assert!(
+        text.contains("client_too_slow"),
+        "the error event names why"
+    );
+    proxy.shutdown().await;
+}
