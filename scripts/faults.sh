@@ -3,7 +3,8 @@
 # binary, FAULTS_SCALE times larger than the test command's short version (default 10), one at
 # a time so their numbers do not disturb each other. Prints one line per scenario:
 #   faults SCENARIO: accepted N, answered N (K as clean errors), lost 0, hung 0, proxy RSS +X MB
-# (RELIABILITY.md keeps the latest table).
+# (RELIABILITY.md keeps the latest table). With SOAK_MINUTES set (e.g. 30), the soak runs too:
+# traffic and faults mixed for that long, and the proxy's RSS curve minute by minute.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export FAULTS_SCALE="${FAULTS_SCALE:-10}"

@@ -25,6 +25,7 @@ mod support;
 mod bad_backends;
 mod partition;
 mod scenarios;
+mod soak;
 
 use std::time::Duration;
 

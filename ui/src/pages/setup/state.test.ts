@@ -26,6 +26,16 @@ describe('the setup wizard state', () => {
     expect(joined).toMatchObject({ joinedUrl: 'http://box:8080', rolesPending: false });
   });
 
+  it('keeps what the person chose and typed when the settings arrive later', () => {
+    const typed = wizard(wizard(initialWizard, { type: 'choose', choice: 'worker' }), {
+      type: 'edit',
+      fields: { proxyUrl: 'http://typed:1' },
+    });
+    const loaded = wizard(typed, { type: 'loaded', choice: 'both', proxyUrl: 'http://saved:1' });
+    expect(loaded.choice).toBe('worker');
+    expect(loaded.join.proxyUrl).toBe('http://typed:1');
+  });
+
   it('edits one join field at a time and loads the saved proxy URL', () => {
     const loaded = wizard(initialWizard, { type: 'loaded', choice: 'worker', proxyUrl: 'http://saved:1' });
     const edited = wizard(loaded, { type: 'edit', fields: { secret: 's3' } });

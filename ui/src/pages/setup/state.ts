@@ -38,6 +38,8 @@ export interface JoinFields {
 export interface WizardState {
   step: number;
   choice: RoleChoice;
+  /** The person picked a role already: settings that load later must not undo it. */
+  chosen: boolean;
   /** Worker only: the roles are saved when the worker joins, not before (see `rolesChosen`). */
   rolesPending: boolean;
   join: JoinFields;
@@ -59,6 +61,7 @@ export type WizardAction =
 export const initialWizard: WizardState = {
   step: 0,
   choice: 'both',
+  chosen: false,
   rolesPending: false,
   join: { proxyUrl: '', secret: '', provider: '', fingerprint: '' },
   joinedUrl: null,
@@ -70,12 +73,14 @@ export function wizard(state: WizardState, action: WizardAction): WizardState {
     case 'go':
       return { ...state, step: action.step };
     case 'choose':
-      return { ...state, choice: action.choice };
+      return { ...state, choice: action.choice, chosen: true };
     case 'loaded':
+      // The settings may arrive after the first clicks: what the person did wins.
       return {
         ...state,
-        choice: action.choice,
-        join: action.proxyUrl ? { ...state.join, proxyUrl: action.proxyUrl } : state.join,
+        choice: state.chosen ? state.choice : action.choice,
+        join:
+          action.proxyUrl && !state.join.proxyUrl ? { ...state.join, proxyUrl: action.proxyUrl } : state.join,
       };
     case 'rolesChosen':
       return { ...state, rolesPending: action.pending, step: 1 };
