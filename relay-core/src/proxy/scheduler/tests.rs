@@ -647,3 +647,155 @@ fn retryable_failures_share_the_requeue_cap_with_worker_deaths() {
         "an unknown request is not retried"
     );
 }
+
+// Model-based: any sequence of events, stray and duplicate ones included, leaves the state
+// consistent and never panics. The hub holds its lock around every one of these calls, so a
+// panic here would poison it with half an update applied.
+
+/// An event the scheduler may receive, with ids picked among those seen so far (stale ones
+/// included, as stray messages from workers are).
+#[derive(Debug, Clone)]
+enum Event {
+    Register { models: Vec<usize>, max: u32 },
+    Submit { model: usize },
+    Finish { worker: usize, request: usize },
+    Retry { worker: usize, request: usize },
+    Cancel { request: usize },
+    ReleaseCancelled { request: usize },
+    ExpireQueued { request: usize },
+    MarkStarted { request: usize },
+    WorkerGone { worker: usize },
+    UpdateModels { worker: usize, models: Vec<usize> },
+    UpdateLoad { worker: usize, load: u32 },
+    Drain { worker: usize },
+    Advance { secs: u64 },
+}
+
+const MODELS: [&str; 4] = ["a", "b", "c", "unknown"];
+
+fn event() -> impl proptest::strategy::Strategy<Value = Event> {
+    use proptest::prelude::*;
+    let models = || proptest::collection::vec(0usize..4, 0..4);
+    prop_oneof![
+        (models(), 1u32..4).prop_map(|(models, max)| Event::Register { models, max }),
+        (0usize..4).prop_map(|model| Event::Submit { model }),
+        (0usize..8, 0usize..16).prop_map(|(worker, request)| Event::Finish { worker, request }),
+        (0usize..8, 0usize..16).prop_map(|(worker, request)| Event::Retry { worker, request }),
+        (0usize..16).prop_map(|request| Event::Cancel { request }),
+        (0usize..16).prop_map(|request| Event::ReleaseCancelled { request }),
+        (0usize..16).prop_map(|request| Event::ExpireQueued { request }),
+        (0usize..16).prop_map(|request| Event::MarkStarted { request }),
+        (0usize..8).prop_map(|worker| Event::WorkerGone { worker }),
+        (0usize..8, models()).prop_map(|(worker, models)| Event::UpdateModels { worker, models }),
+        (0usize..8, 0u32..5).prop_map(|(worker, load)| Event::UpdateLoad { worker, load }),
+        (0usize..8).prop_map(|worker| Event::Drain { worker }),
+        (0u64..40).prop_map(|secs| Event::Advance { secs }),
+    ]
+}
+
+/// Every cross-reference of the state agrees.
+fn assert_consistent(s: &Scheduler) {
+    for (&id, worker) in &s.workers {
+        assert!(
+            worker.in_flight.len() as u32 <= worker.max_concurrent,
+            "worker {id} runs more than it may"
+        );
+        for request in &worker.in_flight {
+            let phase = s.requests.get(request).map(|r| r.phase);
+            assert!(
+                matches!(phase, Some(Phase::Assigned { worker: w } | Phase::Cancelling { worker: w }) if w == id),
+                "worker {id} runs request {request}, which says {phase:?}"
+            );
+        }
+    }
+    let mut queued = vec![0usize; s.providers.len()];
+    for (&id, request) in &s.requests {
+        match request.phase {
+            Phase::Queued { .. } => {
+                let queue = s.providers[request.provider].queues.get(&request.model);
+                assert!(
+                    queue.is_some_and(|q| q.contains_key(&id)),
+                    "queued request {id} is in no queue"
+                );
+                queued[request.provider] += 1;
+            }
+            Phase::Assigned { worker } | Phase::Cancelling { worker } => {
+                let running = s.workers.get(&worker).map(|w| w.in_flight.contains(&id));
+                assert_eq!(running, Some(true), "request {id} on worker {worker}");
+            }
+        }
+    }
+    for (index, provider) in s.providers.iter().enumerate() {
+        let in_queues: usize = provider.queues.values().map(BTreeMap::len).sum();
+        assert_eq!(in_queues, queued[index], "queues hold only queued requests");
+        assert_eq!(provider.queued, queued[index], "the queue count");
+        for workers in provider.model_workers.values() {
+            for worker in workers {
+                assert!(
+                    s.workers.contains_key(worker),
+                    "routing names a gone worker"
+                );
+            }
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+    #[test]
+    fn any_sequence_of_events_keeps_the_state_consistent_and_never_panics(
+        events in proptest::collection::vec(event(), 1..80)
+    ) {
+        let mut s = scheduler();
+        let mut now = Instant::now();
+        let mut workers: Vec<WorkerId> = Vec::new();
+        let mut requests: Vec<RequestId> = Vec::new();
+        let mut next_request: RequestId = 1;
+        let pick = |ids: &[u64], i: usize| ids.get(i % ids.len().max(1)).copied().unwrap_or(999);
+        for event in events {
+            let mut actions = Vec::new();
+            match event {
+                Event::Register { models, max } => {
+                    let names: Vec<&str> = models.iter().map(|m| MODELS[*m]).collect();
+                    workers.push(register(&mut s, "w", &names, max).worker);
+                }
+                Event::Submit { model } => {
+                    let _ = s.submit(next_request, MODELS[model], now);
+                    requests.push(next_request);
+                    next_request += 1;
+                }
+                Event::Finish { worker, request } => {
+                    s.finish(pick(&workers, worker), pick(&requests, request), &mut actions);
+                }
+                Event::Retry { worker, request } => {
+                    s.retry(pick(&workers, worker), pick(&requests, request), now, &mut actions);
+                }
+                Event::Cancel { request } => {
+                    let _ = s.cancel(pick(&requests, request));
+                }
+                Event::ReleaseCancelled { request } => {
+                    s.release_cancelled(pick(&requests, request));
+                }
+                Event::ExpireQueued { request } => {
+                    s.expire_queued(pick(&requests, request), now);
+                }
+                Event::MarkStarted { request } => s.mark_started(pick(&requests, request)),
+                Event::WorkerGone { worker } => {
+                    s.worker_gone(pick(&workers, worker), now);
+                }
+                Event::UpdateModels { worker, models } => {
+                    let names: Vec<String> = models.iter().map(|m| MODELS[*m].to_string()).collect();
+                    s.update_models(pick(&workers, worker), &names, 0, now);
+                }
+                Event::UpdateLoad { worker, load } => {
+                    s.update_load(pick(&workers, worker), load);
+                }
+                Event::Drain { worker } => {
+                    s.drain_worker(pick(&workers, worker));
+                }
+                Event::Advance { secs } => now += Duration::from_secs(secs),
+            }
+            assert_consistent(&s);
+        }
+    }
+}
