@@ -52,13 +52,12 @@ pub enum AppError {
 }
 
 /// Runs the command line.
-pub async fn run(mut cli: Cli) -> Result<(), AppError> {
+pub async fn run(cli: Cli) -> Result<(), AppError> {
     let secret_source = SecretSource::of(&cli);
-    read_secret_file(&mut cli)?;
+    let overrides = overrides(&cli)?;
     // A node creates its config file when settings are first saved, so only the other
     // commands need it to exist.
     let file = || settings::load_file(cli.config.as_deref());
-    let overrides = cli.overrides();
     let command = if cli.serve {
         Some(Command::Serve)
     } else {
@@ -252,10 +251,12 @@ impl SecretSource {
     }
 }
 
-/// Reads `--worker-secret-file` into the secret flag, so everything after sees one secret.
-fn read_secret_file(cli: &mut Cli) -> Result<(), AppError> {
+/// What the command line and environment say, with `--worker-secret-file` read into the worker
+/// secret, so everything after sees one secret. The desktop app starts its node with these too.
+pub fn overrides(cli: &Cli) -> Result<Overrides, AppError> {
+    let mut overrides = cli.overrides();
     let Some(path) = cli.proxy.worker_secret_file.clone() else {
-        return Ok(());
+        return Ok(overrides);
     };
     let failure = |reason: String| AppError::Secret {
         path: path.clone(),
@@ -268,8 +269,8 @@ fn read_secret_file(cli: &mut Cli) -> Result<(), AppError> {
             "the file is empty: write the worker secret into it".to_string(),
         ));
     }
-    cli.proxy.worker_secret = Some(secret.to_string());
-    Ok(())
+    overrides.worker_secret = Some(secret.to_string());
+    Ok(overrides)
 }
 
 /// Runs a node (proxy and/or worker, with the dashboard) until Ctrl-C or SIGTERM.
@@ -362,4 +363,29 @@ pub async fn shutdown_signal() {
         _ = terminate => {}
     }
     tracing::info!("shutdown requested: draining");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn the_worker_secret_file_becomes_the_worker_secret_and_an_empty_one_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("modelrelay-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("secret");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let cli =
+            Cli::try_parse_from(["modelrelay", "--worker-secret-file", file.to_str().unwrap()])
+                .unwrap();
+        assert_eq!(
+            overrides(&cli).unwrap().worker_secret.as_deref(),
+            Some("s3cret")
+        );
+        std::fs::write(&file, " \n").unwrap();
+        let error = overrides(&cli).unwrap_err().to_string();
+        assert!(error.contains("empty"), "{error}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -68,12 +68,15 @@ pub fn run(cli: Cli, hidden: bool) -> ExitCode {
     init_logging(cli.log_level.as_deref());
     // Every `modelrelay` flag applies (listen address, secret, worker settings, ...); the
     // roles come from the config file, where the tray's check items save them.
-    let options = NodeOptions {
-        config_path: cli.config.clone(),
-        overrides: cli.overrides(),
-        ..NodeOptions::default()
-    };
-    let node = match tauri::async_runtime::block_on(Node::start(options)) {
+    let started = relay_core::app::overrides(&cli).and_then(|overrides| {
+        let options = NodeOptions {
+            config_path: cli.config.clone(),
+            overrides,
+            ..NodeOptions::default()
+        };
+        tauri::async_runtime::block_on(Node::start(options))
+    });
+    let node = match started {
         Ok(node) => node,
         Err(error) => {
             eprintln!("modelrelay-desktop: {error}");
