@@ -373,10 +373,14 @@ async fn dispatch(
                         request.is_streaming,
                         &upstream.name,
                     );
-                    state
-                        .upstreams
-                        .serve(upstream, request, dialect, observer, tracked)
-                        .await
+                    // Boxed: inline, this path's state would enlarge every request's future,
+                    // including the many that only wait in the queue.
+                    Box::pin(
+                        state
+                            .upstreams
+                            .serve(upstream, request, dialect, observer, tracked),
+                    )
+                    .await
                 }
                 _ => refused.error.into_response(dialect),
             };
