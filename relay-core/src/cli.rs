@@ -45,8 +45,9 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// What the flags and environment variables say, as the settings' top layer.
-    pub fn overrides(&self) -> Overrides {
+    /// What the flags and environment variables say, as the settings' top layer; callers go
+    /// through `app::overrides`, which also reads `--worker-secret-file`.
+    pub(crate) fn overrides(&self) -> Overrides {
         let (p, w) = (&self.proxy, &self.worker);
         Overrides {
             listen: p.listen.clone(),

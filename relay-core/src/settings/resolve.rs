@@ -179,6 +179,29 @@ impl ProxySettings {
             Some(listen) => (listen, true),
             None => (defaults::LISTEN.to_string(), false),
         };
+        let max_body_bytes = o
+            .max_body_bytes
+            .or(p.max_body_bytes)
+            .unwrap_or(defaults::MAX_BODY_BYTES);
+        let max_request_bytes_in_flight = p
+            .max_request_bytes_in_flight
+            .unwrap_or(defaults::MAX_REQUEST_BYTES_IN_FLIGHT);
+        // Below one body of the largest size, such a request could never be admitted.
+        if max_request_bytes_in_flight < max_body_bytes {
+            return Err(invalid(format!(
+                "[proxy] max_request_bytes_in_flight ({max_request_bytes_in_flight}) must be at \
+                 least MAX_BODY_BYTES ({max_body_bytes})"
+            )));
+        }
+        let max_buffered_stream_bytes = p
+            .max_buffered_stream_bytes
+            .unwrap_or(defaults::MAX_BUFFERED_STREAM_BYTES);
+        if max_buffered_stream_bytes < 64 * 1024 {
+            return Err(invalid(
+                "[proxy] max_buffered_stream_bytes must be at least 65536: a smaller bound ends \
+                 streams whose client reads at a normal pace",
+            ));
+        }
         Ok(ProxySettings {
             listen,
             listen_explicit,
@@ -190,10 +213,7 @@ impl ProxySettings {
                 .or(p.forward_client_auth)
                 .unwrap_or(false),
             extra_providers,
-            max_body_bytes: o
-                .max_body_bytes
-                .or(p.max_body_bytes)
-                .unwrap_or(defaults::MAX_BODY_BYTES),
+            max_body_bytes,
             connections: connections(p, o)?,
             max_workers: match p.max_workers {
                 Some(0) => return Err(invalid("[proxy] max_workers must be at least 1")),
@@ -201,18 +221,14 @@ impl ProxySettings {
                 None => defaults::MAX_WORKERS,
             },
             max_stream_bytes: p.max_stream_bytes.unwrap_or(defaults::MAX_STREAM_BYTES),
-            max_buffered_stream_bytes: p
-                .max_buffered_stream_bytes
-                .unwrap_or(defaults::MAX_BUFFERED_STREAM_BYTES),
+            max_buffered_stream_bytes,
             body_read_timeout: match p.body_read_timeout_secs {
                 Some(0) => {
                     return Err(invalid("[proxy] body_read_timeout_secs must be at least 1"))
                 }
                 secs_given => secs(secs_given, defaults::BODY_READ_TIMEOUT),
             },
-            max_request_bytes_in_flight: p
-                .max_request_bytes_in_flight
-                .unwrap_or(defaults::MAX_REQUEST_BYTES_IN_FLIGHT),
+            max_request_bytes_in_flight,
             heartbeat_interval,
             heartbeat_timeout,
             drain_timeout: secs(
