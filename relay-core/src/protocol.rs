@@ -192,6 +192,13 @@ pub struct PingMessage {
     /// Sender's clock, echoed in `pong` so round trips can be measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp_unix_ms: Option<u64>,
+    /// Extension: the requests whose streams the worker should hold back for now, because their
+    /// clients read slower than the backend writes (the whole set, replacing the previous one;
+    /// absent means unchanged). Our proxy sends it whenever the set changes; a worker that
+    /// ignores it (the published one) is still bounded by the proxy ending a stream whose client
+    /// falls too far behind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_requests: Option<Vec<String>>,
 }
 
 /// `pong`: heartbeat answer.

@@ -16,6 +16,7 @@ pub mod responses_api;
 pub mod responses_store;
 pub mod scheduler;
 pub mod serve;
+mod stream_pause;
 pub mod telemetry;
 pub mod upstream;
 pub mod worker_socket;

@@ -19,6 +19,7 @@ use tokio::time::{interval_at, timeout, Instant, MissedTickBehavior};
 
 use super::hub::{EventSender, Hub, Outbound, ResponseEvent, WaitingBytes};
 use super::scheduler::{parse_request_wire_id, worker_wire_id, RegisterError, RequestId, WorkerId};
+use super::stream_pause::StreamPauses;
 use crate::dialect::{is_retryable_code, ApiError};
 use crate::protocol::{
     is_accepted_protocol_version, CancelReason, ErrorMessage, PingMessage, RegisterMessage,
@@ -55,6 +56,9 @@ pub struct SocketSettings {
 
 /// How long the close frame may take to go out: a worker that stopped reading never takes it.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How often paused streams are checked for clients that caught up (only while any is paused).
+const RESUME_CHECK: Duration = Duration::from_millis(20);
 
 /// Where one dispatched request's answer goes.
 struct Route {
@@ -139,8 +143,10 @@ pub async fn serve_worker(
         hub: Arc::clone(&hub),
         worker: joined.worker,
         routes: HashMap::new(),
+        pauses: StreamPauses::new(settings.max_buffered_stream_bytes),
         settings,
         ping_sent: None,
+        flow_pings_unanswered: 0,
     };
     let reason = connection.run(&mut sink, stream, joined.outbound).await;
     if let Some(reason) = &reason {
@@ -186,9 +192,14 @@ struct Connection {
     hub: Arc<Hub>,
     worker: WorkerId,
     routes: HashMap<RequestId, Route>,
+    /// Streams the worker was asked to hold back because their clients fell behind.
+    pauses: StreamPauses,
     settings: SocketSettings,
-    /// When the last ping went out, to time the worker's pong.
+    /// When the last heartbeat ping went out, to time the worker's pong.
     ping_sent: Option<Instant>,
+    /// Pings sent only to carry `paused_requests` whose pongs have not come back: they carry no
+    /// timestamp, so their pongs must not be taken for the heartbeat's.
+    flow_pings_unanswered: u32,
 }
 
 impl Connection {
@@ -203,6 +214,8 @@ impl Connection {
         let mut heartbeat = interval_at(Instant::now() + interval, interval);
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut last_heard = Instant::now();
+        let mut resume_check = tokio::time::interval(RESUME_CHECK);
+        resume_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 // Writes first: a new request's dispatch must not wait behind a backlog of
@@ -223,7 +236,7 @@ impl Connection {
                         tracing::warn!(worker = %worker_wire_id(self.worker), "worker heartbeat timed out");
                         return Some("worker heartbeat timed out".to_string());
                     }
-                    let ping = ServerToWorker::Ping(PingMessage { timestamp_unix_ms: Some(unix_ms()) }).to_json();
+                    let ping = ServerToWorker::Ping(PingMessage { timestamp_unix_ms: Some(unix_ms()), paused_requests: None }).to_json();
                     match timeout(self.settings.write_timeout, sink.send(Message::Text(ping.into()))).await {
                         Ok(Ok(())) => {}
                         Ok(Err(_)) => return None,
@@ -231,10 +244,22 @@ impl Connection {
                     }
                     self.ping_sent = Some(Instant::now());
                 }
+                _ = resume_check.tick(), if self.pauses.any() => {
+                    let routes = &self.routes;
+                    self.pauses.resume_caught_up(|request| {
+                        routes.get(&request).map(|route| route.waiting.load(Ordering::Relaxed))
+                    });
+                    if let Err(reason) = self.send_pauses(sink).await {
+                        return reason;
+                    }
+                }
                 frame = stream.next() => match frame {
                     Some(Ok(Message::Text(text))) => {
                         last_heard = Instant::now();
                         self.on_text(&text);
+                        if let Err(reason) = self.send_pauses(sink).await {
+                            return reason;
+                        }
                     }
                     Some(Ok(Message::Binary(_))) => {
                         tracing::warn!(worker = %worker_wire_id(self.worker), "ignoring binary frame from worker: the protocol is JSON text");
@@ -247,6 +272,27 @@ impl Connection {
                     }
                 },
             }
+        }
+    }
+
+    /// Tells the worker which streams to hold back, when that changed. Err carries the close
+    /// reason when the connection must end.
+    async fn send_pauses(&mut self, sink: &mut Sink) -> Result<(), Option<String>> {
+        let Some(paused) = self.pauses.take_update() else {
+            return Ok(());
+        };
+        let ping = ServerToWorker::Ping(PingMessage {
+            timestamp_unix_ms: None,
+            paused_requests: Some(paused),
+        });
+        let frame = Message::Text(ping.to_json().into());
+        match timeout(self.settings.write_timeout, sink.send(frame)).await {
+            Ok(Ok(())) => {
+                self.flow_pings_unanswered += 1;
+                Ok(())
+            }
+            Ok(Err(_)) => Err(None),
+            Err(_) => Err(Some(self.stalled())),
         }
     }
 
@@ -288,6 +334,7 @@ impl Connection {
                 }
                 Outbound::Forget(request) => {
                     self.routes.remove(&request);
+                    self.pauses.forget(request);
                     next = outbound.try_recv().ok();
                     continue;
                 }
@@ -315,7 +362,13 @@ impl Connection {
             WorkerToServer::ResponseComplete(complete) => self.on_complete(complete),
             WorkerToServer::Error(error) => self.on_error(error),
             WorkerToServer::Pong(pong) => {
-                if let Some(sent) = self.ping_sent.take() {
+                // Pongs come back in the order of their pings; one without a timestamp answers
+                // a flow ping first (or the heartbeat of a worker that does not echo it).
+                let answers_flow_ping =
+                    pong.timestamp_unix_ms.is_none() && self.flow_pings_unanswered > 0;
+                if answers_flow_ping {
+                    self.flow_pings_unanswered -= 1;
+                } else if let Some(sent) = self.ping_sent.take() {
                     self.hub
                         .telemetry()
                         .heartbeat(&worker_wire_id(self.worker), sent.elapsed());
@@ -378,6 +431,7 @@ impl Connection {
         };
         if let Some(error) = ended {
             let route = self.routes.remove(&request).expect("present");
+            self.pauses.forget(request);
             let _ = route.events.send(ResponseEvent::Failed(Box::new(error)));
             self.hub.cancel(request, CancelReason::ClientDisconnect);
             return;
@@ -390,6 +444,7 @@ impl Connection {
             route.started = true;
             self.hub.mark_started(request);
         }
+        self.pauses.after_chunk(request, waiting);
     }
 
     /// Gives back the route map's capacity after a burst.
@@ -405,6 +460,7 @@ impl Connection {
             return;
         };
         let route = self.routes.remove(&id);
+        self.pauses.forget(id);
         self.shrink_routes_if_idle();
         if !self.hub.finish(self.worker, id) {
             tracing::warn!(worker = %worker_wire_id(self.worker), request = %complete.request_id, "ignoring response_complete for an unknown or already completed request");
@@ -431,6 +487,7 @@ impl Connection {
             return;
         };
         let route = self.routes.remove(&id);
+        self.pauses.forget(id);
         let unstarted = route.as_ref().is_some_and(|r| !r.started);
         if unstarted && is_retryable_code(&error.code) {
             if self.hub.retry(self.worker, id) {

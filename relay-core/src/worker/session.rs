@@ -9,6 +9,7 @@ mod outbox;
 mod window;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -351,6 +352,7 @@ impl Session<'_> {
             ServerToWorker::Cancel(cancel) => {
                 if let Some(task) = self.active.remove(&cancel.request_id) {
                     task.abort();
+                    self.outbox.resume(&cancel.request_id);
                     tracing::info!(request = %cancel.request_id, reason = cancel.reason.as_str(), "cancelled");
                     // Confirm the end so the proxy frees the slot at once.
                     let reason = format!("request cancelled: {}", cancel.reason.as_str());
@@ -363,6 +365,15 @@ impl Session<'_> {
                 self.maybe_drained(socket).await
             }
             ServerToWorker::Ping(ping) => {
+                if let Some(paused) = ping.paused_requests {
+                    // Only running requests: a proxy cannot make the set outgrow them.
+                    let paused = paused
+                        .into_iter()
+                        .filter(|request| self.active.contains_key(request))
+                        .map(Arc::from)
+                        .collect();
+                    self.outbox.set_paused(paused);
+                }
                 let pong = WorkerToServer::Pong(PongMessage {
                     current_load: self.active.len() as u32,
                     timestamp_unix_ms: ping.timestamp_unix_ms,

@@ -652,3 +652,142 @@ async fn a_client_that_stops_reading_has_its_stream_ended_once_the_bytes_waiting
     );
     proxy.shutdown().await;
 }
+
+/// The per-request push-back: a client that reads slower than the backend writes gets its
+/// stream held back at the worker (which stops reading that request's backend) instead of
+/// buffered in the proxy until the bound ends it; the worker's other streams keep their pace.
+#[tokio::test]
+async fn a_slow_clients_stream_is_held_back_at_the_worker_and_arrives_whole_while_another_stream_of_the_same_worker_keeps_its_pace(
+) {
+    const CHUNKS: usize = 600;
+    const CHUNK_BYTES: usize = 64 * 1024;
+    let mut config = test_config();
+    // Far less than the stream: without the push-back the stream would be ended (see
+    // a_client_that_stops_reading_has_its_stream_ended_…).
+    config.max_buffered_stream_bytes = 1024 * 1024;
+    let proxy = start_proxy(config).await;
+    let backend = MockBackend::start(&["big-model"]).await;
+    let worker = RunningWorker::start(&proxy, &backend.url(), Some(&["big-model"]), 2);
+    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+
+    // A client that asks for ~37 MiB and then reads nothing for a while.
+    let body = json!({"model": "big-model", "stream": true, "messages": [],
+        "mock": {"chunks": CHUNKS, "chunk_bytes": CHUNK_BYTES}});
+    let mut slow = RawHttpClient::post_with_receive_buffer(
+        proxy.addr,
+        "/v1/chat/completions",
+        &body,
+        64 * 1024,
+    )
+    .await;
+    // The backend is held back: its writes stop well before the end of the stream.
+    let last = backend_held_back(&backend).await;
+    tokio::time::sleep(QUIET).await;
+    let streamed = backend.streamed_events();
+    assert_eq!(
+        streamed, last,
+        "the backend stays held back while the client reads nothing"
+    );
+    assert_eq!(
+        backend.aborted_streams(),
+        0,
+        "the stream is held back, not ended"
+    );
+    assert!(
+        streamed < CHUNKS,
+        "the backend was held back before the end ({streamed} of {CHUNKS} events)"
+    );
+
+    // Meanwhile another stream of the same worker goes through at its own pace.
+    let started = Instant::now();
+    let quick =
+        json!({"model": "big-model", "stream": true, "messages": [], "mock": {"chunks": 50}});
+    let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &quick).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(sse_data(&text).last().map(String::as_str), Some("[DONE]"));
+    assert!(started.elapsed() < PROMPT, "took {:?}", started.elapsed());
+
+    // The slow client reads at last and gets the whole stream, in order.
+    let body = slow.read_chunked_body(Duration::from_secs(60)).await;
+    let text = String::from_utf8(body).expect("UTF-8");
+    assert!(
+        !text.contains("client_too_slow"),
+        "the stream was not ended"
+    );
+    let events = sse_data(&text);
+    assert_eq!(
+        events.len(),
+        CHUNKS + 2,
+        "every event, the usage and [DONE]"
+    );
+    for (i, event) in events[..CHUNKS].iter().enumerate() {
+        let event: Value = serde_json::from_str(event).expect("JSON event");
+        let content = event["choices"][0]["delta"]["content"]
+            .as_str()
+            .expect("content");
+        assert!(
+            content.starts_with(&format!("tok{i} ")),
+            "event {i} in order"
+        );
+        assert_eq!(content.len(), format!("tok{i} ").len() + CHUNK_BYTES);
+    }
+    assert_eq!(events[CHUNKS + 1], "[DONE]");
+    wait_until("nothing is tracked", || proxy.hub.tracked_requests() == 0).await;
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+/// A held-back stream whose client leaves ends like any other: the worker lets the request go,
+/// the backend sees the end, the slot is free.
+#[tokio::test]
+async fn a_held_back_stream_whose_client_leaves_is_cancelled_through_to_the_backend_and_frees_its_slot(
+) {
+    let mut config = test_config();
+    config.max_buffered_stream_bytes = 1024 * 1024;
+    let proxy = start_proxy(config).await;
+    let backend = MockBackend::start(&["big-model"]).await;
+    let worker = RunningWorker::start(&proxy, &backend.url(), Some(&["big-model"]), 1);
+    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    let body = json!({"model": "big-model", "stream": true, "messages": [],
+        "mock": {"chunks": 600, "chunk_bytes": 64 * 1024}});
+    let slow = RawHttpClient::post_with_receive_buffer(
+        proxy.addr,
+        "/v1/chat/completions",
+        &body,
+        64 * 1024,
+    )
+    .await;
+    backend_held_back(&backend).await;
+    slow.disconnect();
+    wait_until("the backend's stream ends", || {
+        backend.aborted_streams() == 1
+    })
+    .await;
+    wait_until("nothing is tracked", || proxy.hub.tracked_requests() == 0).await;
+    // The worker's only slot serves the next request.
+    let quick =
+        json!({"model": "big-model", "stream": true, "messages": [], "mock": {"chunks": 3}});
+    let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &quick).await;
+    assert_eq!(status, 200, "{text}");
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+/// Waits until the backend's stream writes stop (no new event for a quarter second); returns
+/// how many it wrote.
+async fn backend_held_back(backend: &MockBackend) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = usize::MAX;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = backend.streamed_events();
+        if now == last && now > 0 {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the backend's writes never stopped ({now} events)"
+        );
+        last = now;
+    }
+}

@@ -18,8 +18,11 @@
 //!   than in a queue every request waits behind.
 //!
 //! Started lanes are only read while the caller's flow window is open ([`super::window`]); fresh
-//! ones always are.
+//! ones always are. A lane the proxy asked to hold back (its client reads slower than the backend
+//! writes) is *parked*: out of the turn, not read at all, so its task stops reading its backend
+//! while the other lanes go on; it rejoins the turn when the proxy lets it go.
 
+use std::collections::{HashMap, HashSet};
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -91,6 +94,11 @@ pub struct Pulled {
 pub struct Outbox {
     fresh: FuturesUnordered<StreamFuture<Lane>>,
     started: FuturesUnordered<StreamFuture<Lane>>,
+    /// Requests the proxy asked to hold back.
+    paused: HashSet<Arc<str>>,
+    /// Lanes of paused requests, out of the turn (a lane is parked when it next produces a
+    /// message, so at most one more message of a paused request goes out).
+    parked: HashMap<Arc<str>, Lane>,
 }
 
 impl Outbox {
@@ -104,6 +112,33 @@ impl Outbox {
         };
         self.fresh.push(lane.into_future());
         sender
+    }
+
+    /// Holds back exactly the lanes of `requests` from now on; lanes no longer in it rejoin the
+    /// turn. Called by the loop between two polls, like [`Outbox::open`].
+    pub fn set_paused(&mut self, requests: HashSet<Arc<str>>) {
+        self.paused = requests;
+        let resumed: Vec<Arc<str>> = self
+            .parked
+            .keys()
+            .filter(|request| !self.paused.contains(*request))
+            .cloned()
+            .collect();
+        for request in resumed {
+            self.unpark(&request);
+        }
+    }
+
+    /// Lets `request`'s lane go again (it was cancelled, so its end must be seen).
+    pub fn resume(&mut self, request: &str) {
+        self.paused.remove(request);
+        self.unpark(request);
+    }
+
+    fn unpark(&mut self, request: &str) {
+        if let Some(lane) = self.parked.remove(request) {
+            self.started.push(lane.into_future());
+        }
     }
 
     /// Waits for the next message to write: a fresh lane's first message, else (when `bulk` is
@@ -132,12 +167,16 @@ impl Outbox {
         Poll::Pending
     }
 
-    /// Puts a lane that produced a message at the back of the started lanes' turn; a lane that
-    /// ended is dropped.
+    /// Puts a lane that produced a message at the back of the started lanes' turn, or parks it
+    /// when its request is held back; a lane that ended is dropped.
     fn requeue(&mut self, event: Option<BackendEvent>, mut lane: Lane) -> Pulled {
         let request = Arc::clone(&lane.request);
         let event = event.map(|event| lane.merge_waiting(event));
-        if event.is_some() {
+        if event.is_none() {
+            self.paused.remove(&request);
+        } else if self.paused.contains(&request) {
+            self.parked.insert(Arc::clone(&request), lane);
+        } else {
             self.started.push(lane.into_future());
         }
         Pulled { request, event }
@@ -210,6 +249,54 @@ mod tests {
         assert_eq!(text_of(outbox.try_next(true).unwrap()), "a:12");
         assert_eq!(text_of(outbox.try_next(true).unwrap()), "a:done");
         assert_eq!(text_of(outbox.try_next(true).unwrap()), "a:late");
+    }
+
+    fn set(requests: &[&str]) -> HashSet<Arc<str>> {
+        requests.iter().map(|r| Arc::from(*r)).collect()
+    }
+
+    #[tokio::test]
+    async fn a_paused_lane_is_not_read_while_the_others_go_on_and_resumes_in_order() {
+        let mut outbox = Outbox::default();
+        let a = outbox.open("a");
+        let b = outbox.open("b");
+        a.send(chunk("1")).await.unwrap();
+        b.send(chunk("1")).await.unwrap();
+        outbox.set_paused(set(&["a"]));
+        // a's first message was already taken from its task: it goes out, then a is parked.
+        let mut first: Vec<String> =
+            std::iter::from_fn(|| outbox.try_next(true).map(text_of)).collect();
+        first.sort();
+        assert_eq!(first, ["a:1", "b:1"]);
+        for n in 2..=(LANE_CAPACITY + 1) {
+            b.send(chunk(&n.to_string())).await.unwrap();
+            assert_eq!(text_of(outbox.try_next(true).unwrap()), format!("b:{n}"));
+        }
+        // a's task fills its lane and then waits, which stops it reading its backend.
+        for n in 2..2 + LANE_CAPACITY {
+            a.send(chunk(&n.to_string())).await.unwrap();
+        }
+        assert!(a.try_send(chunk("over")).is_err(), "a's task is held back");
+        assert!(outbox.try_next(true).is_none(), "nothing of a goes out");
+        outbox.set_paused(set(&[]));
+        assert_eq!(text_of(outbox.try_next(true).unwrap()), "a:2345");
+        assert!(a.try_send(chunk("6")).is_ok(), "a's task goes on");
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_paused_lane_is_let_go_so_its_end_is_seen() {
+        let mut outbox = Outbox::default();
+        let a = outbox.open("a");
+        outbox.set_paused(set(&["a"]));
+        a.send(chunk("1")).await.unwrap();
+        assert_eq!(text_of(outbox.try_next(true).unwrap()), "a:1");
+        a.send(chunk("2")).await.unwrap();
+        drop(a);
+        assert!(outbox.try_next(true).is_none(), "parked");
+        outbox.resume("a");
+        assert_eq!(text_of(outbox.try_next(true).unwrap()), "a:2");
+        assert!(outbox.try_next(true).unwrap().event.is_none());
+        assert!(outbox.paused.is_empty() && outbox.parked.is_empty());
     }
 
     #[tokio::test]

@@ -31,12 +31,17 @@ struct MockState {
     seen: Mutex<Vec<SeenRequest>>,
     /// Streams whose client (the worker) went away before the end.
     aborted_streams: AtomicUsize,
+    /// Stream events handed to the HTTP server so far, over all streams: it takes the next one
+    /// only once the last one found room (in its buffers and the socket's), so this stops
+    /// growing when the reader stops reading.
+    streamed_events: AtomicUsize,
 }
 
 /// A fake OpenAI/Anthropic backend. Each request picks its behavior with an optional `mock`
 /// object in the body: `status` (answer with this status and an error body), `delay_ms` (before
 /// answering), `chunks` (stream this many content chunks), `chunk_delay_ms`, `hang` (stream one
-/// chunk then nothing until the client leaves).
+/// chunk then nothing until the client leaves), `chunk_bytes` (pad each content chunk to about
+/// this size).
 pub struct MockBackend {
     pub addr: SocketAddr,
     state: Arc<MockState>,
@@ -76,6 +81,11 @@ impl MockBackend {
     /// Streams that ended because the worker closed the connection.
     pub fn aborted_streams(&self) -> usize {
         self.state.aborted_streams.load(Ordering::SeqCst)
+    }
+
+    /// Stream events the backend has written (or handed to its HTTP server) so far.
+    pub fn streamed_events(&self) -> usize {
+        self.state.streamed_events.load(Ordering::SeqCst)
     }
 }
 
@@ -163,7 +173,8 @@ async fn mock_inference(
     let chunks = number("chunks").unwrap_or(3);
     let chunk_delay = Duration::from_millis(number("chunk_delay_ms").unwrap_or(0));
     let hang = mock.get("hang").and_then(Value::as_bool).unwrap_or(false);
-    let stream = async_stream(state, model, chunks, chunk_delay, hang);
+    let padding = " ".repeat(number("chunk_bytes").unwrap_or(0) as usize);
+    let stream = async_stream(state, model, chunks, chunk_delay, hang, padding);
     Response::builder()
         .header("content-type", "text/event-stream")
         .body(Body::from_stream(stream))
@@ -176,6 +187,7 @@ fn async_stream(
     chunks: u64,
     chunk_delay: Duration,
     hang: bool,
+    padding: String,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
     let end = StreamEnd {
         state,
@@ -183,6 +195,7 @@ fn async_stream(
     };
     futures_util::stream::unfold((0u64, end), move |(i, mut end)| {
         let model = model.clone();
+        let padding = padding.clone();
         async move {
             if hang && i == 1 {
                 // Hold the connection open until the worker goes away (drops this stream).
@@ -198,7 +211,7 @@ fn async_stream(
             let text = if i < chunks {
                 format!(
                     "data: {}\n\n",
-                    json!({"id": "chatcmpl-mock", "model": model, "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}}]})
+                    json!({"id": "chatcmpl-mock", "model": model, "choices": [{"index": 0, "delta": {"content": format!("tok{i} {padding}")}}]})
                 )
             } else if i == chunks {
                 format!(
@@ -208,6 +221,7 @@ fn async_stream(
             } else {
                 "data: [DONE]\n\n".to_string()
             };
+            end.state.streamed_events.fetch_add(1, Ordering::SeqCst);
             Some((Ok(Bytes::from(text)), (i + 1, end)))
         }
     })

@@ -16,9 +16,32 @@ pub struct RawHttpClient {
 impl RawHttpClient {
     /// Connects to `addr` and sends a JSON POST to `path`.
     pub async fn post(addr: SocketAddr, path: &str, body: &Value) -> RawHttpClient {
+        let stream = TcpStream::connect(addr).await.expect("connect to proxy");
+        RawHttpClient::send_post(stream, addr, path, body).await
+    }
+
+    /// Like [`RawHttpClient::post`], with the socket's receive buffer fixed at `bytes` (no
+    /// autotuning), so little of an answer the client does not read waits in its kernel.
+    pub async fn post_with_receive_buffer(
+        addr: SocketAddr,
+        path: &str,
+        body: &Value,
+        bytes: u32,
+    ) -> RawHttpClient {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(bytes).expect("SO_RCVBUF");
+        let stream = socket.connect(addr).await.expect("connect to proxy");
+        RawHttpClient::send_post(stream, addr, path, body).await
+    }
+
+    async fn send_post(
+        mut stream: TcpStream,
+        addr: SocketAddr,
+        path: &str,
+        body: &Value,
+    ) -> RawHttpClient {
         use tokio::io::AsyncWriteExt;
         let body = body.to_string();
-        let mut stream = TcpStream::connect(addr).await.expect("connect to proxy");
         let head = format!(
             "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
             body.len()
@@ -56,6 +79,31 @@ impl RawHttpClient {
         String::from_utf8_lossy(&self.received).into_owned()
     }
 
+    /// Reads a chunked answer to its last chunk, within `within`; returns the body, de-chunked.
+    pub async fn read_chunked_body(&mut self, within: Duration) -> Vec<u8> {
+        use tokio::io::AsyncReadExt;
+        let deadline = tokio::time::Instant::now() + within;
+        let mut buf = vec![0u8; 64 * 1024];
+        while !self.received.ends_with(b"\r\n0\r\n\r\n") {
+            let n = tokio::time::timeout_at(deadline, self.stream.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "timed out after {} bytes of the answer",
+                        self.received.len()
+                    )
+                })
+                .expect("read");
+            assert!(
+                n > 0,
+                "connection closed after {} bytes",
+                self.received.len()
+            );
+            self.received.extend_from_slice(&buf[..n]);
+        }
+        dechunk(&self.received)
+    }
+
     /// Closes the connection, as a client that gives up would.
     pub fn disconnect(self) {
         drop(self.stream);
@@ -63,3 +111,30 @@ impl RawHttpClient {
 }
 
 // --- protocol adapter (issue 3): a backend that speaks only OpenAI chat completions ---
+
+/// The body of an HTTP/1.1 answer with chunked transfer encoding (head included in `raw`).
+fn dechunk(raw: &[u8]) -> Vec<u8> {
+    let head_end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head")
+        + 4;
+    let mut rest = &raw[head_end..];
+    let mut body = Vec::new();
+    loop {
+        let line_end = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a size line");
+        let size_text = std::str::from_utf8(&rest[..line_end]).expect("ASCII size");
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16)
+            .expect("hex size");
+        rest = &rest[line_end + 2..];
+        if size == 0 {
+            return body;
+        }
+        body.extend_from_slice(&rest[..size]);
+        assert_eq!(&rest[size..size + 2], b"\r\n", "a chunk ends with CRLF");
+        rest = &rest[size + 2..];
+    }
+}
