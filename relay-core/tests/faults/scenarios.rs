@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::bad_backends::{BadBackend, Misbehaviour};
 use super::binary::{unused_port, TempDir};
-use super::support::MockBackend;
+use super::support::{MockBackend, RawHttpClient};
 use super::*;
 
 /// Sends every body at once; returns the outcomes in order.
@@ -370,4 +370,119 @@ async fn workers_that_send_garbage() {
     for task in tasks {
         task.abort();
     }
+}
+
+/// Clients that read one byte a second while their streams run: their streams are held back at
+/// the worker (the proxy keeps a few hundred KiB of each, not the whole answer), the other
+/// clients of the same worker are served meanwhile, and when the slow ones read again they get
+/// their whole stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_reading_a_byte_a_second() {
+    const SLOW_PHASE: Duration = Duration::from_secs(6);
+    const CHUNKS: usize = 400;
+    const CHUNK_BYTES: usize = 32 * 1024;
+    let backend = MockBackend::start(&["m"]).await;
+    let data = TempDir::new("faults-slow-clients");
+    let (proxy, url) = start_proxy(&data, unused_port(), &[ROOMY_QUEUE]);
+    let slots = concurrency();
+    let _worker = start_worker(
+        &data,
+        "only",
+        &url,
+        &backend.url(),
+        &[("MAX_CONCURRENCY", slots.as_str())],
+    );
+    wait_for_workers(&url, 1).await;
+    let addr: std::net::SocketAddr = url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("the proxy's address");
+    let before = rss_kb(proxy.child.id());
+    // Half the worker's slots go to clients that read a byte a second: each asks for 12.5 MiB,
+    // more than the kernel's socket buffers on both sides of the worker hold.
+    let slow_count = 2 * scale();
+    let big = json!({"model": "m", "stream": true, "messages": [],
+        "mock": {"chunks": CHUNKS, "chunk_bytes": CHUNK_BYTES}});
+    let slow: Vec<_> = (0..slow_count)
+        .map(|_| {
+            let big = big.clone();
+            tokio::spawn(async move {
+                let mut client = RawHttpClient::post_with_receive_buffer(
+                    addr,
+                    "/v1/chat/completions",
+                    &big,
+                    16 * 1024,
+                )
+                .await;
+                let slow_until = Instant::now() + SLOW_PHASE;
+                while Instant::now() < slow_until {
+                    if !client.read_one_byte().await {
+                        return Err(Outcome::Lost("closed while read slowly".to_string()));
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Ok(client)
+            })
+        })
+        .collect();
+    // The other half serve everyone else meanwhile.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let others = Instant::now();
+    let bodies: Vec<Value> = (0..8 * scale())
+        .map(|i| {
+            if i % 2 == 0 {
+                slow_stream()
+            } else {
+                slow_unary(100)
+            }
+        })
+        .collect();
+    let mut outcomes = send_all(&url, bodies).await;
+    let others = others.elapsed();
+    assert!(
+        outcomes.iter().all(|o| *o == Outcome::Answered),
+        "everyone else is answered: {outcomes:?}"
+    );
+    let held = rss_kb(proxy.child.id()) - before;
+    let streamed = backend.streamed_events();
+    // Every event of the others, and every event of the slow streams were they not held back.
+    let others_events = 8 * scale() / 2 * (20 + 2);
+    let all_events = slow_count * (CHUNKS + 2) + others_events;
+    // Then the slow clients read at full speed and get everything.
+    for task in slow {
+        outcomes.push(match task.await.expect("the slow client's task") {
+            Ok(mut client) => {
+                let body = client.read_chunked_body(BOUND).await;
+                let text = String::from_utf8_lossy(&body);
+                classify(true, client.status().unwrap_or(0), &text)
+            }
+            Err(outcome) => outcome,
+        });
+    }
+    let tally = Tally { outcomes };
+    println!(
+        "faults slow_clients_reading_a_byte_a_second: {slow_count} slow streams of {:.1} MiB \
+         read a byte a second for {} s, the others answered in {:.1} s, proxy RSS {:+.1} MB \
+         meanwhile, backend events written by then {streamed} of {}",
+        (CHUNKS * CHUNK_BYTES) as f64 / 1048576.0,
+        SLOW_PHASE.as_secs(),
+        others.as_secs_f64(),
+        held as f64 / 1024.0,
+        all_events
+    );
+    tally.report(
+        "slow_clients_reading_a_byte_a_second",
+        rss_kb(proxy.child.id()) - before,
+    );
+    assert_eq!(tally.clean_errors(), 0, "{:?}", tally.outcomes);
+    assert!(
+        streamed < all_events,
+        "the backend was held back: it wrote {streamed} of {all_events} events"
+    );
+    // Held back at the worker, each slow stream costs the proxy well under its 12.5 MiB.
+    let bound_kb = (slow_count * 1024 + 6 * 1024) as i64;
+    assert!(
+        held < bound_kb,
+        "the proxy held {held} KB for {slow_count} slow streams (bound {bound_kb} KB)"
+    );
 }

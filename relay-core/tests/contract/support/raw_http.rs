@@ -104,6 +104,23 @@ impl RawHttpClient {
         dechunk(&self.received)
     }
 
+    /// Reads at most one byte, as the slowest client would; false once the connection closed.
+    pub async fn read_one_byte(&mut self) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut byte = [0u8; 1];
+        let n = tokio::time::timeout(WAIT, self.stream.read(&mut byte))
+            .await
+            .map_or(0, |read| read.unwrap_or(0));
+        self.received.extend_from_slice(&byte[..n]);
+        n == 1
+    }
+
+    /// The answer's status code, once its head arrived.
+    pub fn status(&self) -> Option<u16> {
+        let code = self.received.strip_prefix(b"HTTP/1.1 ")?.get(..3)?;
+        std::str::from_utf8(code).ok()?.parse().ok()
+    }
+
     /// Closes the connection, as a client that gives up would.
     pub fn disconnect(self) {
         drop(self.stream);
