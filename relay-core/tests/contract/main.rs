@@ -17,5 +17,6 @@ mod responses_api;
 mod streaming;
 mod support;
 mod upstreams;
+mod waiting_for_a_worker;
 mod walkthrough;
 mod wire_fixtures;
