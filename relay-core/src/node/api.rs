@@ -58,6 +58,7 @@ pub fn routes(slot: NodeSlot, access: AdminAccess) -> Router {
         .route("/api/join", post(join))
         .route("/api/join/test", post(test_join))
         .route("/api/join-code", get(join_code))
+        .route("/api/worker/rejoin", post(rejoin_worker))
         .route("/api/discovery", get(discover))
         .route("/api/lifecycle", get(lifecycle_status))
         .route("/api/lifecycle/{model}/{action}", post(lifecycle_action))
@@ -299,6 +300,23 @@ async fn join(
         .await
         .map_err(node_error)?;
     settings_view(&node)
+}
+
+/// The dashboard's "rejoin": a fresh worker after its proxy drained the last one.
+async fn rejoin_worker(State(slot): State<NodeSlot>) -> Answer {
+    let node = slot.node()?;
+    let started = node
+        .rejoin_worker()
+        .await
+        .map_err(|e| node_error(e.into()))?;
+    if !started {
+        return Err(api_error(
+            StatusCode::CONFLICT,
+            "worker_role_off",
+            "this node's worker role is off: turn on \"Run worker\" to join a proxy",
+        ));
+    }
+    Ok(Json(json!({"ok": true})).into_response())
 }
 
 async fn join_code(State(slot): State<NodeSlot>) -> Answer {

@@ -856,3 +856,79 @@ async fn discovery_lists_local_model_servers_on_the_configured_ports() {
     assert!(body["proxies"].is_array());
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_node_worker_drained_by_its_proxy_shows_drained_and_rejoins_with_one_call() {
+    let proxy = start_proxy(test_config()).await;
+    let addr = proxy.addr;
+    let backend = MockBackend::start(&[MODEL]).await;
+    let dir = TempConfig::new();
+    let node = Node::start(NodeOptions {
+        config_path: Some(dir.path.clone()),
+        overrides: Overrides {
+            listen: Some("127.0.0.1:0".to_string()),
+            worker_secret: Some(SECRET.to_string()),
+            proxy_url: Some(proxy.url()),
+            backend_url: Some(backend.url()),
+            worker_name: Some("desk-box".to_string()),
+            ..Overrides::default()
+        },
+        roles: Some(Roles {
+            proxy: false,
+            worker: true,
+        }),
+        data_dir: Some(dir.dir.clone()),
+    })
+    .await
+    .expect("node starts");
+    let mut state = node.state();
+    tokio::time::timeout(WAIT, state.wait_for(|s| s.worker == WorkerState::Connected))
+        .await
+        .expect("joins in time")
+        .expect("state feed");
+
+    // The proxy shuts down: it sends graceful_shutdown; the worker finishes and stays away.
+    proxy.shutdown().await;
+    tokio::time::timeout(WAIT, state.wait_for(|s| s.worker == WorkerState::Drained))
+        .await
+        .expect("drained in time")
+        .expect("state feed");
+    let status = status_of(&node.url()).await;
+    assert_eq!(status["node"]["worker"]["state"], "drained", "{status}");
+    let why = status["node"]["worker"]["last_error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(why.contains("drained by the proxy"), "{status}");
+
+    // A proxy is back at the same address; the worker does not come by itself...
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .expect("the address again");
+    let proxy = relay_core::proxy::start(test_config(), listener).expect("proxy starts");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(proxy.hub.counts().0, 0, "no reconnect by itself");
+    assert_eq!(node.state().borrow().worker, WorkerState::Drained);
+
+    // ... but one call (the dashboard's button) brings it back.
+    let (code, body) = post_json(&format!("{}/api/worker/rejoin", node.url()), &json!({})).await;
+    assert_eq!(code, 200, "{body}");
+    wait_until("the worker rejoined", || proxy.hub.counts().0 == 1).await;
+    let (code, _, _) = post(
+        &proxy.url(),
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": []}),
+    )
+    .await;
+    assert_eq!(code, 200);
+    node.shutdown().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn rejoin_with_the_worker_role_off_is_409() {
+    let (node, _dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    let (code, body) = post_json(&format!("{}/api/worker/rejoin", node.url()), &json!({})).await;
+    assert_eq!(code, 409, "{body}");
+    assert_eq!(body["error"]["code"], "worker_role_off");
+    node.shutdown().await;
+}
