@@ -76,6 +76,10 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/models/{*id}", get(get_model))
         .route("/health", get(health))
         .route("/", get(index_page))
+        // The published runbook's addresses of the dashboard and the setup wizard: the same
+        // page, which opens the route its path names.
+        .route("/dashboard", get(index_page))
+        .route("/setup", get(index_page))
         .route("/v1/worker/connect", get(worker_connect))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)

@@ -472,6 +472,35 @@ async fn the_desktop_webview_may_call_the_api_cross_origin_and_other_sites_may_n
 }
 
 #[tokio::test]
+async fn the_dashboard_and_the_setup_wizard_are_served_at_the_runbooks_addresses() {
+    let proxy = start_proxy(test_config()).await;
+    let root = http().get(proxy.url()).send().await.expect("page");
+    let root_csp = root.headers()["content-security-policy"].clone();
+    let index = root.text().await.expect("html");
+    for path in ["/dashboard", "/setup"] {
+        let page = http()
+            .get(format!("{}{path}", proxy.url()))
+            .send()
+            .await
+            .expect("page");
+        assert_eq!(page.status(), 200, "{path}");
+        assert_eq!(page.headers()["content-type"], "text/html", "{path}");
+        assert_eq!(page.headers()["cache-control"], "no-cache", "{path}");
+        assert_eq!(
+            page.headers()["content-security-policy"],
+            root_csp,
+            "{path}: the UI's own CSP"
+        );
+        // The page itself; it opens the route its path names (ui/src/hash.ts, e2e-tested).
+        assert_eq!(page.text().await.expect("html"), index, "{path}");
+    }
+    // Only those two: other paths are still unknown routes.
+    let (status, _) = get_json(&proxy.url(), "/dashboards", &[]).await;
+    assert_eq!(status, 404);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
 async fn the_web_ui_is_served_at_the_root_with_its_assets() {
     let proxy = start_proxy(test_config()).await;
     let page = http().get(proxy.url()).send().await.expect("page");
