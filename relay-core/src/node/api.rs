@@ -261,7 +261,7 @@ pub async fn probe_proxy(details: &JoinDetails) -> Result<(), String> {
             401 => "the proxy refused the secret: copy it again from the proxy's dashboard or start-up banner".to_string(),
             403 => "the proxy refused this worker (provider disabled, or this worker was drained)".to_string(),
             404 => format!("the proxy has no provider {:?}", details.provider),
-            429 => "too many failed attempts from this address: wait a minute and retry".to_string(),
+            429 => "too many failed attempts from this address: wait a few seconds and retry".to_string(),
             503 => "the proxy is not accepting workers (its proxy role is off, or it is shutting down)".to_string(),
             status => format!("the proxy answered HTTP {status} instead of accepting a worker: is {} a ModelRelay proxy?", details.url),
         }),

@@ -170,7 +170,7 @@ async fn connect(config: &WorkerConfig) -> Result<Socket, String> {
             let hint = match status.as_u16() {
                 401 => " (check WORKER_SECRET: it must match the proxy's)",
                 404 => " (check PROVIDER_NAME and that PROXY_URL points at a ModelRelay proxy)",
-                429 => " (too many failed attempts from this address; wait a minute)",
+                429 => " (too many failed attempts from this address; it is let in again within seconds)",
                 _ => "",
             };
             Err(format!(
