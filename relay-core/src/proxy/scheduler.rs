@@ -229,9 +229,14 @@ impl Worker {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    Queued { queue_deadline: Instant },
-    Assigned { worker: WorkerId },
-    Cancelling { worker: WorkerId },
+    /// Waiting in its provider's queue until the request's `queue_deadline`.
+    Queued,
+    Assigned {
+        worker: WorkerId,
+    },
+    Cancelling {
+        worker: WorkerId,
+    },
 }
 
 #[derive(Debug)]
@@ -505,7 +510,7 @@ impl Scheduler {
             return Err(SubmitError::QueueFull { retry_after });
         }
         self.track_request(request, provider, model, deadline, queue_deadline);
-        self.enqueue(request, queue_deadline);
+        self.enqueue(request);
         Ok(Submitted::Queued {
             request,
             queue_deadline,
@@ -529,16 +534,14 @@ impl Scheduler {
                 queue_deadline,
                 requeues: 0,
                 started: false,
-                phase: Phase::Queued {
-                    queue_deadline: deadline,
-                },
+                phase: Phase::Queued,
             },
         );
     }
 
-    fn enqueue(&mut self, request: RequestId, queue_deadline: Instant) {
+    fn enqueue(&mut self, request: RequestId) {
         let entry = self.requests.get_mut(&request).expect("known request");
-        entry.phase = Phase::Queued { queue_deadline };
+        entry.phase = Phase::Queued;
         let p = &mut self.providers[entry.provider];
         p.queues
             .entry(entry.model.clone())
@@ -682,7 +685,7 @@ impl Scheduler {
             return CancelOutcome::Nothing;
         };
         match entry.phase {
-            Phase::Queued { .. } => {
+            Phase::Queued => {
                 self.dequeue(request);
                 self.requests.remove(&request);
                 CancelOutcome::RemovedFromQueue
@@ -707,11 +710,15 @@ impl Scheduler {
     }
 
     /// The waiter's queue deadline passed: if the request is still queued past its deadline,
-    /// remove it and say what it waited for (the caller answers 504). A request that was
-    /// dispatched or requeued with a later deadline meanwhile is left alone.
+    /// remove it and say what it waited for (the caller answers 504). A request dispatched
+    /// meanwhile is left alone.
     pub fn expire_queued(&mut self, request: RequestId, now: Instant) -> Option<Expired> {
-        match self.requests.get(&request).map(|r| r.phase) {
-            Some(Phase::Queued { queue_deadline }) if queue_deadline <= now => {
+        match self
+            .requests
+            .get(&request)
+            .map(|r| (r.phase, r.queue_deadline))
+        {
+            Some((Phase::Queued, queue_deadline)) if queue_deadline <= now => {
                 self.dequeue(request);
                 let entry = self.requests.remove(&request).expect("present");
                 let served = self.providers[entry.provider]
@@ -802,7 +809,7 @@ impl Scheduler {
             // Accepted requests are never dropped: a requeue may exceed the admission bound.
             // It waits until its original queue deadline; one already past ends at once (504)
             // unless a worker frees up first.
-            self.enqueue(request, queue_deadline);
+            self.enqueue(request);
             actions.push(Action::Requeued {
                 request,
                 queue_deadline,
@@ -830,7 +837,7 @@ impl Scheduler {
         let queued: Vec<RequestId> = self
             .requests
             .iter()
-            .filter(|(_, r)| matches!(r.phase, Phase::Queued { .. }))
+            .filter(|(_, r)| matches!(r.phase, Phase::Queued))
             .map(|(id, _)| *id)
             .collect();
         for request in queued {
@@ -933,7 +940,7 @@ impl Scheduler {
     /// runs (or is being cancelled) there, `None` when it is not tracked.
     pub fn assignment(&self, request: RequestId) -> Option<Option<WorkerId>> {
         self.requests.get(&request).map(|r| match r.phase {
-            Phase::Queued { .. } => None,
+            Phase::Queued => None,
             Phase::Assigned { worker } | Phase::Cancelling { worker } => Some(worker),
         })
     }

@@ -528,6 +528,26 @@ fn worker_death_requeues_unstarted_requests_keeping_their_deadline() {
 }
 
 #[test]
+fn a_request_requeued_past_its_queue_deadline_ends_at_once_unless_a_worker_is_free() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let t0 = Instant::now();
+    let r = submit(&mut s, "m", t0).unwrap().request();
+    // It ran 40 s, past its 30 s queue deadline, when its worker died.
+    let t1 = t0 + Duration::from_secs(40);
+    let actions = s.worker_gone(a, t1);
+    assert_eq!(
+        actions,
+        vec![Action::Requeued {
+            request: r,
+            queue_deadline: t0 + Duration::from_secs(30)
+        }]
+    );
+    assert!(s.expire_queued(r, t1).is_some(), "no fresh queue timeout");
+    assert_eq!(s.tracked_requests(), 0);
+}
+
+#[test]
 fn requeue_goes_straight_to_another_free_worker() {
     let mut s = scheduler();
     let a = register(&mut s, "a", &["m"], 1).worker;
@@ -816,7 +836,7 @@ fn assert_consistent(s: &Scheduler) {
     let mut queued = vec![0usize; s.providers.len()];
     for (&id, request) in &s.requests {
         match request.phase {
-            Phase::Queued { .. } => {
+            Phase::Queued => {
                 let queue = s.providers[request.provider].queues.get(&request.model);
                 assert!(
                     queue.is_some_and(|q| q.contains_key(&id)),
