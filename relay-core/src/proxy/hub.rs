@@ -253,10 +253,9 @@ impl Hub {
         let submitted = match inner.scheduler.submit(request, &spec.model, Instant::now()) {
             Ok(submitted) => submitted,
             Err(error) => {
-                let models = inner.scheduler.models();
                 drop(inner);
                 return Err(Refused {
-                    error: submit_error(error.clone(), &spec.model, &models),
+                    error: submit_error(error.clone(), &spec.model),
                     reason: error,
                 });
             }
@@ -742,18 +741,14 @@ pub struct Refused {
     pub error: ApiError,
 }
 
-fn submit_error(error: SubmitError, model: &str, models: &[(String, String)]) -> ApiError {
+fn submit_error(error: SubmitError, model: &str) -> ApiError {
     match error {
+        // Any name a worker could advertise waits in a queue for one (walkthrough §7): only
+        // these are refused.
         SubmitError::UnknownModel => {
-            let available: Vec<&str> = models.iter().take(20).map(|(m, _)| m.as_str()).collect();
-            let hint = if let Some(why) = unusable_name(model) {
-                format!("no worker can advertise a model name {why}")
-            } else if available.is_empty() {
-                "no connected worker serves any model yet; start a model server or a worker, \
-                 or check the workers' logs"
-                    .to_string()
-            } else {
-                format!("available models: {}", available.join(", "))
+            let hint = match unusable_name(model) {
+                Some(why) => format!("no worker can advertise a model name {why}"),
+                None => "this proxy has no provider".to_string(),
             };
             // A hostile name is echoed only in part.
             let shown: String = model.chars().take(80).collect();
