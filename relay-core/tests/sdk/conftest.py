@@ -234,7 +234,13 @@ def assert_clean_exit(relay: Relay) -> None:
 def relay(request, backend, tmp_path_factory):
     """The relay shared by the SDK and curl tests, once over http and once over https."""
     tls = request.param == "https"
-    relay = start_relay(backend, tmp_path_factory.mktemp(f"modelrelay-data-{request.param}"), tls=tls)
+    # A model no worker serves waits this long for one before its 504 (the tests ask for one).
+    relay = start_relay(
+        backend,
+        tmp_path_factory.mktemp(f"modelrelay-data-{request.param}"),
+        tls=tls,
+        extra_env={"QUEUE_TIMEOUT_SECS": "2"},
+    )
     try:
         yield relay
     finally:
