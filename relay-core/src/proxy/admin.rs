@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
@@ -43,9 +43,42 @@ pub fn admin_routes(state: AppState) -> Router<AppState> {
 /// The key and usage routes of the web UI, mounted with the control API (behind its rule).
 pub fn dashboard_routes() -> Router<AppState> {
     Router::new()
-        .route("/api/keys", get(list_keys).post(create_key))
-        .route("/api/keys/{id}", delete(revoke_key))
+        .route("/api/keys", get(list_keys).post(dashboard_create_key))
+        .route("/api/keys/{id}", delete(dashboard_revoke_key))
         .route("/api/usage", get(usage))
+}
+
+/// While keys are required, a key opens the relay: making or revoking one from the dashboard
+/// then needs the admin token even where the dashboard is open (loopback), or any local user
+/// could mint themselves a way past the requirement.
+fn key_change_allowed(state: &AppState, headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
+    if state.config.require_api_keys {
+        state.admin.elevated(headers, what)
+    } else {
+        Ok(())
+    }
+}
+
+async fn dashboard_create_key(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(refused) = key_change_allowed(&state, &headers, "Creating an API key") {
+        return api_error(refused);
+    }
+    create_key(State(state), body).await
+}
+
+async fn dashboard_revoke_key(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: Path<String>,
+) -> Response {
+    if let Err(refused) = key_change_allowed(&state, &headers, "Revoking an API key") {
+        return api_error(refused);
+    }
+    revoke_key(State(state), id).await
 }
 
 /// Refuses `/admin/*` without the configured token; after repeated wrong tokens from one address
@@ -72,7 +105,15 @@ async fn admin_guard(
         .into_response(Dialect::OpenAi);
     }
     match admin_access(&state).check_admin_api(request.headers()) {
-        Ok(()) => next.run(request).await,
+        Ok(()) => {
+            let mut response = next.run(request).await;
+            // Answers carry key metadata, usage and, once, a key's secret: never cached.
+            response.headers_mut().insert(
+                header::CACHE_CONTROL,
+                axum::http::HeaderValue::from_static("no-store"),
+            );
+            response
+        }
         Err(error) => {
             if error.code == WRONG_ADMIN_TOKEN_CODE {
                 state.admin_limiter.record_failure(ip, now);

@@ -466,10 +466,12 @@ async fn serve_upstream(
     observer: Option<Box<dyn AnswerObserver>>,
     account: &std::sync::Arc<str>,
 ) -> Response {
-    let tracked =
-        state
-            .hub
-            .track_upstream(&request.model, request.is_streaming, &upstream.name, account);
+    let tracked = state.hub.track_upstream(
+        &request.model,
+        request.is_streaming,
+        &upstream.name,
+        account,
+    );
     // Boxed: inline, this path's state would enlarge every request's future, including the
     // many that only wait in the queue.
     Box::pin(
@@ -523,8 +525,21 @@ async fn all_models(state: &AppState) -> Vec<(String, String)> {
     models
 }
 
-async fn list_models(State(state): State<AppState>, headers: HeaderMap) -> Json<Value> {
-    let models = all_models(&state).await;
+/// Every model this relay serves, or only those a client's key may use.
+async fn visible_models(state: &AppState, identity: &ClientIdentity) -> Vec<(String, String)> {
+    let mut models = all_models(state).await;
+    if let Some(key) = &identity.key {
+        models.retain(|(model, _)| key.allows(model));
+    }
+    models
+}
+
+async fn list_models(
+    State(state): State<AppState>,
+    axum::Extension(identity): axum::Extension<ClientIdentity>,
+    headers: HeaderMap,
+) -> Json<Value> {
+    let models = visible_models(&state, &identity).await;
     let anthropic = headers.contains_key("anthropic-version");
     let data: Vec<Value> = models
         .iter()
@@ -544,11 +559,12 @@ async fn list_models(State(state): State<AppState>, headers: HeaderMap) -> Json<
 
 async fn get_model(
     State(state): State<AppState>,
+    axum::Extension(identity): axum::Extension<ClientIdentity>,
     axum::extract::Path(id): axum::extract::Path<String>,
     headers: HeaderMap,
 ) -> Response {
     let anthropic = headers.contains_key("anthropic-version");
-    match all_models(&state)
+    match visible_models(&state, &identity)
         .await
         .into_iter()
         .find(|(model, _)| *model == id)
