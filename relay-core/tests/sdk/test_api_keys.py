@@ -348,3 +348,39 @@ def test_curl_admin_keys_is_403_on_a_relay_without_a_configured_admin_token(rela
         body, _, status = result.stdout.rpartition("\n")
         assert status == "403", (method, path, token is not None, body)
         assert "MODELRELAY_ADMIN_TOKEN" in json.loads(body)["error"]["message"]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_the_readme_s_curl_commands_create_use_revoke_a_key_and_download_usage(keyed_relay, tmp_path):
+    """The README's commands as a user pastes them: `-d` without a content type, `-OJ`."""
+    admin = ["-H", f"Authorization: Bearer {ADMIN_TOKEN}"]
+
+    def curl(*args: str, cwd=None) -> tuple[str, str]:
+        result = subprocess.run(
+            ["curl", "--silent", "--show-error", "--noproxy", "*", "--max-time", "20", *keyed_relay.curl_args(),
+             "--write-out", "\n%{http_code}", *args],
+            capture_output=True, text=True, timeout=30, cwd=cwd,
+        )
+        assert result.returncode == 0, result.stderr
+        body, _, status = result.stdout.rpartition("\n")
+        return status, body
+
+    status, made = curl(f"{keyed_relay.url}/admin/keys", *admin,
+                        "-d", '{"name":"open-webui","models":["%s"],"requests_per_minute":60}' % CHAT_MODEL)
+    assert status == "201", made
+    made = json.loads(made)
+    bearer = ["-H", f"Authorization: Bearer {made['key']}"]
+    chat_body = json.dumps({"model": CHAT_MODEL, "messages": [{"role": "user", "content": "Hello!"}]})
+    status, answer = curl(f"{keyed_relay.url}/v1/chat/completions", *bearer,
+                          "-H", "Content-Type: application/json", "-d", chat_body)
+    assert (status, json.loads(answer)["choices"][0]["message"]["content"]) == ("200", REPLY)
+    wait_for_usage(keyed_relay, made["id"], 1)
+    status, _ = curl("-OJ", f"{keyed_relay.url}/admin/usage?group_by=key&format=csv", *admin, cwd=tmp_path)
+    assert status == "200"
+    [saved] = tmp_path.glob("modelrelay-usage-*.csv")
+    assert f"\n{made['id']},open-webui,1,0," in saved.read_text()
+    status, revoked = curl("-X", "DELETE", f"{keyed_relay.url}/admin/keys/{made['id']}", *admin)
+    assert (status, json.loads(revoked)["revoked"]) == ("200", True)
+    status, refused = curl(f"{keyed_relay.url}/v1/chat/completions", *bearer,
+                           "-H", "Content-Type: application/json", "-d", chat_body)
+    assert (status, json.loads(refused)["error"]["code"]) == ("401", "invalid_api_key")
