@@ -285,7 +285,12 @@ def test_usage_queries_filter_by_day_and_refuse_bad_parameters(keyed_relay):
     assert [row["group"] for row in today["rows"]] == [today["until"]]
     status, past, _ = admin_call(keyed_relay, "GET", f"/admin/usage?key={made['id']}&since=2020-01-01&until=2020-01-31")
     assert (status, past["rows"], past["totals"]["requests"]) == (200, [], 0)
-    for bad in ("group_by=week", "since=yesterday", "format=xml", "colour=red"):
+    # A time names its (UTC) day: a `since` later in the day that `until` names is that day.
+    day = today["until"]
+    status, same_day, _ = admin_call(keyed_relay, "GET", f"/admin/usage?key={made['id']}&since={day}T23:59:59Z&until={day}")
+    assert status == 200, same_day
+    assert (same_day["since"], same_day["until"], same_day["totals"]["requests"]) == (day, day, 1)
+    for bad in ("group_by=week", "since=yesterday", "since=2026-02-01&until=2026-01-31", "format=xml", "colour=red"):
         status, error, _ = admin_call(keyed_relay, "GET", f"/admin/usage?{bad}")
         assert status == 400, bad
         assert error["error"]["code"] == "invalid_request"
