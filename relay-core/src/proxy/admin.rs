@@ -242,6 +242,9 @@ impl UsageParams {
         let until = time("until", self.until)?.unwrap_or_else(now_ms);
         let since =
             time("since", self.since)?.unwrap_or(until - (DEFAULT_USAGE_DAYS - 1) * 86_400_000);
+        // Usage is kept per day, so each bound names its whole (UTC) day: compared as instants,
+        // `since=2026-11-25T12:00:00Z&until=2026-11-25` (midnight) would refuse a valid day.
+        let (since, until) = (day_of(since), day_of(until));
         if since > until {
             return Err(bad("`since` is after `until`".into()));
         }
@@ -263,8 +266,8 @@ impl UsageParams {
             UsageQuery {
                 key: filter(self.key),
                 model: filter(self.model),
-                since: day_of(since),
-                until: day_of(until),
+                since,
+                until,
                 group_by,
             },
             csv,
@@ -325,4 +328,38 @@ async fn usage(
             .into_response();
     }
     Json(serde_json::to_value(report).unwrap_or(Value::Null)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(since: &str, until: &str) -> UsageParams {
+        UsageParams {
+            since: Some(since.into()),
+            until: Some(until.into()),
+            ..UsageParams::default()
+        }
+    }
+
+    #[test]
+    fn usage_bounds_are_whole_days_so_a_time_within_the_last_day_is_not_after_it() {
+        let (query, csv) = params("2026-11-25T23:59:59Z", "2026-11-25")
+            .query()
+            .unwrap();
+        assert_eq!(
+            (query.since.as_str(), query.until.as_str()),
+            ("2026-11-25", "2026-11-25")
+        );
+        assert!(!csv);
+        let (query, _) = params("2026-11-01", "2026-11-25T00:00:01+01:00")
+            .query()
+            .unwrap();
+        assert_eq!(query.until, "2026-11-24", "the UTC day of the time");
+        let refused = params("2026-11-26", "2026-11-25T23:59:59Z")
+            .query()
+            .unwrap_err();
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+        assert!(refused.message.contains("after"), "{}", refused.message);
+    }
 }
