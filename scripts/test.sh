@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test:
-#   1. the Rust suites of the workspace (unit, contract, command-line, model lifecycle, and the
-#      real-llama-server suite when ../shared/tools/realstack/setup.sh has built its stack);
+#   1. the Rust suites of the workspace (unit, contract, command-line, model lifecycle, fuzzing,
+#      faults, and the real-llama-server suite when ../shared/tools/realstack/setup.sh has built
+#      its stack), then a short coverage-guided fuzzing run in an instrumented build;
 #   2. the official OpenAI and Anthropic Python SDKs (and curl) against the real `modelrelay`;
 #   3. the supply chain: every npm lockfile entry carries its registry integrity;
 #   4. the web UI: its unit tests, a check that the embedded build (ui/dist) matches its sources,
@@ -34,6 +35,9 @@ fi
 
 echo "==> cargo test (whole workspace)"
 cargo test --workspace
+
+echo "==> coverage-guided fuzzing (instrumented build; 5 s per target, the engine's self-test)"
+FUZZ_SECONDS=5 ./scripts/fuzz.sh
 
 echo "==> SDK compatibility suite (official openai and anthropic Python SDKs, curl)"
 if [ ! -x .venv/bin/pytest ] || ! cmp -s relay-core/tests/sdk/requirements.txt .venv/requirements.installed; then

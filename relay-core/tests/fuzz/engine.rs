@@ -4,14 +4,20 @@
 //! `target/fuzz-crashes/` with the command to add it to the corpus, where it stays as a
 //! regression test: every corpus file runs as it is before any mutation.
 //!
-//! Not coverage-guided (that needs an instrumented build); the structure-aware JSON mutations
-//! reach deep into the parsers instead of dying at the first syntax error.
+//! In an instrumented build (`scripts/fuzz.sh`, see `coverage.rs`) the run is coverage-guided:
+//! an input that reaches code no input reached before joins the pool that mutations start from,
+//! and is saved under `target/fuzz-corpus/TARGET/`, where the next run picks it up (and from where
+//! it can be copied into the repository's corpus). Without instrumentation the seeds are mutated
+//! blindly; the structure-aware JSON mutations still reach deep into the parsers instead of
+//! dying at the first syntax error.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
+
+use super::coverage::Coverage;
 
 /// A deterministic pseudo-random source (xorshift64*): the same seed replays the same run.
 pub struct Rng(u64);
@@ -67,6 +73,16 @@ impl Budget {
         }
     }
 
+    /// Exactly `runs` inputs, whatever the environment says (the guided engine's self-test).
+    #[cfg_attr(not(fuzz_coverage), allow(dead_code))]
+    pub fn runs(runs: usize, seed: u64) -> Budget {
+        Budget {
+            runs: Some(runs),
+            time: None,
+            seed,
+        }
+    }
+
     fn more(&self, done: usize, started: Instant) -> bool {
         self.runs.is_none_or(|runs| done < runs)
             && self.time.is_none_or(|time| started.elapsed() < time)
@@ -78,15 +94,8 @@ pub fn corpus(target: &str, extra: &[PathBuf]) -> Vec<Vec<u8>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fuzz/corpus")
         .join(target);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|entries| entries.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    files.sort();
-    files.extend(extra.iter().cloned());
-    let seeds: Vec<Vec<u8>> = files
-        .iter()
-        .filter_map(|file| std::fs::read(file).ok())
-        .collect();
+    let mut seeds = read_dir_files(&dir);
+    seeds.extend(extra.iter().filter_map(|file| std::fs::read(file).ok()));
     assert!(
         !seeds.is_empty(),
         "no seeds for {target} in {}",
@@ -106,21 +115,77 @@ pub fn fixtures(dir: &str, suffix: &str) -> Vec<PathBuf> {
     files
 }
 
-/// Runs `check` on every seed as it is, then on mutations of them until the budget is spent.
-/// Returns how many inputs ran.
-pub fn fuzz(target: &str, seeds: &[Vec<u8>], budget: &Budget, check: impl Fn(&[u8])) -> usize {
+/// What a run did.
+#[derive(Debug)]
+pub struct Run {
+    /// Inputs run.
+    pub inputs: usize,
+    /// Inputs kept because they reached new code (guided runs only).
+    pub kept: usize,
+    /// Code regions reached by any input, when the build counts them.
+    pub regions: Option<usize>,
+}
+
+/// Where a guided run keeps the inputs that reached new code, per target.
+fn found_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/fuzz-corpus")
+        .join(target)
+}
+
+/// Runs `check` on every seed as it is, then on mutations until the budget is spent. In a
+/// guided run, the pool mutations start from grows with every input that reached new code (and
+/// starts with what earlier guided runs found).
+pub fn fuzz(target: &str, seeds: &[Vec<u8>], budget: &Budget, check: impl Fn(&[u8])) -> Run {
     let mut rng = Rng::new(budget.seed ^ hash(target.as_bytes()));
     let started = Instant::now();
-    for seed in seeds {
-        run_one(target, seed, &check);
+    let mut coverage = Coverage::new();
+    let mut pool = seeds.to_vec();
+    if Coverage::available() {
+        pool.extend(read_dir_files(&found_dir(target)));
     }
-    let mut done = seeds.len();
-    while budget.more(done, started) {
-        let input = mutate(seeds, &mut rng);
+    for input in &pool {
+        coverage.start();
+        run_one(target, input, &check);
+        coverage.novel();
+    }
+    let mut run = Run {
+        inputs: pool.len(),
+        kept: 0,
+        regions: None,
+    };
+    while budget.more(run.inputs, started) {
+        let input = mutate(&pool, &mut rng);
+        coverage.start();
         run_one(target, &input, &check);
-        done += 1;
+        run.inputs += 1;
+        if coverage.novel() {
+            keep(target, &input);
+            pool.push(input);
+            run.kept += 1;
+        }
     }
-    done
+    run.regions = Coverage::available().then(|| coverage.regions_reached());
+    run
+}
+
+/// Saves an input that reached new code for the next guided run.
+fn keep(target: &str, input: &[u8]) {
+    let dir = found_dir(target);
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join(format!("{:016x}", hash(input))), input);
+}
+
+/// The contents of the files in `dir`, in name order (none when it does not exist).
+fn read_dir_files(dir: &Path) -> Vec<Vec<u8>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| entries.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+        .iter()
+        .filter_map(|file| std::fs::read(file).ok())
+        .collect()
 }
 
 fn run_one(target: &str, input: &[u8], check: &impl Fn(&[u8])) {
@@ -196,10 +261,14 @@ pub fn mutate(seeds: &[Vec<u8>], rng: &mut Rng) -> Vec<u8> {
 
 fn mutate_bytes(bytes: &mut Vec<u8>, seeds: &[Vec<u8>], rng: &mut Rng) {
     let at = rng.below(bytes.len() + 1);
-    match rng.below(7) {
+    match rng.below(8) {
         0 if !bytes.is_empty() => {
             let i = rng.below(bytes.len());
             bytes[i] ^= 1 << rng.below(8);
+        }
+        7 if !bytes.is_empty() => {
+            let i = rng.below(bytes.len());
+            bytes[i] = rng.next() as u8;
         }
         1 if !bytes.is_empty() => {
             let end = (at + rng.below(16) + 1).min(bytes.len());

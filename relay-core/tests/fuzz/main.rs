@@ -7,6 +7,7 @@
 //! The test command runs a fixed number of inputs per target (the same ones every run);
 //! `scripts/fuzz.sh` runs each for longer with a random seed. See `engine.rs`.
 
+mod coverage;
 mod engine;
 
 use std::path::PathBuf;
@@ -50,10 +51,17 @@ fn pieces(input: &[u8]) -> Vec<&[u8]> {
 fn run(target: &str, extra: &[PathBuf], check: impl Fn(&[u8])) {
     let budget = Budget::from_env(RUNS);
     let seeds = corpus(target, extra);
-    let ran = fuzz(target, &seeds, &budget, check);
+    let run = fuzz(target, &seeds, &budget, check);
+    let guided = match run.regions {
+        Some(regions) => format!(
+            ", guided: {regions} code regions reached, {} inputs kept",
+            run.kept
+        ),
+        None => String::new(),
+    };
     eprintln!(
-        "fuzz {target}: {ran} inputs, no panic (seed {:#x})",
-        budget.seed
+        "fuzz {target}: {} inputs, no panic (seed {:#x}){guided}",
+        run.inputs, budget.seed
     );
 }
 
@@ -230,4 +238,45 @@ fn the_engine_reports_a_panic_and_keeps_the_input() {
         .expect("the file is named");
     assert!(std::path::Path::new(saved).exists(), "{saved}");
     let _ = std::fs::remove_file(saved);
+}
+
+/// Guidance climbs, one comparison at a time, to a bug behind a four-byte magic that blind
+/// mutation of the seed would take billions of inputs to hit. Only in a guided build.
+#[cfg(fuzz_coverage)]
+#[test]
+fn guidance_finds_a_bug_behind_a_magic_value_blind_mutation_does_not_reach() {
+    let seeds = vec![b"data: {}\n\n".to_vec()];
+    // A fixed budget, not the campaign's time: blind mutation would need about 10^17 inputs.
+    let budget = Budget::runs(2_000_000, 0x5eed);
+    // From scratch: no inputs an earlier run kept.
+    let found = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/fuzz-corpus/engine_guided_self_test");
+    let _ = std::fs::remove_dir_all(&found);
+    let started = std::time::Instant::now();
+    let caught = std::panic::catch_unwind(|| {
+        fuzz("engine_guided_self_test", &seeds, &budget, |input| {
+            let input = std::hint::black_box(input);
+            if input.first() == Some(&b'M') && input.get(1) == Some(&b'R') {
+                if input.get(2) == Some(&b'!') {
+                    if input.get(3) == Some(&b'?') {
+                        panic!("the magic");
+                    }
+                }
+            }
+        })
+    });
+    let message = caught
+        .expect_err("the magic is found")
+        .downcast::<String>()
+        .expect("a message");
+    eprintln!(
+        "guided self-test: found the magic in {:?}",
+        started.elapsed()
+    );
+    let saved = message
+        .split_whitespace()
+        .find(|w| w.contains("fuzz-crashes/engine_guided_self_test-"))
+        .expect("the file is named");
+    let _ = std::fs::remove_file(saved);
+    let _ = std::fs::remove_dir_all(found);
 }
