@@ -575,16 +575,21 @@ fn slow_backend(hold: Duration) -> (u16, std::sync::mpsc::Receiver<()>) {
     (port, arrivals)
 }
 
-#[test]
-fn a_headless_worker_drained_by_its_proxy_finishes_its_request_and_exits_0_without_reconnecting() {
-    let data = TempDir::new("drained-proxy");
+/// A proxy (`serve`) and a headless worker (`worker`) joined to it, serving model `m1` from the
+/// backend on `backend_port`; returns once the worker has joined, with the processes' data
+/// directories (kept as long as they run).
+fn proxy_with_a_worker(
+    name: &str,
+    backend_port: u16,
+    extra: &[&str],
+) -> (Running, String, Running, [TempDir; 2]) {
+    let data = TempDir::new(name);
     let mut command = modelrelay(data.path());
     command.args(["serve", "--listen", "127.0.0.1:0"]);
-    let mut proxy = Running::spawn(command);
+    let proxy = Running::spawn(command);
     let url = proxy.relay_url();
     let secret = std::fs::read_to_string(data.path().join("worker-secret")).expect("secret");
-    let (port, arrivals) = slow_backend(Duration::from_millis(1500));
-    let worker_data = TempDir::new("drained-worker");
+    let worker_data = TempDir::new(&format!("{name}-worker"));
     let mut command = modelrelay(worker_data.path());
     command.args([
         "worker",
@@ -593,16 +598,23 @@ fn a_headless_worker_drained_by_its_proxy_finishes_its_request_and_exits_0_witho
         "--worker-secret",
         secret.trim(),
         "--backend-url",
-        &format!("http://127.0.0.1:{port}"),
+        &format!("http://127.0.0.1:{backend_port}"),
         "--models",
         "m1",
-        "--worker-name",
-        "gpu-box-1",
     ]);
-    let mut worker = Running::spawn(command);
+    command.args(extra);
+    let worker = Running::spawn(command);
     eventually("the worker joins", &worker, || {
         get_json(&format!("{url}/health"))["workers_connected"] == 1
     });
+    (proxy, url, worker, [data, worker_data])
+}
+
+#[test]
+fn a_headless_worker_drained_by_its_proxy_finishes_its_request_and_exits_0_without_reconnecting() {
+    let (port, arrivals) = slow_backend(Duration::from_millis(1500));
+    let (mut proxy, url, mut worker, _dirs) =
+        proxy_with_a_worker("drained", port, &["--worker-name", "gpu-box-1"]);
 
     // A request in flight when the proxy drains the worker.
     let chat_url = format!("{url}/v1/chat/completions");
@@ -646,30 +658,8 @@ fn a_headless_worker_drained_by_its_proxy_finishes_its_request_and_exits_0_witho
 
 #[test]
 fn a_headless_worker_exits_0_when_its_proxy_shuts_down() {
-    let data = TempDir::new("proxy-stops");
-    let mut command = modelrelay(data.path());
-    command.args(["serve", "--listen", "127.0.0.1:0"]);
-    let mut proxy = Running::spawn(command);
-    let url = proxy.relay_url();
-    let secret = std::fs::read_to_string(data.path().join("worker-secret")).expect("secret");
     let (port, _arrivals) = slow_backend(Duration::ZERO);
-    let worker_data = TempDir::new("proxy-stops-worker");
-    let mut command = modelrelay(worker_data.path());
-    command.args([
-        "worker",
-        "--proxy-url",
-        &url,
-        "--worker-secret",
-        secret.trim(),
-        "--backend-url",
-        &format!("http://127.0.0.1:{port}"),
-        "--models",
-        "m1",
-    ]);
-    let mut worker = Running::spawn(command);
-    eventually("the worker joins", &worker, || {
-        get_json(&format!("{url}/health"))["workers_connected"] == 1
-    });
+    let (mut proxy, _url, mut worker, _dirs) = proxy_with_a_worker("proxy-stops", port, &[]);
     // The proxy's shutdown sends graceful_shutdown: the runbook's "the worker process exits"
     // (systemd's Restart=always brings it back to wait for the proxy).
     proxy.terminate_cleanly();

@@ -2,7 +2,11 @@
 //! shows when the node starts, when the worker role is switched on from the tray, and which
 //! notification that produces. Its own test binary: it sets MODELRELAY_DATA_DIR for the process.
 
+mod common;
+
 use std::time::Duration;
+
+use common::isolated_nodes;
 
 use relay_core::node::{Node, NodeEvent, NodeOptions, Roles, WorkerState};
 use relay_core::settings::Overrides;
@@ -11,17 +15,9 @@ use relay_desktop::tray_state::{port_of, view, TrayIconKind};
 
 #[test]
 fn tray_follows_a_real_node() {
-    let dir = std::env::temp_dir().join(format!("relay-desktop-node-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    // The worker secret is generated here, not in the developer's data directory.
-    std::env::set_var("MODELRELAY_DATA_DIR", dir.join("data"));
+    let (dir, runtime) = isolated_nodes("node");
     let config = dir.join("config.toml");
     std::fs::write(&config, "").unwrap();
-
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     runtime.block_on(async {
         let node = Node::start(NodeOptions {
             config_path: Some(config.clone()),
