@@ -586,7 +586,7 @@ fn proxy_with_a_worker(
     let data = TempDir::new(name);
     let mut command = modelrelay(data.path());
     command.args(["serve", "--listen", "127.0.0.1:0"]);
-    let proxy = Running::spawn(command);
+    let mut proxy = Running::spawn(command);
     let url = proxy.relay_url();
     let secret = std::fs::read_to_string(data.path().join("worker-secret")).expect("secret");
     let worker_data = TempDir::new(&format!("{name}-worker"));
