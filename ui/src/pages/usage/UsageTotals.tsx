@@ -1,0 +1,28 @@
+import { formatCount } from '../../lib/format';
+import { errorRate } from '../../lib/usage';
+import type { UsageCounts } from '../../types';
+
+/** The sums over the filtered range. */
+export function UsageTotals({ totals }: { totals: UsageCounts }) {
+  const items: [string, string, string, string?][] = [
+    ['Requests', formatCount(totals.requests), 'usage-total-requests'],
+    ['Errors', formatCount(totals.errors), 'usage-total-errors', totals.requests ? errorRate(totals) : undefined],
+    ['Input tokens', formatCount(totals.input_tokens), 'usage-total-input'],
+    ['Output tokens', formatCount(totals.output_tokens), 'usage-total-output'],
+  ];
+  return (
+    <section class="card" aria-label="Totals">
+      <dl class="totals usage-totals">
+        {items.map(([label, value, testid, note]) => (
+          <div key={label}>
+            <dt>{label}</dt>
+            <dd data-testid={testid}>
+              {value}
+              {note ? <span class="muted small"> {note}</span> : null}
+            </dd>
+          </div>
+        ))}
+      </dl>
+    </section>
+  );
+}
