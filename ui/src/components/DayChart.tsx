@@ -70,8 +70,9 @@ export function DayChart({ title, days, values, color, testid }: DayChartProps) 
         {
           label: title,
           stroke: color,
-          fill: `${color}99`,
-          width: 1,
+          fill: `${color}bb`,
+          // No outline: a quiet day (0) would otherwise draw a stub on the axis.
+          width: 0,
           paths: uPlot.paths.bars!({ size: [0.7, 48], radius: 0.15 }),
           points: { show: false },
           value: (_u, v) => (v == null ? '—' : formatCount(v)),

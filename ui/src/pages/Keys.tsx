@@ -40,7 +40,7 @@ export function Keys() {
       <div class="page-title">
         <h1>API keys</h1>
       </div>
-      <p class="muted">
+      <p class="muted page-intro">
         Keys let clients use this relay's models: each app or person gets its own, with optional limits, and its usage is
         counted.
       </p>

@@ -104,7 +104,7 @@ function KeyRow({ apiKey: k, now, onRevoke }: { apiKey: ApiKey; now: number; onR
       <td>
         <strong>{k.name}</strong>
       </td>
-      <td>
+      <td class="nowrap">
         <code data-testid="key-prefix">{k.prefix}…</code>
       </td>
       <td title={formatInstant(k.created_at)}>{formatAgo(k.created_at, now)}</td>
