@@ -25,6 +25,7 @@ export function ConfirmDialog({
   testid?: string;
 }) {
   const cancel = useRef<HTMLButtonElement>(null);
+  const box = useRef<HTMLDivElement>(null);
   useEffect(() => {
     const opener = document.activeElement as HTMLElement | null;
     cancel.current?.focus();
@@ -36,12 +37,28 @@ export function ConfirmDialog({
     if (e.key === 'Escape' && !busy) {
       e.preventDefault();
       onCancel();
+      return;
+    }
+    // Tab stays inside the dialog: the page behind it is inert while it asks.
+    if (e.key === 'Tab' && box.current) {
+      const focusable = Array.from(box.current.querySelectorAll<HTMLElement>('button:not([disabled]), a[href], [tabindex="0"]'));
+      if (!focusable.length) return;
+      const first = focusable[0];
+      const last = focusable[focusable.length - 1];
+      if (e.shiftKey && document.activeElement === first) {
+        e.preventDefault();
+        last.focus();
+      } else if (!e.shiftKey && document.activeElement === last) {
+        e.preventDefault();
+        first.focus();
+      }
     }
   };
 
   return (
     <div class="overlay" onKeyDown={onKeyDown}>
       <div
+        ref={box}
         class="dialog card"
         role="alertdialog"
         aria-modal="true"
