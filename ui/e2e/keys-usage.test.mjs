@@ -98,8 +98,11 @@ test('a key created on the Keys page is shown once, works when keys are required
   await row.getByRole('button', { name: 'Revoke e2e-app' }).click();
   const dialog = page.getByTestId('revoke-dialog');
   await dialog.waitFor();
-  await dialog.getByRole('button', { name: 'Cancel' }).click();
+  // Keyboard: focus starts on Cancel, Escape closes, and focus goes back to the Revoke button.
+  assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Cancel');
+  await page.keyboard.press('Escape');
   await dialog.waitFor({ state: 'detached' });
+  assert.equal(await page.evaluate(() => document.activeElement?.getAttribute('aria-label')), 'Revoke e2e-app');
   assert.equal(await row.getByTestId('key-status').innerText(), 'active');
   await row.getByRole('button', { name: 'Revoke e2e-app' }).click();
   await dialog.getByRole('button', { name: 'Revoke key' }).click();
