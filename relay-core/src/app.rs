@@ -32,6 +32,12 @@ pub enum AppError {
         /// Why, and what to do.
         reason: String,
     },
+    /// The proxy could not start on its listener (its database, most likely).
+    #[error("the proxy could not start: {reason}")]
+    ProxyStart {
+        /// Why, and what to do.
+        reason: String,
+    },
     /// The worker secret could not be stored or read.
     #[error("worker secret file {path}: {reason}")]
     Secret {

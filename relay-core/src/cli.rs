@@ -54,6 +54,8 @@ impl Cli {
             worker_secret: p.worker_secret.clone(),
             admin_token: p.admin_token.clone(),
             forward_client_auth: p.forward_client_auth,
+            require_api_keys: p.require_api_keys,
+            database_url: p.database_url.clone(),
             allowed_hosts: p.allowed_hosts.clone(),
             cors_origins: p.cors_origins.clone(),
             tls_cert: p.tls_cert.clone(),
@@ -168,6 +170,24 @@ pub struct ProxyArgs {
         default_missing_value = "true"
     )]
     pub forward_client_auth: Option<bool>,
+
+    /// Inference requests (/v1/...) need a client API key, sent as `Authorization: Bearer
+    /// mr-...` or `x-api-key: mr-...`; keys are made with POST /admin/keys or the dashboard's
+    /// Keys page [default: false].
+    #[arg(
+        long,
+        env = "MODELRELAY_REQUIRE_API_KEYS",
+        global = true,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub require_api_keys: Option<bool>,
+
+    /// Keep client API keys and usage in this PostgreSQL database (postgres://user:pass@host/db),
+    /// shared by every proxy pointed at it, instead of the SQLite file in the data directory.
+    #[arg(long, env = "DATABASE_URL", global = true, value_name = "URL")]
+    pub database_url: Option<String>,
 
     /// Host names, besides this machine's own, that requests may carry in `Host` (comma-separated;
     /// `*` turns the check off). Others are refused: that stops DNS-rebinding web pages.

@@ -18,5 +18,6 @@ pub mod protocol;
 pub mod proxy;
 pub mod settings;
 pub mod startup;
+pub mod store;
 pub mod tls;
 pub mod worker;

@@ -22,6 +22,14 @@ pub fn data_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".modelrelay"))
 }
 
+/// The proxy's SQLite database (client API keys, usage) in the data directory.
+pub const DATABASE_FILE: &str = "modelrelay.db";
+
+/// Where the proxy's SQLite database is in the data directory `dir`.
+pub fn database_path(dir: &Path) -> PathBuf {
+    dir.join(DATABASE_FILE)
+}
+
 /// Where the generated admin token is stored in the data directory `dir`.
 pub fn admin_token_path(dir: &Path) -> PathBuf {
     dir.join(ADMIN_TOKEN_FILE)

@@ -209,8 +209,8 @@ impl Node {
             listener,
             api::routes(slot.clone(), access.clone()),
         )
-        .map_err(|e| AppError::Listen {
-            address,
+        .await
+        .map_err(|e| AppError::ProxyStart {
             reason: e.to_string(),
         })?;
         let node = Node {

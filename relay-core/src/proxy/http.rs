@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::auth::secrets_match;
+use super::client_keys::{self, ClientIdentity};
 use super::hub::RequestSpec;
 use super::response::{AnswerObserver, AnswerSource, CancelGuard, Waiter};
 use super::responses_api;
@@ -55,8 +56,9 @@ const FORWARDED_HEADERS: &[&str] = &[
 /// Read buffer of each worker connection (see `worker_connect`).
 const WORKER_READ_BUFFER_BYTES: usize = 16 * 1024;
 
-/// The proxy's routes.
-pub fn routes() -> Router<AppState> {
+/// The client API: inference, models, stored Responses. Each request passes
+/// [`client_keys::identify`] first (mounted where the state is known, in `proxy::router`).
+pub fn client_routes() -> Router<AppState> {
     Router::new()
         .route("/v1/chat/completions", post(relay))
         .route("/v1/completions", post(relay))
@@ -74,6 +76,13 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/messages/count_tokens", post(relay))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(get_model))
+        .method_not_allowed_fallback(wrong_method)
+}
+
+/// The proxy's other routes: health, the index page, the worker endpoint, and the answers to
+/// unknown routes and methods.
+pub fn routes() -> Router<AppState> {
+    Router::new()
         .route("/health", get(health))
         .route("/", get(index_page))
         .route("/v1/worker/connect", get(worker_connect))
@@ -258,6 +267,7 @@ impl RequestHead {
 
 async fn relay(
     State(state): State<AppState>,
+    axum::Extension(identity): axum::Extension<ClientIdentity>,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
     body: Body,
@@ -266,6 +276,12 @@ async fn relay(
     if !state.hub.is_serving() {
         return proxy_role_off().into_response(dialect);
     }
+    // A key's limits are checked before its body is read: a refused request costs nothing.
+    let permit = match identity.key.as_ref().map(|key| state.key_limits.admit(key)) {
+        Some(Ok(permit)) => Some(permit),
+        Some(Err(error)) => return error.into_response(dialect),
+        None => None,
+    };
     // Held until the answer starts: the body stays in memory while the request is read,
     // queued and dispatched (a worker death before the first byte requeues it).
     let mut held = match reserve_body_bytes(&state, &headers) {
@@ -281,11 +297,18 @@ async fn relay(
         };
     // Keep only what the body takes.
     let _ = held.split(held.num_permits().saturating_sub(body.len()));
-    let head = RequestHead::new(uri, headers);
+    let mut head = RequestHead::new(uri, headers);
     let (model, body) = match apply_aliases(&state, model, body) {
         Ok(parts) => parts,
         Err(error) => return error.into_response(dialect),
     };
+    if let Err(error) = identity.check_model(&model) {
+        return error.into_response(dialect);
+    }
+    if identity.key.is_some() {
+        // The relay's own key: it opens this relay, not the backends behind it.
+        head.client_auth.clear();
+    }
     // Only Responses requests pay for the store (continuation, then recording the answer) and
     // for having their streams patched.
     let responses = head.is_responses_api();
@@ -303,12 +326,26 @@ async fn relay(
     } else {
         (body, None, None)
     };
-    let answer = dispatch(&state, head, model, body, is_streaming, observer).await;
+    let answer = dispatch(
+        &state,
+        head,
+        model,
+        body,
+        is_streaming,
+        observer,
+        &identity.account,
+    )
+    .await;
     drop(held);
-    if responses {
+    let answer = if responses {
         responses_api::patch_stream(answer, continues)
     } else {
         answer
+    };
+    match permit {
+        // The key's place is taken until the answer has been sent, stream included.
+        Some(permit) => client_keys::hold_until_sent(answer, permit),
+        None => answer,
     }
 }
 
@@ -321,6 +358,7 @@ async fn dispatch(
     body: String,
     is_streaming: bool,
     observer: Option<Box<dyn AnswerObserver>>,
+    account: &std::sync::Arc<str>,
 ) -> Response {
     let RequestHead {
         dialect,
@@ -372,6 +410,7 @@ async fn dispatch(
                         &request.model,
                         request.is_streaming,
                         &upstream.name,
+                        account,
                     );
                     // Boxed: inline, this path's state would enlarge every request's future,
                     // including the many that only wait in the queue.
@@ -391,10 +430,11 @@ async fn dispatch(
         Submitted::Dispatched { .. } => None,
     };
     let guard = CancelGuard::new(state.hub.clone(), accepted.request);
-    let tracked = state
-        .hub
-        .telemetry()
-        .begin(accepted.request, &model_name, is_streaming);
+    let tracked =
+        state
+            .hub
+            .telemetry()
+            .begin(accepted.request, &model_name, is_streaming, None, account);
     Waiter::new(
         guard,
         AnswerSource::Hub {

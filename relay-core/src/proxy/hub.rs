@@ -34,8 +34,9 @@ use crate::protocol::{
 pub enum ResponseEvent {
     /// SSE bytes of a streaming answer, in order.
     Chunk(Bytes),
-    /// The end: final status, headers and (for non-streaming answers) the body.
-    Complete(Box<ResponseCompleteMessage>),
+    /// The end: final status, headers and (for non-streaming answers) the body, and the name
+    /// of the worker that answered (`None` for an upstream's answer).
+    Complete(Box<ResponseCompleteMessage>, Option<Arc<str>>),
     /// The relay gave up on the request.
     Failed(Box<ApiError>),
     /// The worker died before any byte was sent; the request waits in the queue again.
@@ -290,12 +291,26 @@ impl Hub {
         })
     }
 
+    /// The name worker `worker` registered with (as the scheduler keeps it, cleaned).
+    pub fn worker_name(&self, worker: WorkerId) -> Option<String> {
+        self.lock()
+            .scheduler
+            .worker_name(worker)
+            .map(str::to_string)
+    }
+
     /// Starts tracking a request that an upstream serves instead of a worker, so the dashboard
     /// counts it like any other (its id comes from the same sequence).
-    pub fn track_upstream(&self, model: &str, streaming: bool, upstream: &str) -> TrackedRequest {
+    pub fn track_upstream(
+        &self,
+        model: &str,
+        streaming: bool,
+        upstream: &str,
+        key: &Arc<str>,
+    ) -> TrackedRequest {
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
         self.telemetry
-            .begin_via(request, model, streaming, Some(upstream))
+            .begin(request, model, streaming, Some(upstream), key)
     }
 
     /// The client is gone or timed out: unqueue the request, or tell its worker to stop and hold

@@ -3,8 +3,10 @@
 //! [`start`] binds nothing itself: it serves on a listener the caller bound, so tests use
 //! `127.0.0.1:0` and the command can pick the next free port. [`RunningProxy::shutdown`] drains.
 
+pub mod admin;
 pub mod aliases;
 pub mod auth;
+pub mod client_keys;
 pub mod completed_event;
 pub mod control;
 pub mod guard;
@@ -30,8 +32,11 @@ use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::settings::{defaults, ProxySettings};
+use crate::store::usage::{UsageLog, UsageRetention};
+use crate::store::{Database, DatabaseSetting, KeyStore};
 use aliases::{LiveAliases, ModelAliases};
 use auth::{FailureLimiter, FailureLimits};
+use client_keys::KeyLimits;
 use control::{AdminAccess, AdminToken, NodeInfo, SharedNodeInfo, TokenOrigin};
 use hub::{Hub, HubSettings};
 use responses_store::{ResponsesStore, StoreLimits};
@@ -100,6 +105,12 @@ pub struct ProxyConfig {
     pub cors_origins: Vec<String>,
     /// The certificate to serve HTTPS with; plain HTTP when `None`.
     pub tls: Option<crate::tls::ServerTls>,
+    /// Inference requests need a client API key (`require_api_keys`).
+    pub require_api_keys: bool,
+    /// Where client API keys and usage are kept.
+    pub database: DatabaseSetting,
+    /// How much usage is kept.
+    pub usage_retention: UsageRetention,
 }
 
 impl ProxyConfig {
@@ -138,6 +149,9 @@ impl ProxyConfig {
             allowed_hosts: Vec::new(),
             cors_origins: Vec::new(),
             tls: None,
+            require_api_keys: false,
+            database: DatabaseSetting::Memory,
+            usage_retention: UsageRetention::default(),
         }
     }
 
@@ -174,6 +188,13 @@ impl ProxyConfig {
             admin_token: settings.admin_token.map(AdminToken),
             allowed_hosts: settings.allowed_hosts,
             cors_origins: settings.cors_origins,
+            require_api_keys: settings.require_api_keys,
+            database: match settings.database_url {
+                Some(url) => DatabaseSetting::Postgres(url),
+                None => {
+                    DatabaseSetting::Sqlite(crate::paths::database_path(&crate::paths::data_dir()))
+                }
+            },
             ..ProxyConfig::with_secret(String::new())
         }
     }
@@ -188,6 +209,8 @@ pub struct AppState {
     pub config: Arc<ProxyConfig>,
     /// Failed worker authentications.
     pub limiter: Arc<FailureLimiter>,
+    /// Wrong admin tokens on `/admin/*`.
+    pub admin_limiter: Arc<FailureLimiter>,
     /// Per-connection worker settings.
     pub socket_settings: SocketSettings,
     /// Finished OpenAI Responses, for `previous_response_id` and `GET /v1/responses/{id}`.
@@ -209,6 +232,12 @@ pub struct AppState {
     pub event_slots: Arc<Semaphore>,
     /// One permit per request body byte held ([`ProxyConfig::max_request_bytes_in_flight`]).
     pub request_bytes: Arc<Semaphore>,
+    /// Client API keys.
+    pub keys: Arc<KeyStore>,
+    /// What each key has used of its limits.
+    pub key_limits: Arc<KeyLimits>,
+    /// Where finished requests are accounted.
+    pub usage: UsageLog,
 }
 
 /// A proxy serving in the background.
@@ -223,6 +252,7 @@ pub struct RunningProxy {
     closing: Arc<watch::Sender<bool>>,
     /// The model aliases in force: replace them to change `[proxy.aliases]` live.
     pub aliases: Arc<LiveAliases>,
+    usage: UsageLog,
     drain_timeout: Duration,
     stop: oneshot::Sender<()>,
     task: JoinHandle<std::io::Result<()>>,
@@ -240,11 +270,33 @@ pub struct Built {
     pub closing: Arc<watch::Sender<bool>>,
     /// The model aliases in force, replaceable while the proxy runs.
     pub aliases: Arc<LiveAliases>,
+    /// Where finished requests are accounted (flushed on shutdown).
+    pub usage: UsageLog,
+}
+
+/// Opens the database `config` names (creating and migrating it), its keys and its usage log.
+async fn open_store(config: &ProxyConfig) -> std::io::Result<(Arc<KeyStore>, UsageLog)> {
+    let failed = |e: crate::store::DbError| {
+        std::io::Error::other(format!(
+            "the proxy's database ({}): {e}",
+            config.database.describe()
+        ))
+    };
+    let db = Database::open(&config.database).await.map_err(failed)?;
+    let keys = KeyStore::open(db.clone()).await.map_err(failed)?;
+    let usage = UsageLog::start(db, Some(Arc::clone(&keys)), config.usage_retention);
+    tracing::info!(database = %config.database.describe(), "keys and usage kept in");
+    Ok((keys, usage))
 }
 
 /// Builds the router for `config` serving at `addr`, with `extra` routes (the node's settings
-/// and setup API) merged in.
-pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Built {
+/// and setup API) merged in; opens the proxy's database first.
+pub async fn router(
+    config: ProxyConfig,
+    addr: SocketAddr,
+    extra: axum::Router,
+) -> std::io::Result<Built> {
+    let (keys, usage) = open_store(&config).await?;
     let scheduler = Scheduler::new(
         config
             .providers
@@ -293,6 +345,7 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
     let state = AppState {
         hub: hub.clone(),
         limiter: Arc::new(FailureLimiter::new(config.auth_failures.clone())),
+        admin_limiter: Arc::new(FailureLimiter::new(config.auth_failures.clone())),
         socket_settings: SocketSettings {
             heartbeat_interval: config.heartbeat_interval,
             heartbeat_timeout: config.heartbeat_timeout,
@@ -316,28 +369,39 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
         worker_slots,
         event_slots,
         request_bytes,
+        keys,
+        key_limits: Arc::new(KeyLimits::default()),
+        usage: usage.clone(),
     };
-    let app = http::routes()
+    hub.telemetry().account_usage_in(usage.clone());
+    let app = http::client_routes()
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            client_keys::identify,
+        ))
+        .merge(http::routes())
+        .merge(admin::admin_routes(state.clone()))
         .merge(control::routes(admin))
         .with_state(state)
         .merge(extra)
         .layer(axum::middleware::from_fn_with_state(site, guard::guard));
-    Built {
+    Ok(Built {
         app,
         hub,
         node,
         closing,
         aliases,
-    }
+        usage,
+    })
 }
 
 /// Serves the proxy on `listener` until [`RunningProxy::shutdown`].
-pub fn start(config: ProxyConfig, listener: TcpListener) -> std::io::Result<RunningProxy> {
-    start_with(config, listener, axum::Router::new())
+pub async fn start(config: ProxyConfig, listener: TcpListener) -> std::io::Result<RunningProxy> {
+    start_with(config, listener, axum::Router::new()).await
 }
 
 /// [`start`] with `extra` routes merged in.
-pub fn start_with(
+pub async fn start_with(
     config: ProxyConfig,
     listener: TcpListener,
     extra: axum::Router,
@@ -353,7 +417,8 @@ pub fn start_with(
         node,
         closing,
         aliases,
-    } = router(config, addr, extra);
+        usage,
+    } = router(config, addr, extra).await?;
     control::spawn_sampler(&hub);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(serve::serve(listener, app, tls, connections, async {
@@ -366,6 +431,7 @@ pub fn start_with(
         node,
         closing,
         aliases,
+        usage,
         drain_timeout,
         stop,
         task,
@@ -395,6 +461,8 @@ impl RunningProxy {
             tracing::warn!(left, "drain timeout: ending requests still in flight");
         }
         self.hub.close_all_workers("proxy shutting down");
+        // What the last requests used is stored before the process may exit.
+        self.usage.flush().await;
         let mut task = self.task;
         if tokio::time::timeout(Duration::from_secs(5), &mut task)
             .await

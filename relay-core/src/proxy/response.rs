@@ -197,15 +197,16 @@ impl AnswerSource {
                 }
                 ResponseEvent::Chunk(Bytes::from(text))
             }
-            Some(BackendEvent::Complete(answer)) => {
-                ResponseEvent::Complete(Box::new(ResponseCompleteMessage {
+            Some(BackendEvent::Complete(answer)) => ResponseEvent::Complete(
+                Box::new(ResponseCompleteMessage {
                     request_id: String::new(),
                     status_code: answer.status.as_u16(),
                     headers: answer.headers,
                     body: answer.body,
                     token_counts: answer.token_counts,
-                }))
-            }
+                }),
+                None,
+            ),
             Some(BackendEvent::Failed(failure)) => failed(&failure.message),
             None => {
                 *ended = true;
@@ -276,7 +277,7 @@ impl Waiter {
     /// The relay answers with `error` instead of the backend.
     fn relay_error(&mut self, error: ApiError) -> Response {
         if let Some(tracked) = self.tracked.as_mut() {
-            tracked.fail();
+            tracked.fail(error.status.as_u16());
         }
         error.into_response(self.dialect)
     }
@@ -284,7 +285,7 @@ impl Waiter {
     /// The same, mid-stream: the error as an SSE event that ends the stream.
     fn relay_error_sse(&mut self, error: &ApiError) -> Bytes {
         if let Some(tracked) = self.tracked.as_mut() {
-            tracked.fail();
+            tracked.fail(error.status.as_u16());
         }
         error.to_sse(self.dialect)
     }
@@ -320,13 +321,13 @@ impl Waiter {
         };
         match first {
             ResponseEvent::Chunk(bytes) => self.stream(bytes),
-            ResponseEvent::Complete(mut complete) => {
+            ResponseEvent::Complete(mut complete, worker) => {
                 self.guard.disarm();
                 if let Some(observer) = self.observer.as_mut() {
                     observer.complete(&mut complete);
                 }
                 if let Some(tracked) = self.tracked.as_mut() {
-                    tracked.complete(complete.status_code, complete.token_counts.as_ref());
+                    tracked.complete(complete.status_code, complete.token_counts.as_ref(), worker);
                 }
                 match pass_through(*complete) {
                     Ok(response) => response,
@@ -399,10 +400,10 @@ impl Waiter {
         };
         match event {
             Some(ResponseEvent::Chunk(bytes)) => Some((self.coalesce(bytes), false)),
-            Some(ResponseEvent::Complete(complete)) => {
+            Some(ResponseEvent::Complete(complete, worker)) => {
                 self.guard.disarm();
                 if let Some(tracked) = self.tracked.as_mut() {
-                    tracked.complete(complete.status_code, complete.token_counts.as_ref());
+                    tracked.complete(complete.status_code, complete.token_counts.as_ref(), worker);
                 }
                 None
             }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::scheduler::RequestId;
 use crate::protocol::TokenCounts;
+use crate::store::usage::{Outcome, UsageLog, UsageRecord};
 
 /// Points kept for the charts: five minutes at one a second.
 pub const SERIES_POINTS: usize = 300;
@@ -37,6 +38,8 @@ pub struct RequestRecord {
     pub arrived: Instant,
     /// The upstream serving it (`[[proxy.upstreams]]` name), for requests no worker runs.
     pub upstream: Option<String>,
+    /// The client API key it was made with (its id), or `anonymous`.
+    pub key: Arc<str>,
     /// Nanoseconds from arrival to the answer's first byte; 0 until then.
     first_byte_nanos: AtomicU64,
     /// Output tokens so far.
@@ -75,6 +78,8 @@ struct Totals {
     requests: AtomicU64,
     errors: AtomicU64,
     tokens: AtomicU64,
+    /// Requests refused for a missing, wrong or revoked client API key.
+    client_auth_failures: AtomicU64,
 }
 
 /// Totals as numbers.
@@ -129,6 +134,8 @@ pub struct Telemetry {
     workers: Mutex<HashMap<String, WorkerRecord>>,
     totals: Totals,
     series: Mutex<SeriesState>,
+    /// Where finished requests are accounted, once the proxy's database is open.
+    usage: std::sync::OnceLock<UsageLog>,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -147,29 +154,39 @@ impl Telemetry {
         self.version.load(Ordering::Relaxed)
     }
 
-    /// A request was accepted; the returned handle records its progress and its end.
+    /// A request was refused for its client API key.
+    pub fn client_auth_failed(&self) {
+        self.totals
+            .client_auth_failures
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests refused for their client API key since start.
+    pub fn client_auth_failures(&self) -> u64 {
+        self.totals.client_auth_failures.load(Ordering::Relaxed)
+    }
+
+    /// Accounts every finished request in `usage` from now on.
+    pub fn account_usage_in(&self, usage: UsageLog) {
+        let _ = self.usage.set(usage);
+    }
+
+    /// A request was accepted for a worker (or, with `upstream`, for that upstream), made with
+    /// client key `key`; the returned handle records its progress and its end.
     pub fn begin(
         self: &Arc<Self>,
         request: RequestId,
         model: &str,
         streaming: bool,
-    ) -> TrackedRequest {
-        self.begin_via(request, model, streaming, None)
-    }
-
-    /// A request accepted for `upstream` (or a worker, with `None`).
-    pub fn begin_via(
-        self: &Arc<Self>,
-        request: RequestId,
-        model: &str,
-        streaming: bool,
         upstream: Option<&str>,
+        key: &Arc<str>,
     ) -> TrackedRequest {
         let record = Arc::new(RequestRecord {
             model: model.to_string(),
             streaming,
             arrived: Instant::now(),
             upstream: upstream.map(str::to_string),
+            key: Arc::clone(key),
             first_byte_nanos: AtomicU64::new(0),
             tokens: AtomicU64::new(0),
         });
@@ -179,7 +196,9 @@ impl Telemetry {
             telemetry: Arc::clone(self),
             request,
             record,
-            failed: false,
+            end: None,
+            input_tokens: 0,
+            worker: None,
         }
     }
 
@@ -274,7 +293,12 @@ pub struct TrackedRequest {
     telemetry: Arc<Telemetry>,
     request: RequestId,
     record: Arc<RequestRecord>,
-    failed: bool,
+    /// How it ended and the status the client got; `None` while running (and for a client that
+    /// left first).
+    end: Option<(Outcome, u16)>,
+    input_tokens: u64,
+    /// The worker that answered.
+    worker: Option<Arc<str>>,
 }
 
 impl TrackedRequest {
@@ -293,9 +317,14 @@ impl TrackedRequest {
         }
     }
 
-    /// The answer is complete, with the backend's status and usage.
-    pub fn complete(&mut self, status: u16, usage: Option<&TokenCounts>) {
+    /// The answer is complete, with the backend's status and usage, from `worker` (`None` for
+    /// an upstream, named in the record).
+    pub fn complete(&mut self, status: u16, usage: Option<&TokenCounts>, worker: Option<Arc<str>>) {
         self.first_byte();
+        self.worker = worker;
+        if let Some(input) = usage.and_then(|u| u.prompt_tokens) {
+            self.input_tokens = u64::from(input);
+        }
         if let Some(tokens) = usage.and_then(|u| u.completion_tokens) {
             // The backend's count replaces the estimate, in the totals too.
             let counted = self
@@ -308,14 +337,39 @@ impl TrackedRequest {
                 None => totals.fetch_sub(counted - u64::from(tokens), Ordering::Relaxed),
             };
         }
-        if status >= 400 {
-            self.failed = true;
-        }
+        let outcome = if status >= 400 {
+            Outcome::Error
+        } else {
+            Outcome::Ok
+        };
+        self.end = Some((outcome, status));
     }
 
-    /// The relay answered with an error instead of the backend.
-    pub fn fail(&mut self) {
-        self.failed = true;
+    /// The relay answered with an error of `status` instead of the backend.
+    pub fn fail(&mut self, status: u16) {
+        self.end = Some((Outcome::Error, status));
+    }
+
+    /// What usage to account for this request, now that it ended.
+    fn usage_record(&self) -> UsageRecord {
+        let (outcome, status) = self.end.unwrap_or((Outcome::Cancelled, 0));
+        let record = &self.record;
+        UsageRecord {
+            at: unix_ms() as i64,
+            key: Arc::clone(&record.key),
+            model: record.model.clone(),
+            worker: match (&self.worker, &record.upstream) {
+                (Some(worker), _) => worker.to_string(),
+                (None, Some(upstream)) => upstream.clone(),
+                (None, None) => String::new(),
+            },
+            outcome,
+            status,
+            input_tokens: self.input_tokens,
+            output_tokens: record.tokens(),
+            ttft_ms: record.ttft().map(|t| t.as_millis() as u64),
+            duration_ms: record.arrived.elapsed().as_millis() as u64,
+        }
     }
 
     fn first_byte(&self) {
@@ -333,8 +387,11 @@ impl Drop for TrackedRequest {
         let telemetry = &self.telemetry;
         locked(&telemetry.requests).remove(&self.request);
         telemetry.totals.requests.fetch_add(1, Ordering::Relaxed);
-        if self.failed {
+        if matches!(self.end, Some((Outcome::Error, _))) {
             telemetry.totals.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(usage) = telemetry.usage.get() {
+            usage.record(self.usage_record());
         }
         telemetry.touch();
     }
@@ -369,11 +426,15 @@ mod tests {
         assert_eq!(count_data_lines(b"xdata: no\n"), 0);
     }
 
+    fn anon() -> Arc<str> {
+        Arc::from(crate::store::usage::ANONYMOUS)
+    }
+
     #[test]
     fn a_request_is_listed_until_its_handle_drops_then_counted() {
         let telemetry = Arc::new(Telemetry::default());
         let before = telemetry.version();
-        let mut tracked = telemetry.begin(7, "m", true);
+        let mut tracked = telemetry.begin(7, "m", true, None, &anon());
         assert!(telemetry.version() > before);
         assert_eq!(telemetry.requests().len(), 1);
         assert!(telemetry.requests()[0].1.ttft().is_none());
@@ -392,6 +453,7 @@ mod tests {
                 completion_tokens: Some(5),
                 ..TokenCounts::default()
             }),
+            None,
         );
         drop(tracked);
         assert!(telemetry.requests().is_empty());
@@ -408,7 +470,7 @@ mod tests {
     #[test]
     fn a_backend_count_below_the_estimate_corrects_the_totals_down() {
         let telemetry = Arc::new(Telemetry::default());
-        let mut tracked = telemetry.begin(1, "m", true);
+        let mut tracked = telemetry.begin(1, "m", true, None, &anon());
         tracked.chunk(b"data: {}\n\ndata: {}\n\ndata: {}\n\n");
         tracked.complete(
             200,
@@ -416,6 +478,7 @@ mod tests {
                 completion_tokens: Some(1),
                 ..TokenCounts::default()
             }),
+            None,
         );
         drop(tracked);
         assert_eq!(telemetry.totals().tokens, 1);
@@ -424,9 +487,13 @@ mod tests {
     #[test]
     fn failures_and_error_statuses_count_as_errors() {
         let telemetry = Arc::new(Telemetry::default());
-        telemetry.begin(1, "m", false).fail();
-        telemetry.begin(2, "m", false).complete(502, None);
-        telemetry.begin(3, "m", false).complete(200, None);
+        telemetry.begin(1, "m", false, None, &anon()).fail(502);
+        telemetry
+            .begin(2, "m", false, None, &anon())
+            .complete(502, None, None);
+        telemetry
+            .begin(3, "m", false, None, &anon())
+            .complete(200, None, None);
         assert_eq!(telemetry.totals().errors, 2);
         assert_eq!(telemetry.totals().requests, 3);
     }
@@ -434,10 +501,10 @@ mod tests {
     #[test]
     fn series_points_are_per_second_differences_and_bounded() {
         let telemetry = Arc::new(Telemetry::default());
-        telemetry.begin(1, "m", false);
+        telemetry.begin(1, "m", false, None, &anon());
         telemetry.sample(100, 3);
-        telemetry.begin(2, "m", false);
-        telemetry.begin(3, "m", false);
+        telemetry.begin(2, "m", false, None, &anon());
+        telemetry.begin(3, "m", false, None, &anon());
         telemetry.sample(101, 0);
         let series = telemetry.series();
         assert_eq!(series.unix_secs, vec![100, 101]);

@@ -199,7 +199,7 @@ impl Upstreams {
                 "model {} is served by upstream {}, an Anthropic API, which has no {}",
                 request.model, upstream.name, request.endpoint_path
             );
-            tracked.fail();
+            tracked.fail(StatusCode::BAD_REQUEST.as_u16());
             return ApiError::new(StatusCode::BAD_REQUEST, "unsupported_route", message)
                 .into_response(dialect);
         }

@@ -142,6 +142,7 @@ pub async fn serve_worker(
     let mut connection = Connection {
         hub: Arc::clone(&hub),
         worker: joined.worker,
+        name: Arc::from(hub.worker_name(joined.worker).unwrap_or_default()),
         routes: HashMap::new(),
         pauses: StreamPauses::new(settings.max_buffered_stream_bytes),
         settings,
@@ -191,6 +192,8 @@ async fn close(sink: &mut Sink, code: u16, reason: &str) {
 struct Connection {
     hub: Arc<Hub>,
     worker: WorkerId,
+    /// The name it registered with, for the usage of the requests it answers.
+    name: Arc<str>,
     routes: HashMap<RequestId, Route>,
     /// Streams the worker was asked to hold back because their clients fell behind.
     pauses: StreamPauses,
@@ -468,9 +471,10 @@ impl Connection {
         }
         tracing::debug!(request = %complete.request_id, status = complete.status_code, tokens = ?complete.token_counts, "response complete");
         if let Some(route) = route {
-            let _ = route
-                .events
-                .send(ResponseEvent::Complete(Box::new(complete)));
+            let _ = route.events.send(ResponseEvent::Complete(
+                Box::new(complete),
+                Some(Arc::clone(&self.name)),
+            ));
         }
     }
 

@@ -128,6 +128,11 @@ pub struct ProxyFile {
     pub default_model: Option<String>,
     /// `FORWARD_CLIENT_AUTH`: pass clients' credentials on to the default provider's workers.
     pub forward_client_auth: Option<bool>,
+    /// `MODELRELAY_REQUIRE_API_KEYS`: inference requests need a client API key.
+    pub require_api_keys: Option<bool>,
+    /// `DATABASE_URL`: keep keys and usage in this PostgreSQL database instead of the SQLite
+    /// file in the data directory.
+    pub database_url: Option<String>,
     /// `MODELRELAY_ALLOWED_HOSTS`: host names besides this machine's that requests may carry.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,

@@ -19,6 +19,10 @@ pub struct Overrides {
     pub admin_token: Option<String>,
     /// `FORWARD_CLIENT_AUTH`, for the proxy's default provider and for a worker.
     pub forward_client_auth: Option<bool>,
+    /// `MODELRELAY_REQUIRE_API_KEYS`.
+    pub require_api_keys: Option<bool>,
+    /// `DATABASE_URL`.
+    pub database_url: Option<String>,
     /// `MODELRELAY_ALLOWED_HOSTS`.
     pub allowed_hosts: Option<Vec<String>>,
     /// `MODELRELAY_CORS_ORIGINS`.

@@ -70,6 +70,10 @@ pub struct ProxySettings {
     pub fallback_upstream: Option<String>,
     /// The configured admin token; `None` uses the stored one.
     pub admin_token: Option<String>,
+    /// Inference requests need a client API key.
+    pub require_api_keys: bool,
+    /// A PostgreSQL URL for keys and usage; `None` for the SQLite file in the data directory.
+    pub database_url: Option<String>,
     /// Host names besides this machine's own that requests may carry.
     pub allowed_hosts: Vec<String>,
     /// Web origins allowed to call `/v1` from a browser.
@@ -246,6 +250,8 @@ impl ProxySettings {
                 .clone()
                 .or_else(|| p.admin_token.clone())
                 .filter(|t| !t.trim().is_empty()),
+            require_api_keys: o.require_api_keys.or(p.require_api_keys).unwrap_or(false),
+            database_url: database_url(o.database_url.as_ref().or(p.database_url.as_ref()))?,
             allowed_hosts: o
                 .allowed_hosts
                 .clone()
@@ -257,6 +263,21 @@ impl ProxySettings {
             tls: tls(p, o)?,
         })
     }
+}
+
+/// `DATABASE_URL` checked: a PostgreSQL URL, or nothing (blank counts as nothing).
+fn database_url(url: Option<&String>) -> Result<Option<String>, ConfigError> {
+    let Some(url) = url.map(|u| u.trim()).filter(|u| !u.is_empty()) else {
+        return Ok(None);
+    };
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(Some(url.to_string()));
+    }
+    Err(ConfigError::Invalid(format!(
+        "DATABASE_URL must be a PostgreSQL URL (postgres://user:password@host:5432/database); \
+         leave it unset to keep keys and usage in the SQLite file of the data directory (got {:?})",
+        url.split("://").next().unwrap_or_default()
+    )))
 }
 
 /// `[[proxy.providers]]`: each needs a name of its own and a secret; unset limits are the

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 /// Starts a proxy with `config` on 127.0.0.1:0.
 pub async fn start_proxy(config: ProxyConfig) -> RunningProxy {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-    proxy::start(config, listener).expect("start proxy")
+    proxy::start(config, listener).await.expect("start proxy")
 }
 
 /// An HTTP client as a client of the relay would use one: no system proxy (tests talk to

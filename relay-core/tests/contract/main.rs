@@ -9,6 +9,7 @@ mod inprocess;
 mod adapter_e2e;
 mod anthropic_upstream;
 mod bad_input;
+mod client_keys;
 mod control;
 mod dispatch;
 mod lifecycle;

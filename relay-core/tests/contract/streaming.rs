@@ -773,15 +773,17 @@ async fn a_held_back_stream_whose_client_leaves_is_cancelled_through_to_the_back
     proxy.shutdown().await;
 }
 
-/// Waits until the backend's stream writes stop (no new event for a quarter second); returns
-/// how many it wrote.
+/// Waits until the backend's stream writes stop (no new event for a second, long enough on a
+/// busy machine for the socket buffers between it and the worker to have filled); returns how
+/// many it wrote.
 async fn backend_held_back(backend: &MockBackend) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut last = usize::MAX;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut last, mut still) = (usize::MAX, 0);
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let now = backend.streamed_events();
-        if now == last && now > 0 {
+        still = if now == last && now > 0 { still + 1 } else { 0 };
+        if still == 4 {
             return now;
         }
         assert!(

@@ -76,6 +76,9 @@ pub(crate) const DESKTOP_ORIGINS: &[&str] = &["tauri://localhost", "http://tauri
 /// The one control route that takes the token in its query: `EventSource` cannot set headers.
 const QUERY_TOKEN_PATH: &str = "/api/events";
 
+/// The error code of an `/admin/*` request with a wrong token (which counts towards a lockout).
+pub const WRONG_ADMIN_TOKEN_CODE: &str = "wrong_admin_token";
+
 /// The error code of a request that needs the admin token for what it changes.
 pub const ELEVATION_CODE: &str = "admin_token_needed";
 
@@ -143,6 +146,43 @@ impl AdminAccess {
                 StatusCode::FORBIDDEN,
                 ELEVATION_CODE,
                 format!("{what} needs {where_it_is}. Send it as `Authorization: Bearer TOKEN`."),
+            )),
+        }
+    }
+}
+
+impl AdminAccess {
+    /// The published `/admin/*` rule: the admin token must have been configured on purpose
+    /// (`MODELRELAY_ADMIN_TOKEN`, `--admin-token`, `admin_token` in the file) and presented as
+    /// `Authorization: Bearer`; anything else is 403, as the published proxy answers. A token
+    /// this node generated for its dashboard does not open `/admin`: scripts replacing the
+    /// published binaries set theirs.
+    pub fn check_admin_api(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let forbidden =
+            |message: &str| ApiError::new(StatusCode::FORBIDDEN, "admin_forbidden", message);
+        let expected = match (&self.token, &self.origin) {
+            (Some(token), TokenOrigin::Configured) => token,
+            _ => {
+                return Err(forbidden(
+                    "the admin API is off: start the proxy with MODELRELAY_ADMIN_TOKEN (or \
+                     --admin-token) set, then send it as `Authorization: Bearer TOKEN`",
+                ))
+            }
+        };
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match bearer {
+            Some(token) if secrets_match(token, &expected.0) => Ok(()),
+            Some(_) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                WRONG_ADMIN_TOKEN_CODE,
+                "wrong admin token: send the one in MODELRELAY_ADMIN_TOKEN",
+            )),
+            None => Err(forbidden(
+                "the admin API needs the admin token: send `Authorization: Bearer TOKEN`",
             )),
         }
     }

@@ -98,6 +98,7 @@ pub fn routes(access: AdminAccess) -> Router<AppState> {
         .route("/api/events", get(status::events))
         .route("/api/workers/{id}/drain", post(drain_worker))
         .route("/api/models/refresh", post(refresh_models))
+        .merge(super::admin::dashboard_routes())
         .route_layer(from_fn_with_state(access, auth::guard))
 }
 

@@ -31,6 +31,8 @@ pub struct NodeStatus {
     info: NodeInfo,
     /// Whether the control API needs the admin token.
     pub admin_token_required: bool,
+    /// Whether inference requests need a client API key.
+    pub require_api_keys: bool,
     /// Seconds since start.
     pub uptime_secs: u64,
 }
@@ -186,6 +188,7 @@ pub fn snapshot(state: &AppState) -> Status {
             version: env!("CARGO_PKG_VERSION"),
             info: state.node.borrow().clone(),
             admin_token_required: state.admin.required(),
+            require_api_keys: state.config.require_api_keys,
             uptime_secs: hub.uptime().as_secs(),
         },
         workers,

@@ -1,0 +1,287 @@
+//! The published admin API under `/admin/` (workers, stats, client API keys, usage), for the
+//! scripts and dashboards written against the published ModelRelay, and the same key and usage
+//! handlers under `/api/` for the web UI.
+//!
+//! `/admin/*` follows the published rule ([`AdminAccess::check_admin_api`]: 403 unless the
+//! configured admin token is sent); `/api/*` follows the control API's (open on loopback, the
+//! token beyond it), like the rest of the dashboard.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::control::auth::WRONG_ADMIN_TOKEN_CODE;
+use super::control::{status, AdminAccess};
+use super::AppState;
+use crate::dialect::{ApiError, Dialect};
+use crate::store::dates::{day_of, now_ms, parse_time};
+use crate::store::usage::{to_csv, GroupBy, UsageQuery, ANONYMOUS};
+use crate::store::{KeyError, KeyView, NewKey};
+
+/// Days a usage query covers when it names no start.
+const DEFAULT_USAGE_DAYS: i64 = 30;
+
+/// `/admin/*`, behind the published admin rule.
+pub fn admin_routes(state: AppState) -> Router<AppState> {
+    Router::new()
+        .route("/admin/workers", get(workers))
+        .route("/admin/stats", get(stats))
+        .route("/admin/keys", get(list_keys).post(create_key))
+        .route("/admin/keys/{id}", delete(revoke_key))
+        .route("/admin/usage", get(usage))
+        .route_layer(from_fn_with_state(state, admin_guard))
+}
+
+/// The key and usage routes of the web UI, mounted with the control API (behind its rule).
+pub fn dashboard_routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/keys", get(list_keys).post(create_key))
+        .route("/api/keys/{id}", delete(revoke_key))
+        .route("/api/usage", get(usage))
+}
+
+/// Refuses `/admin/*` without the configured token; after repeated wrong tokens from one address
+/// every token from it is refused for a while (the worker-auth limiter's rule, with a table of
+/// its own), so the token cannot be guessed at network speed.
+async fn admin_guard(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let ip = peer.ip();
+    let now = Instant::now();
+    if let Err(wait) = state.admin_limiter.check(ip, now) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "admin_locked_out",
+            format!(
+                "too many wrong admin tokens from this address; retry in {} s",
+                wait.as_secs().max(1)
+            ),
+        )
+        .retry_after(wait)
+        .into_response(Dialect::OpenAi);
+    }
+    match admin_access(&state).check_admin_api(request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(error) => {
+            if error.code == WRONG_ADMIN_TOKEN_CODE {
+                state.admin_limiter.record_failure(ip, now);
+            }
+            error.into_response(Dialect::OpenAi)
+        }
+    }
+}
+
+fn admin_access(state: &AppState) -> &AdminAccess {
+    &state.admin
+}
+
+fn api_error(error: ApiError) -> Response {
+    error.into_response(Dialect::OpenAi)
+}
+
+/// `GET /admin/workers`: every connected worker, as the dashboard lists them.
+async fn workers(State(state): State<AppState>) -> Response {
+    let status = serde_json::to_value(status::snapshot(&state)).unwrap_or_default();
+    Json(json!({"workers": status["workers"]})).into_response()
+}
+
+/// `GET /admin/stats`: totals since start, queues and what runs now.
+async fn stats(State(state): State<AppState>) -> Response {
+    let status = serde_json::to_value(status::snapshot(&state)).unwrap_or_default();
+    let depth: u64 = status["queues"]
+        .as_array()
+        .map(|queues| queues.iter().filter_map(|q| q["depth"].as_u64()).sum())
+        .unwrap_or(0);
+    let telemetry = state.hub.telemetry();
+    Json(json!({
+        "uptime_secs": status["node"]["uptime_secs"],
+        "workers_connected": status["workers"].as_array().map_or(0, Vec::len),
+        "queue_depth": depth,
+        "queues": status["queues"],
+        "in_flight": status["in_flight"].as_array().map_or(0, Vec::len),
+        "totals": status["totals"],
+        "client_auth_failures": telemetry.client_auth_failures(),
+        "usage_records_dropped": state.usage.dropped(),
+    }))
+    .into_response()
+}
+
+async fn list_keys(State(state): State<AppState>) -> Response {
+    let keys: Vec<KeyView> = state
+        .keys
+        .list()
+        .iter()
+        .map(|k| KeyView::from(&**k))
+        .collect();
+    Json(json!({"keys": keys})).into_response()
+}
+
+async fn create_key(State(state): State<AppState>, body: axum::body::Bytes) -> Response {
+    let new: NewKey = match serde_json::from_slice(&body) {
+        Ok(new) => new,
+        Err(error) => {
+            return api_error(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!(
+                    "expected {{\"name\": \"…\", \"models\"?: [\"…\"], \"max_concurrent\"?: n, \
+                     \"requests_per_minute\"?: n}}: {error}"
+                ),
+            ))
+        }
+    };
+    match state.keys.create(new).await {
+        Ok(view) => (StatusCode::CREATED, Json(view)).into_response(),
+        Err(error) => api_error(key_error(error)),
+    }
+}
+
+async fn revoke_key(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    match state.keys.revoke(&id).await {
+        Ok(()) => Json(json!({"id": id, "revoked": true})).into_response(),
+        Err(error) => api_error(key_error(error)),
+    }
+}
+
+fn key_error(error: KeyError) -> ApiError {
+    match error {
+        KeyError::Invalid(message) => {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+        }
+        KeyError::NotFound(_) => {
+            ApiError::new(StatusCode::NOT_FOUND, "key_not_found", error.to_string())
+        }
+        KeyError::Database(_) => {
+            tracing::error!(%error, "key store");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database_unavailable",
+                error.to_string(),
+            )
+        }
+    }
+}
+
+/// `GET /admin/usage` and `/api/usage`'s parameters.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsageParams {
+    key: Option<String>,
+    model: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+    group_by: Option<String>,
+    /// `csv` for a download; JSON otherwise.
+    format: Option<String>,
+}
+
+impl UsageParams {
+    fn query(self) -> Result<(UsageQuery, bool), ApiError> {
+        let bad =
+            |message: String| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message);
+        let time = |name: &str, value: Option<String>| -> Result<Option<i64>, ApiError> {
+            match value.filter(|v| !v.is_empty()) {
+                None => Ok(None),
+                Some(text) => parse_time(&text).map(Some).ok_or_else(|| {
+                    bad(format!("`{name}` must be a date (2026-11-25) or an RFC 3339 time (2026-11-25T12:00:00Z), not {text:?}"))
+                }),
+            }
+        };
+        let until = time("until", self.until)?.unwrap_or_else(now_ms);
+        let since =
+            time("since", self.since)?.unwrap_or(until - (DEFAULT_USAGE_DAYS - 1) * 86_400_000);
+        if since > until {
+            return Err(bad("`since` is after `until`".into()));
+        }
+        let group_by = match self.group_by.as_deref().filter(|g| !g.is_empty()) {
+            None => GroupBy::Day,
+            Some(text) => GroupBy::parse(text).ok_or_else(|| {
+                bad(format!(
+                    "`group_by` must be day, key or model, not {text:?}"
+                ))
+            })?,
+        };
+        let csv = match self.format.as_deref() {
+            None | Some("" | "json") => false,
+            Some("csv") => true,
+            Some(other) => return Err(bad(format!("`format` must be json or csv, not {other:?}"))),
+        };
+        let filter = |v: Option<String>| v.filter(|v| !v.is_empty());
+        Ok((
+            UsageQuery {
+                key: filter(self.key),
+                model: filter(self.model),
+                since: day_of(since),
+                until: day_of(until),
+                group_by,
+            },
+            csv,
+        ))
+    }
+}
+
+async fn usage(
+    State(state): State<AppState>,
+    params: Result<Query<UsageParams>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let params = match params {
+        Ok(Query(params)) => params,
+        Err(rejection) => {
+            return api_error(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("usage takes key, model, since, until, group_by (day, key, model) and format (json, csv): {rejection}"),
+            ))
+        }
+    };
+    let (query, csv) = match params.query() {
+        Ok(parts) => parts,
+        Err(error) => return api_error(error),
+    };
+    let mut report = match state.usage.query(&query).await {
+        Ok(report) => report,
+        Err(error) => {
+            tracing::error!(%error, "usage query");
+            return api_error(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database_unavailable",
+                format!("the usage could not be read: {error}"),
+            ));
+        }
+    };
+    if query.group_by == GroupBy::Key {
+        for row in &mut report.rows {
+            row.name = if row.group == ANONYMOUS {
+                None
+            } else {
+                state.keys.name_of(&row.group)
+            };
+        }
+    }
+    if csv {
+        let file = format!("modelrelay-usage-{}-{}.csv", query.since, query.until);
+        return (
+            [
+                (header::CONTENT_TYPE, "text/csv; charset=utf-8".to_string()),
+                (
+                    header::CONTENT_DISPOSITION,
+                    format!("attachment; filename=\"{file}\""),
+                ),
+            ],
+            to_csv(&report),
+        )
+            .into_response();
+    }
+    Json(serde_json::to_value(report).unwrap_or(Value::Null)).into_response()
+}

@@ -1,0 +1,12 @@
+//! What a proxy keeps across restarts: client API keys and usage, in an embedded SQLite file
+//! in the data directory, or in PostgreSQL (`DATABASE_URL`) so that proxies behind one load
+//! balancer share them. Imports nothing of the proxy: the proxy calls in.
+
+pub mod dates;
+pub mod db;
+pub mod keys;
+mod migrations;
+pub mod usage;
+
+pub use db::{Database, DatabaseSetting, DbError};
+pub use keys::{ApiKey, KeyError, KeyStore, KeyView, NewKey};

@@ -1,0 +1,642 @@
+//! Usage that lasts: every finished request, per key, model, worker and outcome.
+//!
+//! Requests hand their record to [`UsageLog::record`], which never waits: records go through a
+//! bounded channel to one writer task that stores them in batches (one transaction every
+//! [`FLUSH_EVERY`] or [`BATCH`] records), as raw rows and as daily roll-ups updated in the same
+//! transaction. Raw rows are pruned by age and count; roll-ups are kept much longer and answer
+//! the queries, so a query's cost does not grow with traffic.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+
+use super::dates::{day_of, now_ms};
+use super::db::{Database, DbError, Kind, Param, Statement};
+use super::keys::KeyStore;
+
+/// The key of requests made without one.
+pub const ANONYMOUS: &str = "anonymous";
+/// Records waiting for the writer at most; beyond, records are dropped and counted.
+const QUEUE: usize = 65_536;
+/// The writer stores what arrived at least this often.
+const FLUSH_EVERY: Duration = Duration::from_millis(500);
+/// And at most this many records per transaction.
+const BATCH: usize = 2_000;
+/// How often old rows are pruned.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// How much usage is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageRetention {
+    /// Raw rows (one per request) older than this many days are deleted.
+    pub raw_days: u32,
+    /// And beyond this many rows, the oldest.
+    pub raw_rows: u64,
+    /// Daily roll-ups older than this many days are deleted.
+    pub daily_days: u32,
+}
+
+impl Default for UsageRetention {
+    fn default() -> Self {
+        UsageRetention {
+            raw_days: 7,
+            raw_rows: 1_000_000,
+            daily_days: 400,
+        }
+    }
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Answered with a status below 400.
+    Ok,
+    /// Answered with an error (the backend's or the relay's).
+    Error,
+    /// The client left before the end.
+    Cancelled,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One finished request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageRecord {
+    /// When it ended, Unix ms.
+    pub at: i64,
+    /// The key's id, or [`ANONYMOUS`].
+    pub key: Arc<str>,
+    pub model: String,
+    /// The worker's name, the upstream's, or empty when none answered.
+    pub worker: String,
+    pub outcome: Outcome,
+    /// The HTTP status the client got (0 when it left first).
+    pub status: u16,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Time to first byte.
+    pub ttft_ms: Option<u64>,
+    pub duration_ms: u64,
+}
+
+enum Message {
+    Record(UsageRecord),
+    Flush(oneshot::Sender<()>),
+}
+
+/// Where requests report their usage; cheap to clone.
+#[derive(Clone)]
+pub struct UsageLog {
+    sender: mpsc::Sender<Message>,
+    dropped: Arc<AtomicU64>,
+    db: Database,
+}
+
+impl std::fmt::Debug for UsageLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UsageLog").field("db", &self.db).finish()
+    }
+}
+
+impl UsageLog {
+    /// Starts the writer; it ends, after storing what it was given, when every clone of the
+    /// log is gone.
+    pub fn start(db: Database, keys: Option<Arc<KeyStore>>, retention: UsageRetention) -> UsageLog {
+        let (sender, receiver) = mpsc::channel(QUEUE);
+        tokio::spawn(write_loop(db.clone(), keys, retention, receiver));
+        UsageLog {
+            sender,
+            dropped: Arc::new(AtomicU64::new(0)),
+            db,
+        }
+    }
+
+    /// Records a finished request; never waits.
+    pub fn record(&self, record: UsageRecord) {
+        if self.sender.try_send(Message::Record(record)).is_err() {
+            // Only when the writer is far behind (or the database down for long): say so,
+            // once per thousand, rather than slow requests down.
+            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed);
+            if dropped.is_multiple_of(1000) {
+                tracing::warn!(
+                    dropped = dropped + 1,
+                    "usage records dropped: the usage writer is behind"
+                );
+            }
+        }
+    }
+
+    /// Records dropped because the writer was behind.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Waits until everything recorded so far is stored.
+    pub async fn flush(&self) {
+        let (done, stored) = oneshot::channel();
+        if self.sender.send(Message::Flush(done)).await.is_ok() {
+            let _ = stored.await;
+        }
+    }
+
+    /// Usage as `query` asks.
+    pub async fn query(&self, query: &UsageQuery) -> Result<UsageReport, DbError> {
+        run_query(&self.db, query).await
+    }
+}
+
+async fn write_loop(
+    db: Database,
+    keys: Option<Arc<KeyStore>>,
+    retention: UsageRetention,
+    mut receiver: mpsc::Receiver<Message>,
+) {
+    prune(&db, retention).await;
+    let mut pruned = tokio::time::Instant::now();
+    let mut batch = Vec::new();
+    let mut waiting = Vec::new();
+    loop {
+        let deadline = tokio::time::Instant::now() + FLUSH_EVERY;
+        let open = loop {
+            let message = tokio::select! {
+                message = receiver.recv() => message,
+                _ = tokio::time::sleep_until(deadline) => break true,
+            };
+            match message {
+                Some(Message::Record(record)) => {
+                    batch.push(record);
+                    if batch.len() >= BATCH {
+                        break true;
+                    }
+                }
+                Some(Message::Flush(done)) => {
+                    waiting.push(done);
+                    break true;
+                }
+                None => break false,
+            }
+        };
+        if !batch.is_empty() {
+            store(&db, keys.as_deref(), std::mem::take(&mut batch)).await;
+        }
+        for done in waiting.drain(..) {
+            let _ = done.send(());
+        }
+        if !open {
+            return;
+        }
+        if pruned.elapsed() >= PRUNE_EVERY {
+            prune(&db, retention).await;
+            pruned = tokio::time::Instant::now();
+        }
+    }
+}
+
+/// Stores a batch: raw rows, roll-ups, keys' last use, in one transaction. A batch the
+/// database refuses is logged with its size (the proxy keeps serving; usage is not worth a
+/// failed request).
+async fn store(db: &Database, keys: Option<&KeyStore>, batch: Vec<UsageRecord>) {
+    let mut statements: Vec<Statement> = Vec::with_capacity(batch.len() * 2 + 4);
+    let mut last_used: HashMap<String, i64> = HashMap::new();
+    for r in &batch {
+        let ttft = r.ttft_ms.map(|ms| ms as i64);
+        statements.push((
+            "INSERT INTO usage_events (at, key_id, model, worker, outcome, status, input_tokens, \
+             output_tokens, ttft_ms, duration_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+                .to_string(),
+            vec![
+                r.at.into(),
+                r.key.to_string().into(),
+                r.model.clone().into(),
+                r.worker.clone().into(),
+                r.outcome.as_str().into(),
+                i64::from(r.status).into(),
+                (r.input_tokens as i64).into(),
+                (r.output_tokens as i64).into(),
+                ttft.into(),
+                (r.duration_ms as i64).into(),
+            ],
+        ));
+        statements.push((
+            "INSERT INTO usage_daily (day, key_id, model, worker, outcome, requests, errors, \
+             input_tokens, output_tokens, ttft_ms_sum, ttft_count, duration_ms_sum) \
+             VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, $9, $10, $11) \
+             ON CONFLICT (day, key_id, model, worker, outcome) DO UPDATE SET \
+             requests = usage_daily.requests + 1, \
+             errors = usage_daily.errors + excluded.errors, \
+             input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
+             output_tokens = usage_daily.output_tokens + excluded.output_tokens, \
+             ttft_ms_sum = usage_daily.ttft_ms_sum + excluded.ttft_ms_sum, \
+             ttft_count = usage_daily.ttft_count + excluded.ttft_count, \
+             duration_ms_sum = usage_daily.duration_ms_sum + excluded.duration_ms_sum"
+                .to_string(),
+            vec![
+                day_of(r.at).into(),
+                r.key.to_string().into(),
+                r.model.clone().into(),
+                r.worker.clone().into(),
+                r.outcome.as_str().into(),
+                i64::from(r.outcome == Outcome::Error).into(),
+                (r.input_tokens as i64).into(),
+                (r.output_tokens as i64).into(),
+                ttft.unwrap_or(0).into(),
+                i64::from(ttft.is_some()).into(),
+                (r.duration_ms as i64).into(),
+            ],
+        ));
+        if &*r.key != ANONYMOUS {
+            let at = last_used.entry(r.key.to_string()).or_default();
+            *at = (*at).max(r.at);
+        }
+    }
+    statements.extend(KeyStore::last_used_statements(&last_used));
+    match db.transaction(statements).await {
+        Ok(_) => {
+            if let (Some(keys), false) = (keys, last_used.is_empty()) {
+                if let Err(error) = keys.reload().await {
+                    tracing::warn!(%error, "could not re-read the keys after recording their use");
+                }
+            }
+        }
+        Err(error) => tracing::error!(%error, records = batch.len(), "usage not stored"),
+    }
+}
+
+async fn prune(db: &Database, retention: UsageRetention) {
+    let now = now_ms();
+    let day_ms = 86_400_000i64;
+    let statements: Vec<Statement> = vec![
+        (
+            "DELETE FROM usage_events WHERE at < $1".into(),
+            vec![(now - i64::from(retention.raw_days) * day_ms).into()],
+        ),
+        (
+            "DELETE FROM usage_events WHERE at <= (SELECT at FROM usage_events ORDER BY at DESC \
+             LIMIT 1 OFFSET $1)"
+                .into(),
+            vec![(retention.raw_rows as i64).into()],
+        ),
+        (
+            "DELETE FROM usage_daily WHERE day < $1".into(),
+            vec![day_of(now - i64::from(retention.daily_days) * day_ms).into()],
+        ),
+    ];
+    if let Err(error) = db.transaction(statements).await {
+        tracing::warn!(%error, "old usage not pruned");
+    }
+}
+
+/// How usage is grouped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupBy {
+    Day,
+    Key,
+    Model,
+}
+
+impl GroupBy {
+    /// Parses `day`, `key` or `model`.
+    pub fn parse(text: &str) -> Option<GroupBy> {
+        match text {
+            "day" => Some(GroupBy::Day),
+            "key" => Some(GroupBy::Key),
+            "model" => Some(GroupBy::Model),
+            _ => None,
+        }
+    }
+
+    fn column(self) -> &'static str {
+        match self {
+            GroupBy::Day => "day",
+            GroupBy::Key => "key_id",
+            GroupBy::Model => "model",
+        }
+    }
+}
+
+/// What to report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageQuery {
+    pub key: Option<String>,
+    pub model: Option<String>,
+    /// First day, `YYYY-MM-DD`.
+    pub since: String,
+    /// Last day, `YYYY-MM-DD` (included).
+    pub until: String,
+    pub group_by: GroupBy,
+}
+
+/// Sums over a group (or everything).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct UsageSums {
+    pub requests: u64,
+    pub errors: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Mean time to first byte over requests that got one.
+    pub avg_ttft_ms: Option<f64>,
+    pub avg_duration_ms: Option<f64>,
+}
+
+/// One group's usage.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UsageRow {
+    /// The day, key id (or `anonymous`) or model.
+    pub group: String,
+    /// The key's name, for rows grouped by key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(flatten)]
+    pub sums: UsageSums,
+}
+
+/// The answer to a [`UsageQuery`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UsageReport {
+    pub group_by: GroupBy,
+    pub since: String,
+    pub until: String,
+    pub rows: Vec<UsageRow>,
+    pub totals: UsageSums,
+}
+
+async fn run_query(db: &Database, query: &UsageQuery) -> Result<UsageReport, DbError> {
+    let mut filters = vec!["day >= $1".to_string(), "day <= $2".to_string()];
+    let mut params: Vec<Param> = vec![query.since.clone().into(), query.until.clone().into()];
+    if let Some(key) = &query.key {
+        params.push(key.clone().into());
+        filters.push(format!("key_id = ${}", params.len()));
+    }
+    if let Some(model) = &query.model {
+        params.push(model.clone().into());
+        filters.push(format!("model = ${}", params.len()));
+    }
+    let column = query.group_by.column();
+    let sql = format!(
+        "SELECT {column}, CAST(SUM(requests) AS BIGINT), CAST(SUM(errors) AS BIGINT), \
+         CAST(SUM(input_tokens) AS BIGINT), CAST(SUM(output_tokens) AS BIGINT), \
+         CAST(SUM(ttft_ms_sum) AS BIGINT), CAST(SUM(ttft_count) AS BIGINT), \
+         CAST(SUM(duration_ms_sum) AS BIGINT) \
+         FROM usage_daily WHERE {} GROUP BY {column} ORDER BY {column}",
+        filters.join(" AND ")
+    );
+    let kinds = [
+        Kind::Text,
+        Kind::Int,
+        Kind::Int,
+        Kind::Int,
+        Kind::Int,
+        Kind::Int,
+        Kind::Int,
+        Kind::Int,
+    ];
+    let rows = db.query(&sql, params, &kinds).await?;
+    let mut totals = Accumulated::default();
+    let mut out = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let sums = Accumulated {
+            requests: row.int(1),
+            errors: row.int(2),
+            input_tokens: row.int(3),
+            output_tokens: row.int(4),
+            ttft_sum: row.int(5),
+            ttft_count: row.int(6),
+            duration_sum: row.int(7),
+        };
+        totals.add(&sums);
+        out.push(UsageRow {
+            group: row.text(0),
+            name: None,
+            sums: sums.finish(),
+        });
+    }
+    Ok(UsageReport {
+        group_by: query.group_by,
+        since: query.since.clone(),
+        until: query.until.clone(),
+        rows: out,
+        totals: totals.finish(),
+    })
+}
+
+#[derive(Debug, Default)]
+struct Accumulated {
+    requests: i64,
+    errors: i64,
+    input_tokens: i64,
+    output_tokens: i64,
+    ttft_sum: i64,
+    ttft_count: i64,
+    duration_sum: i64,
+}
+
+impl Accumulated {
+    fn add(&mut self, other: &Accumulated) {
+        self.requests += other.requests;
+        self.errors += other.errors;
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.ttft_sum += other.ttft_sum;
+        self.ttft_count += other.ttft_count;
+        self.duration_sum += other.duration_sum;
+    }
+
+    fn finish(&self) -> UsageSums {
+        let mean = |sum: i64, count: i64| (count > 0).then(|| sum as f64 / count as f64);
+        UsageSums {
+            requests: self.requests.max(0) as u64,
+            errors: self.errors.max(0) as u64,
+            input_tokens: self.input_tokens.max(0) as u64,
+            output_tokens: self.output_tokens.max(0) as u64,
+            avg_ttft_ms: mean(self.ttft_sum, self.ttft_count),
+            avg_duration_ms: mean(self.duration_sum, self.requests),
+        }
+    }
+}
+
+/// The report as CSV: a header line, then one line per row (RFC 4180 quoting).
+pub fn to_csv(report: &UsageReport) -> String {
+    let quote = |field: &str| {
+        if field.contains([',', '"', '\n', '\r']) {
+            format!("\"{}\"", field.replace('"', "\"\""))
+        } else {
+            field.to_string()
+        }
+    };
+    let number = |n: Option<f64>| n.map(|n| format!("{n:.1}")).unwrap_or_default();
+    let mut csv = format!(
+        "{},name,requests,errors,input_tokens,output_tokens,avg_ttft_ms,avg_duration_ms\r\n",
+        match report.group_by {
+            GroupBy::Day => "day",
+            GroupBy::Key => "key",
+            GroupBy::Model => "model",
+        }
+    );
+    for row in &report.rows {
+        let s = &row.sums;
+        csv.push_str(&format!(
+            "{},{},{},{},{},{},{},{}\r\n",
+            quote(&row.group),
+            quote(row.name.as_deref().unwrap_or("")),
+            s.requests,
+            s.errors,
+            s.input_tokens,
+            s.output_tokens,
+            number(s.avg_ttft_ms),
+            number(s.avg_duration_ms)
+        ));
+    }
+    csv
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::db::DatabaseSetting;
+
+    fn record(key: &str, model: &str, outcome: Outcome, at: i64) -> UsageRecord {
+        UsageRecord {
+            at,
+            key: Arc::from(key),
+            model: model.into(),
+            worker: "gpu-1".into(),
+            outcome,
+            status: if outcome == Outcome::Ok { 200 } else { 502 },
+            input_tokens: 10,
+            output_tokens: 5,
+            ttft_ms: (outcome == Outcome::Ok).then_some(100),
+            duration_ms: 300,
+        }
+    }
+
+    #[tokio::test]
+    async fn usage_is_summed_per_day_key_and_model_and_survives_a_reopen() {
+        let dir = std::env::temp_dir().join(format!("relay-usage-{}", std::process::id()));
+        let setting = DatabaseSetting::Sqlite(dir.join("relay.db"));
+        let now = now_ms();
+        let today = day_of(now);
+        {
+            let log = UsageLog::start(
+                Database::open(&setting).await.unwrap(),
+                None,
+                UsageRetention::default(),
+            );
+            log.record(record("key_a", "m1", Outcome::Ok, now));
+            log.record(record("key_a", "m2", Outcome::Ok, now));
+            log.record(record(ANONYMOUS, "m1", Outcome::Error, now));
+            log.flush().await;
+        }
+        let log = UsageLog::start(
+            Database::open(&setting).await.unwrap(),
+            None,
+            UsageRetention::default(),
+        );
+        let query = |group_by, key: Option<&str>| UsageQuery {
+            key: key.map(str::to_string),
+            model: None,
+            since: today.clone(),
+            until: today.clone(),
+            group_by,
+        };
+        let by_key = log.query(&query(GroupBy::Key, None)).await.unwrap();
+        let groups: Vec<(&str, u64)> = by_key
+            .rows
+            .iter()
+            .map(|r| (r.group.as_str(), r.sums.requests))
+            .collect();
+        assert_eq!(groups, [("anonymous", 1), ("key_a", 2)]);
+        assert_eq!(by_key.totals.requests, 3);
+        assert_eq!(by_key.totals.errors, 1);
+        assert_eq!(by_key.totals.input_tokens, 30);
+        assert_eq!(
+            by_key.totals.avg_ttft_ms,
+            Some(100.0),
+            "over the requests that had one"
+        );
+        let by_model = log
+            .query(&query(GroupBy::Model, Some("key_a")))
+            .await
+            .unwrap();
+        let models: Vec<&str> = by_model.rows.iter().map(|r| r.group.as_str()).collect();
+        assert_eq!(models, ["m1", "m2"]);
+        let by_day = log.query(&query(GroupBy::Day, None)).await.unwrap();
+        assert_eq!(by_day.rows.len(), 1);
+        assert_eq!(by_day.rows[0].group, today);
+        let csv = to_csv(&by_key);
+        assert!(csv.starts_with("key,name,requests,"), "{csv}");
+        assert!(
+            csv.contains("\r\nkey_a,,2,0,20,10,100.0,300.0\r\n"),
+            "{csv}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn old_raw_rows_are_pruned_and_roll_ups_stay() {
+        let db = Database::open(&DatabaseSetting::Memory).await.unwrap();
+        let retention = UsageRetention {
+            raw_days: 7,
+            raw_rows: 2,
+            daily_days: 400,
+        };
+        let log = UsageLog::start(db.clone(), None, retention);
+        let now = now_ms();
+        let old = now - 10 * 86_400_000;
+        for at in [old, now - 3, now - 2, now - 1] {
+            log.record(record("k", "m", Outcome::Ok, at));
+        }
+        log.flush().await;
+        prune(&db, retention).await;
+        let raw = db
+            .query(
+                "SELECT at FROM usage_events ORDER BY at",
+                vec![],
+                &[Kind::Int],
+            )
+            .await
+            .unwrap();
+        let kept: Vec<i64> = raw.iter().map(|r| r.int(0)).collect();
+        assert_eq!(kept, [now - 2, now - 1], "by age, then by count");
+        let report = log
+            .query(&UsageQuery {
+                key: None,
+                model: None,
+                since: day_of(old),
+                until: day_of(now),
+                group_by: GroupBy::Day,
+            })
+            .await
+            .unwrap();
+        assert_eq!(report.totals.requests, 4, "the roll-ups keep every request");
+    }
+
+    #[test]
+    fn csv_fields_are_quoted_when_they_need_it() {
+        let report = UsageReport {
+            group_by: GroupBy::Model,
+            since: "2026-01-01".into(),
+            until: "2026-01-02".into(),
+            rows: vec![UsageRow {
+                group: "a,\"b\"\nc".into(),
+                name: None,
+                sums: UsageSums::default(),
+            }],
+            totals: UsageSums::default(),
+        };
+        assert!(to_csv(&report).contains("\r\n\"a,\"\"b\"\"\nc\",,0,0,0,0,,\r\n"));
+    }
+}
