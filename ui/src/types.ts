@@ -221,15 +221,16 @@ export interface UsageCounts {
   errors: number;
   input_tokens: number;
   output_tokens: number;
+  /** Means over the requests that had a first token / over all requests; null without any. */
+  avg_ttft_ms?: number | null;
+  avg_duration_ms?: number | null;
 }
 
 export interface UsageRow extends UsageCounts {
   /** A day (YYYY-MM-DD), a key id (or "anonymous"), or a model name, after `group_by`. */
   group: string;
-  /** With group_by=key: the key's name (null for requests without a key). */
+  /** With group_by=key: the key's name; absent (or null) for requests without a key. */
   name?: string | null;
-  avg_ttft_ms: number | null;
-  avg_duration_ms: number | null;
 }
 
 export interface UsageReport {

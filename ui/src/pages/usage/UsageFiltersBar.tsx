@@ -2,7 +2,7 @@
 // applies at once (the model box when it is left or Enter is pressed).
 import type { ApiKey, UsageGroupBy } from '../../types';
 import { isRevoked } from '../../lib/keys';
-import { RANGE_LABELS, type UsageFilters, type UsageRange } from '../../lib/usage';
+import { ANONYMOUS, RANGE_LABELS, type UsageFilters, type UsageRange } from '../../lib/usage';
 
 const GROUP_LABELS: Record<UsageGroupBy, string> = { day: 'Day', key: 'Key', model: 'Model' };
 
@@ -22,7 +22,7 @@ export function UsageFiltersBar({
   const set = <K extends keyof UsageFilters>(field: K, value: UsageFilters[K]) => onChange({ ...filters, [field]: value });
   const value = (e: Event) => (e.target as HTMLInputElement | HTMLSelectElement).value;
   // A filter on a key that is not in the list (e.g. from a shared address) still shows.
-  const keyKnown = !filters.key || keys.some((k) => k.id === filters.key);
+  const keyKnown = !filters.key || filters.key === ANONYMOUS || keys.some((k) => k.id === filters.key);
 
   return (
     <form class="card usage-filters" aria-label="Usage filters" onSubmit={(e) => e.preventDefault()} data-testid="usage-filters">
@@ -30,6 +30,7 @@ export function UsageFiltersBar({
         <span>Key</span>
         <select value={filters.key} onChange={(e) => set('key', value(e))} data-testid="usage-key">
           <option value="">All keys</option>
+          <option value={ANONYMOUS}>No key (requests without one)</option>
           {keys.map((k) => (
             <option key={k.id} value={k.id}>
               {k.name} ({k.prefix}…){isRevoked(k) ? ' — revoked' : ''}

@@ -1,4 +1,4 @@
-import { formatCount } from '../../lib/format';
+import { formatCount, formatDuration } from '../../lib/format';
 import { errorRate } from '../../lib/usage';
 import type { UsageCounts } from '../../types';
 
@@ -10,6 +10,10 @@ export function UsageTotals({ totals }: { totals: UsageCounts }) {
     ['Input tokens', formatCount(totals.input_tokens), 'usage-total-input'],
     ['Output tokens', formatCount(totals.output_tokens), 'usage-total-output'],
   ];
+  // The relay sends the means over the whole range too; older answers may not have them.
+  if (totals.avg_ttft_ms !== undefined) items.push(['Avg TTFT', formatDuration(totals.avg_ttft_ms), 'usage-total-ttft']);
+  if (totals.avg_duration_ms !== undefined)
+    items.push(['Avg duration', formatDuration(totals.avg_duration_ms), 'usage-total-duration']);
   return (
     <section class="card" aria-label="Totals">
       <dl class="totals usage-totals">
