@@ -81,8 +81,14 @@ test('a key created on the Keys page is shown once, works when keys are required
   const prefix = (await row.getByTestId('key-prefix').innerText()).replace(/…$/, '');
   assert.ok(prefix.length >= 4 && secret.startsWith(prefix), `prefix ${prefix} of ${secret}`);
   assert.equal(await row.getByTestId('key-status').innerText(), 'active');
-  await page.getByRole('button', { name: 'Reload' }).click();
-  await waitFor(async () => (await row.getByTestId('key-last-used').innerText()) !== 'never', { what: 'last used to be set' });
+  // Last used is recorded as the request is admitted: the list shows it once reloaded.
+  await waitFor(
+    async () => {
+      await page.getByRole('button', { name: 'Reload' }).click();
+      return (await row.getByTestId('key-last-used').innerText()) !== 'never';
+    },
+    { interval: 500, what: 'last used to be set' },
+  );
 
   // Shown once: the list API never has the secret, and after a reload the page has it nowhere.
   const listed = await relay.api('/api/keys');

@@ -5,7 +5,7 @@ import { Alert } from '../../components/common';
 export function RequireKeysNotice({ required, activeKeys }: { required: boolean | null; activeKeys: number }) {
   if (required === true) {
     return (
-      <Alert kind="success" testid="keys-required" >
+      <Alert kind="success" testid="keys-required">
         <strong>API keys are required.</strong> Inference requests without a valid key are refused with 401; each key's
         requests are counted on the <a href="#/usage?group_by=key">Usage</a> page.
         {activeKeys === 0 ? (
@@ -27,8 +27,9 @@ export function RequireKeysNotice({ required, activeKeys }: { required: boolean 
       ) : (
         <>This relay does not say whether it requires API keys.</>
       )}{' '}
-      To require a key for every inference request, start the relay with <code>--require-api-keys</code> or set{' '}
-      <code>MODELRELAY_REQUIRE_API_KEYS=true</code>.
+      To require a key for every inference request, start the relay with <code>--require-api-keys</code>, set{' '}
+      <code>MODELRELAY_REQUIRE_API_KEYS=true</code>, or put <code>require_api_keys = true</code> under{' '}
+      <code>[proxy]</code> in the config file and restart.
     </Alert>
   );
 }
