@@ -173,7 +173,7 @@ test('the Usage page shows the traffic sent, per key, and exports it as CSV', { 
   assert.equal(count(await modelRow.getByTestId('usage-row-requests').innerText()), 3);
 
   // Filtering by the key narrows the totals to its requests.
-  await page.getByLabel('Key').selectOption(keyId);
+  await page.getByRole('combobox', { name: 'Key' }).selectOption(keyId);
   await waitFor(async () => count(await page.getByTestId('usage-total-requests').innerText()) === 2, { what: 'totals for the key' });
   mkdirSync(ARTIFACTS, { recursive: true });
   await page.screenshot({ path: path.join(ARTIFACTS, 'usage.png'), fullPage: true });
