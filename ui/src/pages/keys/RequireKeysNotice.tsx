@@ -5,7 +5,8 @@ import { Alert } from '../../components/common';
 export function RequireKeysNotice({ required, activeKeys }: { required: boolean | null; activeKeys: number }) {
   if (required === true) {
     return (
-      <Alert kind="success" testid="keys-required">
+      // Required with no active key is a relay that refuses everyone: a warning, not good news.
+      <Alert kind={activeKeys === 0 ? 'warning' : 'success'} testid="keys-required">
         <strong>API keys are required.</strong> Inference requests without a valid key are refused with 401; each key's
         requests are counted on the <a href="#/usage?group_by=key">Usage</a> page.
         {activeKeys === 0 ? (
