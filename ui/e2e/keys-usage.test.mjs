@@ -196,6 +196,13 @@ test('the Usage page shows the traffic sent, per key, and exports it as CSV', { 
   assert.equal(lines.length, 2, `one key row under the header:\n${lines.join('\n')}`);
   assert.ok(lines[1].includes(keyId), lines[1]);
 
+  // New traffic shows up by itself (the page follows the live feed's request count).
+  assert.equal((await chat(relay.url, { stream: false, apiKey: secret })).status, 200);
+  await waitFor(async () => count(await keyRow.getByTestId('usage-row-requests').innerText()) === 3, {
+    ms: 25_000,
+    what: 'the key row to count the new request without a click',
+  });
+
   assert.deepEqual(consoleErrors, []);
   await context.close();
 });

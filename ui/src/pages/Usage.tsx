@@ -1,6 +1,6 @@
 // The Usage page: requests and tokens per day, key and model, from the relay's usage records,
 // with filters kept in the address (#/usage?key=…) and a CSV export of the same rows.
-import { useEffect, useMemo, useState } from 'preact/hooks';
+import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { api, errorMessage } from '../api';
 import { Alert, Card, Spinner } from '../components/common';
 import { DayChart } from '../components/DayChart';
@@ -57,6 +57,36 @@ function useUsageReports(filters: UsageFilters, reloads: number) {
   return { reports, error, loading };
 }
 
+/** How often the page looks whether the live feed counted new requests. */
+const TRAFFIC_CHECK_MS = 10_000;
+/** The relay writes usage in batches (every 500 ms): wait a little longer before reading it. */
+const USAGE_WRITE_LAG_MS = 1_500;
+
+/**
+ * Call `reload` when the live feed's request count has moved, at most every TRAFFIC_CHECK_MS,
+ * so the page follows new traffic without refetching on every status event.
+ */
+function useReloadOnTraffic(liveRequests: number | undefined, reload: () => void) {
+  const latest = useRef(liveRequests);
+  latest.current = liveRequests;
+  const seen = useRef(liveRequests);
+  const reloadRef = useRef(reload);
+  reloadRef.current = reload;
+  useEffect(() => {
+    let pending: ReturnType<typeof setTimeout> | undefined;
+    const timer = setInterval(() => {
+      if (latest.current === undefined || latest.current === seen.current) return;
+      seen.current = latest.current;
+      clearTimeout(pending);
+      pending = setTimeout(() => reloadRef.current(), USAGE_WRITE_LAG_MS);
+    }, TRAFFIC_CHECK_MS);
+    return () => {
+      clearInterval(timer);
+      clearTimeout(pending);
+    };
+  }, []);
+}
+
 export function Usage() {
   const { status } = useLive();
   const [filters, setFilters] = useState<UsageFilters>(() => filtersFromHashQuery(routeQuery(location.hash)));
@@ -64,6 +94,7 @@ export function Usage() {
   const [keys, setKeys] = useState<ApiKey[]>([]);
   const { reports, error, loading } = useUsageReports(filters, reloads);
   const invalid = rangeError(filters);
+  useReloadOnTraffic(status?.totals.requests, () => setReloads((n) => n + 1));
 
   // The key names for the filter and the table; usage still shows without them.
   useEffect(() => {
@@ -96,7 +127,14 @@ export function Usage() {
     <main class="page" data-testid="usage">
       <div class="page-title">
         <h1>Usage</h1>
-        <button type="button" class="btn" onClick={() => setReloads((n) => n + 1)} disabled={loading} data-testid="usage-refresh">
+        <button
+          type="button"
+          class="btn"
+          onClick={() => setReloads((n) => n + 1)}
+          disabled={loading}
+          title="The page also refreshes by itself within seconds of new requests"
+          data-testid="usage-refresh"
+        >
           {loading ? 'Loading…' : 'Refresh'}
         </button>
       </div>
