@@ -80,7 +80,13 @@ fn presented(headers: &HeaderMap) -> impl Iterator<Item = &str> {
 /// (401, in the route's dialect) when keys are required and it has no valid one.
 pub async fn identify(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let headers = request.headers();
-    let key = presented(headers).find_map(|secret| state.keys.authenticate(secret));
+    let mut key = None;
+    for secret in presented(headers) {
+        key = state.keys.authenticate(secret).await;
+        if key.is_some() {
+            break;
+        }
+    }
     let identity = match key {
         Some(key) => ClientIdentity {
             account: Arc::from(key.id.as_str()),

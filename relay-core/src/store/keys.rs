@@ -25,6 +25,9 @@ const SECRET_CHARS: usize = 40;
 const SHOWN_CHARS: usize = 8;
 /// How often a proxy sharing its database re-reads the keys.
 pub const SHARED_REFRESH: Duration = Duration::from_secs(5);
+/// A key unknown here may have just been made on another proxy sharing the database: it is
+/// looked for again, but at most this often, so a flood of wrong keys costs few reads.
+const MISS_RELOAD_EVERY: Duration = Duration::from_secs(1);
 
 /// Bounds of what a key may carry.
 const MAX_NAME_CHARS: usize = 100;
@@ -191,6 +194,8 @@ type KeyMap = HashMap<String, Arc<ApiKey>>;
 pub struct KeyStore {
     db: Database,
     by_hash: RwLock<Arc<KeyMap>>,
+    /// When an unknown key last made the store re-read the keys.
+    miss_reload: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 const COLUMNS: &str = "id, name, prefix, created_at, revoked_at, last_used_at, models, \
@@ -233,6 +238,7 @@ impl KeyStore {
         let store = Arc::new(KeyStore {
             db,
             by_hash: RwLock::new(Arc::new(KeyMap::new())),
+            miss_reload: std::sync::Mutex::new(None),
         });
         store.reload().await?;
         if store.db.is_shared() {
@@ -274,12 +280,32 @@ impl KeyStore {
     }
 
     /// The live key whose secret is `secret`, if any (revoked keys are not).
-    pub fn authenticate(&self, secret: &str) -> Option<Arc<ApiKey>> {
+    pub async fn authenticate(&self, secret: &str) -> Option<Arc<ApiKey>> {
         if !secret.starts_with(KEY_PREFIX) {
             return None;
         }
-        let key = self.keys().get(&secret_hash(secret)).cloned()?;
-        key.revoked_at.is_none().then_some(key)
+        let hash = secret_hash(secret);
+        let live = |keys: &KeyMap| keys.get(&hash).filter(|k| k.revoked_at.is_none()).cloned();
+        if let Some(key) = self.keys().get(&hash) {
+            return key.revoked_at.is_none().then(|| Arc::clone(key));
+        }
+        if !(self.db.is_shared() && self.miss_reload_due()) {
+            return None;
+        }
+        if let Err(error) = self.reload().await {
+            tracing::warn!(%error, "could not re-read the client API keys");
+        }
+        live(&self.keys())
+    }
+
+    fn miss_reload_due(&self) -> bool {
+        let mut last = self.miss_reload.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < MISS_RELOAD_EVERY) {
+            return false;
+        }
+        *last = Some(now);
+        true
     }
 
     /// Every key, newest first.
@@ -403,10 +429,10 @@ mod tests {
         assert!(secret.starts_with("mr-") && secret.len() == 3 + SECRET_CHARS);
         assert_eq!(made.name, "open-webui");
         assert_eq!(made.prefix, secret[..SHOWN_CHARS]);
-        let key = keys.authenticate(&secret).expect("valid");
+        let key = keys.authenticate(&secret).await.expect("valid");
         assert_eq!(key.id, made.id);
-        assert!(keys.authenticate(&format!("{secret}x")).is_none());
-        assert!(keys.authenticate("sk-not-ours").is_none());
+        assert!(keys.authenticate(&format!("{secret}x")).await.is_none());
+        assert!(keys.authenticate("sk-not-ours").await.is_none());
         let stored = keys
             .db
             .query(
@@ -419,7 +445,7 @@ mod tests {
         assert_eq!(stored[0].text(0), secret_hash(&secret));
         assert!(!stored[0].text(0).contains(&secret[3..]));
         keys.revoke(&made.id).await.unwrap();
-        assert!(keys.authenticate(&secret).is_none(), "revoked");
+        assert!(keys.authenticate(&secret).await.is_none(), "revoked");
         assert!(keys.list()[0].revoked_at.is_some(), "still listed");
         assert_eq!(
             keys.revoke("key_nope").await,
@@ -508,7 +534,10 @@ mod tests {
             .await
             .unwrap();
         let again = KeyStore::open(db).await.unwrap();
-        let key = again.authenticate(made.key.as_deref().unwrap()).unwrap();
+        let key = again
+            .authenticate(made.key.as_deref().unwrap())
+            .await
+            .unwrap();
         assert_eq!(
             key.models.as_deref(),
             Some(&["a".to_string(), "b".to_string()][..])

@@ -5,6 +5,8 @@
 
 #[path = "../common/inprocess.rs"]
 mod inprocess;
+#[path = "../common/postgres.rs"]
+mod postgres_server;
 
 mod adapter_e2e;
 mod anthropic_upstream;
@@ -15,6 +17,7 @@ mod dispatch;
 mod lifecycle;
 mod registration;
 mod responses_api;
+mod shared_database;
 mod streaming;
 mod support;
 mod upstreams;

@@ -603,7 +603,14 @@ async fn a_worker_that_stops_reading_is_closed_after_the_write_timeout_and_its_r
             tokio::spawn(async move { post(&base, "/v1/chat/completions", &body).await })
         })
         .collect();
-    wait_until("the stuck worker is closed", || proxy.hub.counts().0 == 0).await;
+    // Bounded generously: four 8 MB bodies are read and parsed first, slow on a busy machine
+    // in a debug build; the write timeout itself is 1 s.
+    wait_until_within(
+        Duration::from_secs(30),
+        "the stuck worker is closed",
+        || proxy.hub.counts().0 == 0,
+    )
+    .await;
     // Nothing of them reached a client, so all four wait for the next worker.
     let (mut good, _) = ScriptedWorker::join(proxy.addr, "good", &["big-model"], 4).await;
     for _ in 0..4 {
