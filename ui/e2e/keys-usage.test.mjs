@@ -41,9 +41,15 @@ test('a key created on the Keys page is shown once, works when keys are required
   const { page, context, consoleErrors } = await launchBrowser();
   await context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: relay.url });
 
+  // The dashboard says keys are required and leads to the Keys page.
+  await page.goto(`${relay.url}/#/dashboard`);
+  const keysFact = page.getByTestId('node-api-keys');
+  await keysFact.getByText('required', { exact: true }).waitFor();
+  await keysFact.getByRole('link').click();
+
   // Keys are required and none exists: the page says so, and a request without a key is refused.
-  await page.goto(`${relay.url}/#/keys`);
   await page.getByTestId('keys-required').waitFor();
+  assert.match(await page.evaluate(() => location.hash), /^#\/keys$/);
   await page.getByTestId('no-keys').waitFor();
   assert.equal((await chat(relay.url, { stream: false })).status, 401);
 
@@ -177,6 +183,12 @@ test('the Usage page shows the traffic sent, per key, and exports it as CSV', { 
   const modelRow = page.locator('[data-testid="usage-row"][data-group="mock-model"]');
   await modelRow.waitFor();
   assert.equal(count(await modelRow.getByTestId('usage-row-requests').innerText()), 3);
+  // A model's name narrows the page to it, per day, and the address keeps the filter.
+  await modelRow.getByTestId('usage-row-show').click();
+  await page.locator('[data-testid="usage-row"][data-group]').first().waitFor();
+  await waitFor(async () => (await page.getByTestId('usage-model').inputValue()) === 'mock-model', { what: 'the model filter' });
+  assert.match(await page.evaluate(() => location.hash), /^#\/usage\?model=mock-model$/);
+  assert.equal(await page.getByRole('radio', { name: 'Day' }).isChecked(), true);
 
   // Filtering by the key narrows the totals to its requests.
   await page.getByRole('combobox', { name: 'Key' }).selectOption(keyId);

@@ -158,6 +158,13 @@ export function Usage() {
           <BreakdownCard
             groupBy={reports.grouped.group_by}
             rows={rows}
+            onShowOne={(row) =>
+              change(
+                reports.grouped.group_by === 'key'
+                  ? { ...filters, key: row.group, groupBy: 'day' }
+                  : { ...filters, model: row.group, groupBy: 'day' },
+              )
+            }
             actions={
               <ExportCsvButton
                 query={usageQuery(filters, now, { csv: true })}

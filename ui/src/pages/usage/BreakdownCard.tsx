@@ -12,10 +12,13 @@ export function BreakdownCard({
   groupBy,
   rows,
   actions,
+  onShowOne,
 }: {
   groupBy: UsageGroupBy;
   rows: BreakdownRow[];
   actions?: ComponentChildren;
+  /** Narrow the page to one key or model (its days); absent for days. */
+  onShowOne?: (row: BreakdownRow) => void;
 }) {
   return (
     <Card title={TITLES[groupBy]} testid="usage-breakdown" actions={actions}>
@@ -29,7 +32,21 @@ export function BreakdownCard({
           {rows.map((r) => (
             <tr key={r.group} data-testid="usage-row" data-group={r.group}>
               <td>
-                {groupBy === 'model' ? <code>{r.label}</code> : <strong>{r.label}</strong>}
+                {onShowOne && groupBy !== 'day' ? (
+                  <button
+                    type="button"
+                    class="btn-link breakdown-label"
+                    onClick={() => onShowOne(r)}
+                    title={`Show only ${r.label}, per day`}
+                    data-testid="usage-row-show"
+                  >
+                    {groupBy === 'model' ? <code>{r.label}</code> : <strong>{r.label}</strong>}
+                  </button>
+                ) : groupBy === 'model' ? (
+                  <code>{r.label}</code>
+                ) : (
+                  <strong>{r.label}</strong>
+                )}
                 {r.detail ? <div class="muted small">{r.detail}</div> : null}
               </td>
               <td data-testid="usage-row-requests">
