@@ -73,7 +73,15 @@ export function KeysCard({
       ) : (
         <DataTable label="API keys" columns={['Name', 'Key', 'Created', 'Last used', 'Limits', 'Status', '']}>
           {sortKeys(keys).map((k) => (
-            <KeyRow key={k.id} apiKey={k} now={now} onRevoke={() => (setRevokeError(null), setConfirming(k))} />
+            <KeyRow
+              key={k.id}
+              apiKey={k}
+              now={now}
+              onRevoke={() => {
+                setRevokeError(null);
+                setConfirming(k);
+              }}
+            />
           ))}
         </DataTable>
       )}
