@@ -2,6 +2,7 @@
 // keys/; this file holds the list and the secret of the key just created.
 import { useEffect, useMemo, useState } from 'preact/hooks';
 import { api, errorMessage } from '../api';
+import { ProxyOnlyNotice, isWorkerOnly } from '../components/ProxyOnlyNotice';
 import { isRevoked, requiresApiKeys } from '../lib/keys';
 import { useLive } from '../live';
 import type { ApiKey, CreatedApiKey } from '../types';
@@ -34,6 +35,15 @@ export function Keys() {
   const servedModels = useMemo(() => Array.from(new Set((status?.models ?? []).map((m) => m.name))).sort(), [status]);
   const relayUrl = status?.node.url ?? location.origin;
   const activeKeys = (keys ?? []).filter((k) => !isRevoked(k)).length;
+
+  if (isWorkerOnly(status)) {
+    return (
+      <main class="page page-narrow" data-testid="keys">
+        <h1>API keys</h1>
+        <ProxyOnlyNotice status={status} what="API keys" route="keys" />
+      </main>
+    );
+  }
 
   return (
     <main class="page page-narrow" data-testid="keys">

@@ -4,6 +4,7 @@ import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { api, errorMessage } from '../api';
 import { Alert, Card, Spinner } from '../components/common';
 import { DayChart } from '../components/DayChart';
+import { ProxyOnlyNotice, isWorkerOnly } from '../components/ProxyOnlyNotice';
 import { replaceRouteQuery, routeQuery } from '../hash';
 import {
   DEFAULT_FILTERS,
@@ -122,6 +123,15 @@ export function Usage() {
   const rows = useMemo(() => (reports ? breakdownRows(reports.grouped, keys) : []), [reports, keys]);
   const filtered = filtersToHashQuery({ ...filters, groupBy: DEFAULT_FILTERS.groupBy }) !== '';
   const now = Date.now();
+
+  if (isWorkerOnly(status)) {
+    return (
+      <main class="page" data-testid="usage">
+        <h1>Usage</h1>
+        <ProxyOnlyNotice status={status} what="usage records" route="usage" />
+      </main>
+    );
+  }
 
   return (
     <main class="page" data-testid="usage">
