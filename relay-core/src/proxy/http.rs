@@ -313,7 +313,14 @@ async fn relay(
     // for having their streams patched.
     let responses = head.is_responses_api();
     let (body, observer, continues) = if responses {
-        match responses_api::prepare(&state.responses, body, state.config.max_body_bytes) {
+        let prepared = responses_api::prepare(
+            &state.responses,
+            state.shared_responses.as_ref(),
+            body,
+            state.config.max_body_bytes,
+        )
+        .await;
+        match prepared {
             Ok(prepared) => (
                 prepared.body,
                 prepared

@@ -15,6 +15,7 @@ pub mod hub;
 mod passthrough;
 pub mod response;
 pub mod responses_api;
+pub mod responses_shared;
 pub mod responses_store;
 pub mod scheduler;
 pub mod serve;
@@ -39,6 +40,7 @@ use auth::{FailureLimiter, FailureLimits};
 use client_keys::KeyLimits;
 use control::{AdminAccess, AdminToken, NodeInfo, SharedNodeInfo, TokenOrigin};
 use hub::{Hub, HubSettings};
+use responses_shared::SharedResponses;
 use responses_store::{ResponsesStore, StoreLimits};
 use scheduler::{ProviderLimits, Scheduler};
 use upstream::{UpstreamConfig, Upstreams};
@@ -215,6 +217,8 @@ pub struct AppState {
     pub socket_settings: SocketSettings,
     /// Finished OpenAI Responses, for `previous_response_id` and `GET /v1/responses/{id}`.
     pub responses: Arc<ResponsesStore>,
+    /// Their copy in a database other proxies share (PostgreSQL only).
+    pub shared_responses: Option<SharedResponses>,
     /// Upstream providers.
     pub upstreams: Arc<Upstreams>,
     /// What the embedding node reports about itself, for the dashboard.
@@ -275,7 +279,9 @@ pub struct Built {
 }
 
 /// Opens the database `config` names (creating and migrating it), its keys and its usage log.
-async fn open_store(config: &ProxyConfig) -> std::io::Result<(Arc<KeyStore>, UsageLog)> {
+async fn open_store(
+    config: &ProxyConfig,
+) -> std::io::Result<(Arc<KeyStore>, UsageLog, Option<SharedResponses>)> {
     let failed = |e: crate::store::DbError| {
         std::io::Error::other(format!(
             "the proxy's database ({}): {e}",
@@ -284,9 +290,14 @@ async fn open_store(config: &ProxyConfig) -> std::io::Result<(Arc<KeyStore>, Usa
     };
     let db = Database::open(&config.database).await.map_err(failed)?;
     let keys = KeyStore::open(db.clone()).await.map_err(failed)?;
+    let shared_responses = SharedResponses::for_database(
+        &db,
+        config.responses_store.ttl,
+        config.responses_store.max_entries,
+    );
     let usage = UsageLog::start(db, Some(Arc::clone(&keys)), config.usage_retention);
     tracing::info!(database = %config.database.describe(), "keys and usage kept in");
-    Ok((keys, usage))
+    Ok((keys, usage, shared_responses))
 }
 
 /// Builds the router for `config` serving at `addr`, with `extra` routes (the node's settings
@@ -296,7 +307,7 @@ pub async fn router(
     addr: SocketAddr,
     extra: axum::Router,
 ) -> std::io::Result<Built> {
-    let (keys, usage) = open_store(&config).await?;
+    let (keys, usage, shared_responses) = open_store(&config).await?;
     let scheduler = Scheduler::new(
         config
             .providers
@@ -355,6 +366,7 @@ pub async fn router(
             write_timeout: config.worker_write_timeout,
         },
         responses: Arc::new(ResponsesStore::new(config.responses_store)),
+        shared_responses,
         upstreams: Arc::new(Upstreams::new(
             config.upstreams.clone(),
             config.fallback_upstream.as_deref(),

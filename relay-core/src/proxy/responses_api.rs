@@ -24,6 +24,7 @@ use serde_json::{json, Value};
 
 use super::completed_event::{CompletedWatch, StreamPatcher};
 use super::response::AnswerObserver;
+use super::responses_shared::SharedResponses;
 use super::responses_store::{ResponsesStore, StoredResponse};
 use super::AppState;
 use crate::adapter::canonical::Message;
@@ -46,8 +47,9 @@ pub struct Prepared {
 /// Resolves `previous_response_id` against `store` and sets up recording of the answer. An
 /// unknown (or expired) id is a 404, as OpenAI answers it. An expanded request may not exceed
 /// `max_body_bytes` either, so no worker gets more than a client could send it directly.
-pub fn prepare(
+pub async fn prepare(
     store: &Arc<ResponsesStore>,
+    shared: Option<&SharedResponses>,
     body: String,
     max_body_bytes: usize,
 ) -> Result<Prepared, ApiError> {
@@ -76,15 +78,15 @@ pub fn prepare(
         let recorder = wants_storing
             .then(|| parse_request(&request).ok())
             .flatten()
-            .map(|parsed| Recorder::new(store, parsed.messages, None));
+            .map(|parsed| Recorder::new(store, shared, parsed.messages, None));
         return Ok(Prepared {
             body,
             recorder,
             continues: None,
         });
     };
-    let stored = store
-        .get(&previous, Instant::now())
+    let stored = lookup(store, shared, &previous)
+        .await
         .ok_or_else(|| previous_not_found(&previous))?;
     let expanded = expand_with_history(&stored.conversation, &request)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()))?;
@@ -107,13 +109,28 @@ pub fn prepare(
             ),
         ));
     }
-    let recorder =
-        wants_storing.then(|| Recorder::new(store, expanded.messages, Some(previous.clone())));
+    let recorder = wants_storing
+        .then(|| Recorder::new(store, shared, expanded.messages, Some(previous.clone())));
     Ok(Prepared {
         body,
         recorder,
         continues: Some(previous),
     })
+}
+
+/// The response stored as `id`: from memory, else from the database other proxies share (kept
+/// in memory from then on).
+async fn lookup(
+    store: &Arc<ResponsesStore>,
+    shared: Option<&SharedResponses>,
+    id: &str,
+) -> Option<Arc<StoredResponse>> {
+    if let Some(stored) = store.get(id, Instant::now()) {
+        return Some(stored);
+    }
+    let stored = shared?.get(id).await?;
+    store.insert(id, stored.clone(), Instant::now());
+    Some(Arc::new(stored))
 }
 
 fn previous_not_found(id: &str) -> ApiError {
@@ -135,6 +152,8 @@ fn response_not_found(id: &str) -> ApiError {
 /// Stores a request's answer once it is complete.
 pub struct Recorder {
     store: Arc<ResponsesStore>,
+    /// The copy other proxies read, when they share a database.
+    shared: Option<SharedResponses>,
     /// The conversation the request carried (the stored history plus its own input).
     history: Vec<Message>,
     /// The id the request continued, echoed in the stored response.
@@ -144,10 +163,16 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    fn new(store: &Arc<ResponsesStore>, history: Vec<Message>, previous: Option<String>) -> Self {
+    fn new(
+        store: &Arc<ResponsesStore>,
+        shared: Option<&SharedResponses>,
+        history: Vec<Message>,
+        previous: Option<String>,
+    ) -> Self {
         Recorder {
             watch: CompletedWatch::new(store.limits().max_bytes),
             store: store.clone(),
+            shared: shared.cloned(),
             history,
             previous,
             done: false,
@@ -195,6 +220,9 @@ impl Recorder {
             conversation: StoredConversation { messages },
             input_len,
         };
+        if let Some(shared) = &self.shared {
+            shared.put(&id, &stored);
+        }
         self.store.insert(&id, stored, Instant::now());
     }
 }
@@ -229,7 +257,7 @@ impl AnswerObserver for Recorder {
 
 /// `GET /v1/responses/{id}`: the stored response object.
 pub async fn get_response(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    match state.responses.get(&id, Instant::now()) {
+    match lookup(&state.responses, state.shared_responses.as_ref(), &id).await {
         Some(stored) => Json(stored.response.clone()).into_response(),
         None => response_not_found(&id).into_response(Dialect::OpenAiResponses),
     }
@@ -237,7 +265,12 @@ pub async fn get_response(State(state): State<AppState>, Path(id): Path<String>)
 
 /// `DELETE /v1/responses/{id}`: forgets a stored response.
 pub async fn delete_response(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    if state.responses.remove(&id) {
+    let here = state.responses.remove(&id);
+    let shared = match &state.shared_responses {
+        Some(shared) => shared.delete(&id).await,
+        None => false,
+    };
+    if here || shared {
         Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
     } else {
         response_not_found(&id).into_response(Dialect::OpenAiResponses)
@@ -253,7 +286,7 @@ pub async fn list_input_items(
     Path(id): Path<String>,
     Query(query): Query<Vec<(String, String)>>,
 ) -> Response {
-    let Some(stored) = state.responses.get(&id, Instant::now()) else {
+    let Some(stored) = lookup(&state.responses, state.shared_responses.as_ref(), &id).await else {
         return response_not_found(&id).into_response(Dialect::OpenAiResponses);
     };
     match ListQuery::parse(&query).and_then(|query| input_items_page(&stored, &id, &query)) {

@@ -49,6 +49,16 @@ const STEPS: &[&str] = &[
         duration_ms_sum BIGINT NOT NULL,
         PRIMARY KEY (day, key_id, model, worker, outcome)
     );",
+    // 2: stored Responses shared by proxies on one PostgreSQL (unused with SQLite).
+    "CREATE TABLE responses (
+        id TEXT PRIMARY KEY,
+        response TEXT NOT NULL,
+        conversation TEXT NOT NULL,
+        input_len BIGINT NOT NULL,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL
+    );
+    CREATE INDEX responses_expires_at ON responses (expires_at);",
 ];
 
 /// The schema version this build writes.

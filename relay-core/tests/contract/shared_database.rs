@@ -156,3 +156,88 @@ async fn a_proxy_whose_database_url_cannot_be_reached_does_not_start_and_says_wh
         "the password is not shown: {error}"
     );
 }
+
+#[tokio::test]
+async fn a_response_stored_on_one_proxy_is_continued_read_and_deleted_on_another() {
+    const MODEL: &str = "chat-model";
+    let pg = TempPostgres::start()
+        .unwrap_or_else(|why| panic!("a PostgreSQL server for this test: {why}"));
+    let backend = ChatOnlyBackend::start(&[MODEL]).await;
+    let open = |url: &str| {
+        let mut config = test_config();
+        config.database = DatabaseSetting::Postgres(url.to_string());
+        config
+    };
+    let a = start_proxy(open(&pg.url)).await;
+    let b = start_proxy(open(&pg.url)).await;
+    let worker_a = RunningWorker::start(&a, &backend.url(), None, 4);
+    let worker_b = RunningWorker::start(&b, &backend.url(), None, 4);
+    wait_until("both workers register", || {
+        a.hub.models().len() == 1 && b.hub.models().len() == 1
+    })
+    .await;
+
+    let (status, _, text) = post(
+        &a.url(),
+        "/v1/responses",
+        &json!({"model": MODEL, "input": "My name is Ada."}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let first: Value = serde_json::from_str(&text).unwrap();
+    let id = first["id"].as_str().expect("an id").to_string();
+    // The copy is written behind the answer: B finds it once it is there.
+    let started = Instant::now();
+    let continued = loop {
+        let body = json!({"model": MODEL, "previous_response_id": id, "input": "What is my name?"});
+        let (status, _, text) = post(&b.url(), "/v1/responses", &body).await;
+        if status == 200 {
+            break serde_json::from_str::<Value>(&text).unwrap();
+        }
+        assert_eq!(status, 404, "{text}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "B never found {id}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(continued["previous_response_id"], id.as_str());
+    let sent = backend
+        .seen()
+        .last()
+        .cloned()
+        .expect("B's worker asked the backend");
+    let texts = sent.body["messages"].to_string();
+    assert!(
+        texts.contains("My name is Ada."),
+        "the history from A reached B's backend: {texts}"
+    );
+    assert!(
+        texts.contains("reply to: My name is Ada."),
+        "A's answer too: {texts}"
+    );
+
+    let (status, fetched) = get_json(&b.url(), &format!("/v1/responses/{id}"), &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(fetched["id"], id.as_str());
+    let (status, items) = get_json(
+        &b.url(),
+        &format!("/v1/responses/{id}/input_items?order=asc"),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{items}");
+    assert_eq!(items["data"].as_array().map(Vec::len), Some(1), "{items}");
+    let deleted = http()
+        .delete(format!("{}/v1/responses/{id}", b.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    let (status, _) = get_json(&b.url(), &format!("/v1/responses/{id}"), &[]).await;
+    assert_eq!(status, 404);
+    worker_a.stop().await;
+    worker_b.stop().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
