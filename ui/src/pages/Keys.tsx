@@ -54,7 +54,8 @@ export function Keys() {
         Keys let clients use this relay's models: each app or person gets its own, with optional limits, and its usage is
         counted.
       </p>
-      <RequireKeysNotice required={requiresApiKeys(status)} activeKeys={activeKeys} />
+      {/* Until the first status arrives, nothing is known: no notice rather than a wrong one. */}
+      {status ? <RequireKeysNotice required={requiresApiKeys(status)} activeKeys={activeKeys} /> : null}
       {created ? (
         <NewKeyPanel
           key={created.id}
