@@ -5,15 +5,15 @@ import assert from 'node:assert/strict';
 import { mkdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterEach, test } from 'node:test';
-import { ARTIFACTS, chat, cleanup, launchBrowser, startMockBackend, startRelay, status, waitFor } from './helpers.mjs';
+import { ARTIFACTS, chat, cleanup, freePort, launchBrowser, startMockBackend, startRelay, status, waitFor } from './helpers.mjs';
 
 afterEach(cleanup);
 
 const SECRET = 'e2e-worker-secret';
 const count = (text) => Number(text.replace(/[^0-9]/g, ''));
 
-async function relayWithWorker(mock, extraArgs = []) {
-  const relay = await startRelay({ args: ['serve', '--worker-secret', SECRET, ...extraArgs], name: 'proxy' });
+async function relayWithWorker(mock, extraArgs = [], relayOptions = {}) {
+  const relay = await startRelay({ args: ['serve', '--worker-secret', SECRET, ...extraArgs], name: 'proxy', ...relayOptions });
   await startRelay({
     name: 'worker',
     args: ['worker', '--proxy-url', relay.url, '--worker-secret', SECRET, '--backend-url', mock.url, '--worker-name', 'e2e-worker'],
@@ -217,4 +217,39 @@ test('the Usage page shows the traffic sent, per key, and exports it as CSV', { 
 
   assert.deepEqual(consoleErrors, []);
   await context.close();
+});
+
+test('beyond loopback, the Keys page and the CSV export work with the admin token', { timeout: 150_000 }, async () => {
+  const TOKEN = 'e2e-admin-token-keys';
+  const mock = await startMockBackend({ chunks: 3, chunkDelayMs: 10 });
+  const port = await freePort();
+  const relay = await relayWithWorker(mock, [], {
+    listen: `0.0.0.0:${port}`,
+    env: { MODELRELAY_ADMIN_TOKEN: TOKEN },
+    adminToken: TOKEN,
+  });
+  assert.equal((await fetch(`${relay.url}/api/keys`, { signal: AbortSignal.timeout(5000) })).status, 401);
+  const { page, consoleErrors } = await launchBrowser();
+
+  await page.goto(`${relay.url}/#/keys`);
+  await page.getByTestId('token-prompt').waitFor();
+  await page.getByLabel('Admin token', { exact: true }).fill(TOKEN);
+  await page.getByRole('button', { name: 'Unlock' }).click();
+  await page.getByTestId('no-keys').waitFor();
+  const secret = await createKey(page, 'remote-app');
+  assert.equal((await chat(relay.url, { stream: false, apiKey: secret })).status, 200);
+  await waitFor(async () => (await relay.api('/api/usage')).body?.totals?.requests === 1, { what: 'usage to count the request' });
+
+  // The CSV is fetched with the token (a plain link could not send it).
+  await page.goto(`${relay.url}/#/usage?group_by=model`);
+  await page.locator('[data-testid="usage-row"][data-group="mock-model"]').waitFor();
+  const [download] = await Promise.all([page.waitForEvent('download'), page.getByRole('button', { name: 'Export CSV' }).click()]);
+  const file = path.join(ARTIFACTS, 'usage-export-token.csv');
+  mkdirSync(ARTIFACTS, { recursive: true });
+  await download.saveAs(file);
+  const lines = readFileSync(file, 'utf8').trim().split(/\r?\n/);
+  assert.match(lines[0], /^model,/);
+  assert.match(lines[1], /^mock-model,,1,0,/);
+  // The browser logs the first, token-less 401 that brought up the prompt.
+  assert.deepEqual(consoleErrors.filter((e) => !/status of 401/.test(e)), []);
 });
