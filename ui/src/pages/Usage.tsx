@@ -48,7 +48,12 @@ function useUsageReports(filters: UsageFilters, reloads: number) {
     const grouped = filters.groupBy === 'day' ? daily : api.usage(usageQuery(filters, now));
     Promise.all([daily, grouped])
       .then(([d, g]) => current && setReports({ daily: d, grouped: g }))
-      .catch((e) => current && setError(errorMessage(e)))
+      .catch((e) => {
+        if (!current) return;
+        // No stale rows under the error: they would be taken for the answer to these filters.
+        setReports(null);
+        setError(errorMessage(e));
+      })
       .finally(() => current && setLoading(false));
     return () => {
       current = false;
