@@ -313,10 +313,16 @@ async fn run_worker_only(overrides: &Overrides, file: &FileConfig) -> Result<(),
     let config = WorkerConfig::from_settings(settings, proxy_url, secret, None);
     tracing::info!(proxy = %config.proxy_url, name = %config.name, "starting worker");
     let (stop, stopped) = watch::channel(false);
-    let worker = tokio::spawn(worker::run(config, Default::default(), stopped));
-    shutdown_signal().await;
-    let _ = stop.send(true);
-    let _ = worker.await;
+    let mut worker = tokio::spawn(worker::run(config, Default::default(), stopped));
+    tokio::select! {
+        () = shutdown_signal() => {
+            let _ = stop.send(true);
+            let _ = worker.await;
+        }
+        // Drained by its proxy: the process exits 0, as the published worker does; a service
+        // manager (systemd's Restart=always) brings it back.
+        _ = &mut worker => tracing::info!("worker exits: its proxy drained it"),
+    }
     Ok(())
 }
 

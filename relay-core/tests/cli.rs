@@ -521,3 +521,158 @@ fn upstream_api_keys_never_appear_in_logs_even_at_trace_level() {
     assert!(logs.contains("request sent upstream"), "{logs}");
     assert!(!logs.contains(KEY), "the upstream key was logged:\n{logs}");
 }
+
+/// A model server that holds each chat completion for `hold` before answering, and reports
+/// on `started` when one arrives; `GET`s get a one-model list. Serves until the test ends.
+fn slow_backend(hold: Duration) -> (u16, std::sync::mpsc::Receiver<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind backend");
+    let port = listener.local_addr().unwrap().port();
+    let (started, arrivals) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let started = started.clone();
+            thread::spawn(move || {
+                stream.set_read_timeout(Some(WAIT)).unwrap();
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 4096];
+                let head = loop {
+                    let Ok(n) = stream.read(&mut buf) else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    raw.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&raw).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let length = head
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                            })
+                            .unwrap_or(0);
+                        if body.len() >= length {
+                            break head.to_string();
+                        }
+                    }
+                };
+                let answer = if head.starts_with("POST") {
+                    let _ = started.send(());
+                    thread::sleep(hold);
+                    r#"{"id":"chatcmpl-1","object":"chat.completion","model":"m1","choices":[{"index":0,"message":{"role":"assistant","content":"finished"},"finish_reason":"stop"}]}"#
+                } else {
+                    r#"{"object":"list","data":[{"id":"m1","object":"model"}]}"#
+                };
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+                let _ = stream.write_all(response.as_bytes());
+            });
+        }
+    });
+    (port, arrivals)
+}
+
+#[test]
+fn a_headless_worker_drained_by_its_proxy_finishes_its_request_and_exits_0_without_reconnecting() {
+    let data = TempDir::new("drained-proxy");
+    let mut command = modelrelay(data.path());
+    command.args(["serve", "--listen", "127.0.0.1:0"]);
+    let mut proxy = Running::spawn(command);
+    let url = proxy.relay_url();
+    let secret = std::fs::read_to_string(data.path().join("worker-secret")).expect("secret");
+    let (port, arrivals) = slow_backend(Duration::from_millis(1500));
+    let worker_data = TempDir::new("drained-worker");
+    let mut command = modelrelay(worker_data.path());
+    command.args([
+        "worker",
+        "--proxy-url",
+        &url,
+        "--worker-secret",
+        secret.trim(),
+        "--backend-url",
+        &format!("http://127.0.0.1:{port}"),
+        "--models",
+        "m1",
+        "--worker-name",
+        "gpu-box-1",
+    ]);
+    let mut worker = Running::spawn(command);
+    eventually("the worker joins", &worker, || {
+        get_json(&format!("{url}/health"))["workers_connected"] == 1
+    });
+
+    // A request in flight when the proxy drains the worker.
+    let chat_url = format!("{url}/v1/chat/completions");
+    let client = thread::spawn(move || {
+        http(
+            "POST",
+            &chat_url,
+            Some(r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#),
+        )
+    });
+    arrivals
+        .recv_timeout(WAIT)
+        .expect("the request reaches the backend");
+    let status = get_json(&format!("{url}/api/status"));
+    let id = status["workers"][0]["id"]
+        .as_str()
+        .expect("worker id")
+        .to_string();
+    let (code, body) = http("POST", &format!("{url}/api/workers/{id}/drain"), Some("{}"));
+    assert_eq!(code, 202, "drain accepted: {body}");
+
+    // It finishes the request, closes, and the process exits 0 by itself.
+    let exit = worker.wait_exit(WAIT);
+    assert_eq!(exit.code(), Some(0), "{}", worker.output());
+    let (code, body) = client.join().expect("client thread");
+    assert_eq!(code, 200, "the in-flight request finished: {body}");
+    assert!(body.contains("finished"), "{body}");
+    assert!(
+        worker.stderr().contains("drained by the proxy"),
+        "{}",
+        worker.output()
+    );
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        get_json(&format!("{url}/health"))["workers_connected"],
+        0,
+        "nothing reconnected"
+    );
+    proxy.terminate_cleanly();
+}
+
+#[test]
+fn a_headless_worker_exits_0_when_its_proxy_shuts_down() {
+    let data = TempDir::new("proxy-stops");
+    let mut command = modelrelay(data.path());
+    command.args(["serve", "--listen", "127.0.0.1:0"]);
+    let mut proxy = Running::spawn(command);
+    let url = proxy.relay_url();
+    let secret = std::fs::read_to_string(data.path().join("worker-secret")).expect("secret");
+    let (port, _arrivals) = slow_backend(Duration::ZERO);
+    let worker_data = TempDir::new("proxy-stops-worker");
+    let mut command = modelrelay(worker_data.path());
+    command.args([
+        "worker",
+        "--proxy-url",
+        &url,
+        "--worker-secret",
+        secret.trim(),
+        "--backend-url",
+        &format!("http://127.0.0.1:{port}"),
+        "--models",
+        "m1",
+    ]);
+    let mut worker = Running::spawn(command);
+    eventually("the worker joins", &worker, || {
+        get_json(&format!("{url}/health"))["workers_connected"] == 1
+    });
+    // The proxy's shutdown sends graceful_shutdown: the runbook's "the worker process exits"
+    // (systemd's Restart=always brings it back to wait for the proxy).
+    proxy.terminate_cleanly();
+    let exit = worker.wait_exit(WAIT);
+    assert_eq!(exit.code(), Some(0), "{}", worker.output());
+}

@@ -98,6 +98,7 @@ fn status_line(state: &NodeState, url: &str) -> String {
                 WorkerState::Connecting => "worker connecting…",
                 WorkerState::Connected => "worker connected",
                 WorkerState::Disconnected => "worker disconnected, retrying",
+                WorkerState::Drained => "worker drained by the proxy",
             }
             .to_string(),
         );

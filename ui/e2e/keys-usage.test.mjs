@@ -59,9 +59,18 @@ test('a key created on the Keys page is shown once, works when keys are required
   await page.getByRole('button', { name: 'Create key' }).click();
   await page.getByText('Concurrent requests must be at least 1').waitFor();
   await page.getByLabel('Concurrent requests (optional)').fill('');
-  // What only the relay knows (its upper bound) comes back as its own message.
+  // While keys are required, a key opens the relay: creating one needs the admin token even on
+  // loopback. The relay's message names the token file; the prompt retries with the token.
   await page.getByLabel('Requests per minute (optional)').fill('2000000');
   await page.getByRole('button', { name: 'Create key' }).click();
+  const elevation = page.getByTestId('elevation-prompt');
+  await elevation.waitFor();
+  const tokenFile = path.join(relay.dataDir, 'admin-token');
+  assert.ok((await page.getByTestId('elevation-message').innerText()).includes(tokenFile));
+  await elevation.getByLabel('Admin token', { exact: true }).fill(readFileSync(tokenFile, 'utf8').trim());
+  await elevation.getByRole('button', { name: 'Save with token' }).click();
+  await elevation.waitFor({ state: 'detached' });
+  // What only the relay knows (its upper bound) comes back as its own message.
   await page.getByTestId('create-key-error').getByText('`requests_per_minute` must be 1 to 1000000').waitFor();
   await page.getByLabel('Requests per minute (optional)').fill('');
 
@@ -131,8 +140,9 @@ test('a key created on the Keys page is shown once, works when keys are required
   assert.equal(refused.status, 401, refused.text);
   await page.screenshot({ path: path.join(ARTIFACTS, 'keys-revoked.png'), fullPage: true });
 
-  // The browser logs the refusals this test asks for (the 400 above); nothing else may fail.
-  assert.deepEqual(consoleErrors.filter((e) => !/status of 400 \(Bad Request\)/.test(e)), []);
+  // The browser logs the refusals this test asks for (the 403 before the token, the 400 above);
+  // nothing else may fail.
+  assert.deepEqual(consoleErrors.filter((e) => !/status of (400 \(Bad Request\)|403 \(Forbidden\))/.test(e)), []);
 });
 
 test('the Usage page shows the traffic sent, per key, and exports it as CSV', { timeout: 150_000 }, async () => {

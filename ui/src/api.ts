@@ -210,6 +210,8 @@ export const api = {
   status: () => request<Status>('GET', '/api/status'),
   drain: (id: string) => request<{ ok: boolean }>('POST', `/api/workers/${encodeURIComponent(id)}/drain`),
   refreshModels: () => request<{ ok: boolean; workers: number }>('POST', '/api/models/refresh'),
+  /** This node's own worker joins its proxy again after the proxy drained it. */
+  rejoinWorker: () => request<{ ok: boolean }>('POST', '/api/worker/rejoin'),
   lifecycleAction: (model: string, action: 'load' | 'unload') =>
     request<{ ok: boolean; model: ModelStatus }>('POST', `/api/lifecycle/${encodeURIComponent(model)}/${action}`),
   discovery: () => request<Discovery>('GET', '/api/discovery'),

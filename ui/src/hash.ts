@@ -29,8 +29,28 @@ export function replaceRouteQuery(route: Exclude<Route, ''>, query: string) {
   if (location.hash !== target) history.replaceState(history.state, '', target);
 }
 
+/**
+ * The page a path names: the relay also serves the UI at `/dashboard` and `/setup`, the
+ * addresses the published runbook links to.
+ */
+export function routeOfPath(pathname: string): Route {
+  return parseRoute(`#${pathname}`);
+}
+
+/**
+ * The route at load: the hash's, else the path's. A path route moves into the hash (`/setup`
+ * becomes `/#/setup`), so navigating between pages keeps working as everywhere else.
+ */
+function initialRoute(): Route {
+  const fromHash = parseRoute(location.hash);
+  if (fromHash !== '') return fromHash;
+  const fromPath = routeOfPath(location.pathname);
+  if (fromPath !== '') history.replaceState(null, '', `/#/${fromPath}`);
+  return fromPath;
+}
+
 export function useRoute(): Route {
-  const [route, setRoute] = useState<Route>(() => parseRoute(location.hash));
+  const [route, setRoute] = useState<Route>(initialRoute);
   useEffect(() => {
     const onChange = () => setRoute(parseRoute(location.hash));
     window.addEventListener('hashchange', onChange);

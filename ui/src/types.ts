@@ -5,7 +5,8 @@ export interface Roles {
   worker: boolean;
 }
 
-export type OwnWorkerState = 'off' | 'connecting' | 'connected' | 'disconnected';
+/** `drained`: its proxy sent graceful_shutdown; it finished and waits for a rejoin. */
+export type OwnWorkerState = 'off' | 'connecting' | 'connected' | 'disconnected' | 'drained';
 
 export interface NodeInfo {
   version: string;

@@ -58,6 +58,7 @@ pub fn routes(slot: NodeSlot, access: AdminAccess) -> Router {
         .route("/api/join", post(join))
         .route("/api/join/test", post(test_join))
         .route("/api/join-code", get(join_code))
+        .route("/api/worker/rejoin", post(rejoin_worker))
         .route("/api/discovery", get(discover))
         .route("/api/lifecycle", get(lifecycle_status))
         .route("/api/lifecycle/{model}/{action}", post(lifecycle_action))
@@ -260,7 +261,7 @@ pub async fn probe_proxy(details: &JoinDetails) -> Result<(), String> {
             401 => "the proxy refused the secret: copy it again from the proxy's dashboard or start-up banner".to_string(),
             403 => "the proxy refused this worker (provider disabled, or this worker was drained)".to_string(),
             404 => format!("the proxy has no provider {:?}", details.provider),
-            429 => "too many failed attempts from this address: wait a minute and retry".to_string(),
+            429 => "too many failed attempts from this address: wait a few seconds and retry".to_string(),
             503 => "the proxy is not accepting workers (its proxy role is off, or it is shutting down)".to_string(),
             status => format!("the proxy answered HTTP {status} instead of accepting a worker: is {} a ModelRelay proxy?", details.url),
         }),
@@ -299,6 +300,23 @@ async fn join(
         .await
         .map_err(node_error)?;
     settings_view(&node)
+}
+
+/// The dashboard's "rejoin": a fresh worker after its proxy drained the last one.
+async fn rejoin_worker(State(slot): State<NodeSlot>) -> Answer {
+    let node = slot.node()?;
+    let started = node
+        .rejoin_worker()
+        .await
+        .map_err(|e| node_error(e.into()))?;
+    if !started {
+        return Err(api_error(
+            StatusCode::CONFLICT,
+            "worker_role_off",
+            "this node's worker role is off: turn on \"Run worker\" to join a proxy",
+        ));
+    }
+    Ok(Json(json!({"ok": true})).into_response())
 }
 
 async fn join_code(State(slot): State<NodeSlot>) -> Answer {

@@ -84,6 +84,21 @@ impl Node {
         Ok(())
     }
 
+    /// Starts a fresh worker with the settings saved now, after its proxy drained the last one
+    /// (the dashboard's one-click rejoin). False when the worker role is off.
+    pub async fn rejoin_worker(&self) -> Result<bool, AppError> {
+        let _one_at_a_time = self.inner.apply.lock().await;
+        if !self.roles().worker {
+            return Ok(false);
+        }
+        self.stop_worker().await;
+        let file = super::load(&self.inner.config_path)?;
+        self.start_worker(&file)?;
+        self.publish();
+        tracing::info!("worker role rejoining its proxy");
+        Ok(true)
+    }
+
     pub(super) async fn stop_worker(&self) {
         let worker = locked(&self.inner.worker).take();
         if let Some(worker) = worker {
@@ -114,6 +129,7 @@ impl Node {
                             ConnectionState::Connecting => WorkerState::Connecting,
                             ConnectionState::Connected => WorkerState::Connected,
                             ConnectionState::Disconnected => WorkerState::Disconnected,
+                            ConnectionState::Drained => WorkerState::Drained,
                         },
                         proxy_url: Some(proxy_url.clone()),
                         name: Some(name.clone()),

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
@@ -43,9 +43,42 @@ pub fn admin_routes(state: AppState) -> Router<AppState> {
 /// The key and usage routes of the web UI, mounted with the control API (behind its rule).
 pub fn dashboard_routes() -> Router<AppState> {
     Router::new()
-        .route("/api/keys", get(list_keys).post(create_key))
-        .route("/api/keys/{id}", delete(revoke_key))
+        .route("/api/keys", get(list_keys).post(dashboard_create_key))
+        .route("/api/keys/{id}", delete(dashboard_revoke_key))
         .route("/api/usage", get(usage))
+}
+
+/// While keys are required, a key opens the relay: making or revoking one from the dashboard
+/// then needs the admin token even where the dashboard is open (loopback), or any local user
+/// could mint themselves a way past the requirement.
+fn key_change_allowed(state: &AppState, headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
+    if state.config.require_api_keys {
+        state.admin.elevated(headers, what)
+    } else {
+        Ok(())
+    }
+}
+
+async fn dashboard_create_key(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(refused) = key_change_allowed(&state, &headers, "Creating an API key") {
+        return api_error(refused);
+    }
+    create_key(State(state), body).await
+}
+
+async fn dashboard_revoke_key(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: Path<String>,
+) -> Response {
+    if let Err(refused) = key_change_allowed(&state, &headers, "Revoking an API key") {
+        return api_error(refused);
+    }
+    revoke_key(State(state), id).await
 }
 
 /// Refuses `/admin/*` without the configured token; after repeated wrong tokens from one address
@@ -72,7 +105,15 @@ async fn admin_guard(
         .into_response(Dialect::OpenAi);
     }
     match admin_access(&state).check_admin_api(request.headers()) {
-        Ok(()) => next.run(request).await,
+        Ok(()) => {
+            let mut response = next.run(request).await;
+            // Answers carry key metadata, usage and, once, a key's secret: never cached.
+            response.headers_mut().insert(
+                header::CACHE_CONTROL,
+                axum::http::HeaderValue::from_static("no-store"),
+            );
+            response
+        }
         Err(error) => {
             if error.code == WRONG_ADMIN_TOKEN_CODE {
                 state.admin_limiter.record_failure(ip, now);
@@ -201,6 +242,9 @@ impl UsageParams {
         let until = time("until", self.until)?.unwrap_or_else(now_ms);
         let since =
             time("since", self.since)?.unwrap_or(until - (DEFAULT_USAGE_DAYS - 1) * 86_400_000);
+        // Usage is kept per day, so each bound names its whole (UTC) day: compared as instants,
+        // `since=2026-11-25T12:00:00Z&until=2026-11-25` (midnight) would refuse a valid day.
+        let (since, until) = (day_of(since), day_of(until));
         if since > until {
             return Err(bad("`since` is after `until`".into()));
         }
@@ -222,8 +266,8 @@ impl UsageParams {
             UsageQuery {
                 key: filter(self.key),
                 model: filter(self.model),
-                since: day_of(since),
-                until: day_of(until),
+                since,
+                until,
                 group_by,
             },
             csv,
@@ -284,4 +328,38 @@ async fn usage(
             .into_response();
     }
     Json(serde_json::to_value(report).unwrap_or(Value::Null)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(since: &str, until: &str) -> UsageParams {
+        UsageParams {
+            since: Some(since.into()),
+            until: Some(until.into()),
+            ..UsageParams::default()
+        }
+    }
+
+    #[test]
+    fn usage_bounds_are_whole_days_so_a_time_within_the_last_day_is_not_after_it() {
+        let (query, csv) = params("2026-11-25T23:59:59Z", "2026-11-25")
+            .query()
+            .unwrap();
+        assert_eq!(
+            (query.since.as_str(), query.until.as_str()),
+            ("2026-11-25", "2026-11-25")
+        );
+        assert!(!csv);
+        let (query, _) = params("2026-11-01", "2026-11-25T00:00:01+01:00")
+            .query()
+            .unwrap();
+        assert_eq!(query.until, "2026-11-24", "the UTC day of the time");
+        let refused = params("2026-11-26", "2026-11-25T23:59:59Z")
+            .query()
+            .unwrap_err();
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+        assert!(refused.message.contains("after"), "{}", refused.message);
+    }
 }

@@ -14,12 +14,15 @@ pub fn secrets_match(presented: &str, expected: &str) -> bool {
     bool::from(presented.as_bytes().ct_eq(expected.as_bytes()))
 }
 
-/// How failed worker authentications are limited.
+/// How failed worker authentications are limited: a short burst of failures from one address
+/// locks it out, even with the right secret, for a short while that ends by itself (the
+/// contract: "repeated failed auth attempts are rate-limited by client IP", and the entries
+/// expire). A worker whose secret was fixed gets in at its next retry after the lockout.
 #[derive(Debug, Clone)]
 pub struct FailureLimits {
-    /// Failures allowed from one IP within `window`.
+    /// Failures from one IP within `window` that lock it out.
     pub max_failures: u32,
-    /// The counting window; also how long an IP stays blocked once over the limit.
+    /// The counting window, from the first failure; the lockout ends with it.
     pub window: Duration,
     /// IPs tracked at most; the table never grows beyond this.
     pub max_tracked: usize,
@@ -27,9 +30,12 @@ pub struct FailureLimits {
 
 impl Default for FailureLimits {
     fn default() -> Self {
+        // The published proxy locks out after 3 failures. Its lockout is 250 ms; ours lasts
+        // up to 10 s, which caps guessing at 3 tries per 10 s per address and still lets a
+        // corrected worker in at its next reconnect.
         FailureLimits {
-            max_failures: 5,
-            window: Duration::from_secs(60),
+            max_failures: 3,
+            window: Duration::from_secs(10),
             max_tracked: 10_000,
         }
     }

@@ -85,6 +85,10 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/health", get(health))
         .route("/", get(index_page))
+        // The published runbook's addresses of the dashboard and the setup wizard: the same
+        // page, which opens the route its path names.
+        .route("/dashboard", get(index_page))
+        .route("/setup", get(index_page))
         .route("/v1/worker/connect", get(worker_connect))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
@@ -397,6 +401,14 @@ async fn dispatch(
         body: body.clone(),
         headers: forwarded.clone(),
     });
+    // A model the workers do not claim would wait in the queue for one to announce it; an
+    // upstream that serves it (or the fallback) answers now instead.
+    if let Some(request) = spare.as_ref().filter(|r| !state.hub.serves(&r.model)) {
+        if let Some(upstream) = state.upstreams.for_unclaimed(&request.model) {
+            let request = spare.expect("checked above");
+            return serve_upstream(state, upstream, request, dialect, observer, account).await;
+        }
+    }
     let model_name = model.clone();
     let accepted = match state.hub.submit(RequestSpec {
         model,
@@ -413,20 +425,7 @@ async fn dispatch(
                 .and_then(|r| state.upstreams.for_refusal(&r.model, &refused.reason));
             return match (upstream, spare) {
                 (Some(upstream), Some(request)) => {
-                    let tracked = state.hub.track_upstream(
-                        &request.model,
-                        request.is_streaming,
-                        &upstream.name,
-                        account,
-                    );
-                    // Boxed: inline, this path's state would enlarge every request's future,
-                    // including the many that only wait in the queue.
-                    Box::pin(
-                        state
-                            .upstreams
-                            .serve(upstream, request, dialect, observer, tracked),
-                    )
-                    .await
+                    serve_upstream(state, upstream, request, dialect, observer, account).await
                 }
                 _ => refused.error.into_response(dialect),
             };
@@ -455,6 +454,31 @@ async fn dispatch(
     .observe(observer)
     .track(tracked)
     .respond()
+    .await
+}
+
+/// Serves `request` from `upstream` instead of a worker, counted on the dashboard like one.
+async fn serve_upstream(
+    state: &AppState,
+    upstream: &super::upstream::UpstreamConfig,
+    request: UpstreamRequest,
+    dialect: Dialect,
+    observer: Option<Box<dyn AnswerObserver>>,
+    account: &std::sync::Arc<str>,
+) -> Response {
+    let tracked = state.hub.track_upstream(
+        &request.model,
+        request.is_streaming,
+        &upstream.name,
+        account,
+    );
+    // Boxed: inline, this path's state would enlarge every request's future, including the
+    // many that only wait in the queue.
+    Box::pin(
+        state
+            .upstreams
+            .serve(upstream, request, dialect, observer, tracked),
+    )
     .await
 }
 
@@ -501,8 +525,21 @@ async fn all_models(state: &AppState) -> Vec<(String, String)> {
     models
 }
 
-async fn list_models(State(state): State<AppState>, headers: HeaderMap) -> Json<Value> {
-    let models = all_models(&state).await;
+/// Every model this relay serves, or only those a client's key may use.
+async fn visible_models(state: &AppState, identity: &ClientIdentity) -> Vec<(String, String)> {
+    let mut models = all_models(state).await;
+    if let Some(key) = &identity.key {
+        models.retain(|(model, _)| key.allows(model));
+    }
+    models
+}
+
+async fn list_models(
+    State(state): State<AppState>,
+    axum::Extension(identity): axum::Extension<ClientIdentity>,
+    headers: HeaderMap,
+) -> Json<Value> {
+    let models = visible_models(&state, &identity).await;
     let anthropic = headers.contains_key("anthropic-version");
     let data: Vec<Value> = models
         .iter()
@@ -522,11 +559,12 @@ async fn list_models(State(state): State<AppState>, headers: HeaderMap) -> Json<
 
 async fn get_model(
     State(state): State<AppState>,
+    axum::Extension(identity): axum::Extension<ClientIdentity>,
     axum::extract::Path(id): axum::extract::Path<String>,
     headers: HeaderMap,
 ) -> Response {
     let anthropic = headers.contains_key("anthropic-version");
-    match all_models(&state)
+    match visible_models(&state, &identity)
         .await
         .into_iter()
         .find(|(model, _)| *model == id)
@@ -603,6 +641,12 @@ async fn worker_connect(
     if !state.hub.is_serving() {
         return proxy_role_off().into_response(dialect);
     }
+    // Before any authentication: a plain request (a browser, the runbook's `curl -v`) learns
+    // what this endpoint is, and never counts as a failed worker login.
+    let upgrade = match upgrade {
+        Ok(upgrade) => upgrade,
+        Err(rejection) => return not_a_websocket_upgrade(&headers, &rejection),
+    };
     let now = StdInstant::now();
     if let Err(retry_after) = state.limiter.check(peer.ip(), now) {
         tracing::warn!(peer = %peer.ip(), "worker auth rate-limited");
@@ -672,17 +716,6 @@ async fn worker_connect(
             .into_response(dialect);
     }
     state.limiter.record_success(peer.ip());
-    let upgrade = match upgrade {
-        Ok(upgrade) => upgrade,
-        Err(rejection) => {
-            return ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "websocket_required",
-                format!("this endpoint expects a WebSocket upgrade: {rejection}"),
-            )
-            .into_response(dialect)
-        }
-    };
     // Held for the connection's life: a proxy serves at most `max_workers` at once.
     let Ok(slot) = state.worker_slots.clone().try_acquire_owned() else {
         tracing::warn!(peer = %peer.ip(), max = state.config.max_workers, "worker refused: max_workers reached");
@@ -710,6 +743,42 @@ async fn worker_connect(
             drop(slot);
         })
         .into_response()
+}
+
+/// The answer to a request on the worker endpoint that is not a WebSocket handshake: 426 with
+/// `Upgrade: websocket` when it did not ask for one (RFC 9110 §15.5.22), 400 naming what is
+/// wrong when it asked for one but the handshake is malformed.
+fn not_a_websocket_upgrade(headers: &HeaderMap, rejection: &WebSocketUpgradeRejection) -> Response {
+    let asked = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if asked {
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "websocket_handshake_invalid",
+            format!("malformed WebSocket handshake on the worker endpoint: {rejection}"),
+        )
+        .into_response(Dialect::OpenAi);
+    }
+    let mut response = ApiError::new(
+        StatusCode::UPGRADE_REQUIRED,
+        "websocket_required",
+        "this is the worker endpoint: workers connect here over WebSocket \
+         (`modelrelay worker --proxy-url` with this proxy's address); a plain HTTP request \
+         reaching it means the proxy is up and reachable",
+    )
+    .into_response(Dialect::OpenAi);
+    let headers = response.headers_mut();
+    headers.insert(
+        header::UPGRADE,
+        header::HeaderValue::from_static("websocket"),
+    );
+    headers.insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("Upgrade"),
+    );
+    response
 }
 
 #[cfg(test)]

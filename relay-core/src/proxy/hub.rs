@@ -14,9 +14,9 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::scheduler::{
-    parse_worker_wire_id, request_wire_id, worker_wire_id, Action, CancelOutcome, FailReason,
-    ProviderLimits, RegisterError, RequestId, Scheduler, SubmitError, Submitted, WorkerId,
-    WorkerSnapshot,
+    parse_worker_wire_id, request_wire_id, unusable_name, worker_wire_id, Action, CancelOutcome,
+    Expired, FailReason, ProviderLimits, RegisterError, RequestId, Scheduler, SubmitError,
+    Submitted, WorkerId, WorkerSnapshot,
 };
 use super::telemetry::{Telemetry, TrackedRequest};
 use crate::dialect::ApiError;
@@ -107,8 +107,9 @@ struct Inner {
     scheduler: Scheduler,
     pending: HashMap<RequestId, Pending>,
     links: HashMap<WorkerId, WorkerLink>,
-    /// Names of workers an admin drained: they may not rejoin until the proxy restarts (our
-    /// worker reconnects after a close, which would undo the drain at once).
+    /// Names of workers an admin drained: they may not rejoin until the proxy restarts (a
+    /// service manager restarts a headless worker that exited after its drain, which would
+    /// otherwise undo it; the published worker may reconnect too).
     drained_names: HashSet<String>,
     telemetry: Arc<Telemetry>,
 }
@@ -253,10 +254,9 @@ impl Hub {
         let submitted = match inner.scheduler.submit(request, &spec.model, Instant::now()) {
             Ok(submitted) => submitted,
             Err(error) => {
-                let models = inner.scheduler.models();
                 drop(inner);
                 return Err(Refused {
-                    error: submit_error(error.clone(), &spec.model, &models),
+                    error: submit_error(error.clone(), &spec.model),
                     reason: error,
                 });
             }
@@ -358,16 +358,16 @@ impl Hub {
         }
     }
 
-    /// The waiter's queue deadline passed; true if the request was still queued and is now gone.
-    pub fn expire_queued(&self, request: RequestId) -> bool {
+    /// The waiter's queue deadline passed: if the request was still queued it is gone now, and
+    /// this is the 504 to answer, naming the model it waited for.
+    pub fn expire_queued(&self, request: RequestId) -> Option<ApiError> {
         let mut inner = self.lock();
-        let expired = inner.scheduler.expire_queued(request, Instant::now());
-        if expired {
-            inner.pending.remove(&request);
-            inner.release_idle_capacity();
-            tracing::warn!(request = %request_wire_id(request), "queue timeout");
-        }
-        expired
+        let expired = inner.scheduler.expire_queued(request, Instant::now())?;
+        inner.pending.remove(&request);
+        inner.release_idle_capacity();
+        drop(inner);
+        tracing::warn!(request = %request_wire_id(request), model = %expired.model, served = expired.served, "queue timeout");
+        Some(queue_timeout_error(&expired))
     }
 
     /// Whether workers may join `provider` right now.
@@ -438,6 +438,17 @@ impl Hub {
             return false;
         };
         inner.drained_names.insert(name.clone());
+        // Told first, so the worker finishes its requests and stays away (our worker does not
+        // reconnect after `graceful_shutdown`; the name check stops one that is restarted).
+        let frame = ServerToWorker::GracefulShutdown(GracefulShutdownMessage {
+            reason: Some(
+                "drained by an admin of the proxy; it may rejoin after the proxy restarts"
+                    .to_string(),
+            ),
+            drain_timeout_secs: Some(self.settings.drain_timeout.as_secs()),
+        })
+        .to_json();
+        inner.send(id, Outbound::Frame(frame.into()));
         let actions = inner.scheduler.drain_worker(id);
         inner.execute(actions);
         drop(inner);
@@ -579,9 +590,11 @@ impl Hub {
         inner.scheduler.tracked_requests().max(inner.pending.len())
     }
 
-    /// Whether a request for `model` would be routed now (model aliasing asks this).
+    /// Whether the workers claim `model` now: one serves it, a provider lists it, or its last
+    /// worker left moments ago. Aliases and upstreams take only models nobody claims; any other
+    /// model still queues for a worker to announce it.
     pub fn serves(&self, model: &str) -> bool {
-        self.lock().scheduler.is_routable(model, Instant::now())
+        self.lock().scheduler.is_claimed(model, Instant::now())
     }
 
     /// Routable models with their providers.
@@ -685,12 +698,9 @@ pub fn fail_error(reason: FailReason) -> ApiError {
         FailReason::QueueFull => ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "queue_full",
-            "queue full: every worker is busy and the queue is at its limit; retry shortly",
-        ),
-        FailReason::QueueTimeout => ApiError::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "queue_timeout",
-            "queue timeout: no worker available within deadline",
+            // The seed's stable client message first; then what an operator needs.
+            "Service temporarily at capacity, please retry (queue full: the requests waiting \
+             for a worker are at max_queue_len)",
         ),
         FailReason::RequestTimeout => ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,
@@ -716,6 +726,26 @@ pub fn fail_error(reason: FailReason) -> ApiError {
     }
 }
 
+/// The 504 for a request that waited its whole queue timeout: for which model, and whether
+/// its workers were all busy or none is connected (the runbook's "requests queue but never
+/// complete").
+fn queue_timeout_error(expired: &Expired) -> ApiError {
+    let model = &expired.model;
+    let why = if expired.served {
+        format!("every worker serving model {model} stayed busy for the queue timeout")
+    } else {
+        format!(
+            "no connected worker serves model {model}; it waited the queue timeout for one to \
+             register or announce it (check the name and the workers' logs)"
+        )
+    };
+    ApiError::new(
+        StatusCode::GATEWAY_TIMEOUT,
+        "queue_timeout",
+        format!("queue timeout: no worker available within deadline: {why}"),
+    )
+}
+
 /// A request the hub did not take: why (for routing it elsewhere, e.g. to an upstream), and the
 /// answer to give the client otherwise.
 #[derive(Debug)]
@@ -726,21 +756,22 @@ pub struct Refused {
     pub error: ApiError,
 }
 
-fn submit_error(error: SubmitError, model: &str, models: &[(String, String)]) -> ApiError {
+fn submit_error(error: SubmitError, model: &str) -> ApiError {
     match error {
+        // Any name a worker could advertise waits in a queue for one (walkthrough §7): only
+        // these are refused.
         SubmitError::UnknownModel => {
-            let available: Vec<&str> = models.iter().take(20).map(|(m, _)| m.as_str()).collect();
-            let hint = if available.is_empty() {
-                "no connected worker serves any model yet; start a model server or a worker, \
-                 or check the workers' logs"
-                    .to_string()
-            } else {
-                format!("available models: {}", available.join(", "))
+            let hint = match unusable_name(model) {
+                Some(why) => format!("no worker can advertise a model name {why}"),
+                None => "this proxy has no provider".to_string(),
             };
+            // A hostile name is echoed only in part.
+            let shown: String = model.chars().take(80).collect();
+            let ellipsis = if shown.len() < model.len() { "…" } else { "" };
             ApiError::new(
                 StatusCode::NOT_FOUND,
                 "model_not_found",
-                format!("no provider for model {model}: {hint}"),
+                format!("no provider for model {shown:?}{ellipsis}: {hint}"),
             )
         }
         SubmitError::ProviderDisabled => ApiError::new(

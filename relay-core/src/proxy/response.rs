@@ -76,13 +76,14 @@ impl CancelGuard {
         }
     }
 
-    /// Takes the request out of the queue if it still waits there (then it is over).
-    fn expire_queued(&mut self) -> bool {
+    /// Takes the request out of the queue if it still waits there (then it is over): the error
+    /// to answer.
+    fn expire_queued(&mut self) -> Option<ApiError> {
         let expired = match &self.target {
             CancelTarget::Hub { hub, request } => hub.expire_queued(*request),
-            CancelTarget::Task(_) => false,
+            CancelTarget::Task(_) => None,
         };
-        if expired {
+        if expired.is_some() {
             self.disarm();
         }
         expired
@@ -308,8 +309,8 @@ impl Waiter {
                     None => break ResponseEvent::Failed(Box::new(lost_request())),
                 },
                 _ = sleep_until(self.queue_deadline.unwrap_or(self.deadline)), if self.queue_deadline.is_some() => {
-                    if self.guard.expire_queued() {
-                        return self.relay_error(fail_error(FailReason::QueueTimeout));
+                    if let Some(timeout) = self.guard.expire_queued() {
+                        return self.relay_error(timeout);
                     }
                     self.queue_deadline = None;
                 }
@@ -400,7 +401,14 @@ impl Waiter {
         };
         match event {
             Some(ResponseEvent::Chunk(bytes)) => Some((self.coalesce(bytes), false)),
-            Some(ResponseEvent::Complete(complete, worker)) => {
+            Some(ResponseEvent::Complete(mut complete, worker)) => {
+                // The protocol lets a worker send a stream's tail as `response_complete`'s body:
+                // it goes out as the last piece (counted like any chunk), then the completion
+                // ends the stream.
+                if let Some(tail) = complete.body.take().filter(|tail| !tail.is_empty()) {
+                    self.pending_terminal = Some(ResponseEvent::Complete(complete, worker));
+                    return Some((Bytes::from(tail), false));
+                }
                 self.guard.disarm();
                 if let Some(tracked) = self.tracked.as_mut() {
                     tracked.complete(complete.status_code, complete.token_counts.as_ref(), worker);

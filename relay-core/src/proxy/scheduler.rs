@@ -57,8 +57,6 @@ pub enum Action {
 pub enum FailReason {
     /// The provider's queue is at its bound.
     QueueFull,
-    /// No worker took the request within the queue timeout.
-    QueueTimeout,
     /// The request outlived its request timeout.
     RequestTimeout,
     /// Its workers died [`MAX_REQUEUE_COUNT`] times.
@@ -72,7 +70,8 @@ pub enum FailReason {
 /// Why a request was refused at the door.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SubmitError {
-    /// No provider serves or knows this model.
+    /// No worker could ever serve this model name (longer than [`MAX_NAME_BYTES`], control
+    /// characters), or the proxy has no provider at all.
     UnknownModel,
     /// The provider serving the model is disabled.
     ProviderDisabled,
@@ -141,6 +140,15 @@ pub enum RegisterError {
     Drained,
 }
 
+/// A request that waited in the queue until its deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expired {
+    /// The model it asked for.
+    pub model: Arc<str>,
+    /// Whether some connected worker serves that model (they were all busy), or none does.
+    pub served: bool,
+}
+
 /// A registration the proxy accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registered {
@@ -190,6 +198,14 @@ struct Provider {
     round_robin: usize,
 }
 
+impl Provider {
+    /// It lists `model`, or `model`'s last worker left it less than a queue timeout ago.
+    fn claims(&self, model: &str, now: Instant) -> bool {
+        self.limits.models.iter().any(|m| m == model)
+            || self.lingering.get(model).is_some_and(|until| *until > now)
+    }
+}
+
 #[derive(Debug)]
 struct Worker {
     provider: usize,
@@ -213,9 +229,14 @@ impl Worker {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    Queued { queue_deadline: Instant },
-    Assigned { worker: WorkerId },
-    Cancelling { worker: WorkerId },
+    /// Waiting in its provider's queue until the request's `queue_deadline`.
+    Queued,
+    Assigned {
+        worker: WorkerId,
+    },
+    Cancelling {
+        worker: WorkerId,
+    },
 }
 
 #[derive(Debug)]
@@ -223,6 +244,9 @@ struct Request {
     provider: usize,
     model: Arc<str>,
     deadline: Instant,
+    /// When it stops waiting for a worker, fixed at arrival: a requeue keeps it (the contract:
+    /// "keyed by original queue time so requeue does not grant infinite timeout extensions").
+    queue_deadline: Instant,
     requeues: u32,
     /// Some byte of the answer reached the client: never requeue it.
     started: bool,
@@ -310,6 +334,19 @@ impl Scheduler {
             message.max_concurrent
         };
         let name = worker_display_name(&message.worker_name, &mut warnings);
+        if models.is_empty() {
+            warnings.push(
+                "no usable model advertised: nothing is routed to this worker until it sends \
+                 models_update"
+                    .to_string(),
+            );
+        }
+        if self.workers.values().any(|w| w.name == name) {
+            warnings.push(format!(
+                "another connected worker is also named \"{name}\"; logs and the dashboard tell \
+                 them apart only by id (give each machine its own name)"
+            ));
+        }
         let worker_id = self.next_worker;
         self.next_worker += 1;
         let models: Vec<Arc<str>> = models.into_iter().map(Arc::from).collect();
@@ -408,28 +445,32 @@ impl Scheduler {
         actions
     }
 
-    /// Resolves which provider serves `model` right now.
+    /// Resolves which provider takes a request for `model` right now: the first whose workers
+    /// serve it, else the first that claims it (lists it, or its last worker left moments ago),
+    /// else the default provider (the first, where workers join without `?provider=`), where it
+    /// waits for a worker that serves it (walkthrough §7: a provider with no worker for the
+    /// model queues). `None` only for a name no worker could ever advertise (see
+    /// [`sanitize_models`]) or a proxy without providers.
     fn route(&mut self, model: &str, now: Instant) -> Option<usize> {
+        if unusable_name(model).is_some() {
+            return None;
+        }
         let serving = self
             .providers
             .iter()
             .position(|p| p.model_workers.contains_key(model));
-        serving.or_else(|| {
-            self.providers.iter().position(|p| {
-                p.limits.models.iter().any(|m| m == model)
-                    || p.lingering.get(model).is_some_and(|until| *until > now)
-            })
-        })
+        serving
+            .or_else(|| self.providers.iter().position(|p| p.claims(model, now)))
+            .or_else(|| (!self.providers.is_empty()).then_some(0))
     }
 
-    /// Whether a request for `model` would be routed at `now`: a worker serves it, a provider
-    /// lists it, or its last worker left moments ago (see [`Scheduler::submit`]).
-    pub fn is_routable(&self, model: &str, now: Instant) -> bool {
-        self.providers.iter().any(|p| {
-            p.model_workers.contains_key(model)
-                || p.limits.models.iter().any(|m| m == model)
-                || p.lingering.get(model).is_some_and(|until| *until > now)
-        })
+    /// Whether some provider claims `model` at `now`: a worker serves it, a provider lists it, or
+    /// its last worker left moments ago. An unclaimed model still queues (at the default
+    /// provider), but aliases and upstreams get the first say over it.
+    pub fn is_claimed(&self, model: &str, now: Instant) -> bool {
+        self.providers
+            .iter()
+            .any(|p| p.model_workers.contains_key(model) || p.claims(model, now))
     }
 
     /// Client request `request` arrived for `model`.
@@ -455,7 +496,7 @@ impl Scheduler {
             .map(|(k, _)| k.clone())
             .unwrap_or_else(|| Arc::from(model));
         if let Some(worker) = self.pick_worker(provider, &model) {
-            self.track_request(request, provider, model, deadline);
+            self.track_request(request, provider, model, deadline, queue_deadline);
             self.assign(request, worker);
             return Ok(Submitted::Dispatched { request, worker });
         }
@@ -468,8 +509,8 @@ impl Scheduler {
                 .clamp(Duration::from_secs(1), Duration::from_secs(30));
             return Err(SubmitError::QueueFull { retry_after });
         }
-        self.track_request(request, provider, model, deadline);
-        self.enqueue(request, queue_deadline);
+        self.track_request(request, provider, model, deadline, queue_deadline);
+        self.enqueue(request);
         Ok(Submitted::Queued {
             request,
             queue_deadline,
@@ -482,6 +523,7 @@ impl Scheduler {
         provider: usize,
         model: Arc<str>,
         deadline: Instant,
+        queue_deadline: Instant,
     ) {
         self.requests.insert(
             id,
@@ -489,18 +531,17 @@ impl Scheduler {
                 provider,
                 model,
                 deadline,
+                queue_deadline,
                 requeues: 0,
                 started: false,
-                phase: Phase::Queued {
-                    queue_deadline: deadline,
-                },
+                phase: Phase::Queued,
             },
         );
     }
 
-    fn enqueue(&mut self, request: RequestId, queue_deadline: Instant) {
+    fn enqueue(&mut self, request: RequestId) {
         let entry = self.requests.get_mut(&request).expect("known request");
-        entry.phase = Phase::Queued { queue_deadline };
+        entry.phase = Phase::Queued;
         let p = &mut self.providers[entry.provider];
         p.queues
             .entry(entry.model.clone())
@@ -644,7 +685,7 @@ impl Scheduler {
             return CancelOutcome::Nothing;
         };
         match entry.phase {
-            Phase::Queued { .. } => {
+            Phase::Queued => {
                 self.dequeue(request);
                 self.requests.remove(&request);
                 CancelOutcome::RemovedFromQueue
@@ -669,16 +710,26 @@ impl Scheduler {
     }
 
     /// The waiter's queue deadline passed: if the request is still queued past its deadline,
-    /// remove it and return true (the caller answers 504). A request that was dispatched or
-    /// requeued with a later deadline meanwhile is left alone.
-    pub fn expire_queued(&mut self, request: RequestId, now: Instant) -> bool {
-        match self.requests.get(&request).map(|r| r.phase) {
-            Some(Phase::Queued { queue_deadline }) if queue_deadline <= now => {
+    /// remove it and say what it waited for (the caller answers 504). A request dispatched
+    /// meanwhile is left alone.
+    pub fn expire_queued(&mut self, request: RequestId, now: Instant) -> Option<Expired> {
+        match self
+            .requests
+            .get(&request)
+            .map(|r| (r.phase, r.queue_deadline))
+        {
+            Some((Phase::Queued, queue_deadline)) if queue_deadline <= now => {
                 self.dequeue(request);
-                self.requests.remove(&request);
-                true
+                let entry = self.requests.remove(&request).expect("present");
+                let served = self.providers[entry.provider]
+                    .model_workers
+                    .contains_key(&entry.model);
+                Some(Expired {
+                    model: entry.model,
+                    served,
+                })
             }
-            _ => false,
+            _ => None,
         }
     }
 
@@ -747,7 +798,7 @@ impl Scheduler {
             return;
         }
         r.requeues += 1;
-        let (provider, model, deadline) = (r.provider, r.model.clone(), r.deadline);
+        let (provider, model, queue_deadline) = (r.provider, r.model.clone(), r.queue_deadline);
         if let Some(next) = self.pick_worker(provider, &model) {
             self.assign(request, next);
             actions.push(Action::Dispatch {
@@ -756,9 +807,9 @@ impl Scheduler {
             });
         } else {
             // Accepted requests are never dropped: a requeue may exceed the admission bound.
-            let queue_timeout = self.providers[provider].limits.queue_timeout;
-            let queue_deadline = (now + queue_timeout).min(deadline);
-            self.enqueue(request, queue_deadline);
+            // It waits until its original queue deadline; one already past ends at once (504)
+            // unless a worker frees up first.
+            self.enqueue(request);
             actions.push(Action::Requeued {
                 request,
                 queue_deadline,
@@ -786,7 +837,7 @@ impl Scheduler {
         let queued: Vec<RequestId> = self
             .requests
             .iter()
-            .filter(|(_, r)| matches!(r.phase, Phase::Queued { .. }))
+            .filter(|(_, r)| matches!(r.phase, Phase::Queued))
             .map(|(id, _)| *id)
             .collect();
         for request in queued {
@@ -889,7 +940,7 @@ impl Scheduler {
     /// runs (or is being cancelled) there, `None` when it is not tracked.
     pub fn assignment(&self, request: RequestId) -> Option<Option<WorkerId>> {
         self.requests.get(&request).map(|r| match r.phase {
-            Phase::Queued { .. } => None,
+            Phase::Queued => None,
             Phase::Assigned { worker } | Phase::Cancelling { worker } => Some(worker),
         })
     }
@@ -932,8 +983,8 @@ pub const MAX_NAME_BYTES: usize = 256;
 /// Duplicate names quoted in a warning at most; the rest are counted.
 const QUOTED_DUPLICATES: usize = 8;
 
-/// Why a name cannot be used, if it cannot.
-fn unusable_name(name: &str) -> Option<&'static str> {
+/// Why a worker or model name cannot be used, if it cannot (such a model is never routed).
+pub fn unusable_name(name: &str) -> Option<&'static str> {
     if name.len() > MAX_NAME_BYTES {
         Some("longer than 256 bytes")
     } else if name.chars().any(char::is_control) {
@@ -1015,6 +1066,7 @@ fn worker_display_name(raw: &str, warnings: &mut Vec<String>) -> String {
         ));
     }
     if name.is_empty() {
+        warnings.push("worker name is blank; shown as \"worker\"".to_string());
         "worker".to_string()
     } else {
         name

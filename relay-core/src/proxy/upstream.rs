@@ -170,13 +170,20 @@ impl Upstreams {
         self.list.is_empty()
     }
 
-    /// The upstream for a request the workers refused with `refusal`, if any: an unknown model
-    /// goes to the first upstream serving it, else to the fallback; a full queue to the
-    /// fallback.
+    /// The upstream for a model the workers do not claim (no worker serves it, no provider lists
+    /// it): the first upstream serving it, else the fallback. Without one, the request queues
+    /// for a worker to announce the model.
+    pub fn for_unclaimed(&self, model: &str) -> Option<&UpstreamConfig> {
+        let fallback = self.fallback.map(|i| &self.list[i]);
+        self.list.iter().find(|u| u.serves(model)).or(fallback)
+    }
+
+    /// The upstream for a request the workers refused with `refusal`, if any: a model name no
+    /// worker could serve goes where [`Self::for_unclaimed`] says; a full queue to the fallback.
     pub fn for_refusal(&self, model: &str, refusal: &SubmitError) -> Option<&UpstreamConfig> {
         let fallback = self.fallback.map(|i| &self.list[i]);
         match refusal {
-            SubmitError::UnknownModel => self.list.iter().find(|u| u.serves(model)).or(fallback),
+            SubmitError::UnknownModel => self.for_unclaimed(model),
             SubmitError::QueueFull { .. } => fallback,
             SubmitError::ProviderDisabled | SubmitError::ShuttingDown => None,
         }

@@ -142,7 +142,9 @@ impl WorkerConfig {
 }
 
 /// Runs the worker until `shutdown` turns true; then it stops taking work, finishes what is in
-/// flight (up to the drain timeout), stops the model servers it started and returns.
+/// flight (up to the drain timeout), stops the model servers it started and returns. It also
+/// returns, without reconnecting, once its proxy drained it (`graceful_shutdown`): the report's
+/// state is then [`ConnectionState::Drained`].
 /// Its connection state and lifecycle manager go to `report`, for its embedder.
 pub async fn run(
     config: WorkerConfig,
@@ -208,6 +210,16 @@ async fn serve_until_shutdown(running: Running<'_>, shutdown: &mut watch::Receiv
         report.set_state(ConnectionState::Connecting, None);
         match session::serve(running, shutdown).await {
             SessionEnd::Shutdown => return,
+            SessionEnd::DrainedByProxy { reason } => {
+                let why = if reason.is_empty() {
+                    "drained by the proxy".to_string()
+                } else {
+                    format!("drained by the proxy: {reason}")
+                };
+                tracing::info!("{why}; not reconnecting");
+                report.set_state(ConnectionState::Drained, Some(why));
+                return;
+            }
             SessionEnd::Disconnected { registered, reason } => {
                 report.set_state(ConnectionState::Disconnected, Some(reason.clone()));
                 if registered {

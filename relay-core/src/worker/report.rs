@@ -16,6 +16,9 @@ pub enum ConnectionState {
     Connected,
     /// The last attempt failed or the connection dropped; retrying with backoff.
     Disconnected,
+    /// The proxy drained this worker (`graceful_shutdown`): its requests finished and it does
+    /// not reconnect by itself (a headless worker exits; the dashboard offers to rejoin).
+    Drained,
 }
 
 /// The connection state with the reason of the last failure.

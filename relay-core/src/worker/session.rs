@@ -59,6 +59,12 @@ const MAX_BURST: usize = 64;
 pub enum SessionEnd {
     /// The local shutdown signal: do not reconnect.
     Shutdown,
+    /// The proxy sent `graceful_shutdown` and the worker finished (or the drain timeout ended)
+    /// its requests: do not reconnect by itself (the runbook: "the worker process exits").
+    DrainedByProxy {
+        /// The reason the proxy gave, if any.
+        reason: String,
+    },
     /// The connection failed or ended; `registered` tells whether it got as far as `register_ack`.
     Disconnected {
         /// Whether registration succeeded (resets the reconnect backoff).
@@ -121,6 +127,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         window,
         draining: false,
         drain_deadline: None,
+        drained_by_proxy: None,
     };
     session.run(&mut socket, shutdown).await
 }
@@ -163,7 +170,7 @@ async fn connect(config: &WorkerConfig) -> Result<Socket, String> {
             let hint = match status.as_u16() {
                 401 => " (check WORKER_SECRET: it must match the proxy's)",
                 404 => " (check PROVIDER_NAME and that PROXY_URL points at a ModelRelay proxy)",
-                429 => " (too many failed attempts from this address; wait a minute)",
+                429 => " (too many failed attempts from this address; it is let in again within seconds)",
                 _ => "",
             };
             Err(format!(
@@ -234,6 +241,9 @@ struct Session<'a> {
     window: FlowWindow,
     draining: bool,
     drain_deadline: Option<Instant>,
+    /// The proxy told this worker to drain (`graceful_shutdown`), with its reason: however the
+    /// connection ends afterwards, the worker does not reconnect.
+    drained_by_proxy: Option<String>,
 }
 
 /// A freshly read catalog, and whether the proxy asked for it.
@@ -321,9 +331,12 @@ impl Session<'_> {
                 for (_, task) in self.active.drain() {
                     task.abort();
                 }
-                // After a local shutdown began, however the connection ends, do not reconnect.
+                // After a local shutdown began, or the proxy drained this worker, however the
+                // connection ends, do not reconnect.
                 return if local_shutdown {
                     SessionEnd::Shutdown
+                } else if let Some(reason) = self.drained_by_proxy.take() {
+                    SessionEnd::DrainedByProxy { reason }
                 } else {
                     end
                 };
@@ -390,6 +403,7 @@ impl Session<'_> {
                     "graceful shutdown"
                 );
                 self.draining = true;
+                self.drained_by_proxy = Some(message.reason.clone().unwrap_or_default());
                 let timeout = message
                     .drain_timeout_secs
                     .map(Duration::from_secs)

@@ -886,12 +886,27 @@ async fn names_nobody_serves_go_to_the_default_model_and_served_names_stay() {
 }
 
 #[tokio::test]
-async fn without_aliases_an_unknown_model_is_still_404() {
-    let setup = Setup::start().await;
+async fn without_aliases_a_model_no_worker_serves_waits_for_one_and_times_out_naming_it() {
+    let setup = Setup::with_proxy(config_with_queue_timeout(std::time::Duration::from_millis(
+        300,
+    )))
+    .await;
     let body = json!({"model": "claude-opus-5-5", "max_tokens": 8, "messages": []});
     let (status, text) = setup.post("/v1/messages", &body, &[]).await;
-    assert_eq!(status, 404, "{text}");
-    assert_eq!(parse(&text)["error"]["type"], "not_found_error");
+    assert_eq!(status, 504, "{text}");
+    let error = parse(&text);
+    assert_eq!(error["error"]["type"], "timeout_error");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("claude-opus-5-5"),
+        "{text}"
+    );
+    assert!(
+        setup.backend.paths().is_empty(),
+        "nothing reached the backend"
+    );
     setup.stop().await;
 }
 

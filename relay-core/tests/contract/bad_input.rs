@@ -4,6 +4,7 @@
 //! side, an oversized WebSocket message ends that connection without losing its request.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
 use relay_core::proxy::{ProxyConfig, RunningProxy};
@@ -107,6 +108,8 @@ fn expected_type(shape: Shape, status: u16) -> &'static str {
     match (shape, status) {
         (Shape::Anthropic, 404) => "not_found_error",
         (Shape::Anthropic, 413) => "request_too_large",
+        (_, 429) => "rate_limit_error",
+        (_, 504) => "timeout_error",
         _ => "invalid_request_error",
     }
 }
@@ -328,19 +331,81 @@ async fn body_of_exactly_the_limit_is_accepted_with_or_without_content_length() 
 }
 
 #[tokio::test]
-async fn unknown_model_is_404_model_not_found_in_each_endpoint_dialect() {
+async fn a_model_name_no_worker_could_advertise_is_404_model_not_found_in_each_endpoint_dialect() {
     let setup = setup(test_config()).await;
+    let too_long = "m".repeat(257);
+    for name in [too_long.as_str(), "llama\u{7}3"] {
+        for (path, shape) in ENDPOINTS {
+            let what = format!("{path} model {name:?}");
+            let answer = send(
+                &setup.url(),
+                path,
+                json!({"model": name, "messages": []}).to_string(),
+            )
+            .await;
+            let message = assert_error(shape, &what, &answer, 404, &["model_not_found"]);
+            assert!(
+                message.contains("no provider for model"),
+                "{what}: {message}"
+            );
+        }
+    }
+    setup.assert_still_serving().await;
+}
+
+#[tokio::test]
+async fn a_model_no_worker_serves_times_out_in_the_queue_with_504_naming_it_in_each_endpoint_dialect(
+) {
+    let setup = setup(config_with_queue_timeout(Duration::from_millis(200))).await;
     for (path, shape) in ENDPOINTS {
-        let what = format!("{path} unknown model");
+        let what = format!("{path} unserved model");
         let answer = send(
             &setup.url(),
             path,
             json!({"model": "no-such-model", "messages": []}).to_string(),
         )
         .await;
-        let message = assert_error(shape, &what, &answer, 404, &["model_not_found"]);
+        let message = assert_error(shape, &what, &answer, 504, &["queue_timeout"]);
         assert!(message.contains("no-such-model"), "{what}: {message}");
     }
+    setup.assert_still_serving().await;
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_service_temporarily_at_capacity_in_each_endpoint_dialect() {
+    let mut config = test_config();
+    config.providers[0].limits.max_queue_len = 1;
+    let setup = setup(config).await;
+    // One request for a model nobody serves fills the queue.
+    let waiting = spawn_post(
+        &setup.url(),
+        "/v1/chat/completions",
+        json!({"model": "later"}),
+    );
+    wait_until("the first request waits", || {
+        setup.proxy.hub.counts().1 == 1
+    })
+    .await;
+    for (path, shape) in ENDPOINTS {
+        let what = format!("{path} beyond max_queue_len");
+        let answer = send(
+            &setup.url(),
+            path,
+            json!({"model": "later", "messages": []}).to_string(),
+        )
+        .await;
+        let message = assert_error(shape, &what, &answer, 429, &["queue_full"]);
+        assert!(
+            message.starts_with("Service temporarily at capacity"),
+            "{what}: the seed's stable client message: {message}"
+        );
+        assert!(answer.1.contains_key("retry-after"), "{what}: Retry-After");
+    }
+    waiting.abort();
+    wait_until("the waiting request left with its client", || {
+        setup.proxy.hub.tracked_requests() == 0
+    })
+    .await;
     setup.assert_still_serving().await;
 }
 

@@ -496,3 +496,80 @@ async fn the_dashboard_api_shares_the_key_and_usage_handlers() {
     tokio::time::sleep(Duration::from_millis(1)).await;
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn while_keys_are_required_making_one_from_the_open_dashboard_needs_the_admin_token() {
+    // Loopback, the token generated for the dashboard (not configured): /api is open, but a
+    // local user must not mint a way past the requirement.
+    let mut config = test_config();
+    config.admin_token = Some(AdminToken("generated-token".into()));
+    config.admin_token_origin = TokenOrigin::Stored(std::env::temp_dir().join("admin-token"));
+    config.require_api_keys = true;
+    let proxy = start_proxy(config).await;
+    let (status, _, refused) = post(&proxy.url(), "/api/keys", &json!({"name": "mine"})).await;
+    assert_eq!(status, 403, "{refused}");
+    assert!(refused.contains("admin_token_needed"), "{refused}");
+    let (status, _, made) = post_raw(
+        &proxy.url(),
+        "/api/keys",
+        json!({"name": "mine"}).to_string(),
+        &[("authorization", "Bearer generated-token")],
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    let id = serde_json::from_str::<Value>(&made).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let revoke = http()
+        .delete(format!("{}/api/keys/{id}", proxy.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoke.status(), 403, "revoking too");
+    let (status, list) = get_json(&proxy.url(), "/api/keys", &[]).await;
+    assert_eq!(
+        (status.as_u16(), list["keys"].as_array().map(Vec::len)),
+        (200, Some(1)),
+        "listing stays open"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_key_limited_to_some_models_lists_only_those_and_admin_answers_are_never_cached() {
+    let (proxy, _backend, worker) = relay(with_admin(test_config())).await;
+    let (_, secret) = create_key(&proxy, json!({"name": "small-only", "models": ["small"]})).await;
+    let bearer = format!("Bearer {secret}");
+    let (status, listed) =
+        get_json(&proxy.url(), "/v1/models", &[("authorization", &bearer)]).await;
+    assert_eq!(status, 200);
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["small"]);
+    let (status, _) = get_json(
+        &proxy.url(),
+        &format!("/v1/models/{MODEL}"),
+        &[("authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(
+        status, 404,
+        "a model the key may not use is not there for it"
+    );
+    let (_, everyone) = get_json(&proxy.url(), "/v1/models", &[]).await;
+    assert_eq!(everyone["data"].as_array().map(Vec::len), Some(2));
+    let response = http()
+        .get(format!("{}/admin/keys", proxy.url()))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["cache-control"], "no-store");
+    worker.stop().await;
+    proxy.shutdown().await;
+}

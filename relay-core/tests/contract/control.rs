@@ -472,6 +472,35 @@ async fn the_desktop_webview_may_call_the_api_cross_origin_and_other_sites_may_n
 }
 
 #[tokio::test]
+async fn the_dashboard_and_the_setup_wizard_are_served_at_the_runbooks_addresses() {
+    let proxy = start_proxy(test_config()).await;
+    let root = http().get(proxy.url()).send().await.expect("page");
+    let root_csp = root.headers()["content-security-policy"].clone();
+    let index = root.text().await.expect("html");
+    for path in ["/dashboard", "/setup"] {
+        let page = http()
+            .get(format!("{}{path}", proxy.url()))
+            .send()
+            .await
+            .expect("page");
+        assert_eq!(page.status(), 200, "{path}");
+        assert_eq!(page.headers()["content-type"], "text/html", "{path}");
+        assert_eq!(page.headers()["cache-control"], "no-cache", "{path}");
+        assert_eq!(
+            page.headers()["content-security-policy"],
+            root_csp,
+            "{path}: the UI's own CSP"
+        );
+        // The page itself; it opens the route its path names (ui/src/hash.ts, e2e-tested).
+        assert_eq!(page.text().await.expect("html"), index, "{path}");
+    }
+    // Only those two: other paths are still unknown routes.
+    let (status, _) = get_json(&proxy.url(), "/dashboards", &[]).await;
+    assert_eq!(status, 404);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
 async fn the_web_ui_is_served_at_the_root_with_its_assets() {
     let proxy = start_proxy(test_config()).await;
     let page = http().get(proxy.url()).send().await.expect("page");
@@ -656,7 +685,21 @@ async fn model_aliases_saved_in_settings_apply_to_the_next_request_without_a_res
             .0
         }
     };
-    assert_eq!(ask("claude-haiku-4-5").await, 404, "nobody serves it yet");
+    // Nobody serves it yet: it waits in the queue for a worker to announce it.
+    let waits = |model: &'static str| {
+        let (base, hub) = (node.url(), node.hub().clone());
+        async move {
+            let client = spawn_post(
+                &base,
+                "/v1/chat/completions",
+                json!({"model": model, "messages": []}),
+            );
+            wait_until("the request waits in the queue", || hub.counts().1 == 1).await;
+            client.abort();
+            wait_until("it left with its client", || hub.tracked_requests() == 0).await;
+        }
+    };
+    waits("claude-haiku-4-5").await;
 
     let url = format!("{}/api/settings", node.url());
     let (code, body) = put_json(&url, &json!({"proxy": {"aliases": {"claude-*": MODEL}}})).await;
@@ -676,7 +719,7 @@ async fn model_aliases_saved_in_settings_apply_to_the_next_request_without_a_res
     assert_eq!(ask("gpt-anything").await, 200, "default_model catches it");
     let (code, _) = put_json(&url, &json!({"proxy": {"default_model": null}})).await;
     assert_eq!(code, 200);
-    assert_eq!(ask("gpt-anything").await, 404);
+    waits("gpt-anything").await;
     node.shutdown().await;
 }
 
@@ -840,5 +883,83 @@ async fn discovery_lists_local_model_servers_on_the_configured_ports() {
         "{body}"
     );
     assert!(body["proxies"].is_array());
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_node_worker_drained_by_its_proxy_shows_drained_and_rejoins_with_one_call() {
+    let proxy = start_proxy(test_config()).await;
+    let addr = proxy.addr;
+    let backend = MockBackend::start(&[MODEL]).await;
+    let dir = TempConfig::new();
+    let node = Node::start(NodeOptions {
+        config_path: Some(dir.path.clone()),
+        overrides: Overrides {
+            listen: Some("127.0.0.1:0".to_string()),
+            worker_secret: Some(SECRET.to_string()),
+            proxy_url: Some(proxy.url()),
+            backend_url: Some(backend.url()),
+            worker_name: Some("desk-box".to_string()),
+            ..Overrides::default()
+        },
+        roles: Some(Roles {
+            proxy: false,
+            worker: true,
+        }),
+        data_dir: Some(dir.dir.clone()),
+    })
+    .await
+    .expect("node starts");
+    let mut state = node.state();
+    tokio::time::timeout(WAIT, state.wait_for(|s| s.worker == WorkerState::Connected))
+        .await
+        .expect("joins in time")
+        .expect("state feed");
+
+    // The proxy shuts down: it sends graceful_shutdown; the worker finishes and stays away.
+    proxy.shutdown().await;
+    tokio::time::timeout(WAIT, state.wait_for(|s| s.worker == WorkerState::Drained))
+        .await
+        .expect("drained in time")
+        .expect("state feed");
+    let status = status_of(&node.url()).await;
+    assert_eq!(status["node"]["worker"]["state"], "drained", "{status}");
+    let why = status["node"]["worker"]["last_error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(why.contains("drained by the proxy"), "{status}");
+
+    // A proxy is back at the same address; the worker does not come by itself...
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .expect("the address again");
+    let proxy = relay_core::proxy::start(test_config(), listener)
+        .await
+        .expect("proxy starts");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(proxy.hub.counts().0, 0, "no reconnect by itself");
+    assert_eq!(node.state().borrow().worker, WorkerState::Drained);
+
+    // ... but one call (the dashboard's button) brings it back.
+    let (code, body) = post_json(&format!("{}/api/worker/rejoin", node.url()), &json!({})).await;
+    assert_eq!(code, 200, "{body}");
+    wait_until("the worker rejoined", || proxy.hub.counts().0 == 1).await;
+    let (code, _, _) = post(
+        &proxy.url(),
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": []}),
+    )
+    .await;
+    assert_eq!(code, 200);
+    node.shutdown().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn rejoin_with_the_worker_role_off_is_409() {
+    let (node, _dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    let (code, body) = post_json(&format!("{}/api/worker/rejoin", node.url()), &json!({})).await;
+    assert_eq!(code, 409, "{body}");
+    assert_eq!(body["error"]["code"], "worker_role_off");
     node.shutdown().await;
 }

@@ -56,7 +56,7 @@ const QUIET: Duration = Duration::from_millis(300);
 
 #[tokio::test]
 async fn requests_are_routed_only_to_workers_advertising_the_exact_model() {
-    let proxy = start_proxy(test_config()).await;
+    let proxy = start_proxy(config_with_queue_timeout(Duration::from_millis(200))).await;
     let (mut llama, _) = ScriptedWorker::join(proxy.addr, "llama", &["llama3-8b"], 4).await;
     let (mut qwen, _) = ScriptedWorker::join(proxy.addr, "qwen", &["qwen2.5-7b"], 4).await;
 
@@ -72,11 +72,12 @@ async fn requests_are_routed_only_to_workers_advertising_the_exact_model() {
         .assert_nothing_for(QUIET, "the llama worker does not serve qwen")
         .await;
 
-    // No prefix, case or substring matching.
+    // No prefix, case or substring matching: a near miss waits for a worker that serves
+    // exactly that name, and times out.
     for near_miss in ["llama3", "LLAMA3-8B", "llama3-8b:latest", "qwen2.5-7b "] {
         let (status, _, body) = post(&proxy.url(), "/v1/chat/completions", &chat(near_miss)).await;
         assert_eq!(
-            status, 404,
+            status, 504,
             "{near_miss:?} is not an advertised model: {body}"
         );
     }
@@ -304,29 +305,34 @@ async fn queue_timeout_answers_504_and_sends_no_cancel_to_any_worker() {
 }
 
 #[tokio::test]
-async fn unknown_model_answers_404_in_the_openai_shape_on_openai_routes() {
+async fn a_model_name_no_worker_could_advertise_answers_404_in_the_openai_shape_on_openai_routes() {
     let proxy = start_proxy(test_config()).await;
     let (_worker, _) = ScriptedWorker::join(proxy.addr, "w", &["llama3-8b"], 1).await;
-    let (status, _, body) =
-        post(&proxy.url(), "/v1/chat/completions", &chat("no-such-model")).await;
+    let (status, _, body) = post(
+        &proxy.url(),
+        "/v1/chat/completions",
+        &chat("no-such\tmodel"),
+    )
+    .await;
     assert_eq!(status, 404);
     let body = assert_openai_error(&body);
     assert!(
         body["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("no-such-model"),
+            .contains("no-such\\tmodel"),
         "the message names the model: {body}"
     );
+    assert_eq!(proxy.hub.tracked_requests(), 0);
 }
 
 #[tokio::test]
-async fn unknown_model_answers_404_in_the_anthropic_shape_on_messages() {
+async fn a_model_name_no_worker_could_advertise_answers_404_in_the_anthropic_shape_on_messages() {
     let proxy = start_proxy(test_config()).await;
     let (status, _, body) = post(
         &proxy.url(),
         "/v1/messages",
-        &json!({"model": "claude-nope", "max_tokens": 16, "messages": []}),
+        &json!({"model": "claude\nnope", "max_tokens": 16, "messages": []}),
     )
     .await;
     assert_eq!(status, 404);
@@ -542,10 +548,7 @@ async fn models_update_removing_a_model_stops_routing_it_at_once() {
     })
     .await;
     let (status, _, body) = post(&proxy.url(), "/v1/chat/completions", &chat("a")).await;
-    assert!(
-        status == 404 || status == 504,
-        "the removed model is not served: {status} {body}"
-    );
+    assert_eq!(status, 504, "the removed model is not served: {body}");
     worker
         .assert_nothing_for(QUIET, "a removed model is never dispatched to the worker")
         .await;

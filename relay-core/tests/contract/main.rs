@@ -21,5 +21,6 @@ mod shared_database;
 mod streaming;
 mod support;
 mod upstreams;
+mod waiting_for_a_worker;
 mod walkthrough;
 mod wire_fixtures;

@@ -10,13 +10,19 @@ use serde_json::{json, Value};
 
 use crate::support::*;
 
-/// A plain (non-upgrade) GET of the worker endpoint, to read the body of a refusal.
+/// A WebSocket handshake on the worker endpoint sent as a plain HTTP request, to read the body
+/// of a refusal.
 async fn connect_refusal(
     base: &str,
     query: &str,
     secret_header: Option<&str>,
 ) -> (reqwest::StatusCode, reqwest::header::HeaderMap, Value) {
-    let mut request = http().get(format!("{base}/v1/worker/connect?{query}"));
+    let mut request = http()
+        .get(format!("{base}/v1/worker/connect?{query}"))
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==");
     if let Some(secret) = secret_header {
         request = request.header("x-worker-secret", secret);
     }
@@ -324,7 +330,7 @@ async fn register_with_bridge_protocol_version_is_accepted() {
 
 #[tokio::test]
 async fn mismatched_protocol_version_is_closed_with_a_protocol_error() {
-    let proxy = start_proxy(test_config()).await;
+    let proxy = start_proxy(config_with_queue_timeout(Duration::from_millis(200))).await;
     let reason = register_outcome(
         &proxy,
         register_message("future", &["m"], 1, Some("2099-01-galaxy-v9"), Some(0)),
@@ -342,7 +348,10 @@ async fn mismatched_protocol_version_is_closed_with_a_protocol_error() {
         &json!({"model": "m", "messages": []}),
     )
     .await;
-    assert_eq!(status, 404, "its models are not routable");
+    assert_eq!(
+        status, 504,
+        "its models are not routed: they wait and time out"
+    );
 }
 
 #[tokio::test]
@@ -362,6 +371,7 @@ async fn first_message_other_than_register_closes_the_connection() {
 async fn worker_is_never_routed_models_beyond_its_register_ack() {
     let proxy = start_proxy(config_with_limits(ProviderLimits {
         max_models_per_worker: 2,
+        queue_timeout: Duration::from_millis(200),
         ..ProviderLimits::default()
     }))
     .await;
@@ -385,7 +395,7 @@ async fn worker_is_never_routed_models_beyond_its_register_ack() {
     )
     .await;
     assert_eq!(
-        status, 404,
+        status, 504,
         "a model dropped at registration is not routed: {body}"
     );
     worker
@@ -407,6 +417,7 @@ async fn worker_is_never_routed_models_beyond_its_register_ack() {
 async fn models_update_is_sanitized_like_registration() {
     let proxy = start_proxy(config_with_limits(ProviderLimits {
         max_models_per_worker: 2,
+        queue_timeout: Duration::from_millis(200),
         ..ProviderLimits::default()
     }))
     .await;
@@ -429,7 +440,7 @@ async fn models_update_is_sanitized_like_registration() {
         &json!({"model": "d", "messages": []}),
     )
     .await;
-    assert_eq!(status, 404, "a model beyond the cap is not routed");
+    assert_eq!(status, 504, "a model beyond the cap is not routed");
     worker
         .assert_nothing_for(
             Duration::from_millis(200),
@@ -465,4 +476,116 @@ async fn beyond_max_workers_a_joining_worker_gets_503_and_joins_once_a_slot_free
     };
     drop(third);
     proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_plain_http_request_to_the_worker_endpoint_gets_426_before_any_authentication() {
+    let mut config = test_config();
+    config.auth_failures = FailureLimits {
+        max_failures: 1,
+        ..FailureLimits::default()
+    };
+    let proxy = start_proxy(config).await;
+    let url = format!("{}/v1/worker/connect", proxy.url());
+    // No secret, a wrong one, the right one: a request that is not a handshake learns what the
+    // endpoint is, whatever it carries.
+    for secret in [None, Some("wrong"), Some(SECRET)] {
+        let mut request = http().get(&url);
+        if let Some(secret) = secret {
+            request = request.header("x-worker-secret", secret);
+        }
+        let response = request.send().await.expect("request sent");
+        assert_eq!(response.status(), 426, "secret {secret:?}");
+        assert_eq!(response.headers()["upgrade"], "websocket");
+        let body: Value =
+            serde_json::from_str(&response.text().await.expect("body")).expect("JSON body");
+        assert_openai_error(&body);
+        assert_eq!(body["error"]["code"], "websocket_required");
+    }
+    // A handshake missing its key is malformed: 400, still before authentication.
+    let response = http()
+        .get(&url)
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(response.status(), 400);
+    // None of these counted as a failed login (one failure would lock this address out).
+    let mut worker = try_connect(proxy.addr, "local", Some(SECRET), None)
+        .await
+        .expect("not rate-limited by plain requests");
+    let ack = worker.register("w", &["m"], 1).await;
+    assert_eq!(ack.models, vec!["m"]);
+}
+
+#[tokio::test]
+async fn three_failed_worker_logins_lock_the_address_out_even_with_the_right_secret_until_the_lockout_ends(
+) {
+    let defaults = FailureLimits::default();
+    assert_eq!(defaults.max_failures, 3, "a short burst of 3");
+    assert!(
+        defaults.window <= Duration::from_secs(10),
+        "a short lockout: {:?}",
+        defaults.window
+    );
+    let mut config = test_config();
+    // The default burst size, with a lockout short enough to wait for here.
+    config.auth_failures = FailureLimits {
+        window: Duration::from_millis(600),
+        ..defaults
+    };
+    let proxy = start_proxy(config).await;
+    for attempt in 0..3 {
+        let refused = try_connect(proxy.addr, "local", Some("wrong"), None).await;
+        assert_eq!(
+            refused.err(),
+            Some(reqwest::StatusCode::UNAUTHORIZED),
+            "attempt {attempt}"
+        );
+    }
+    let (status, headers, body) =
+        connect_refusal(&proxy.url(), "provider=local", Some(SECRET)).await;
+    assert_eq!(status, 429, "locked out even with the right secret: {body}");
+    assert!(headers.contains_key("retry-after"));
+    assert_openai_error(&body);
+    assert_eq!(proxy.hub.counts().0, 0);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let mut worker = try_connect(proxy.addr, "local", Some(SECRET), None)
+        .await
+        .expect("the lockout ended by itself");
+    let ack = worker.register("w", &["m"], 1).await;
+    assert_eq!(ack.models, vec!["m"]);
+}
+
+#[tokio::test]
+async fn register_ack_warns_about_a_blank_name_no_models_zero_max_concurrent_and_a_duplicate_name()
+{
+    let proxy = start_proxy(test_config()).await;
+    let (_first, ack) = ScriptedWorker::join(proxy.addr, "gpu-box", &["m"], 1).await;
+    assert!(ack.warnings.is_empty(), "{:?}", ack.warnings);
+
+    let mut blank = ScriptedWorker::connect(proxy.addr).await;
+    let ack = blank
+        .register_message(register_message("   ", &[], 0, Some("1"), Some(0)))
+        .await;
+    let warnings = ack.warnings.join("\n");
+    assert!(warnings.contains("name is blank"), "{warnings}");
+    assert!(warnings.contains("no usable model"), "{warnings}");
+    assert!(warnings.contains("max_concurrent 0"), "{warnings}");
+
+    let mut twin = ScriptedWorker::connect(proxy.addr).await;
+    let ack = twin
+        .register_message(register_message("gpu-box", &["m"], 1, Some("1"), Some(0)))
+        .await;
+    assert!(
+        ack.warnings
+            .iter()
+            .any(|w| w.contains("also named \"gpu-box\"")),
+        "{:?}",
+        ack.warnings
+    );
+    // Warnings do not refuse: all three are connected.
+    wait_until("all three are counted", || proxy.hub.counts().0 == 3).await;
 }

@@ -800,3 +800,34 @@ async fn backend_held_back(backend: &MockBackend) -> usize {
         last = now;
     }
 }
+
+#[tokio::test]
+async fn a_streamed_response_whose_response_complete_carries_a_final_body_segment_delivers_it_before_the_stream_ends(
+) {
+    let proxy = start_proxy(test_config()).await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "w", &["m"], 1).await;
+    let task = open_stream(&proxy.url(), "/v1/chat/completions", streaming_chat("m"));
+    let request = worker.next_request().await;
+    let first = "data: {\"choices\":[{\"delta\":{\"content\":\"he\"}}]}\n\n";
+    let tail = "data: {\"choices\":[{\"delta\":{\"content\":\"llo\"}}]}\n\ndata: [DONE]\n\n";
+    worker.chunk(&request.request_id, first).await;
+    let response = response_of(task).await;
+    assert_eq!(response.status(), 200);
+    let mut body = body_stream(response);
+    assert_eq!(
+        read_exact(&mut body, first.len(), PROMPT).await,
+        first.as_bytes()
+    );
+    // The worker sends the rest of the stream as response_complete's body.
+    worker
+        .complete_with(
+            &request.request_id,
+            200,
+            &[("content-type", "text/event-stream")],
+            tail,
+        )
+        .await;
+    assert_eq!(read_to_end(&mut body).await, tail, "the tail, then the end");
+    wait_until("nothing is tracked", || proxy.hub.tracked_requests() == 0).await;
+    proxy.shutdown().await;
+}

@@ -63,14 +63,19 @@ async fn an_openai_compatible_upstream_serves_its_models_with_its_own_key() {
         format!("Bearer {UPSTREAM_KEY}"),
         "the upstream's key replaces the client's"
     );
-    let (status, _, text) = post(
+    // Not an upstream model and no fallback: it waits for a worker to announce it.
+    let client = spawn_post(
         &proxy.url(),
         "/v1/chat/completions",
-        &json!({"model": "llama", "messages": []}),
-    )
+        json!({"model": "llama", "messages": []}),
+    );
+    wait_until("llama waits in the queue", || proxy.hub.counts().1 == 1).await;
+    client.abort();
+    wait_until("it left with its client", || {
+        proxy.hub.tracked_requests() == 0
+    })
     .await;
-    assert_eq!(status, 404, "not an upstream model, no fallback: {text}");
-    assert_eq!(proxy.hub.tracked_requests(), 0);
+    assert_eq!(cloud.seen().len(), 1, "the upstream never saw it");
     proxy.shutdown().await;
 }
 

@@ -44,7 +44,11 @@ RELAY_ENV = {
     "REQUEST_TIMEOUT_SECS", "MAX_BODY_BYTES", "HEARTBEAT_INTERVAL_SECS", "HEARTBEAT_TIMEOUT_SECS",
     "DRAIN_TIMEOUT_SECS", "LOG_LEVEL", "PROXY_URL", "WORKER_NAME", "BACKEND_URL", "MODELS",
     "MAX_CONCURRENCY", "PROTOCOL_VERSION", "WORKER_DRAIN_TIMEOUT_SECS", "TLS_CERT", "TLS_KEY",
-    "PROXY_FINGERPRINT", "FORWARD_CLIENT_AUTH", "WORKER_SECRET_FILE",
+    "PROXY_FINGERPRINT", "FORWARD_CLIENT_AUTH", "WORKER_SECRET_FILE", "MAX_CONNECTIONS",
+    "PROXY_SILENCE_TIMEOUT_SECS",
+    # A developer's DATABASE_URL (set for some other program) would make the relay under test
+    # keep its keys and usage in that PostgreSQL server instead of its temporary data directory.
+    "DATABASE_URL",
 }
 
 URL_PATTERN = re.compile(r"ModelRelay is serving at (https?://\S+)")
@@ -173,11 +177,13 @@ def start_relay(
     config_text: str | None = None,
     tls: bool = False,
     extra_env: dict[str, str] | None = None,
+    ready=None,
 ) -> Relay:
     """Starts `modelrelay --listen 127.0.0.1:0` (proxy + in-process worker) in front of `backend`
     and waits until it lists the backend's models. `config_text` becomes its config file; `tls`
     serves https with a self-signed certificate (generated into `data_dir/tls/cert.pem`);
-    `extra_env` sets more of its environment variables."""
+    `extra_env` sets more of its environment variables; `ready(relay)`, when given, replaces the
+    wait on `/v1/models` (which a relay requiring API keys refuses before any key exists)."""
     # Settings from the developer's shell must not leak into the run under test.
     env = {key: value for key, value in os.environ.items() if key not in RELAY_ENV and not key.startswith("MODELRELAY_")}
     env.update(
@@ -217,7 +223,10 @@ def start_relay(
         if tls:
             assert relay.url.startswith("https://"), relay.url
             relay.ca_file = data_dir / "tls" / "cert.pem"
-        wait_for_models(relay, {CHAT_MODEL, EMBED_MODEL})
+        if ready is None:
+            wait_for_models(relay, {CHAT_MODEL, EMBED_MODEL})
+        else:
+            ready(relay)
     except BaseException:
         relay.kill()
         raise
@@ -234,7 +243,13 @@ def assert_clean_exit(relay: Relay) -> None:
 def relay(request, backend, tmp_path_factory):
     """The relay shared by the SDK and curl tests, once over http and once over https."""
     tls = request.param == "https"
-    relay = start_relay(backend, tmp_path_factory.mktemp(f"modelrelay-data-{request.param}"), tls=tls)
+    # A model no worker serves waits this long for one before its 504 (the tests ask for one).
+    relay = start_relay(
+        backend,
+        tmp_path_factory.mktemp(f"modelrelay-data-{request.param}"),
+        tls=tls,
+        extra_env={"QUEUE_TIMEOUT_SECS": "2"},
+    )
     try:
         yield relay
     finally:
@@ -324,3 +339,107 @@ def chat_relay(chat_backend, tmp_path_factory):
 def chat_seen(chat_backend):
     """The chat-only backend's request log, cleared for this test."""
     return seen_reader(chat_backend)
+
+
+#: The admin token of the relays that require client API keys (`MODELRELAY_ADMIN_TOKEN`):
+#: `/admin/*` answers only to a configured token, never to the one a relay generates itself.
+ADMIN_TOKEN = "sdk-suite-admin-token-0123456789"
+
+#: The environment of a relay that requires client API keys and publishes `/admin`.
+KEYED_RELAY_ENV = {"MODELRELAY_REQUIRE_API_KEYS": "true", "MODELRELAY_ADMIN_TOKEN": ADMIN_TOKEN}
+
+
+def admin_call(
+    relay: Relay,
+    method: str,
+    path: str,
+    body: dict | None = None,
+    token: str | None = ADMIN_TOKEN,
+    timeout: float = 5.0,
+) -> tuple[int, object, dict[str, str]]:
+    """`method path` on `relay` with `token` as `Authorization: Bearer` (none when None) and
+    `body` as JSON; returns (status, the parsed JSON body or the text, lower-cased headers)."""
+    handlers: list = [urllib.request.ProxyHandler({})]
+    if relay.ca_file is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=str(relay.ca_file))))
+    opener = urllib.request.build_opener(*handlers)
+    request = urllib.request.Request(f"{relay.url}{path}", method=method)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        request.add_header("Content-Type", "application/json")
+    try:
+        with opener.open(request, data=data, timeout=timeout) as response:
+            status, raw, headers = response.status, response.read(), response.headers
+    except urllib.error.HTTPError as error:
+        status, raw, headers = error.code, error.read(), error.headers
+    text = raw.decode(errors="replace")
+    try:
+        parsed: object = json.loads(text)
+    except ValueError:
+        parsed = text
+    return status, parsed, {k.lower(): v for k, v in headers.items()}
+
+
+def wait_for_worker_models(relay: Relay, wanted: set[str] = frozenset({CHAT_MODEL, EMBED_MODEL})) -> None:
+    """Waits until `GET /admin/workers` shows a worker serving `wanted`: the readiness check of a
+    relay that refuses `/v1/models` without a key."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    served: set[str] = set()
+    while time.monotonic() < deadline:
+        if relay.process.poll() is not None:
+            pytest.fail(f"modelrelay exited with {relay.process.returncode}\n{relay.output()}", pytrace=False)
+        try:
+            status, body, _ = admin_call(relay, "GET", "/admin/workers", timeout=2)
+            if status == 200:
+                served = {m for w in body["workers"] for m in w.get("models", [])}
+                if wanted <= served:
+                    return
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        time.sleep(0.1)
+    pytest.fail(
+        f"no worker served {sorted(wanted)} within {READY_TIMEOUT}s (served {sorted(served)})\n{relay.output()}",
+        pytrace=False,
+    )
+
+
+def start_keyed_relay(backend: MockBackend, data_dir: Path) -> Relay:
+    """A relay that requires client API keys (`MODELRELAY_REQUIRE_API_KEYS`) and publishes
+    `/admin` behind `ADMIN_TOKEN`, keeping its keys and usage in `data_dir/modelrelay.db`."""
+    return start_relay(backend, data_dir, extra_env=KEYED_RELAY_ENV, ready=wait_for_worker_models)
+
+
+@pytest.fixture(scope="module")
+def keyed_relay(backend, tmp_path_factory):
+    """A relay requiring API keys, shared by a module's tests (each makes keys of its own)."""
+    relay = start_keyed_relay(backend, tmp_path_factory.mktemp("modelrelay-keyed"))
+    try:
+        yield relay
+    finally:
+        relay.kill_if_running_after(assert_clean_exit)
+
+
+@pytest.fixture
+def own_keyed_relay(backend, tmp_path):
+    """A keyed relay of the test's own, for tests that stop it or exhaust a per-address limit;
+    killed at teardown if still running."""
+    data_dir = tmp_path / "modelrelay-keyed"
+    data_dir.mkdir()
+    relay = start_keyed_relay(backend, data_dir)
+    try:
+        yield relay
+    finally:
+        relay.kill()
+
+
+def create_key(relay: Relay, **fields) -> dict:
+    """`POST /admin/keys` with `fields` (name defaults to the calling test's); the 201 answer,
+    which carries the secret `key`."""
+    fields.setdefault("name", os.environ.get("PYTEST_CURRENT_TEST", "sdk").split(" ")[0][-100:])
+    status, made, _ = admin_call(relay, "POST", "/admin/keys", fields)
+    assert status == 201, made
+    assert isinstance(made, dict) and made["key"].startswith("mr-"), made
+    return made

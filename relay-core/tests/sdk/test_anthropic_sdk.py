@@ -60,13 +60,13 @@ def test_models_list_in_anthropic_shape(client):
     assert all(m.type == "model" for m in models)
 
 
-def test_unknown_model_raises_not_found(client):
-    with pytest.raises(anthropic.NotFoundError) as caught:
+def test_a_model_no_worker_serves_times_out_in_the_queue_with_a_504_naming_it(client):
+    with pytest.raises(anthropic.InternalServerError) as caught:
         client.messages.create(model="claude-no-such-model", max_tokens=16, messages=MESSAGES)
-    assert caught.value.status_code == 404
+    assert caught.value.status_code == 504
     body = caught.value.body
     assert body["type"] == "error"
-    assert body["error"]["type"] == "not_found_error"
+    assert body["error"]["type"] == "timeout_error"
     assert "claude-no-such-model" in body["error"]["message"]
 
 

@@ -144,18 +144,19 @@ def test_models_list_shows_backend_models(client):
     assert {CHAT_MODEL, EMBED_MODEL} <= ids
 
 
-def test_unknown_model_raises_not_found_with_relay_message(client):
-    with pytest.raises(openai.NotFoundError) as caught:
+def test_a_model_no_worker_serves_times_out_in_the_queue_with_a_504_naming_it(client):
+    with pytest.raises(openai.InternalServerError) as caught:
         client.chat.completions.create(model="no-such-model", messages=MESSAGES)
     error = caught.value
-    assert error.status_code == 404
-    assert error.code == "model_not_found"
-    assert "no provider for model no-such-model" in error.message
+    assert error.status_code == 504
+    assert error.code == "queue_timeout"
+    assert "no-such-model" in error.message
 
 
-def test_unknown_model_in_stream_raises_not_found_before_any_chunk(client):
-    with pytest.raises(openai.NotFoundError):
+def test_a_model_no_worker_serves_in_stream_raises_before_any_chunk(client):
+    with pytest.raises(openai.InternalServerError) as caught:
         client.chat.completions.create(model="no-such-model", messages=MESSAGES, stream=True)
+    assert caught.value.status_code == 504
 
 
 def test_empty_model_raises_bad_request(client, seen):

@@ -85,6 +85,22 @@ describe('toDashboardView', () => {
     off.node.worker = { state: 'off', proxy_url: null, name: null, last_error: null };
     expect(toDashboardView(off, NOW).node.ownWorker).toMatchObject({ label: 'off', tone: 'muted' });
   });
+
+  it('labels a worker its proxy drained, with the reason', () => {
+    const drained = sampleStatus();
+    drained.node.worker = {
+      state: 'drained',
+      proxy_url: 'http://10.0.0.2:8080',
+      name: 'gpu-box',
+      last_error: 'drained by the proxy: proxy shutting down',
+    };
+    expect(toDashboardView(drained, NOW).node.ownWorker).toMatchObject({
+      state: 'drained',
+      label: 'drained by the proxy',
+      tone: 'warn',
+      lastError: 'drained by the proxy: proxy shutting down',
+    });
+  });
 });
 
 describe('seriesData', () => {

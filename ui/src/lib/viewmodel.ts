@@ -115,6 +115,7 @@ const OWN_WORKER_LABEL: Record<OwnWorkerState, [string, Tone]> = {
   connecting: ['connecting…', 'warn'],
   connected: ['connected', 'ok'],
   disconnected: ['disconnected', 'bad'],
+  drained: ['drained by the proxy', 'warn'],
 };
 
 export function workerTone(state: WorkerState): Tone {

@@ -125,7 +125,9 @@ function NodeHeader({ view, requireKeys = null }: { view: DashboardView; require
             <dd>{node.uptime}</dd>
           </div>
         </dl>
-        {own.lastError ? (
+        {own.state === 'drained' ? (
+          <RejoinAlert reason={own.lastError} />
+        ) : own.lastError ? (
           <Alert kind="warning" testid="own-worker-error">
             Worker: {own.lastError}
           </Alert>
@@ -164,6 +166,42 @@ function Charts({ status }: { status: Status }) {
       <Chart title="Queue depth" data={queue} color="#d97706" testid="chart-queue" integer />
       <Chart title="Errors/s" data={err} color="#dc2626" testid="chart-errors" />
     </section>
+  );
+}
+
+/** The own worker was drained by its proxy: it waits, and one click brings it back. */
+function RejoinAlert({ reason }: { reason: string | null }) {
+  const [pending, setPending] = useState(false);
+  const [error, setError] = useState<string | null>(null);
+  const rejoin = async () => {
+    setPending(true);
+    setError(null);
+    try {
+      await api.rejoinWorker();
+    } catch (e) {
+      setError(`Could not rejoin: ${errorMessage(e)}`);
+    } finally {
+      setPending(false);
+    }
+  };
+  return (
+    <Alert kind="warning" testid="own-worker-drained">
+      <span>
+        This node's worker was {reason ?? 'drained by the proxy'}. It finished its requests and waits
+        here instead of reconnecting.
+      </span>{' '}
+      <button
+        type="button"
+        class="btn btn-small"
+        disabled={pending}
+        onClick={rejoin}
+        data-testid="rejoin-button"
+        title="Start this node's worker again and join its proxy"
+      >
+        {pending ? 'Rejoining…' : 'Rejoin'}
+      </button>
+      {error ? <div class="bad-text small">{error}</div> : null}
+    </Alert>
   );
 }
 

@@ -36,6 +36,9 @@ pub enum OwnWorkerState {
     Connected,
     /// Its connection failed or dropped; retrying.
     Disconnected,
+    /// Its proxy drained it (`graceful_shutdown`): it finished its requests and waits for a
+    /// rejoin (`POST /api/worker/rejoin`) instead of reconnecting by itself.
+    Drained,
 }
 
 /// The node's own worker, as the dashboard shows it.

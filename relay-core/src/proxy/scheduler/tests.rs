@@ -126,9 +126,75 @@ fn s_with_many_models() -> Scheduler {
 #[test]
 fn worker_never_gains_models_beyond_the_acknowledged_list() {
     let mut s = scheduler();
-    register(&mut s, "w", &["a", "b", "c", "d", "e"], 1);
+    let w = register(&mut s, "w", &["a", "b", "c", "d", "e"], 1).worker;
     let now = Instant::now();
-    assert_eq!(submit(&mut s, "e", now), Err(SubmitError::UnknownModel));
+    assert!(matches!(
+        submit(&mut s, "e", now),
+        Ok(Submitted::Queued { .. })
+    ));
+    assert_eq!(s.workers[&w].in_flight.len(), 0, "e never reaches w");
+}
+
+#[test]
+fn a_model_no_worker_serves_queues_at_the_default_provider_until_one_announces_it() {
+    let mut s = Scheduler::new(vec![
+        ("local".to_string(), limits()),
+        ("other".to_string(), limits()),
+    ]);
+    let now = Instant::now();
+    let queued = submit(&mut s, "llama3-8b", now).unwrap();
+    assert!(matches!(queued, Submitted::Queued { .. }));
+    assert_eq!(s.queue_depths()[0], ("local".to_string(), 1));
+    let r = register(&mut s, "late", &["llama3-8b"], 1);
+    assert_eq!(
+        r.actions,
+        vec![Action::Dispatch {
+            request: queued.request(),
+            worker: r.worker
+        }]
+    );
+}
+
+#[test]
+fn names_no_worker_could_advertise_are_unknown_at_once() {
+    let mut s = scheduler();
+    let now = Instant::now();
+    let long = "m".repeat(MAX_NAME_BYTES + 1);
+    assert_eq!(submit(&mut s, &long, now), Err(SubmitError::UnknownModel));
+    assert_eq!(submit(&mut s, "a\nb", now), Err(SubmitError::UnknownModel));
+    assert_eq!(s.tracked_requests(), 0);
+}
+
+#[test]
+fn random_model_names_share_the_queue_bound_and_leave_no_queue_behind() {
+    let mut s = scheduler();
+    let now = Instant::now();
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            submit(&mut s, &format!("random-{i}"), now)
+                .unwrap()
+                .request(),
+        );
+    }
+    assert!(matches!(
+        submit(&mut s, "random-3", now),
+        Err(SubmitError::QueueFull { .. })
+    ));
+    s.cancel(ids[0]);
+    assert!(s
+        .expire_queued(ids[1], now + Duration::from_secs(30))
+        .is_some());
+    assert!(matches!(
+        submit(&mut s, "random-4", now),
+        Ok(Submitted::Queued { .. })
+    ));
+    assert_eq!(s.queue_depth(), 2);
+    assert_eq!(
+        s.providers[0].queues.len(),
+        2,
+        "one queue per waiting model"
+    );
 }
 
 #[test]
@@ -278,21 +344,31 @@ fn models_update_changes_routing_at_once_and_dispatches_queued_work() {
     let mut s = scheduler();
     let a = register(&mut s, "a", &["m"], 2).worker;
     let now = Instant::now();
-    assert_eq!(submit(&mut s, "new", now), Err(SubmitError::UnknownModel));
+    let waiting = submit(&mut s, "new", now).unwrap();
+    assert!(matches!(waiting, Submitted::Queued { .. }));
     let (models, warnings, actions) = s.update_models(a, &["new".to_string()], 0, now);
     assert_eq!(models, vec!["new"]);
-    assert!(warnings.is_empty() && actions.is_empty());
+    assert!(warnings.is_empty());
+    assert_eq!(
+        actions,
+        vec![Action::Dispatch {
+            request: waiting.request(),
+            worker: a
+        }]
+    );
     assert!(matches!(
         submit(&mut s, "new", now),
         Ok(Submitted::Dispatched { .. })
     ));
-    // "m" was dropped: it lingers (queues) for the queue timeout, then becomes unknown.
+    // "m" was dropped: it is claimed (lingers) for the queue timeout, then only queues at the
+    // default provider like any model nobody serves.
+    assert!(s.is_claimed("m", now));
     assert!(matches!(
         submit(&mut s, "m", now),
         Ok(Submitted::Queued { .. })
     ));
     let later = now + Duration::from_secs(31);
-    assert_eq!(submit(&mut s, "m", later), Err(SubmitError::UnknownModel));
+    assert!(!s.is_claimed("m", later));
 }
 
 #[test]
@@ -410,8 +486,17 @@ fn queue_timeout_expires_only_past_the_deadline() {
         panic!("queued");
     };
     assert_eq!(queue_deadline, now + Duration::from_secs(30));
-    assert!(!s.expire_queued(request, now + Duration::from_secs(29)));
-    assert!(s.expire_queued(request, queue_deadline));
+    assert_eq!(
+        s.expire_queued(request, now + Duration::from_secs(29)),
+        None
+    );
+    assert_eq!(
+        s.expire_queued(request, queue_deadline),
+        Some(Expired {
+            model: Arc::from("m"),
+            served: true
+        })
+    );
     assert_eq!(s.queue_depth(), 0);
     let _ = a;
 }
@@ -422,15 +507,15 @@ fn worker_death_requeues_unstarted_requests_keeping_their_deadline() {
     let a = register(&mut s, "a", &["m"], 1).worker;
     let t0 = Instant::now();
     let r = submit(&mut s, "m", t0).unwrap().request();
-    let t1 = t0 + Duration::from_secs(290);
+    let t1 = t0 + Duration::from_secs(20);
     let actions = s.worker_gone(a, t1);
     assert_eq!(
         actions,
         vec![Action::Requeued {
             request: r,
-            queue_deadline: t0 + Duration::from_secs(300)
+            queue_deadline: t0 + Duration::from_secs(30)
         }],
-        "queue wait is capped by the deadline fixed at arrival"
+        "the requeued request keeps the queue deadline fixed at arrival"
     );
     let b = register(&mut s, "b", &["m"], 1);
     assert_eq!(
@@ -440,6 +525,26 @@ fn worker_death_requeues_unstarted_requests_keeping_their_deadline() {
             worker: b.worker
         }]
     );
+}
+
+#[test]
+fn a_request_requeued_past_its_queue_deadline_ends_at_once_unless_a_worker_is_free() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let t0 = Instant::now();
+    let r = submit(&mut s, "m", t0).unwrap().request();
+    // It ran 40 s, past its 30 s queue deadline, when its worker died.
+    let t1 = t0 + Duration::from_secs(40);
+    let actions = s.worker_gone(a, t1);
+    assert_eq!(
+        actions,
+        vec![Action::Requeued {
+            request: r,
+            queue_deadline: t0 + Duration::from_secs(30)
+        }]
+    );
+    assert!(s.expire_queued(r, t1).is_some(), "no fresh queue timeout");
+    assert_eq!(s.tracked_requests(), 0);
 }
 
 #[test]
@@ -564,6 +669,26 @@ fn zero_max_concurrent_is_treated_as_one_with_a_warning() {
         submit(&mut s, "m", Instant::now()),
         Ok(Submitted::Dispatched { .. })
     ));
+}
+
+#[test]
+fn blank_names_empty_model_lists_and_duplicate_names_are_warned_in_the_ack() {
+    let mut s = scheduler();
+    let first = register(&mut s, "gpu-box", &["m"], 1);
+    assert!(first.warnings.is_empty(), "{:?}", first.warnings);
+    let blank = register(&mut s, "  ", &[], 1);
+    assert!(blank.warnings.iter().any(|w| w.contains("name is blank")));
+    assert!(blank.warnings.iter().any(|w| w.contains("no usable model")));
+    let all_dropped = register(&mut s, "b", &["", " "], 1);
+    assert!(all_dropped
+        .warnings
+        .iter()
+        .any(|w| w.contains("no usable model")));
+    let twin = register(&mut s, "gpu-box", &["m"], 1);
+    assert!(twin
+        .warnings
+        .iter()
+        .any(|w| w.contains("also named \"gpu-box\"")));
 }
 
 #[test]
@@ -711,7 +836,7 @@ fn assert_consistent(s: &Scheduler) {
     let mut queued = vec![0usize; s.providers.len()];
     for (&id, request) in &s.requests {
         match request.phase {
-            Phase::Queued { .. } => {
+            Phase::Queued => {
                 let queue = s.providers[request.provider].queues.get(&request.model);
                 assert!(
                     queue.is_some_and(|q| q.contains_key(&id)),
@@ -729,6 +854,10 @@ fn assert_consistent(s: &Scheduler) {
         let in_queues: usize = provider.queues.values().map(BTreeMap::len).sum();
         assert_eq!(in_queues, queued[index], "queues hold only queued requests");
         assert_eq!(provider.queued, queued[index], "the queue count");
+        assert!(
+            provider.queues.values().all(|q| !q.is_empty()),
+            "no empty queue is kept (random model names must not leave entries behind)"
+        );
         for workers in provider.model_workers.values() {
             for worker in workers {
                 assert!(

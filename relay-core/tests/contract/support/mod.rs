@@ -39,6 +39,14 @@ pub fn test_config() -> ProxyConfig {
     config
 }
 
+/// [`test_config`] with the default provider's queue timeout set to `queue_timeout`, for tests
+/// that wait for a request nobody serves to give up.
+pub fn config_with_queue_timeout(queue_timeout: Duration) -> ProxyConfig {
+    let mut config = test_config();
+    config.providers[0].limits.queue_timeout = queue_timeout;
+    config
+}
+
 /// POSTs JSON `body` to `url` + `path`; returns status, headers and body text.
 pub async fn post(base: &str, path: &str, body: &Value) -> (StatusCode, HeaderMap, String) {
     post_raw(base, path, body.to_string(), &[]).await

@@ -8,7 +8,8 @@ export function RequireKeysNotice({ required, activeKeys }: { required: boolean 
       // Required with no active key is a relay that refuses everyone: a warning, not good news.
       <Alert kind={activeKeys === 0 ? 'warning' : 'success'} testid="keys-required">
         <strong>API keys are required.</strong> Inference requests without a valid key are refused with 401; each key's
-        requests are counted on the <a href="#/usage?group_by=key">Usage</a> page.
+        requests are counted on the <a href="#/usage?group_by=key">Usage</a> page. Creating or revoking a key then asks
+        for the admin token, even on this machine.
         {activeKeys === 0 ? (
           <>
             {' '}
