@@ -1,6 +1,6 @@
 // The key and usage calls against a stubbed fetch: method, path, body, and the error shape.
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
-import { ApiError, api, onUnauthorized } from './api';
+import { ApiError, api, getToken, onElevationNeeded, onUnauthorized, setToken } from './api';
 
 type Call = { url: string; init: RequestInit };
 let calls: Call[] = [];
@@ -96,5 +96,41 @@ describe('usage API', () => {
     await expect(api.usageCsv('format=csv')).rejects.toMatchObject({ status: 401 });
     expect(asked).toHaveBeenCalledOnce();
     stop();
+  });
+});
+
+describe('a key change that needs the admin token', () => {
+  it('retries with the offered token and keeps it even when the change is refused for a field', async () => {
+    const answers = [
+      new Response(JSON.stringify({ error: { message: 'Creating an API key needs the admin token', type: 'x', code: 'admin_token_needed' } }), { status: 403 }),
+      new Response(JSON.stringify({ error: { message: '`max_concurrent` must be 1 to 100000', type: 'x', code: 'invalid_request' } }), { status: 400 }),
+    ];
+    vi.stubGlobal(
+      'fetch',
+      vi.fn(async (url: string, init: RequestInit) => {
+        calls.push({ url, init });
+        return answers.shift()!;
+      }),
+    );
+    setToken(null);
+    const stop = onElevationNeeded(async () => 'the-token');
+    const err = await api.createKey({ name: 'x', max_concurrent: 200000 }).catch((e) => e);
+    stop();
+    expect(err.message).toBe('`max_concurrent` must be 1 to 100000');
+    expect((calls[1].init.headers as Record<string, string>).Authorization).toBe('Bearer the-token');
+    expect(getToken()).toBe('the-token');
+    setToken(null);
+  });
+
+  it('does not keep a token the relay refused', async () => {
+    const refused = () =>
+      new Response(JSON.stringify({ error: { message: 'Wrong admin token', type: 'x', code: 'admin_token_needed' } }), { status: 403 });
+    vi.stubGlobal('fetch', vi.fn(async () => refused()));
+    setToken(null);
+    let offers = 0;
+    const stop = onElevationNeeded(async () => (offers++ === 0 ? 'wrong' : null));
+    await expect(api.revokeKey('key_1')).rejects.toMatchObject({ status: 403 });
+    stop();
+    expect(getToken()).toBeNull();
   });
 });

@@ -172,7 +172,9 @@ export async function request<T>(method: string, path: string, body?: unknown): 
     const offered = await elevationHandler(err.message);
     if (!offered) throw err;
     res = await send(method, path, body, offered);
-    if (res.ok) setToken(offered);
+    // Any answer but a refusal means the guard took the token: keep it, even when the change
+    // itself failed (a 400 for a bad field), so fixing the field does not ask again.
+    if (res.status !== 401 && res.status !== 403) setToken(offered);
   }
   if (res.status === 401) {
     const err = await errorFrom(res);
