@@ -387,13 +387,16 @@ export async function launchBrowser({ extraArgs = [] } = {}) {
  * Send a chat completion through the relay. Streaming requests resolve when the whole answer
  * has been read; the promise is tracked so cleanup waits for nothing (it aborts instead).
  */
-export function chat(relayUrl, { model = 'mock-model', stream = true, timeoutMs = 60_000 } = {}) {
+export function chat(relayUrl, { model = 'mock-model', stream = true, timeoutMs = 60_000, apiKey = null } = {}) {
   const controller = new AbortController();
   const timer = setTimeout(() => controller.abort(), timeoutMs);
   defer(() => controller.abort());
+  const headers = { 'content-type': 'application/json' };
+  // A client API key (the Keys page), sent the way OpenAI clients send theirs.
+  if (apiKey) headers.authorization = `Bearer ${apiKey}`;
   return fetch(`${relayUrl}/v1/chat/completions`, {
     method: 'POST',
-    headers: { 'content-type': 'application/json' },
+    headers,
     body: JSON.stringify({ model, stream, messages: [{ role: 'user', content: 'hi' }] }),
     signal: controller.signal,
   })

@@ -3,11 +3,13 @@ import { api, getToken, initApi, onElevationNeeded, onUnauthorized, errorMessage
 import { ElevationPrompt } from './components/ElevationPrompt';
 import { TokenPrompt } from './components/TokenPrompt';
 import { Alert, Spinner } from './components/common';
-import { navigate, useRoute } from './hash';
+import { navigate, useRoute, type Route } from './hash';
 import { LiveContext, useLiveStatus, type Connection } from './live';
 import { Dashboard } from './pages/Dashboard';
+import { Keys } from './pages/Keys';
 import { Settings } from './pages/Settings';
 import { SETUP_DONE_KEY, Setup } from './pages/Setup';
+import { Usage } from './pages/Usage';
 
 function setupDismissed(): boolean {
   try {
@@ -97,6 +99,10 @@ export function App() {
         <Settings key={`settings-${epoch}`} />
       ) : route === 'dashboard' ? (
         <Dashboard key={`dashboard-${epoch}`} />
+      ) : route === 'keys' ? (
+        <Keys key={`keys-${epoch}`} />
+      ) : route === 'usage' ? (
+        <Usage key={`usage-${epoch}`} />
       ) : (
         <main class="page">
           <Spinner label="Loading…" />
@@ -123,8 +129,10 @@ export function App() {
   );
 }
 
-const LINKS: { route: 'dashboard' | 'setup' | 'settings'; label: string }[] = [
+const LINKS: { route: Exclude<Route, ''>; label: string }[] = [
   { route: 'dashboard', label: 'Dashboard' },
+  { route: 'keys', label: 'Keys' },
+  { route: 'usage', label: 'Usage' },
   { route: 'setup', label: 'Setup' },
   { route: 'settings', label: 'Settings' },
 ];

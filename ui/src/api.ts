@@ -2,14 +2,18 @@
 // JSON calls with the OpenAI error shape, and the live status feed (SSE).
 
 import type {
+  ApiKey,
+  CreatedApiKey,
   Discovery,
   JoinCodeInfo,
   JoinTestResult,
   ModelStatus,
+  NewApiKey,
   RelayInfo,
   SettingsPatch,
   SettingsResponse,
   Status,
+  UsageReport,
 } from './types';
 
 export const TOKEN_KEY = 'modelrelay.adminToken';
@@ -168,7 +172,9 @@ export async function request<T>(method: string, path: string, body?: unknown): 
     const offered = await elevationHandler(err.message);
     if (!offered) throw err;
     res = await send(method, path, body, offered);
-    if (res.ok) setToken(offered);
+    // Any answer but a refusal means the guard took the token: keep it, even when the change
+    // itself failed (a 400 for a bad field), so fixing the field does not ask again.
+    if (res.status !== 401 && res.status !== 403) setToken(offered);
   }
   if (res.status === 401) {
     const err = await errorFrom(res);
@@ -179,6 +185,21 @@ export async function request<T>(method: string, path: string, body?: unknown): 
   if (res.status === 204) return undefined as T;
   const text = await res.text();
   return (text ? JSON.parse(text) : undefined) as T;
+}
+
+/**
+ * GET a file (e.g. the usage CSV) as a Blob. A plain link cannot carry the admin token, so the
+ * download goes through fetch like every other call, with the same error handling.
+ */
+export async function requestBlob(path: string): Promise<Blob> {
+  const res = await send('GET', path, undefined);
+  if (res.status === 401) {
+    const err = await errorFrom(res);
+    notifyUnauthorized();
+    throw err;
+  }
+  if (!res.ok) throw await errorFrom(res);
+  return res.blob();
 }
 
 /** Check a token without storing it: true when the API accepts it. */
@@ -202,6 +223,12 @@ export const api = {
   settings: () => request<SettingsResponse>('GET', '/api/settings'),
   saveSettings: (patch: SettingsPatch) => request<SettingsResponse>('PUT', '/api/settings', patch),
   saveConfig: (toml: string) => request<SettingsResponse>('PUT', '/api/config', { toml }),
+  keys: () => request<{ keys: ApiKey[] }>('GET', '/api/keys'),
+  createKey: (body: NewApiKey) => request<CreatedApiKey>('POST', '/api/keys', body),
+  revokeKey: (id: string) => request<{ id: string; revoked: boolean }>('DELETE', `/api/keys/${encodeURIComponent(id)}`),
+  /** `query` comes from usageQuery() in lib/usage.ts (without the leading "?"). */
+  usage: (query: string) => request<UsageReport>('GET', `/api/usage${query ? `?${query}` : ''}`),
+  usageCsv: (query: string) => requestBlob(`/api/usage${query ? `?${query}` : ''}`),
 };
 
 export type JoinRequest = { proxy_url: string; secret: string; provider?: string; fingerprint?: string } | { code: string };

@@ -1,15 +1,32 @@
 import { useEffect, useState } from 'preact/hooks';
 
-export type Route = 'dashboard' | 'setup' | 'settings' | '';
+export type Route = 'dashboard' | 'keys' | 'usage' | 'setup' | 'settings' | '';
+
+const ROUTES: Route[] = ['dashboard', 'keys', 'usage', 'setup', 'settings'];
 
 export function parseRoute(hash: string): Route {
   const path = hash.replace(/^#\/?/, '').split(/[?/]/)[0];
-  if (path === 'dashboard' || path === 'setup' || path === 'settings') return path;
-  return '';
+  return ROUTES.includes(path as Route) && path ? (path as Route) : '';
 }
 
-export function navigate(route: Exclude<Route, ''>) {
-  if (location.hash !== `#/${route}`) location.hash = `#/${route}`;
+/** The query part of a route's address (#/usage?key=…), without "?": pages keep their filters there. */
+export function routeQuery(hash: string): string {
+  const at = hash.indexOf('?');
+  return at < 0 ? '' : hash.slice(at + 1);
+}
+
+export function navigate(route: Exclude<Route, ''>, query = '') {
+  const target = `#/${route}${query ? `?${query}` : ''}`;
+  if (location.hash !== target) location.hash = target;
+}
+
+/**
+ * Put a page's state into its address without a new history entry or a hashchange (the page
+ * already shows it): reloading or sharing the address shows the same view.
+ */
+export function replaceRouteQuery(route: Exclude<Route, ''>, query: string) {
+  const target = `#/${route}${query ? `?${query}` : ''}`;
+  if (location.hash !== target) history.replaceState(history.state, '', target);
 }
 
 /**

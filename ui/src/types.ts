@@ -22,6 +22,8 @@ export interface NodeInfo {
   /** The own worker's model map; absent from relays older than this UI. */
   lifecycle?: ModelStatus[];
   admin_token_required: boolean;
+  /** Some relays report whether inference needs a client API key here rather than at the top. */
+  require_api_keys?: boolean;
   uptime_secs: number;
 }
 
@@ -81,6 +83,8 @@ export interface Status {
   in_flight: InFlightRequest[];
   totals: { requests: number; errors: number; tokens: number };
   series: Series;
+  /** Whether inference needs a client API key (`--require-api-keys`); absent from older relays. */
+  require_api_keys?: boolean;
 }
 
 export interface ModelStatus {
@@ -181,4 +185,59 @@ export interface SettingsPatch {
 export interface RelayInfo {
   url: string;
   admin_token: string | null;
+}
+
+/** A client API key as GET /api/keys lists it: metadata only, never the secret. */
+export interface ApiKey {
+  id: string;
+  name: string;
+  /** The first characters of the secret, to recognise it ("mr-AbCd"). */
+  prefix: string;
+  created_at: string;
+  revoked_at: string | null;
+  last_used_at: string | null;
+  /** Allowed models; null allows every model. */
+  models: string[] | null;
+  max_concurrent: number | null;
+  requests_per_minute: number | null;
+}
+
+/** POST /api/keys answer: the key plus its secret, which the relay shows only this once. */
+export interface CreatedApiKey extends ApiKey {
+  key: string;
+}
+
+/** POST /api/keys body: only `name` is required. */
+export interface NewApiKey {
+  name: string;
+  models?: string[];
+  max_concurrent?: number;
+  requests_per_minute?: number;
+}
+
+export type UsageGroupBy = 'day' | 'key' | 'model';
+
+export interface UsageCounts {
+  requests: number;
+  errors: number;
+  input_tokens: number;
+  output_tokens: number;
+  /** Means over the requests that had a first token / over all requests; null without any. */
+  avg_ttft_ms?: number | null;
+  avg_duration_ms?: number | null;
+}
+
+export interface UsageRow extends UsageCounts {
+  /** A day (YYYY-MM-DD), a key id (or "anonymous"), or a model name, after `group_by`. */
+  group: string;
+  /** With group_by=key: the key's name; absent (or null) for requests without a key. */
+  name?: string | null;
+}
+
+export interface UsageReport {
+  group_by: UsageGroupBy;
+  since: string;
+  until: string;
+  rows: UsageRow[];
+  totals: UsageCounts;
 }

@@ -2,7 +2,8 @@ import { useState } from 'preact/hooks';
 import { TokenField } from './TokenField';
 
 /**
- * Asks for the admin token when a save changes what the node runs or where it sends secrets.
+ * Asks for the admin token when a change alters what the node runs, where it sends secrets, or
+ * (while keys are required) who holds an API key.
  * Those changes need the token even on this machine, so a web page the user visits can never
  * make them. The relay's message names the settings and where the token file is.
  */
@@ -35,8 +36,9 @@ export function ElevationPrompt({
       >
         <h2 id="elevation-title">This change needs the admin token</h2>
         <p class="muted">
-          Settings that choose which programs this node starts, or where it sends secrets, are protected by the admin
-          token even on this machine, so that no web page you visit can change them.
+          Changes that choose which programs this node starts, where it sends secrets, or (while keys are required) who
+          holds an API key, are protected by the admin token even on this machine, so that no web page you visit can
+          make them.
         </p>
         <div class="alert alert-info" data-testid="elevation-message">
           {message}

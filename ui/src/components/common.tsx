@@ -151,3 +151,30 @@ export function DataTable({
     </div>
   );
 }
+
+/** A labelled form field; its help line turns into the error when there is one (`${id}-help`). */
+export function Field({
+  label,
+  id,
+  error,
+  help,
+  children,
+}: {
+  label: string;
+  id: string;
+  error?: string;
+  help?: string;
+  children: ComponentChildren;
+}) {
+  return (
+    <div class="field">
+      <label for={id}>{label}</label>
+      {children}
+      {error || help ? (
+        <span id={`${id}-help`} class={error ? 'field-error' : 'muted small'}>
+          {error ?? help}
+        </span>
+      ) : null}
+    </div>
+  );
+}

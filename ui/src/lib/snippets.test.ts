@@ -59,3 +59,31 @@ describe('helpers', () => {
     );
   });
 });
+
+describe('snippets with a client API key', () => {
+  const KEY = 'mr-AbCdEfGh123';
+  const s = Object.fromEntries(buildSnippets('http://10.0.0.2:8080', 'llama3', KEY).map((x) => [x.id, x.text]));
+
+  it('send the key as a bearer token with curl', () => {
+    expect(s['curl']).toBe(
+      [
+        'curl http://10.0.0.2:8080/v1/chat/completions \\',
+        `  -H 'Authorization: Bearer ${KEY}' \\`,
+        `  -H 'Content-Type: application/json' \\`,
+        `  -d '{"model":"llama3","messages":[{"role":"user","content":"Hello!"}]}'`,
+      ].join('\n'),
+    );
+  });
+
+  it('give the key to the SDKs and to Claude Code', () => {
+    expect(s['openai-python']).toContain(`OpenAI(base_url="http://10.0.0.2:8080/v1", api_key="${KEY}")`);
+    expect(s['anthropic-python']).toContain(`Anthropic(base_url="http://10.0.0.2:8080", api_key="${KEY}")`);
+    expect(s['claude-code']).toContain(`export ANTHROPIC_BASE_URL=http://10.0.0.2:8080\nexport ANTHROPIC_API_KEY=${KEY}\n`);
+    expect(s['claude-code']).not.toContain('ANTHROPIC_AUTH_TOKEN');
+    expect(s['open-webui']).toBe(`OPENAI_API_BASE_URL=http://10.0.0.2:8080/v1\nOPENAI_API_KEY=${KEY}`);
+  });
+
+  it('leave the key out when there is none', () => {
+    for (const text of buildSnippets('http://h:1', 'm', '  ').map((x) => x.text)) expect(text).not.toContain('Bearer');
+  });
+});

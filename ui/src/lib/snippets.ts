@@ -24,9 +24,17 @@ export function pyString(s: string): string {
   return JSON.stringify(s);
 }
 
-export function buildSnippets(url: string, model: string | null | undefined): Snippet[] {
+/**
+ * Client configuration for the relay at `url`. Without `apiKey` the relay needs no key, and the
+ * SDKs get a dummy one (they refuse to start without); with a client key (from the Keys page),
+ * every snippet sends it: curl as `Authorization: Bearer`, the SDKs as their api_key, Claude Code
+ * as ANTHROPIC_API_KEY.
+ */
+export function buildSnippets(url: string, model: string | null | undefined, apiKey?: string | null): Snippet[] {
   const base = normalizeBaseUrl(url);
   const m = model && model.trim() ? model.trim() : 'MODEL';
+  const key = apiKey && apiKey.trim() ? apiKey.trim() : null;
+  const sdkKey = key ?? 'anything';
   const body = JSON.stringify({ model: m, messages: [{ role: 'user', content: 'Hello!' }] });
   return [
     {
@@ -36,7 +44,7 @@ export function buildSnippets(url: string, model: string | null | undefined): Sn
       language: 'shell',
       text: [
         `export ANTHROPIC_BASE_URL=${shellQuote(base)}`,
-        'export ANTHROPIC_AUTH_TOKEN=anything',
+        key ? `export ANTHROPIC_API_KEY=${shellQuote(key)}` : 'export ANTHROPIC_AUTH_TOKEN=anything',
         `export ANTHROPIC_MODEL=${shellQuote(m)}`,
         'claude',
       ].join('\n'),
@@ -46,7 +54,7 @@ export function buildSnippets(url: string, model: string | null | undefined): Sn
       title: 'Open WebUI',
       description: 'Environment of the Open WebUI container (or Settings → Connections).',
       language: 'env',
-      text: [`OPENAI_API_BASE_URL=${base}/v1`, 'OPENAI_API_KEY=anything'].join('\n'),
+      text: [`OPENAI_API_BASE_URL=${base}/v1`, `OPENAI_API_KEY=${sdkKey}`].join('\n'),
     },
     {
       id: 'openai-python',
@@ -56,7 +64,7 @@ export function buildSnippets(url: string, model: string | null | undefined): Sn
       text: [
         'from openai import OpenAI',
         '',
-        `client = OpenAI(base_url=${pyString(`${base}/v1`)}, api_key="anything")`,
+        `client = OpenAI(base_url=${pyString(`${base}/v1`)}, api_key=${pyString(sdkKey)})`,
         'reply = client.chat.completions.create(',
         `    model=${pyString(m)},`,
         '    messages=[{"role": "user", "content": "Hello!"}],',
@@ -72,7 +80,7 @@ export function buildSnippets(url: string, model: string | null | undefined): Sn
       text: [
         'from anthropic import Anthropic',
         '',
-        `client = Anthropic(base_url=${pyString(base)}, api_key="anything")`,
+        `client = Anthropic(base_url=${pyString(base)}, api_key=${pyString(sdkKey)})`,
         'message = client.messages.create(',
         `    model=${pyString(m)},`,
         '    max_tokens=512,',
@@ -88,6 +96,7 @@ export function buildSnippets(url: string, model: string | null | undefined): Sn
       language: 'shell',
       text: [
         `curl ${shellQuote(`${base}/v1/chat/completions`)} \\`,
+        ...(key ? [`  -H ${shellQuote(`Authorization: Bearer ${key}`)} \\`] : []),
         `  -H 'Content-Type: application/json' \\`,
         `  -d ${shellQuote(body)}`,
       ].join('\n'),

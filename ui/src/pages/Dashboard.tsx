@@ -2,6 +2,7 @@ import { useMemo, useState } from 'preact/hooks';
 import { api, errorMessage } from '../api';
 import { Alert, Badge, Card, CopyButton, DataTable, Spinner } from '../components/common';
 import { Chart } from '../components/Chart';
+import { requiresApiKeys } from '../lib/keys';
 import { useLive } from '../live';
 import { clockFor, seriesData, toDashboardView, toLifecycleRows, type DashboardView, type WorkerRow } from '../lib/viewmodel';
 import type { ModelStatus, Status } from '../types';
@@ -50,7 +51,7 @@ export function Dashboard() {
   }
   return (
     <main class="page" data-testid="dashboard">
-      <NodeHeader view={view} />
+      <NodeHeader view={view} requireKeys={requiresApiKeys(status)} />
       <Charts status={status} />
       <WorkersCard workers={view.workers} />
       <div class="grid-2">
@@ -63,7 +64,8 @@ export function Dashboard() {
   );
 }
 
-function NodeHeader({ view }: { view: DashboardView }) {
+/** `requireKeys`: whether inference needs a client key (null: not a proxy, or not said). */
+function NodeHeader({ view, requireKeys = null }: { view: DashboardView; requireKeys?: boolean | null }) {
   const { node, totals } = view;
   const own = node.ownWorker;
   return (
@@ -91,6 +93,16 @@ function NodeHeader({ view }: { view: DashboardView }) {
               )}
             </dd>
           </div>
+          {requireKeys !== null ? (
+            <div>
+              <dt>API keys</dt>
+              <dd data-testid="node-api-keys">
+                <a href="#/keys" class="badge-link" title="Client API keys for inference">
+                  <Badge tone={requireKeys ? 'ok' : 'muted'}>{requireKeys ? 'required' : 'not required'}</Badge>
+                </a>
+              </dd>
+            </div>
+          ) : null}
           <div>
             <dt>Own worker</dt>
             <dd data-testid="own-worker">

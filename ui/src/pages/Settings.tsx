@@ -1,7 +1,6 @@
-import type { ComponentChildren } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
 import { api, errorMessage, isTauri, tauri } from '../api';
-import { Alert, Card, Spinner } from '../components/common';
+import { Alert, Card, Field, Spinner } from '../components/common';
 import { useLive } from '../live';
 import { rolesLabel } from '../lib/viewmodel';
 import {
@@ -242,32 +241,6 @@ export function Settings() {
         </form>
       </details>
     </main>
-  );
-}
-
-function Field({
-  label,
-  id,
-  error,
-  help,
-  children,
-}: {
-  label: string;
-  id: string;
-  error?: string;
-  help?: string;
-  children: ComponentChildren;
-}) {
-  return (
-    <div class="field">
-      <label for={id}>{label}</label>
-      {children}
-      {error || help ? (
-        <span id={`${id}-help`} class={error ? 'field-error' : 'muted small'}>
-          {error ?? help}
-        </span>
-      ) : null}
-    </div>
   );
 }
 

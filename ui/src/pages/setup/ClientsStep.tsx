@@ -1,6 +1,7 @@
 // Step 4: ready-made client settings for the relay URL.
 import { useMemo, useState } from 'preact/hooks';
-import { Card, CodeBlock, CopyButton } from '../../components/common';
+import { Card, CopyButton } from '../../components/common';
+import { SnippetList } from '../../components/SnippetList';
 import { buildSnippets, normalizeBaseUrl } from '../../lib/snippets';
 import { useLive } from '../../live';
 import type {Discovery} from '../../types';
@@ -46,15 +47,7 @@ export function ClientsStep({
       ) : (
         <p class="muted small">No model is served yet: replace MODEL with one once a worker is connected.</p>
       )}
-      <div class="snippets">
-        {snippets.map((s) => (
-          <div key={s.id} class="snippet" data-testid={`snippet-${s.id}`}>
-            <h3>{s.title}</h3>
-            <p class="muted small">{s.description}</p>
-            <CodeBlock text={s.text} label={`${s.title} snippet`} />
-          </div>
-        ))}
-      </div>
+      <SnippetList snippets={snippets} />
       <div class="row-between">
         <button type="button" class="btn" onClick={onBack}>
           Back
