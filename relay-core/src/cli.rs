@@ -56,6 +56,7 @@ impl Cli {
             forward_client_auth: p.forward_client_auth,
             allowed_hosts: p.allowed_hosts.clone(),
             cors_origins: p.cors_origins.clone(),
+            metrics_public: p.metrics_public,
             tls_cert: p.tls_cert.clone(),
             tls_key: p.tls_key.clone(),
             tls: p.tls,
@@ -190,6 +191,19 @@ pub struct ProxyArgs {
         value_delimiter = ','
     )]
     pub cors_origins: Option<Vec<String>>,
+
+    /// Serve /metrics (Prometheus) without the admin token even where the control API needs it
+    /// (a configured token, or a listener beyond loopback) [default: false]. On loopback with
+    /// no configured token it is open either way, like the dashboard.
+    #[arg(
+        long,
+        env = "MODELRELAY_METRICS_PUBLIC",
+        global = true,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub metrics_public: Option<bool>,
 
     /// Serve HTTPS with this PEM certificate (chain, leaf first); needs --tls-key. Workers pin
     /// its fingerprint, shown at start-up and carried in the join code.
@@ -348,6 +362,7 @@ mod tests {
             format!("[default: {}]", defaults::HEARTBEAT_INTERVAL.as_secs()),
             format!("[default: {}]", defaults::HEARTBEAT_TIMEOUT.as_secs()),
             format!("[default: {}]", defaults::DRAIN_TIMEOUT.as_secs()),
+            format!("[default: {}]", defaults::METRICS_PUBLIC),
             format!("[default: {}]", defaults::MAX_CONCURRENCY),
             format!("[default: {}]", defaults::PROXY_URL),
             format!("[default: {};", defaults::BACKEND_URL),

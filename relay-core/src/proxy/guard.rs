@@ -44,7 +44,8 @@ const API_CSP: &str = "default-src 'none'; frame-ancestors 'none'";
 enum Area {
     /// `/api/…`: the control plane.
     Control,
-    /// `/v1/…` and `/health`: clients and workers.
+    /// `/v1/…`, `/health` and `/metrics`: clients, workers and monitoring. A scraper may reach
+    /// the node by any DNS name, like a client; `/metrics` has its own token rule.
     Clients,
     /// Everything else: the web UI's page and files.
     Ui,
@@ -54,7 +55,11 @@ impl Area {
     fn of(path: &str) -> Area {
         if path == "/api" || path.starts_with("/api/") {
             Area::Control
-        } else if path.starts_with("/v1/") || path == "/v1" || path == "/health" {
+        } else if path.starts_with("/v1/")
+            || path == "/v1"
+            || path == "/health"
+            || path == "/metrics"
+        {
             Area::Clients
         } else {
             Area::Ui

@@ -2,6 +2,7 @@
 //! and the worker WebSocket endpoint. Only `model` and `stream` are read from a request body; the
 //! rest travels to the worker untouched.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant as StdInstant};
@@ -24,7 +25,8 @@ use super::auth::secrets_match;
 use super::hub::RequestSpec;
 use super::response::{AnswerObserver, AnswerSource, CancelGuard, Waiter};
 use super::responses_api;
-use super::scheduler::{RegisterError, Submitted};
+use super::scheduler::{RegisterError, SubmitError, Submitted};
+use super::telemetry::ANONYMOUS_KEY;
 use super::upstream::UpstreamRequest;
 use super::worker_socket::serve_worker;
 use super::AppState;
@@ -75,6 +77,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(get_model))
         .route("/health", get(health))
+        .route("/metrics", get(super::metrics::scrape))
         .route("/", get(index_page))
         .route("/v1/worker/connect", get(worker_connect))
         .fallback(unknown_route)
@@ -263,28 +266,32 @@ async fn relay(
     body: Body,
 ) -> Response {
     let dialect = Dialect::for_path(uri.path());
+    let key = client_key(&headers);
+    // Answers the relay gives before a worker or upstream takes the request: counted in the
+    // metrics under `other` (the model is not routed, or not yet known).
+    let turn_away = |error: ApiError| refuse(&state, None, &key, error, dialect);
     if !state.hub.is_serving() {
-        return proxy_role_off().into_response(dialect);
+        return turn_away(proxy_role_off());
     }
     // Held until the answer starts: the body stays in memory while the request is read,
     // queued and dispatched (a worker death before the first byte requeues it).
     let mut held = match reserve_body_bytes(&state, &headers) {
         Ok(held) => held,
-        Err(error) => return error.into_response(dialect),
+        Err(error) => return turn_away(error),
     };
     let reading = read_request(body, &headers, state.config.max_body_bytes);
     let (model, body, is_streaming) =
         match tokio::time::timeout(state.config.body_read_timeout, reading).await {
             Ok(Ok(parts)) => parts,
-            Ok(Err(error)) => return error.into_response(dialect),
-            Err(_) => return body_too_slow(state.config.body_read_timeout).into_response(dialect),
+            Ok(Err(error)) => return turn_away(error),
+            Err(_) => return turn_away(body_too_slow(state.config.body_read_timeout)),
         };
     // Keep only what the body takes.
     let _ = held.split(held.num_permits().saturating_sub(body.len()));
     let head = RequestHead::new(uri, headers);
     let (model, body) = match apply_aliases(&state, model, body) {
         Ok(parts) => parts,
-        Err(error) => return error.into_response(dialect),
+        Err(error) => return turn_away(error),
     };
     // Only Responses requests pay for the store (continuation, then recording the answer) and
     // for having their streams patched.
@@ -298,18 +305,50 @@ async fn relay(
                     .map(|r| Box::new(r) as Box<dyn AnswerObserver>),
                 prepared.continues,
             ),
-            Err(error) => return error.into_response(dialect),
+            Err(error) => return turn_away(error),
         }
     } else {
         (body, None, None)
     };
-    let answer = dispatch(&state, head, model, body, is_streaming, observer).await;
+    let answer = dispatch(
+        &state,
+        head,
+        model,
+        body,
+        is_streaming,
+        observer,
+        key.clone(),
+    )
+    .await;
     drop(held);
     if responses {
         responses_api::patch_stream(answer, continues)
     } else {
         answer
     }
+}
+
+/// The client API key a request came with, as the metrics' `key` label shows it: the one place
+/// that says, stored in each request's telemetry record. Client keys do not exist yet, so every
+/// request is anonymous; with them, this returns the key's id (never its secret).
+fn client_key(_headers: &HeaderMap) -> Cow<'static, str> {
+    Cow::Borrowed(ANONYMOUS_KEY)
+}
+
+/// Answers `error` for a request no worker or upstream took, counting it for the metrics under
+/// `model` (`None`: `other`, for names the proxy does not route).
+fn refuse(
+    state: &AppState,
+    model: Option<&str>,
+    key: &str,
+    error: ApiError,
+    dialect: Dialect,
+) -> Response {
+    state
+        .hub
+        .telemetry()
+        .refused(model, key, error.status.as_u16());
+    error.into_response(dialect)
 }
 
 /// Hands a prepared request to the workers, or to an upstream when they refuse it, and waits
@@ -321,6 +360,7 @@ async fn dispatch(
     body: String,
     is_streaming: bool,
     observer: Option<Box<dyn AnswerObserver>>,
+    key: Cow<'static, str>,
 ) -> Response {
     let RequestHead {
         dialect,
@@ -332,7 +372,7 @@ async fn dispatch(
     // worker would drop its whole connection: refuse it here, precisely.
     let framed = json_string_len(&body) + FRAME_OVERHEAD_BYTES;
     if framed > state.config.worker_frame_limit {
-        return ApiError::new(
+        let error = ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "request_too_large",
             format!(
@@ -341,8 +381,8 @@ async fn dispatch(
                  backslashes and control characters count double or more)",
                 state.config.worker_frame_limit
             ),
-        )
-        .into_response(dialect);
+        );
+        return refuse(state, None, &key, error, dialect);
     }
     // The hub consumes the request; a copy is kept only when an upstream may take it instead.
     let spare = (!state.upstreams.is_empty()).then(|| UpstreamRequest {
@@ -372,6 +412,7 @@ async fn dispatch(
                         &request.model,
                         request.is_streaming,
                         &upstream.name,
+                        key,
                     );
                     // Boxed: inline, this path's state would enlarge every request's future,
                     // including the many that only wait in the queue.
@@ -382,7 +423,12 @@ async fn dispatch(
                     )
                     .await
                 }
-                _ => refused.error.into_response(dialect),
+                _ => {
+                    // A name nobody serves is the client's invention: it gets no label.
+                    let known = !matches!(refused.reason, SubmitError::UnknownModel);
+                    let model = known.then_some(model_name.as_str());
+                    refuse(state, model, &key, refused.error, dialect)
+                }
             };
         }
     };
@@ -394,7 +440,7 @@ async fn dispatch(
     let tracked = state
         .hub
         .telemetry()
-        .begin(accepted.request, &model_name, is_streaming);
+        .begin(accepted.request, &model_name, is_streaming, key);
     Waiter::new(
         guard,
         AnswerSource::Hub {
@@ -615,6 +661,7 @@ async fn worker_connect(
         .is_some_and(|secret| !expected.is_empty() && secrets_match(secret, expected));
     if !authorized {
         state.limiter.record_failure(peer.ip(), now);
+        state.hub.telemetry().worker_auth_failed();
         tracing::warn!(peer = %peer.ip(), provider, "worker authentication failed");
         let message = if presented.is_none() {
             "missing worker secret: send it in the X-Worker-Secret header"

@@ -10,6 +10,7 @@ pub mod control;
 pub mod guard;
 pub mod http;
 pub mod hub;
+pub mod metrics;
 mod passthrough;
 pub mod response;
 pub mod responses_api;
@@ -98,6 +99,9 @@ pub struct ProxyConfig {
     pub allowed_hosts: Vec<String>,
     /// Web origins allowed to call `/v1` cross-origin (`cors_origins`).
     pub cors_origins: Vec<String>,
+    /// `/metrics` without the admin token even where the control API needs it
+    /// (`metrics_public`).
+    pub metrics_public: bool,
     /// The certificate to serve HTTPS with; plain HTTP when `None`.
     pub tls: Option<crate::tls::ServerTls>,
 }
@@ -137,6 +141,7 @@ impl ProxyConfig {
             admin_token_origin: TokenOrigin::Configured,
             allowed_hosts: Vec::new(),
             cors_origins: Vec::new(),
+            metrics_public: defaults::METRICS_PUBLIC,
             tls: None,
         }
     }
@@ -174,6 +179,7 @@ impl ProxyConfig {
             admin_token: settings.admin_token.map(AdminToken),
             allowed_hosts: settings.allowed_hosts,
             cors_origins: settings.cors_origins,
+            metrics_public: settings.metrics_public,
             ..ProxyConfig::with_secret(String::new())
         }
     }
@@ -223,6 +229,8 @@ pub struct RunningProxy {
     closing: Arc<watch::Sender<bool>>,
     /// The model aliases in force: replace them to change `[proxy.aliases]` live.
     pub aliases: Arc<LiveAliases>,
+    /// Who may use the control API (and `/metrics`).
+    pub admin: AdminAccess,
     drain_timeout: Duration,
     stop: oneshot::Sender<()>,
     task: JoinHandle<std::io::Result<()>>,
@@ -240,11 +248,18 @@ pub struct Built {
     pub closing: Arc<watch::Sender<bool>>,
     /// The model aliases in force, replaceable while the proxy runs.
     pub aliases: Arc<LiveAliases>,
+    /// Who may use the control API (and `/metrics`).
+    pub admin: AdminAccess,
 }
 
 /// Builds the router for `config` serving at `addr`, with `extra` routes (the node's settings
-/// and setup API) merged in.
-pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Built {
+/// and setup API) merged in. `extra` is given the proxy's access rule, so the node's routes
+/// guard with the same one (and their token refusals count in the same `/metrics` counter).
+pub fn router(
+    config: ProxyConfig,
+    addr: SocketAddr,
+    extra: impl FnOnce(&AdminAccess) -> axum::Router,
+) -> Built {
     let scheduler = Scheduler::new(
         config
             .providers
@@ -317,8 +332,9 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
         event_slots,
         request_bytes,
     };
+    let extra = extra(&admin);
     let app = http::routes()
-        .merge(control::routes(admin))
+        .merge(control::routes(admin.clone()))
         .with_state(state)
         .merge(extra)
         .layer(axum::middleware::from_fn_with_state(site, guard::guard));
@@ -328,19 +344,20 @@ pub fn router(config: ProxyConfig, addr: SocketAddr, extra: axum::Router) -> Bui
         node,
         closing,
         aliases,
+        admin,
     }
 }
 
 /// Serves the proxy on `listener` until [`RunningProxy::shutdown`].
 pub fn start(config: ProxyConfig, listener: TcpListener) -> std::io::Result<RunningProxy> {
-    start_with(config, listener, axum::Router::new())
+    start_with(config, listener, |_| axum::Router::new())
 }
 
-/// [`start`] with `extra` routes merged in.
+/// [`start`] with `extra` routes merged in (see [`router`]).
 pub fn start_with(
     config: ProxyConfig,
     listener: TcpListener,
-    extra: axum::Router,
+    extra: impl FnOnce(&AdminAccess) -> axum::Router,
 ) -> std::io::Result<RunningProxy> {
     let addr = listener.local_addr()?;
     let drain_timeout = config.drain_timeout;
@@ -353,6 +370,7 @@ pub fn start_with(
         node,
         closing,
         aliases,
+        admin,
     } = router(config, addr, extra);
     control::spawn_sampler(&hub);
     let (stop, stopped) = oneshot::channel::<()>();
@@ -366,6 +384,7 @@ pub fn start_with(
         node,
         closing,
         aliases,
+        admin,
         drain_timeout,
         stop,
         task,

@@ -20,7 +20,7 @@ use tokio::time::{sleep_until, Instant, Sleep};
 
 use super::hub::{fail_error, Hub, ResponseEvent, WaitingBytes};
 use super::scheduler::{FailReason, RequestId};
-use super::telemetry::TrackedRequest;
+use super::telemetry::{Telemetry, TrackedRequest};
 use crate::backend::BackendEvent;
 use crate::dialect::{ApiError, Dialect};
 use crate::protocol::{CancelReason, ResponseCompleteMessage};
@@ -39,8 +39,9 @@ pub struct CancelGuard {
 enum CancelTarget {
     /// A request of the hub (queued, or on a worker).
     Hub { hub: Arc<Hub>, request: RequestId },
-    /// The task calling an upstream: aborting it closes the upstream connection.
-    Task(AbortHandle),
+    /// The task calling an upstream: aborting it closes the upstream connection. The hub
+    /// counts its own cancels; these are counted here.
+    Task(AbortHandle, Arc<Telemetry>),
 }
 
 impl CancelGuard {
@@ -52,10 +53,10 @@ impl CancelGuard {
         }
     }
 
-    /// Arms a guard that aborts `task`.
-    pub fn task(task: AbortHandle) -> Self {
+    /// Arms a guard that aborts `task`, counting the cancel in `telemetry`.
+    pub fn task(task: AbortHandle, telemetry: Arc<Telemetry>) -> Self {
         CancelGuard {
-            target: CancelTarget::Task(task),
+            target: CancelTarget::Task(task, telemetry),
             armed: true,
         }
     }
@@ -71,7 +72,10 @@ impl CancelGuard {
             self.armed = false;
             match &self.target {
                 CancelTarget::Hub { hub, request } => hub.cancel(*request, reason),
-                CancelTarget::Task(task) => task.abort(),
+                CancelTarget::Task(task, telemetry) => {
+                    task.abort();
+                    telemetry.cancelled(reason);
+                }
             }
         }
     }
@@ -80,7 +84,7 @@ impl CancelGuard {
     fn expire_queued(&mut self) -> bool {
         let expired = match &self.target {
             CancelTarget::Hub { hub, request } => hub.expire_queued(*request),
-            CancelTarget::Task(_) => false,
+            CancelTarget::Task(..) => false,
         };
         if expired {
             self.disarm();
@@ -276,7 +280,7 @@ impl Waiter {
     /// The relay answers with `error` instead of the backend.
     fn relay_error(&mut self, error: ApiError) -> Response {
         if let Some(tracked) = self.tracked.as_mut() {
-            tracked.fail();
+            tracked.fail(error.status.as_u16());
         }
         error.into_response(self.dialect)
     }
@@ -284,7 +288,7 @@ impl Waiter {
     /// The same, mid-stream: the error as an SSE event that ends the stream.
     fn relay_error_sse(&mut self, error: &ApiError) -> Bytes {
         if let Some(tracked) = self.tracked.as_mut() {
-            tracked.fail();
+            tracked.fail(error.status.as_u16());
         }
         error.to_sse(self.dialect)
     }

@@ -2,10 +2,16 @@
 //! heartbeat, each request's time to first byte and token count, totals, and a per-second series
 //! for the live charts.
 //!
+//! The same observations feed `/metrics` (`metrics.rs`): ended requests add up in a [`Ledger`],
+//! and requeues, cancels, worker joins and failed worker authentications in counters.
+//!
 //! Kept apart from the scheduler on purpose: the hot path only touches atomics here (a chunk adds
 //! to a counter), and the request map has its own lock, taken once when a request arrives and
-//! once when it ends.
+//! once when it ends (which is also when the ledger counts it).
 
+mod ledger;
+
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +19,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::scheduler::RequestId;
-use crate::protocol::TokenCounts;
+use crate::protocol::{CancelReason, TokenCounts};
+pub use ledger::{
+    Histogram, Latency, Ledger, Outcome, Tokens, MAX_KEY_LABELS, MAX_LABEL_BYTES, MAX_MODEL_LABELS,
+    OTHER,
+};
+
+/// The `key` label of requests that came without a client API key: every request, until client
+/// keys exist.
+pub const ANONYMOUS_KEY: &str = "anonymous";
 
 /// Points kept for the charts: five minutes at one a second.
 pub const SERIES_POINTS: usize = 300;
@@ -37,6 +51,9 @@ pub struct RequestRecord {
     pub arrived: Instant,
     /// The upstream serving it (`[[proxy.upstreams]]` name), for requests no worker runs.
     pub upstream: Option<String>,
+    /// The client key it came with, as the metrics' `key` label shows it ([`ANONYMOUS_KEY`]
+    /// without one). Borrowed for the constant, so an anonymous request allocates nothing more.
+    pub key: Cow<'static, str>,
     /// Nanoseconds from arrival to the answer's first byte; 0 until then.
     first_byte_nanos: AtomicU64,
     /// Output tokens so far.
@@ -120,14 +137,56 @@ struct SeriesState {
     last_totals: TotalsSnapshot,
 }
 
+/// Requests in flight and what the ended ones add up to, under one lock: a request's end
+/// leaves the one and counts in the other in the same critical section.
+#[derive(Debug, Default)]
+struct Requests {
+    live: HashMap<RequestId, Arc<RequestRecord>>,
+    ended: Ledger,
+}
+
+/// Events counted for `/metrics` that are not requests ending.
+#[derive(Debug, Default)]
+struct Counters {
+    requeues: AtomicU64,
+    /// One per [`CancelReason`], in [`CANCEL_REASONS`] order.
+    cancels: [AtomicU64; CANCEL_REASONS.len()],
+    worker_auth_failures: AtomicU64,
+    worker_registrations: AtomicU64,
+}
+
+/// Every cancel reason, in the order of [`CountersSnapshot::cancels`].
+pub const CANCEL_REASONS: [CancelReason; 6] = [
+    CancelReason::ClientDisconnect,
+    CancelReason::Timeout,
+    CancelReason::GracefulShutdown,
+    CancelReason::WorkerDisconnect,
+    CancelReason::RequeueExhausted,
+    CancelReason::ServerShutdown,
+];
+
+/// The counters as numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CountersSnapshot {
+    /// Requests put back in the queue after their worker failed or left before answering.
+    pub requeues: u64,
+    /// Cancels, per reason in [`CANCEL_REASONS`] order.
+    pub cancels: [u64; CANCEL_REASONS.len()],
+    /// Worker connections refused for a missing or wrong secret.
+    pub worker_auth_failures: u64,
+    /// Workers that registered (each reconnect counts).
+    pub worker_registrations: u64,
+}
+
 /// The proxy's observations; one per hub.
 #[derive(Debug, Default)]
 pub struct Telemetry {
     /// Bumped on every change the dashboard shows; the live feed sends when it moves.
     version: AtomicU64,
-    requests: Mutex<HashMap<RequestId, Arc<RequestRecord>>>,
+    requests: Mutex<Requests>,
     workers: Mutex<HashMap<String, WorkerRecord>>,
     totals: Totals,
+    counters: Counters,
     series: Mutex<SeriesState>,
 }
 
@@ -147,45 +206,109 @@ impl Telemetry {
         self.version.load(Ordering::Relaxed)
     }
 
-    /// A request was accepted; the returned handle records its progress and its end.
+    /// A request was accepted for a worker; the returned handle records its progress and end.
     pub fn begin(
         self: &Arc<Self>,
         request: RequestId,
         model: &str,
         streaming: bool,
+        key: Cow<'static, str>,
     ) -> TrackedRequest {
-        self.begin_via(request, model, streaming, None)
+        self.begin_via(request, model, streaming, None, key)
     }
 
-    /// A request accepted for `upstream` (or a worker, with `None`).
+    /// A request accepted for `upstream` (or a worker, with `None`), from client key `key`.
     pub fn begin_via(
         self: &Arc<Self>,
         request: RequestId,
         model: &str,
         streaming: bool,
         upstream: Option<&str>,
+        key: Cow<'static, str>,
     ) -> TrackedRequest {
         let record = Arc::new(RequestRecord {
             model: model.to_string(),
             streaming,
             arrived: Instant::now(),
             upstream: upstream.map(str::to_string),
+            key,
             first_byte_nanos: AtomicU64::new(0),
             tokens: AtomicU64::new(0),
         });
-        locked(&self.requests).insert(request, Arc::clone(&record));
+        locked(&self.requests)
+            .live
+            .insert(request, Arc::clone(&record));
         self.touch();
         TrackedRequest {
             telemetry: Arc::clone(self),
             request,
             record,
             failed: false,
+            status: None,
+            input_tokens: 0,
+        }
+    }
+
+    /// A request the relay answered itself before any worker or upstream took it (bad input,
+    /// unknown model, full queue, ...): counted for `/metrics` only. `model` is `None` when the
+    /// proxy does not route it, so names that clients make up do not become labels.
+    pub fn refused(&self, model: Option<&str>, key: &str, status: u16) {
+        locked(&self.requests).ended.record(Outcome {
+            model,
+            key,
+            status,
+            tokens: Tokens::default(),
+            ttft: None,
+            duration: None,
+        });
+    }
+
+    /// What the ended requests add up to.
+    pub fn ledger(&self) -> Ledger {
+        locked(&self.requests).ended.clone()
+    }
+
+    /// Requests accepted and not yet ended (queued ones included).
+    pub fn in_flight(&self) -> usize {
+        locked(&self.requests).live.len()
+    }
+
+    /// A request goes back to the queue.
+    pub fn requeued(&self) {
+        self.counters.requeues.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request was cancelled for `reason`.
+    pub fn cancelled(&self, reason: CancelReason) {
+        let index = CANCEL_REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .expect("every reason is listed");
+        self.counters.cancels[index].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A worker presented no secret or a wrong one.
+    pub fn worker_auth_failed(&self) {
+        self.counters
+            .worker_auth_failures
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters now.
+    pub fn counters(&self) -> CountersSnapshot {
+        let c = &self.counters;
+        CountersSnapshot {
+            requeues: c.requeues.load(Ordering::Relaxed),
+            cancels: std::array::from_fn(|i| c.cancels[i].load(Ordering::Relaxed)),
+            worker_auth_failures: c.worker_auth_failures.load(Ordering::Relaxed),
+            worker_registrations: c.worker_registrations.load(Ordering::Relaxed),
         }
     }
 
     /// Requests in flight, oldest first.
     pub fn requests(&self) -> Vec<(RequestId, Arc<RequestRecord>)> {
         let mut all: Vec<(RequestId, Arc<RequestRecord>)> = locked(&self.requests)
+            .live
             .iter()
             .map(|(id, record)| (*id, Arc::clone(record)))
             .collect();
@@ -203,6 +326,9 @@ impl Telemetry {
                 heartbeat: None,
             },
         );
+        self.counters
+            .worker_registrations
+            .fetch_add(1, Ordering::Relaxed);
         self.touch();
     }
 
@@ -275,7 +401,18 @@ pub struct TrackedRequest {
     request: RequestId,
     record: Arc<RequestRecord>,
     failed: bool,
+    /// The status the answer ended with, once known (see [`TrackedRequest::status`]).
+    status: Option<u16>,
+    /// Prompt tokens, from the backend's usage.
+    input_tokens: u64,
 }
+
+/// The status a request counts under when its client went away before the answer started:
+/// nginx's "client closed request", the usual choice of HTTP servers and dashboards.
+pub const CLIENT_CLOSED_STATUS: u16 = 499;
+
+/// The status of a stream: its headers went out with it.
+const STREAM_STATUS: u16 = 200;
 
 impl TrackedRequest {
     /// Bytes of the answer are about to reach the client; SSE `data:` lines count as tokens
@@ -296,6 +433,10 @@ impl TrackedRequest {
     /// The answer is complete, with the backend's status and usage.
     pub fn complete(&mut self, status: u16, usage: Option<&TokenCounts>) {
         self.first_byte();
+        self.status = Some(status);
+        if let Some(tokens) = usage.and_then(|u| u.prompt_tokens) {
+            self.input_tokens = u64::from(tokens);
+        }
         if let Some(tokens) = usage.and_then(|u| u.completion_tokens) {
             // The backend's count replaces the estimate, in the totals too.
             let counted = self
@@ -313,9 +454,28 @@ impl TrackedRequest {
         }
     }
 
-    /// The relay answered with an error instead of the backend.
-    pub fn fail(&mut self) {
+    /// The relay answered with an error of `status` instead of the backend (mid-stream: an
+    /// error event; the request counts under the error's status, not the stream's 200).
+    pub fn fail(&mut self, status: u16) {
         self.failed = true;
+        self.status = Some(status);
+    }
+
+    /// The HTTP status the client got: the answer's or the relay's error's; for a stream the
+    /// client left, the 200 its headers carried (a client that reads a stream to its end
+    /// often closes before the relay sees the worker's `response_complete`); 499 if the client
+    /// left before any byte.
+    fn status(&self) -> u16 {
+        match (self.status, self.record.ttft()) {
+            (Some(status), _) => status,
+            (None, Some(_)) => STREAM_STATUS,
+            (None, None) => CLIENT_CLOSED_STATUS,
+        }
+    }
+
+    /// The telemetry it reports to.
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
     }
 
     fn first_byte(&self) {
@@ -331,7 +491,23 @@ impl TrackedRequest {
 impl Drop for TrackedRequest {
     fn drop(&mut self) {
         let telemetry = &self.telemetry;
-        locked(&telemetry.requests).remove(&self.request);
+        let record = &self.record;
+        let ttft = record.ttft().filter(|_| record.streaming);
+        let outcome = Outcome {
+            model: Some(&record.model),
+            key: &record.key,
+            status: self.status(),
+            tokens: Tokens {
+                input: self.input_tokens,
+                output: record.tokens(),
+            },
+            ttft,
+            duration: Some(record.arrived.elapsed()),
+        };
+        let mut requests = locked(&telemetry.requests);
+        requests.live.remove(&self.request);
+        requests.ended.record(outcome);
+        drop(requests);
         telemetry.totals.requests.fetch_add(1, Ordering::Relaxed);
         if self.failed {
             telemetry.totals.errors.fetch_add(1, Ordering::Relaxed);
@@ -361,6 +537,8 @@ fn count_data_lines(bytes: &[u8]) -> u64 {
 mod tests {
     use super::*;
 
+    const ANONYMOUS: Cow<'static, str> = Cow::Borrowed(ANONYMOUS_KEY);
+
     #[test]
     fn data_lines_are_counted_and_done_is_not() {
         let chunk = b"data: {\"a\":1}\n\ndata: {\"a\":2}\n\nevent: x\ndata:{}\n\ndata: [DONE]\n\n";
@@ -373,7 +551,7 @@ mod tests {
     fn a_request_is_listed_until_its_handle_drops_then_counted() {
         let telemetry = Arc::new(Telemetry::default());
         let before = telemetry.version();
-        let mut tracked = telemetry.begin(7, "m", true);
+        let mut tracked = telemetry.begin(7, "m", true, ANONYMOUS);
         assert!(telemetry.version() > before);
         assert_eq!(telemetry.requests().len(), 1);
         assert!(telemetry.requests()[0].1.ttft().is_none());
@@ -408,7 +586,7 @@ mod tests {
     #[test]
     fn a_backend_count_below_the_estimate_corrects_the_totals_down() {
         let telemetry = Arc::new(Telemetry::default());
-        let mut tracked = telemetry.begin(1, "m", true);
+        let mut tracked = telemetry.begin(1, "m", true, ANONYMOUS);
         tracked.chunk(b"data: {}\n\ndata: {}\n\ndata: {}\n\n");
         tracked.complete(
             200,
@@ -424,20 +602,99 @@ mod tests {
     #[test]
     fn failures_and_error_statuses_count_as_errors() {
         let telemetry = Arc::new(Telemetry::default());
-        telemetry.begin(1, "m", false).fail();
-        telemetry.begin(2, "m", false).complete(502, None);
-        telemetry.begin(3, "m", false).complete(200, None);
+        telemetry.begin(1, "m", false, ANONYMOUS).fail(502);
+        telemetry
+            .begin(2, "m", false, ANONYMOUS)
+            .complete(502, None);
+        telemetry
+            .begin(3, "m", false, ANONYMOUS)
+            .complete(200, None);
         assert_eq!(telemetry.totals().errors, 2);
         assert_eq!(telemetry.totals().requests, 3);
     }
 
     #[test]
+    fn ended_requests_count_in_the_ledger_under_the_status_the_client_got() {
+        let telemetry = Arc::new(Telemetry::default());
+        let mut answered = telemetry.begin(1, "m", true, ANONYMOUS);
+        answered.chunk(b"data: {}\n\n");
+        answered.complete(
+            200,
+            Some(&TokenCounts {
+                prompt_tokens: Some(7),
+                completion_tokens: Some(3),
+                ..TokenCounts::default()
+            }),
+        );
+        drop(answered);
+        let mut cut = telemetry.begin(2, "m", true, ANONYMOUS);
+        cut.chunk(b"data: {}\n\n");
+        cut.fail(502);
+        drop(cut);
+        drop(telemetry.begin(3, "m", false, Cow::Owned("key-1".to_string())));
+        let left = telemetry.begin(4, "m", true, ANONYMOUS);
+        left.chunk(b"data: {}\n\n");
+        drop(left);
+        telemetry.refused(None, ANONYMOUS_KEY, 404);
+        let ledger = telemetry.ledger();
+        assert_eq!(
+            ledger.requests(),
+            vec![
+                ("m", "anonymous", 200, 2),
+                ("m", "anonymous", 502, 1),
+                ("m", "key-1", CLIENT_CLOSED_STATUS, 1),
+                (OTHER, "anonymous", 404, 1),
+            ]
+        );
+        assert_eq!(
+            ledger.tokens()[0],
+            (
+                "m",
+                "anonymous",
+                Tokens {
+                    input: 7,
+                    output: 5
+                }
+            ),
+            "the backend's count for one, the streams' events for the others"
+        );
+        let latency = ledger.latency();
+        assert_eq!(latency[0].1.ttft.count(), 3, "only streams have a TTFT");
+        assert_eq!(
+            latency[0].1.duration.count(),
+            4,
+            "refusals have no duration"
+        );
+        assert_eq!(telemetry.in_flight(), 0);
+    }
+
+    #[test]
+    fn counters_count_requeues_cancels_by_reason_and_worker_events() {
+        let telemetry = Telemetry::default();
+        telemetry.requeued();
+        telemetry.cancelled(CancelReason::Timeout);
+        telemetry.cancelled(CancelReason::Timeout);
+        telemetry.worker_auth_failed();
+        telemetry.worker_joined("w-1", "127.0.0.1".parse().unwrap());
+        let counters = telemetry.counters();
+        assert_eq!(counters.requeues, 1);
+        let timeout = CANCEL_REASONS
+            .iter()
+            .position(|r| *r == CancelReason::Timeout)
+            .unwrap();
+        assert_eq!(counters.cancels[timeout], 2);
+        assert_eq!(counters.cancels.iter().sum::<u64>(), 2);
+        assert_eq!(counters.worker_auth_failures, 1);
+        assert_eq!(counters.worker_registrations, 1);
+    }
+
+    #[test]
     fn series_points_are_per_second_differences_and_bounded() {
         let telemetry = Arc::new(Telemetry::default());
-        telemetry.begin(1, "m", false);
+        telemetry.begin(1, "m", false, ANONYMOUS);
         telemetry.sample(100, 3);
-        telemetry.begin(2, "m", false);
-        telemetry.begin(3, "m", false);
+        telemetry.begin(2, "m", false, ANONYMOUS);
+        telemetry.begin(3, "m", false, ANONYMOUS);
         telemetry.sample(101, 0);
         let series = telemetry.series();
         assert_eq!(series.unix_secs, vec![100, 101]);

@@ -15,6 +15,7 @@
 mod models;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -199,7 +200,7 @@ impl Upstreams {
                 "model {} is served by upstream {}, an Anthropic API, which has no {}",
                 request.model, upstream.name, request.endpoint_path
             );
-            tracked.fail();
+            tracked.fail(StatusCode::BAD_REQUEST.as_u16());
             return ApiError::new(StatusCode::BAD_REQUEST, "unsupported_route", message)
                 .into_response(dialect);
         }
@@ -232,7 +233,7 @@ impl Upstreams {
         };
         let deadline = Instant::now() + self.request_timeout;
         Waiter::new(
-            CancelGuard::task(task.abort_handle()),
+            CancelGuard::task(task.abort_handle(), Arc::clone(tracked.telemetry())),
             source,
             deadline,
             None,

@@ -12,6 +12,7 @@ mod bad_input;
 mod control;
 mod dispatch;
 mod lifecycle;
+mod metrics;
 mod registration;
 mod responses_api;
 mod streaming;
