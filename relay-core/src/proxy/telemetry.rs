@@ -246,6 +246,7 @@ impl Telemetry {
             failed: false,
             status: None,
             input_tokens: 0,
+            delivered: false,
         }
     }
 
@@ -405,6 +406,8 @@ pub struct TrackedRequest {
     status: Option<u16>,
     /// Prompt tokens, from the backend's usage.
     input_tokens: u64,
+    /// The stream's `data: [DONE]` went out: the client has the whole answer.
+    delivered: bool,
 }
 
 /// The status a request counts under when its client went away before the answer started:
@@ -418,9 +421,10 @@ impl TrackedRequest {
     /// Bytes of the answer are about to reach the client; SSE `data:` lines count as tokens
     /// until the backend's own count arrives at the end. They count in the totals at once, so
     /// the tokens/s chart moves while a long answer streams, not in one jump at its end.
-    pub fn chunk(&self, bytes: &[u8]) {
+    pub fn chunk(&mut self, bytes: &[u8]) {
         self.first_byte();
-        let events = count_data_lines(bytes);
+        let (events, done) = count_data_lines(bytes);
+        self.delivered |= done;
         if events > 0 {
             self.record.tokens.fetch_add(events, Ordering::Relaxed);
             self.telemetry
@@ -473,6 +477,11 @@ impl TrackedRequest {
         }
     }
 
+    /// Whether the stream's `data: [DONE]` went out to the client (OpenAI streams end with it).
+    pub fn delivered(&self) -> bool {
+        self.delivered
+    }
+
     /// The telemetry it reports to.
     pub fn telemetry(&self) -> &Arc<Telemetry> {
         &self.telemetry
@@ -517,20 +526,22 @@ impl Drop for TrackedRequest {
 }
 
 /// SSE events in `bytes` that carry data (a chat stream sends about one per token), not counting
-/// the `[DONE]` terminator.
-fn count_data_lines(bytes: &[u8]) -> u64 {
+/// the `[DONE]` terminator; and whether that terminator is among them (found in the same pass).
+fn count_data_lines(bytes: &[u8]) -> (u64, bool) {
     let mut count = 0;
+    let mut done = false;
     let mut at_line_start = true;
     for (i, byte) in bytes.iter().enumerate() {
-        if at_line_start
-            && bytes[i..].starts_with(b"data:")
-            && !bytes[i + 5..].trim_ascii_start().starts_with(b"[DONE]")
-        {
-            count += 1;
+        if at_line_start && bytes[i..].starts_with(b"data:") {
+            if bytes[i + 5..].trim_ascii_start().starts_with(b"[DONE]") {
+                done = true;
+            } else {
+                count += 1;
+            }
         }
         at_line_start = *byte == b'\n';
     }
-    count
+    (count, done)
 }
 
 #[cfg(test)]
@@ -542,9 +553,13 @@ mod tests {
     #[test]
     fn data_lines_are_counted_and_done_is_not() {
         let chunk = b"data: {\"a\":1}\n\ndata: {\"a\":2}\n\nevent: x\ndata:{}\n\ndata: [DONE]\n\n";
-        assert_eq!(count_data_lines(chunk), 3);
-        assert_eq!(count_data_lines(b": keep-alive\n\n"), 0);
-        assert_eq!(count_data_lines(b"xdata: no\n"), 0);
+        assert_eq!(count_data_lines(chunk), (3, true));
+        assert_eq!(count_data_lines(b": keep-alive\n\n"), (0, false));
+        assert_eq!(count_data_lines(b"xdata: no\n"), (0, false));
+        assert_eq!(
+            count_data_lines(b"data: {\"a\":\"[DONE]\"}\n\n"),
+            (1, false)
+        );
     }
 
     #[test]
@@ -552,10 +567,14 @@ mod tests {
         let telemetry = Arc::new(Telemetry::default());
         let before = telemetry.version();
         let mut tracked = telemetry.begin(7, "m", true, ANONYMOUS);
+        assert!(!tracked.delivered());
         assert!(telemetry.version() > before);
         assert_eq!(telemetry.requests().len(), 1);
         assert!(telemetry.requests()[0].1.ttft().is_none());
         tracked.chunk(b"data: {}\n\ndata: {}\n\n");
+        assert!(!tracked.delivered());
+        tracked.chunk(b"data: [DONE]\n\n");
+        assert!(tracked.delivered(), "the client has the whole stream");
         let record = Arc::clone(&telemetry.requests()[0].1);
         assert!(record.ttft().is_some());
         assert_eq!(record.tokens(), 2);
@@ -632,7 +651,7 @@ mod tests {
         cut.fail(502);
         drop(cut);
         drop(telemetry.begin(3, "m", false, Cow::Owned("key-1".to_string())));
-        let left = telemetry.begin(4, "m", true, ANONYMOUS);
+        let mut left = telemetry.begin(4, "m", true, ANONYMOUS);
         left.chunk(b"data: {}\n\n");
         drop(left);
         telemetry.refused(None, ANONYMOUS_KEY, 404);

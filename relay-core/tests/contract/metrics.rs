@@ -512,3 +512,117 @@ async fn model_labels_stay_bounded_however_many_names_an_upstream_accepts() {
     assert_eq!(histograms.len(), MAX_MODEL_LABELS + 1);
     proxy.shutdown().await;
 }
+
+/// A streaming request for [`MODEL`] from a raw client, and the worker's view of it.
+async fn raw_stream(
+    proxy: &relay_core::proxy::RunningProxy,
+    worker: &mut ScriptedWorker,
+) -> (RawHttpClient, String) {
+    let body = json!({"model": MODEL, "stream": true, "messages": []});
+    let client = RawHttpClient::post(proxy.addr, "/v1/chat/completions", &body).await;
+    (client, worker.next_request().await.request_id)
+}
+
+#[tokio::test]
+async fn a_client_hanging_up_at_done_is_counted_with_the_backends_usage_and_not_cancelled() {
+    let proxy = start_proxy(test_config()).await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "gpu-1", &[MODEL], 2).await;
+
+    // A client leaving mid-stream is noticed and cancelled at once, as always.
+    let (mut client, id) = raw_stream(&proxy, &mut worker).await;
+    worker.chunk(&id, "data: {\"n\":1}\n\n").await;
+    client.read_until("data: {\"n\":1}").await;
+    drop(client);
+    let cancel = worker.next_cancel().await;
+    assert_eq!(cancel.request_id, id);
+    worker.fail(Some(&id), "cancelled").await;
+
+    // One leaving right after `data: [DONE]`, as the OpenAI SDK does, has the whole answer:
+    // the worker's report, which follows, ends the request instead of a cancel.
+    let (mut client, id) = raw_stream(&proxy, &mut worker).await;
+    worker
+        .chunk(
+            &id,
+            "data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n",
+        )
+        .await;
+    client.read_until("data: [DONE]").await;
+    drop(client);
+    worker
+        .assert_nothing_for(
+            std::time::Duration::from_millis(300),
+            "no cancel for an answer the client has whole",
+        )
+        .await;
+    worker
+        .send(&WorkerToServer::ResponseComplete(ResponseCompleteMessage {
+            request_id: id,
+            status_code: 200,
+            headers: [("content-type".to_string(), "text/event-stream".to_string())].into(),
+            body: None,
+            token_counts: Some(TokenCounts {
+                prompt_tokens: Some(9),
+                completion_tokens: Some(4),
+                total_tokens: Some(13),
+            }),
+        }))
+        .await;
+    wait_until("both requests ended", || proxy.hub.tracked_requests() == 0).await;
+    wait_until("both requests counted", || {
+        proxy.hub.telemetry().in_flight() == 0
+    })
+    .await;
+
+    let samples = samples(&proxy.url()).await;
+    let per_key = [("model", MODEL), ("key", "anonymous")];
+    assert_eq!(
+        value(&samples, "modelrelay_input_tokens_total", &per_key),
+        Some(9.0),
+        "the backend's report, received after the client left"
+    );
+    assert_eq!(
+        value(&samples, "modelrelay_output_tokens_total", &per_key),
+        Some(4.0 + 1.0),
+        "4 reported for the whole stream, 1 streamed event for the one cut short"
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "modelrelay_requests_total",
+            &[("model", MODEL), ("key", "anonymous"), ("status", "200")]
+        ),
+        Some(2.0),
+        "both streams went out with a 200"
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "modelrelay_cancels_total",
+            &[("reason", "client_disconnect")]
+        ),
+        Some(1.0),
+        "only the stream cut short"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_worker_that_never_reports_after_done_gets_its_cancel_after_the_wait() {
+    let proxy = start_proxy(test_config()).await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "gpu-1", &[MODEL], 1).await;
+    let (mut client, id) = raw_stream(&proxy, &mut worker).await;
+    worker
+        .chunk(&id, "data: {\"n\":1}\n\ndata: [DONE]\n\n")
+        .await;
+    client.read_until("data: [DONE]").await;
+    let left = std::time::Instant::now();
+    drop(client);
+    let cancel = worker.next_cancel().await;
+    assert_eq!(cancel.request_id, id);
+    assert!(
+        left.elapsed() >= std::time::Duration::from_millis(1500),
+        "the cancel waits for the report a while ({:?})",
+        left.elapsed()
+    );
+    proxy.shutdown().await;
+}

@@ -75,13 +75,21 @@ def test_counters_move_with_real_traffic_through_a_worker(relay):
     ) as client:
         for _ in range(whole):
             client.chat.completions.create(model=CHAT_MODEL, messages=MESSAGES)
-    # Streams read to the end of the body, as curl does: the SDK hangs up at `[DONE]`, often
-    # before the worker's final usage report reaches the relay, which then counts its estimate.
-    for _ in range(streams):
-        body = {"model": CHAT_MODEL, "messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}}
-        status, _, text = request(relay, "/v1/chat/completions", body=json.dumps(body).encode())
-        assert status == 200, text
-        assert text.rstrip().endswith("data: [DONE]"), text
+        # The SDK hangs up at `data: [DONE]`, usually before the worker's final report (with
+        # the backend's usage) reaches the relay, which waits a moment for it.
+        for _ in range(streams):
+            chunks = list(
+                client.chat.completions.create(
+                    model=CHAT_MODEL, messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+                )
+            )
+            assert chunks[-1].usage.completion_tokens == COMPLETION_TOKENS
+    # And a stream read to the end of its body, as curl reads it.
+    body = {"model": CHAT_MODEL, "messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}}
+    status, _, text = request(relay, "/v1/chat/completions", body=json.dumps(body).encode())
+    assert status == 200, text
+    assert text.rstrip().endswith("data: [DONE]"), text
+    streams += 1
     # A worker presenting a wrong secret.
     status, _, body = request(relay, "/v1/worker/connect", {"X-Worker-Secret": "not-the-secret"})
     assert status == 401, body
@@ -106,6 +114,9 @@ def test_counters_move_with_real_traffic_through_a_worker(relay):
     assert moved(before, after, "modelrelay_request_duration_seconds_bucket", le="+Inf", **model) == total
     assert moved(before, after, "modelrelay_request_duration_seconds_sum", **model) > 0
     assert moved(before, after, "modelrelay_auth_failures_total", kind="worker") == 1
+    assert moved(before, after, "modelrelay_cancels_total", reason="client_disconnect") == 0, (
+        "a client hanging up at [DONE] has the whole answer: nothing to cancel"
+    )
     assert value(after, "modelrelay_workers_connected", provider="local") == 1
     assert value(after, "modelrelay_requests_in_flight") == 0
     assert value(after, "modelrelay_queue_depth", provider="local") == 0
