@@ -440,20 +440,34 @@ mod tests {
     #[test]
     fn a_rebinding_host_is_refused_on_every_route_of_a_loopback_listener() {
         let g = guard(true);
-        for path in ["/api/join-code", "/v1/chat/completions", "/", "/health"] {
+        for path in [
+            "/api/join-code",
+            "/v1/chat/completions",
+            "/",
+            "/health",
+            "/metrics",
+        ] {
             let verdict = check(&g, &request("GET", path, &[("host", "evil.example:8080")]));
             assert_eq!(refusal_code(verdict), Some(StatusCode::FORBIDDEN), "{path}");
         }
     }
 
     #[test]
-    fn beyond_loopback_an_unknown_host_may_use_v1_but_not_the_control_plane() {
+    fn beyond_loopback_an_unknown_host_may_use_v1_and_metrics_but_not_the_control_plane() {
         let g = guard(false);
         let v1 = check(
             &g,
             &request("POST", "/v1/chat/completions", &[("host", "ai.lan")]),
         );
         assert!(v1.is_ok());
+        let scrape = check(
+            &g,
+            &request("GET", "/metrics", &[("host", "relay.internal")]),
+        );
+        assert!(
+            scrape.is_ok(),
+            "a scraper may use any name; /metrics has its token rule"
+        );
         let api = check(&g, &request("GET", "/api/status", &[("host", "ai.lan")]));
         assert_eq!(refusal_code(api), Some(StatusCode::FORBIDDEN));
     }
