@@ -372,6 +372,16 @@ mod tests {
     }
 
     #[test]
+    fn metrics_public_is_a_switch_that_also_takes_a_value() {
+        let parse = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["modelrelay"], args].concat()).unwrap();
+            cli.overrides().metrics_public
+        };
+        assert_eq!(parse(&["serve", "--metrics-public"]), Some(true));
+        assert_eq!(parse(&["--metrics-public", "false"]), Some(false));
+    }
+
+    #[test]
     fn flags_work_before_and_after_the_command() {
         let cli = Cli::try_parse_from([
             "modelrelay",
