@@ -58,6 +58,7 @@ impl Cli {
             database_url: p.database_url.clone(),
             allowed_hosts: p.allowed_hosts.clone(),
             cors_origins: p.cors_origins.clone(),
+            metrics_public: p.metrics_public,
             tls_cert: p.tls_cert.clone(),
             tls_key: p.tls_key.clone(),
             tls: p.tls,
@@ -210,6 +211,19 @@ pub struct ProxyArgs {
         value_delimiter = ','
     )]
     pub cors_origins: Option<Vec<String>>,
+
+    /// Serve /metrics (Prometheus) without the admin token even where the control API needs it
+    /// (a configured token, or a listener beyond loopback) [default: false]. On loopback with
+    /// no configured token it is open either way, like the dashboard.
+    #[arg(
+        long,
+        env = "MODELRELAY_METRICS_PUBLIC",
+        global = true,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub metrics_public: Option<bool>,
 
     /// Serve HTTPS with this PEM certificate (chain, leaf first); needs --tls-key. Workers pin
     /// its fingerprint, shown at start-up and carried in the join code.
@@ -368,12 +382,23 @@ mod tests {
             format!("[default: {}]", defaults::HEARTBEAT_INTERVAL.as_secs()),
             format!("[default: {}]", defaults::HEARTBEAT_TIMEOUT.as_secs()),
             format!("[default: {}]", defaults::DRAIN_TIMEOUT.as_secs()),
+            format!("[default: {}]", defaults::METRICS_PUBLIC),
             format!("[default: {}]", defaults::MAX_CONCURRENCY),
             format!("[default: {}]", defaults::PROXY_URL),
             format!("[default: {};", defaults::BACKEND_URL),
         ] {
             assert!(help.contains(&named), "the help does not say {named}");
         }
+    }
+
+    #[test]
+    fn metrics_public_is_a_switch_that_also_takes_a_value() {
+        let parse = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["modelrelay"], args].concat()).unwrap();
+            cli.overrides().metrics_public
+        };
+        assert_eq!(parse(&["serve", "--metrics-public"]), Some(true));
+        assert_eq!(parse(&["--metrics-public", "false"]), Some(false));
     }
 
     #[test]

@@ -243,6 +243,7 @@ fn help_mentions_every_documented_environment_variable() {
         "TLS_KEY",
         "MODELRELAY_TLS",
         "PROXY_FINGERPRINT",
+        "MODELRELAY_METRICS_PUBLIC",
     ]
     .into_iter()
     .filter(|name| !stdout.contains(name))

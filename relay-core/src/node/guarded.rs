@@ -1,7 +1,7 @@
 //! The settings whose change needs the admin token even on loopback: those that decide which
 //! programs the node runs (model-map launch fields), where it sends secrets and users' data
 //! (upstream URLs and key variables, the worker's proxy and backend, passing clients' keys on),
-//! and the protection itself (admin token, allowed hosts and origins, TLS).
+//! and the protection itself (admin token, allowed hosts and origins, TLS, a public `/metrics`).
 //!
 //! Everything else stays as open on loopback as the dashboard needs. The rule compares the file
 //! before and after a save, so it holds whichever way the change arrives (form, whole file,
@@ -15,6 +15,7 @@ const GUARDED: &[&str] = &[
     "proxy.admin_token",
     "proxy.allowed_hosts",
     "proxy.cors_origins",
+    "proxy.metrics_public",
     "proxy.tls",
     "proxy.tls_cert",
     "proxy.tls_key",
@@ -138,13 +139,14 @@ mod tests {
 
     #[test]
     fn the_worker_destination_and_the_protection_itself_are_guarded() {
-        let new = "[proxy]\nadmin_token = \"x\"\nallowed_hosts = [\"evil.example\"]\ncors_origins = [\"*\"]\n[worker]\nproxy_url = \"http://evil.example\"\nbackend_url = \"http://evil.example\"\n";
+        let new = "[proxy]\nadmin_token = \"x\"\nallowed_hosts = [\"evil.example\"]\ncors_origins = [\"*\"]\nmetrics_public = true\n[worker]\nproxy_url = \"http://evil.example\"\nbackend_url = \"http://evil.example\"\n";
         assert_eq!(
             changed("", new),
             [
                 "proxy.admin_token",
                 "proxy.allowed_hosts",
                 "proxy.cors_origins",
+                "proxy.metrics_public",
                 "worker.backend_url",
                 "worker.proxy_url"
             ]

@@ -197,22 +197,17 @@ impl Node {
                 TokenOrigin::Stored(crate::paths::admin_token_path(&dir));
         }
         let admin_token = proxy_config.admin_token.as_ref().map(|t| t.0.clone());
-        let access = AdminAccess::new(
-            proxy_config.admin_token.clone(),
-            proxy_config.admin_token_origin.clone(),
-            addr.ip().is_loopback(),
-        );
         let provider = proxy_config.providers[0].name.clone();
         let slot = api::NodeSlot::default();
-        let running = proxy::start_with(
-            proxy_config,
-            listener,
-            api::routes(slot.clone(), access.clone()),
-        )
+        let running = proxy::start_with(proxy_config, listener, |access| {
+            api::routes(slot.clone(), access.clone())
+        })
         .await
         .map_err(|e| AppError::ProxyStart {
             reason: e.to_string(),
         })?;
+        // The proxy's own rule: one token check, one failure count for every control route.
+        let access: AdminAccess = running.admin.clone();
         let node = Node {
             inner: Arc::new(Inner {
                 config_path,

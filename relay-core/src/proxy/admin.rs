@@ -152,7 +152,7 @@ async fn stats(State(state): State<AppState>) -> Response {
         "queues": status["queues"],
         "in_flight": status["in_flight"].as_array().map_or(0, Vec::len),
         "totals": status["totals"],
-        "client_auth_failures": telemetry.client_auth_failures(),
+        "client_auth_failures": telemetry.counters().client_auth_failures,
         "usage_records_dropped": state.usage.dropped(),
     }))
     .into_response()

@@ -7,6 +7,7 @@
 //! with no key, or with a credential that is not one of ours (a client configured for another
 //! provider), is served as anonymous; a key of ours still counts, so its usage and limits apply.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -29,8 +30,8 @@ use crate::store::ApiKey;
 pub struct ClientIdentity {
     /// The key it presented, when that is one of ours.
     pub key: Option<Arc<ApiKey>>,
-    /// The key's id, or `anonymous`: what usage and telemetry account it under.
-    pub account: Arc<str>,
+    /// The key's id, or `anonymous`: what usage and the metrics account it under.
+    pub account: Cow<'static, str>,
 }
 
 impl ClientIdentity {
@@ -38,7 +39,7 @@ impl ClientIdentity {
     pub fn anonymous() -> ClientIdentity {
         ClientIdentity {
             key: None,
-            account: Arc::from(ANONYMOUS),
+            account: Cow::Borrowed(ANONYMOUS),
         }
     }
 
@@ -89,7 +90,7 @@ pub async fn identify(State(state): State<AppState>, mut request: Request, next:
     }
     let identity = match key {
         Some(key) => ClientIdentity {
-            account: Arc::from(key.id.as_str()),
+            account: Cow::Owned(key.id.clone()),
             key: Some(key),
         },
         None if state.config.require_api_keys => {
@@ -291,7 +292,7 @@ mod tests {
     fn the_allow_list_names_what_the_key_may_use() {
         let identity = ClientIdentity {
             key: Some(Arc::new(key(None, None))),
-            account: Arc::from("key_1"),
+            account: Cow::Borrowed("key_1"),
         };
         assert!(identity.check_model("small").is_ok());
         let refused = identity.check_model("big").unwrap_err();

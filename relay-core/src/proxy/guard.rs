@@ -44,7 +44,8 @@ const API_CSP: &str = "default-src 'none'; frame-ancestors 'none'";
 enum Area {
     /// `/api/…`: the control plane.
     Control,
-    /// `/v1/…` and `/health`: clients and workers.
+    /// `/v1/…`, `/health` and `/metrics`: clients, workers and monitoring. A scraper may reach
+    /// the node by any DNS name, like a client; `/metrics` has its own token rule.
     Clients,
     /// Everything else: the web UI's page and files.
     Ui,
@@ -54,7 +55,11 @@ impl Area {
     fn of(path: &str) -> Area {
         if path == "/api" || path.starts_with("/api/") {
             Area::Control
-        } else if path.starts_with("/v1/") || path == "/v1" || path == "/health" {
+        } else if path.starts_with("/v1/")
+            || path == "/v1"
+            || path == "/health"
+            || path == "/metrics"
+        {
             Area::Clients
         } else {
             Area::Ui
@@ -435,20 +440,34 @@ mod tests {
     #[test]
     fn a_rebinding_host_is_refused_on_every_route_of_a_loopback_listener() {
         let g = guard(true);
-        for path in ["/api/join-code", "/v1/chat/completions", "/", "/health"] {
+        for path in [
+            "/api/join-code",
+            "/v1/chat/completions",
+            "/",
+            "/health",
+            "/metrics",
+        ] {
             let verdict = check(&g, &request("GET", path, &[("host", "evil.example:8080")]));
             assert_eq!(refusal_code(verdict), Some(StatusCode::FORBIDDEN), "{path}");
         }
     }
 
     #[test]
-    fn beyond_loopback_an_unknown_host_may_use_v1_but_not_the_control_plane() {
+    fn beyond_loopback_an_unknown_host_may_use_v1_and_metrics_but_not_the_control_plane() {
         let g = guard(false);
         let v1 = check(
             &g,
             &request("POST", "/v1/chat/completions", &[("host", "ai.lan")]),
         );
         assert!(v1.is_ok());
+        let scrape = check(
+            &g,
+            &request("GET", "/metrics", &[("host", "relay.internal")]),
+        );
+        assert!(
+            scrape.is_ok(),
+            "a scraper may use any name; /metrics has its token rule"
+        );
         let api = check(&g, &request("GET", "/api/status", &[("host", "ai.lan")]));
         assert_eq!(refusal_code(api), Some(StatusCode::FORBIDDEN));
     }

@@ -2,6 +2,7 @@
 //! and the worker WebSocket endpoint. Only `model` and `stream` are read from a request body; the
 //! rest travels to the worker untouched.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant as StdInstant};
@@ -25,7 +26,7 @@ use super::client_keys::{self, ClientIdentity};
 use super::hub::RequestSpec;
 use super::response::{AnswerObserver, AnswerSource, CancelGuard, Waiter};
 use super::responses_api;
-use super::scheduler::{RegisterError, Submitted};
+use super::scheduler::{RegisterError, SubmitError, Submitted};
 use super::upstream::UpstreamRequest;
 use super::worker_socket::serve_worker;
 use super::AppState;
@@ -84,6 +85,7 @@ pub fn client_routes() -> Router<AppState> {
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(super::metrics::scrape))
         .route("/", get(index_page))
         // The published runbook's addresses of the dashboard and the setup wizard: the same
         // page, which opens the route its path names.
@@ -277,37 +279,41 @@ async fn relay(
     body: Body,
 ) -> Response {
     let dialect = Dialect::for_path(uri.path());
+    let key = identity.account.clone();
+    // Answers the relay gives before a worker or upstream takes the request: counted in the
+    // metrics under `other` (the model is not routed, or not yet known).
+    let turn_away = |error: ApiError| refuse(&state, None, &key, error, dialect);
     if !state.hub.is_serving() {
-        return proxy_role_off().into_response(dialect);
+        return turn_away(proxy_role_off());
     }
     // A key's limits are checked before its body is read: a refused request costs nothing.
     let permit = match identity.key.as_ref().map(|key| state.key_limits.admit(key)) {
         Some(Ok(permit)) => Some(permit),
-        Some(Err(error)) => return error.into_response(dialect),
+        Some(Err(error)) => return turn_away(error),
         None => None,
     };
     // Held until the answer starts: the body stays in memory while the request is read,
     // queued and dispatched (a worker death before the first byte requeues it).
     let mut held = match reserve_body_bytes(&state, &headers) {
         Ok(held) => held,
-        Err(error) => return error.into_response(dialect),
+        Err(error) => return turn_away(error),
     };
     let reading = read_request(body, &headers, state.config.max_body_bytes);
     let (model, body, is_streaming) =
         match tokio::time::timeout(state.config.body_read_timeout, reading).await {
             Ok(Ok(parts)) => parts,
-            Ok(Err(error)) => return error.into_response(dialect),
-            Err(_) => return body_too_slow(state.config.body_read_timeout).into_response(dialect),
+            Ok(Err(error)) => return turn_away(error),
+            Err(_) => return turn_away(body_too_slow(state.config.body_read_timeout)),
         };
     // Keep only what the body takes.
     let _ = held.split(held.num_permits().saturating_sub(body.len()));
     let mut head = RequestHead::new(uri, headers);
     let (model, body) = match apply_aliases(&state, model, body) {
         Ok(parts) => parts,
-        Err(error) => return error.into_response(dialect),
+        Err(error) => return turn_away(error),
     };
     if let Err(error) = identity.check_model(&model) {
-        return error.into_response(dialect);
+        return turn_away(error);
     }
     if identity.key.is_some() {
         // The relay's own key: it opens this relay, not the backends behind it.
@@ -332,7 +338,7 @@ async fn relay(
                     .map(|r| Box::new(r) as Box<dyn AnswerObserver>),
                 prepared.continues,
             ),
-            Err(error) => return error.into_response(dialect),
+            Err(error) => return turn_away(error),
         }
     } else {
         (body, None, None)
@@ -344,7 +350,7 @@ async fn relay(
         body,
         is_streaming,
         observer,
-        &identity.account,
+        key.clone(),
     )
     .await;
     drop(held);
@@ -360,6 +366,22 @@ async fn relay(
     }
 }
 
+/// Answers `error` for a request no worker or upstream took, counting it for the metrics under
+/// `model` (`None`: `other`, for names the proxy does not route).
+fn refuse(
+    state: &AppState,
+    model: Option<&str>,
+    key: &str,
+    error: ApiError,
+    dialect: Dialect,
+) -> Response {
+    state
+        .hub
+        .telemetry()
+        .refused(model, key, error.status.as_u16());
+    error.into_response(dialect)
+}
+
 /// Hands a prepared request to the workers, or to an upstream when they refuse it, and waits
 /// for the answer.
 async fn dispatch(
@@ -369,7 +391,7 @@ async fn dispatch(
     body: String,
     is_streaming: bool,
     observer: Option<Box<dyn AnswerObserver>>,
-    account: &std::sync::Arc<str>,
+    key: Cow<'static, str>,
 ) -> Response {
     let RequestHead {
         dialect,
@@ -381,7 +403,7 @@ async fn dispatch(
     // worker would drop its whole connection: refuse it here, precisely.
     let framed = json_string_len(&body) + FRAME_OVERHEAD_BYTES;
     if framed > state.config.worker_frame_limit {
-        return ApiError::new(
+        let error = ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "request_too_large",
             format!(
@@ -390,8 +412,8 @@ async fn dispatch(
                  backslashes and control characters count double or more)",
                 state.config.worker_frame_limit
             ),
-        )
-        .into_response(dialect);
+        );
+        return refuse(state, None, &key, error, dialect);
     }
     // The hub consumes the request; a copy is kept only when an upstream may take it instead.
     let spare = (!state.upstreams.is_empty()).then(|| UpstreamRequest {
@@ -406,7 +428,7 @@ async fn dispatch(
     if let Some(request) = spare.as_ref().filter(|r| !state.hub.serves(&r.model)) {
         if let Some(upstream) = state.upstreams.for_unclaimed(&request.model) {
             let request = spare.expect("checked above");
-            return serve_upstream(state, upstream, request, dialect, observer, account).await;
+            return serve_upstream(state, upstream, request, dialect, observer, key).await;
         }
     }
     let model_name = model.clone();
@@ -425,9 +447,14 @@ async fn dispatch(
                 .and_then(|r| state.upstreams.for_refusal(&r.model, &refused.reason));
             return match (upstream, spare) {
                 (Some(upstream), Some(request)) => {
-                    serve_upstream(state, upstream, request, dialect, observer, account).await
+                    serve_upstream(state, upstream, request, dialect, observer, key).await
                 }
-                _ => refused.error.into_response(dialect),
+                _ => {
+                    // A name nobody serves is the client's invention: it gets no label.
+                    let known = !matches!(refused.reason, SubmitError::UnknownModel);
+                    let model = known.then_some(model_name.as_str());
+                    refuse(state, model, &key, refused.error, dialect)
+                }
             };
         }
     };
@@ -436,11 +463,10 @@ async fn dispatch(
         Submitted::Dispatched { .. } => None,
     };
     let guard = CancelGuard::new(state.hub.clone(), accepted.request);
-    let tracked =
-        state
-            .hub
-            .telemetry()
-            .begin(accepted.request, &model_name, is_streaming, None, account);
+    let tracked = state
+        .hub
+        .telemetry()
+        .begin(accepted.request, &model_name, is_streaming, key);
     Waiter::new(
         guard,
         AnswerSource::Hub {
@@ -464,14 +490,12 @@ async fn serve_upstream(
     request: UpstreamRequest,
     dialect: Dialect,
     observer: Option<Box<dyn AnswerObserver>>,
-    account: &std::sync::Arc<str>,
+    key: Cow<'static, str>,
 ) -> Response {
-    let tracked = state.hub.track_upstream(
-        &request.model,
-        request.is_streaming,
-        &upstream.name,
-        account,
-    );
+    let tracked =
+        state
+            .hub
+            .track_upstream(&request.model, request.is_streaming, &upstream.name, key);
     // Boxed: inline, this path's state would enlarge every request's future, including the
     // many that only wait in the queue.
     Box::pin(
@@ -706,6 +730,7 @@ async fn worker_connect(
         .is_some_and(|secret| !expected.is_empty() && secrets_match(secret, expected));
     if !authorized {
         state.limiter.record_failure(peer.ip(), now);
+        state.hub.telemetry().worker_auth_failed();
         tracing::warn!(peer = %peer.ip(), provider, "worker authentication failed");
         let message = if presented.is_none() {
             "missing worker secret: send it in the X-Worker-Secret header"

@@ -3,6 +3,7 @@
 //! and it carries out the scheduler's [`Action`]s. Nothing here waits on I/O while holding the
 //! lock: sends go into unbounded channels that the socket tasks drain.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -300,24 +301,28 @@ impl Hub {
     }
 
     /// Starts tracking a request that an upstream serves instead of a worker, so the dashboard
-    /// counts it like any other (its id comes from the same sequence).
+    /// and the metrics count it like any other (its id comes from the same sequence).
     pub fn track_upstream(
         &self,
         model: &str,
         streaming: bool,
         upstream: &str,
-        key: &Arc<str>,
+        key: Cow<'static, str>,
     ) -> TrackedRequest {
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
         self.telemetry
-            .begin(request, model, streaming, Some(upstream), key)
+            .begin_via(request, model, streaming, Some(upstream), key)
     }
 
     /// The client is gone or timed out: unqueue the request, or tell its worker to stop and hold
     /// the worker's slot until it confirms or the grace period ends.
     pub fn cancel(self: &Arc<Self>, request: RequestId, reason: CancelReason) {
         let mut inner = self.lock();
-        match inner.scheduler.cancel(request) {
+        let outcome = inner.scheduler.cancel(request);
+        if outcome != CancelOutcome::Nothing {
+            self.telemetry.cancelled(reason);
+        }
+        match outcome {
             CancelOutcome::RemovedFromQueue => {
                 inner.pending.remove(&request);
                 tracing::info!(request = %request_wire_id(request), reason = reason.as_str(), "queued request cancelled");
@@ -666,6 +671,7 @@ impl Inner {
                     queue_deadline,
                 } => {
                     tracing::info!(request = %request_wire_id(request), "request requeued");
+                    self.telemetry.requeued();
                     if let Some(pending) = self.pending.get(&request) {
                         let _ = pending
                             .events

@@ -12,6 +12,7 @@ pub mod control;
 pub mod guard;
 pub mod http;
 pub mod hub;
+pub mod metrics;
 mod passthrough;
 pub mod response;
 pub mod responses_api;
@@ -105,6 +106,9 @@ pub struct ProxyConfig {
     pub allowed_hosts: Vec<String>,
     /// Web origins allowed to call `/v1` cross-origin (`cors_origins`).
     pub cors_origins: Vec<String>,
+    /// `/metrics` without the admin token even where the control API needs it
+    /// (`metrics_public`).
+    pub metrics_public: bool,
     /// The certificate to serve HTTPS with; plain HTTP when `None`.
     pub tls: Option<crate::tls::ServerTls>,
     /// Inference requests need a client API key (`require_api_keys`).
@@ -150,6 +154,7 @@ impl ProxyConfig {
             admin_token_origin: TokenOrigin::Configured,
             allowed_hosts: Vec::new(),
             cors_origins: Vec::new(),
+            metrics_public: defaults::METRICS_PUBLIC,
             tls: None,
             require_api_keys: false,
             database: DatabaseSetting::Memory,
@@ -197,6 +202,7 @@ impl ProxyConfig {
                     DatabaseSetting::Sqlite(crate::paths::database_path(&crate::paths::data_dir()))
                 }
             },
+            metrics_public: settings.metrics_public,
             ..ProxyConfig::with_secret(String::new())
         }
     }
@@ -257,6 +263,8 @@ pub struct RunningProxy {
     /// The model aliases in force: replace them to change `[proxy.aliases]` live.
     pub aliases: Arc<LiveAliases>,
     usage: UsageLog,
+    /// Who may use the control API (and `/metrics`).
+    pub admin: AdminAccess,
     drain_timeout: Duration,
     stop: oneshot::Sender<()>,
     task: JoinHandle<std::io::Result<()>>,
@@ -276,6 +284,8 @@ pub struct Built {
     pub aliases: Arc<LiveAliases>,
     /// Where finished requests are accounted (flushed on shutdown).
     pub usage: UsageLog,
+    /// Who may use the control API (and `/metrics`).
+    pub admin: AdminAccess,
 }
 
 /// Opens the database `config` names (creating and migrating it), its keys and its usage log.
@@ -301,11 +311,13 @@ async fn open_store(
 }
 
 /// Builds the router for `config` serving at `addr`, with `extra` routes (the node's settings
-/// and setup API) merged in; opens the proxy's database first.
+/// and setup API) merged in; opens the proxy's database first. `extra` is given the proxy's
+/// access rule, so the node's routes guard with the same one (and their token refusals count in
+/// the same `/metrics` counter).
 pub async fn router(
     config: ProxyConfig,
     addr: SocketAddr,
-    extra: axum::Router,
+    extra: impl FnOnce(&AdminAccess) -> axum::Router,
 ) -> std::io::Result<Built> {
     let (keys, usage, shared_responses) = open_store(&config).await?;
     let scheduler = Scheduler::new(
@@ -386,6 +398,7 @@ pub async fn router(
         usage: usage.clone(),
     };
     hub.telemetry().account_usage_in(usage.clone());
+    let extra = extra(&admin);
     let app = http::client_routes()
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -393,7 +406,7 @@ pub async fn router(
         ))
         .merge(http::routes())
         .merge(admin::admin_routes(state.clone()))
-        .merge(control::routes(admin))
+        .merge(control::routes(admin.clone()))
         .with_state(state)
         .merge(extra)
         .layer(axum::middleware::from_fn_with_state(site, guard::guard));
@@ -404,19 +417,20 @@ pub async fn router(
         closing,
         aliases,
         usage,
+        admin,
     })
 }
 
 /// Serves the proxy on `listener` until [`RunningProxy::shutdown`].
 pub async fn start(config: ProxyConfig, listener: TcpListener) -> std::io::Result<RunningProxy> {
-    start_with(config, listener, axum::Router::new()).await
+    start_with(config, listener, |_| axum::Router::new()).await
 }
 
-/// [`start`] with `extra` routes merged in.
+/// [`start`] with `extra` routes merged in (see [`router`]).
 pub async fn start_with(
     config: ProxyConfig,
     listener: TcpListener,
-    extra: axum::Router,
+    extra: impl FnOnce(&AdminAccess) -> axum::Router,
 ) -> std::io::Result<RunningProxy> {
     let addr = listener.local_addr()?;
     let drain_timeout = config.drain_timeout;
@@ -430,6 +444,7 @@ pub async fn start_with(
         closing,
         aliases,
         usage,
+        admin,
     } = router(config, addr, extra).await?;
     control::spawn_sampler(&hub);
     let (stop, stopped) = oneshot::channel::<()>();
@@ -444,6 +459,7 @@ pub async fn start_with(
         closing,
         aliases,
         usage,
+        admin,
         drain_timeout,
         stop,
         task,

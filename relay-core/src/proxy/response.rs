@@ -7,6 +7,7 @@
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
@@ -20,13 +21,29 @@ use tokio::time::{sleep_until, Instant, Sleep};
 
 use super::hub::{fail_error, Hub, ResponseEvent, WaitingBytes};
 use super::scheduler::{FailReason, RequestId};
-use super::telemetry::TrackedRequest;
+use super::telemetry::{Telemetry, TrackedRequest};
 use crate::backend::BackendEvent;
 use crate::dialect::{ApiError, Dialect};
 use crate::protocol::{CancelReason, ResponseCompleteMessage};
 
 /// Chunks already waiting are merged into one write up to this size.
 const COALESCE_LIMIT: usize = 64 * 1024;
+
+/// How long a stream whose `data: [DONE]` went out waits, once its client hung up, for the
+/// worker's `response_complete` (which follows at once) before cancelling as usual.
+const AFTER_DONE_WAIT: Duration = Duration::from_secs(2);
+
+/// A streaming waiter as its body holds it: dropping the body (the stream ended, or the client
+/// hung up) goes through [`Waiter::body_dropped`].
+struct Streaming(Option<Waiter>);
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        if let Some(waiter) = self.0.take() {
+            waiter.body_dropped();
+        }
+    }
+}
 
 /// Cancels its request when dropped while armed: the HTTP future or stream body is dropped
 /// exactly when the client disconnects, so this is where cancellation starts.
@@ -39,8 +56,9 @@ pub struct CancelGuard {
 enum CancelTarget {
     /// A request of the hub (queued, or on a worker).
     Hub { hub: Arc<Hub>, request: RequestId },
-    /// The task calling an upstream: aborting it closes the upstream connection.
-    Task(AbortHandle),
+    /// The task calling an upstream: aborting it closes the upstream connection. The hub
+    /// counts its own cancels; these are counted here.
+    Task(AbortHandle, Arc<Telemetry>),
 }
 
 impl CancelGuard {
@@ -52,10 +70,10 @@ impl CancelGuard {
         }
     }
 
-    /// Arms a guard that aborts `task`.
-    pub fn task(task: AbortHandle) -> Self {
+    /// Arms a guard that aborts `task`, counting the cancel in `telemetry`.
+    pub fn task(task: AbortHandle, telemetry: Arc<Telemetry>) -> Self {
         CancelGuard {
-            target: CancelTarget::Task(task),
+            target: CancelTarget::Task(task, telemetry),
             armed: true,
         }
     }
@@ -71,7 +89,10 @@ impl CancelGuard {
             self.armed = false;
             match &self.target {
                 CancelTarget::Hub { hub, request } => hub.cancel(*request, reason),
-                CancelTarget::Task(task) => task.abort(),
+                CancelTarget::Task(task, telemetry) => {
+                    task.abort();
+                    telemetry.cancelled(reason);
+                }
             }
         }
     }
@@ -81,7 +102,7 @@ impl CancelGuard {
     fn expire_queued(&mut self) -> Option<ApiError> {
         let expired = match &self.target {
             CancelTarget::Hub { hub, request } => hub.expire_queued(*request),
-            CancelTarget::Task(_) => None,
+            CancelTarget::Task(..) => None,
         };
         if expired.is_some() {
             self.disarm();
@@ -345,11 +366,12 @@ impl Waiter {
 
     fn stream(self, first: Bytes) -> Response {
         let body = futures_util::stream::unfold(
-            (self, Some(first), false),
-            |(mut waiter, first, done)| async move {
+            (Streaming(Some(self)), Some(first), false),
+            |(mut streaming, first, done)| async move {
                 if done {
                     return None;
                 }
+                let waiter = streaming.0.as_mut()?;
                 let (bytes, done) = match first {
                     Some(first) => (waiter.coalesce(first), false),
                     None => waiter.next_piece().await?,
@@ -357,13 +379,59 @@ impl Waiter {
                 if let Some(observer) = waiter.observer.as_mut() {
                     observer.chunk(&bytes);
                 }
-                if let Some(tracked) = waiter.tracked.as_ref() {
+                if let Some(tracked) = waiter.tracked.as_mut() {
                     tracked.chunk(&bytes);
                 }
-                Some((Ok::<_, Infallible>(bytes), (waiter, None, done)))
+                Some((Ok::<_, Infallible>(bytes), (streaming, None, done)))
             },
         );
         sse_response(Body::from_stream(body))
+    }
+
+    /// The stream's body was dropped: it ended, or its client hung up. A client that reads an
+    /// OpenAI stream to `data: [DONE]` often hangs up (the OpenAI SDK does) before the worker's
+    /// `response_complete` is read: then the answer is whole and the request as good as over,
+    /// so instead of a cancel it gets a moment for that report, which carries the backend's
+    /// status and usage for the metrics. Every other hang-up cancels at once, as before.
+    fn body_dropped(self) {
+        let delivered =
+            self.guard.armed && self.tracked.as_ref().is_some_and(TrackedRequest::delivered);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if delivered {
+            runtime.spawn(async move {
+                let mut waiter = self;
+                let _ = tokio::time::timeout(AFTER_DONE_WAIT, waiter.await_end()).await;
+                // Dropped here: a guard still armed (no report in time) cancels.
+            });
+        }
+    }
+
+    /// Waits for the end of an answer whose client left after the whole of it: the worker's
+    /// report ends it normally.
+    async fn await_end(&mut self) {
+        loop {
+            let event = match self.pending_terminal.take() {
+                Some(event) => Some(event),
+                None => self.events.recv().await,
+            };
+            match event {
+                Some(ResponseEvent::Chunk(_)) => continue,
+                Some(ResponseEvent::Complete(complete, worker)) => {
+                    self.guard.disarm();
+                    if let Some(tracked) = self.tracked.as_mut() {
+                        tracked.complete(
+                            complete.status_code,
+                            complete.token_counts.as_ref(),
+                            worker,
+                        );
+                    }
+                    return;
+                }
+                Some(ResponseEvent::Failed(_) | ResponseEvent::Requeued { .. }) | None => return,
+            }
+        }
     }
 
     /// Appends chunks that are already waiting, so a burst becomes one write.

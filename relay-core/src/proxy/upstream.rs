@@ -15,6 +15,7 @@
 mod models;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -239,7 +240,7 @@ impl Upstreams {
         };
         let deadline = Instant::now() + self.request_timeout;
         Waiter::new(
-            CancelGuard::task(task.abort_handle()),
+            CancelGuard::task(task.abort_handle(), Arc::clone(tracked.telemetry())),
             source,
             deadline,
             None,

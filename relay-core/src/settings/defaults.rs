@@ -47,6 +47,9 @@ pub const MAX_REQUEST_BYTES_IN_FLIGHT: usize = 1024 * 1024 * 1024;
 /// Worker connections a proxy accepts at once; beyond, a joining worker gets 503 and retries
 /// with its backoff. Above the 1,000 workers the bench connects.
 pub const MAX_WORKERS: usize = 4096;
+/// Whether `/metrics` answers without the admin token where the control API needs one: no, the
+/// counts name models, workers and client keys.
+pub const METRICS_PUBLIC: bool = false;
 /// Dashboards (`/api/events` live feeds) open at once; each costs a status snapshot a second.
 pub const MAX_EVENT_SUBSCRIBERS: usize = 64;
 

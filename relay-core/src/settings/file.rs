@@ -139,6 +139,8 @@ pub struct ProxyFile {
     /// `MODELRELAY_CORS_ORIGINS`: web origins allowed to call `/v1` from a browser.
     #[serde(default)]
     pub cors_origins: Vec<String>,
+    /// `MODELRELAY_METRICS_PUBLIC`: `/metrics` without the admin token.
+    pub metrics_public: Option<bool>,
     /// `[[proxy.upstreams]]`: HTTP APIs the proxy calls itself for models no worker serves.
     #[serde(default)]
     pub upstreams: Vec<UpstreamFile>,

@@ -27,6 +27,8 @@ pub struct Overrides {
     pub allowed_hosts: Option<Vec<String>>,
     /// `MODELRELAY_CORS_ORIGINS`.
     pub cors_origins: Option<Vec<String>>,
+    /// `MODELRELAY_METRICS_PUBLIC`.
+    pub metrics_public: Option<bool>,
     /// `TLS_CERT`.
     pub tls_cert: Option<PathBuf>,
     /// `TLS_KEY`.

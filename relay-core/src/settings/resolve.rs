@@ -78,6 +78,8 @@ pub struct ProxySettings {
     pub allowed_hosts: Vec<String>,
     /// Web origins allowed to call `/v1` from a browser.
     pub cors_origins: Vec<String>,
+    /// `/metrics` without the admin token.
+    pub metrics_public: bool,
     /// Whether and how to serve TLS.
     pub tls: TlsSetting,
 }
@@ -260,6 +262,10 @@ impl ProxySettings {
                 .cors_origins
                 .clone()
                 .unwrap_or_else(|| p.cors_origins.clone()),
+            metrics_public: o
+                .metrics_public
+                .or(p.metrics_public)
+                .unwrap_or(defaults::METRICS_PUBLIC),
             tls: tls(p, o)?,
         })
     }

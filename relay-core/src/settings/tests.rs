@@ -106,12 +106,24 @@ fn defaults_match_the_documented_ones() {
     );
     assert_eq!(settings.tls, TlsSetting::Off);
     assert_eq!(settings.worker_secret, None);
+    assert!(!settings.metrics_public, "/metrics is guarded like /api");
     let worker = WorkerSettings::resolve(&file, &Overrides::default()).unwrap();
     assert_eq!(worker.proxy_url, None, "the caller's default applies");
     assert_eq!(worker.backend_urls, None);
     assert_eq!(worker.max_concurrent, 4);
     assert_eq!(worker.provider, "local");
     assert_eq!(worker.model_refresh_interval, Duration::from_secs(30));
+}
+
+#[test]
+fn metrics_public_comes_from_the_override_over_the_file() {
+    let file = parse_file("[proxy]\nmetrics_public = true\n").unwrap();
+    assert!(proxy(&file, &Overrides::default()).unwrap().metrics_public);
+    let closed = Overrides {
+        metrics_public: Some(false),
+        ..Overrides::default()
+    };
+    assert!(!proxy(&file, &closed).unwrap().metrics_public);
 }
 
 #[test]

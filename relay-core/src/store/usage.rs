@@ -78,7 +78,7 @@ pub struct UsageRecord {
     /// When it ended, Unix ms.
     pub at: i64,
     /// The key's id, or [`ANONYMOUS`].
-    pub key: Arc<str>,
+    pub key: std::borrow::Cow<'static, str>,
     pub model: String,
     /// The worker's name, the upstream's, or empty when none answered.
     pub worker: String,
@@ -511,7 +511,7 @@ mod tests {
     fn record(key: &str, model: &str, outcome: Outcome, at: i64) -> UsageRecord {
         UsageRecord {
             at,
-            key: Arc::from(key),
+            key: key.to_string().into(),
             model: model.into(),
             worker: "gpu-1".into(),
             outcome,

@@ -205,7 +205,7 @@ async fn draining_proxy_refuses_new_requests_and_new_workers_with_503() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let relay_core::proxy::Built { app, hub, .. } =
-        relay_core::proxy::router(test_config(), addr, axum::Router::new())
+        relay_core::proxy::router(test_config(), addr, |_| axum::Router::new())
             .await
             .expect("router");
     let server = tokio::spawn(async move {

@@ -15,6 +15,7 @@ mod client_keys;
 mod control;
 mod dispatch;
 mod lifecycle;
+mod metrics;
 mod registration;
 mod responses_api;
 mod shared_database;

@@ -205,7 +205,7 @@ def test_usage_by_key_counts_the_key_s_requests_and_survives_a_restart(backend, 
         with anthropic_client(relay, api_key=made["key"]) as client:
             client.messages.create(model=CHAT_MODEL, max_tokens=8, messages=MESSAGES)
             # The Anthropic SDK reads a stream to its end, so the relay sees it complete, with the
-            # backend's counts (the OpenAI SDK's early close: see the xfail test below).
+            # backend's counts (for the OpenAI SDK's early close, see the test below).
             with client.messages.stream(model=CHAT_MODEL, max_tokens=8, messages=MESSAGES) as stream:
                 assert list(stream.text_stream) == REPLY_PIECES
         with openai_client(relay, other["key"]) as client:
@@ -249,13 +249,9 @@ def test_usage_by_key_counts_the_key_s_requests_and_survives_a_restart(backend, 
         relay.kill_if_running_after(assert_clean_exit)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the relay records a stream as cancelled (status 0, no input tokens, estimated output "
-    "tokens, no worker) when the client hangs up after [DONE] before the backend ended the response, "
-    "as the OpenAI Python SDK does",
-)
 def test_an_openai_sdk_stream_read_to_done_is_recorded_with_the_backend_s_token_counts(keyed_relay):
+    # The OpenAI SDK hangs up as soon as it reads `[DONE]`; the relay then waits (briefly) for
+    # the worker's end of the response instead of counting the stream as cancelled.
     made = create_key(keyed_relay)
     with openai_client(keyed_relay, made["key"]) as client:
         # `mock_chunk_delay`: the mock pauses after every event, `[DONE]` included, so the

@@ -1,5 +1,6 @@
 //! Who may use the control API: the admin token, and the desktop webview's cross-origin calls.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -67,6 +68,9 @@ pub struct AdminAccess {
     /// loopback, or a token was configured on purpose). Without that, only changes that make
     /// the node run a program or send a secret elsewhere need it ([`AdminAccess::elevated`]).
     required: bool,
+    /// Requests refused for a missing or wrong token, for `/metrics`; shared by the clones the
+    /// proxy's and the node's routes hold.
+    failures: Arc<AtomicU64>,
 }
 
 /// Origins of the desktop app's webview (Tauri serves its pages from these), the only origins
@@ -89,7 +93,13 @@ impl AdminAccess {
             required: (token.is_some() && origin == TokenOrigin::Configured) || !loopback_only,
             token: token.map(Arc::new),
             origin,
+            failures: Arc::default(),
         }
+    }
+
+    /// Requests refused so far for a missing or wrong admin token.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
     }
 
     /// Where the token came from.
@@ -106,27 +116,58 @@ impl AdminAccess {
         if !self.required {
             return Ok(());
         }
-        let Some(expected) = self.token.as_deref() else {
-            return Err(unauthorized(
-                "this node listens beyond loopback and has no admin token: set MODELRELAY_ADMIN_TOKEN (or --admin-token) and restart",
-            ));
-        };
         let query = (path == QUERY_TOKEN_PATH).then_some(query).flatten();
-        match presented_token(headers, query) {
-            Some(token) if secrets_match(&token, &expected.0) => Ok(()),
-            Some(_) => Err(unauthorized(
+        self.verify(
+            presented_token(headers, query),
+            "the control API needs the admin token: send `Authorization: Bearer TOKEN` (or `?token=` on /api/events)",
+        )
+    }
+
+    /// The same rule for `/metrics`, whose scrapers send the token as a bearer token; the
+    /// refusals say how to configure one, or how to open the endpoint on purpose.
+    pub fn check_metrics(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        if !self.required {
+            return Ok(());
+        }
+        self.verify(
+            presented_token(headers, None),
+            "/metrics needs the admin token on this node: send `Authorization: Bearer TOKEN` \
+             (Prometheus: `authorization: {credentials: TOKEN}` in the scrape config), or start \
+             the proxy with --metrics-public (MODELRELAY_METRICS_PUBLIC=true) to let any \
+             scraper in",
+        )
+    }
+
+    /// Whether `presented` is the token, counting every refusal.
+    fn verify(&self, presented: Option<String>, missing: &str) -> Result<(), ApiError> {
+        let verdict = match (self.token.as_deref(), presented) {
+            (None, _) => Err(unauthorized(
+                "this node listens beyond loopback and has no admin token: set MODELRELAY_ADMIN_TOKEN (or --admin-token) and restart",
+            )),
+            (Some(expected), Some(token)) if secrets_match(&token, &expected.0) => Ok(()),
+            (Some(_), Some(_)) => Err(unauthorized(
                 "wrong admin token: use the one in MODELRELAY_ADMIN_TOKEN, or the one in the admin-token file of the data directory",
             )),
-            None => Err(unauthorized(
-                "the control API needs the admin token: send `Authorization: Bearer TOKEN` (or `?token=` on /api/events)",
-            )),
+            (Some(_), None) => Err(unauthorized(missing)),
+        };
+        if verdict.is_err() {
+            self.failures.fetch_add(1, Ordering::Relaxed);
         }
+        verdict
     }
 
     /// Whether a request may make a change that runs a program or sends a secret elsewhere
     /// (`what` names it): only with the admin token in a header, wherever the request comes
     /// from. The refusal says where the token is.
     pub fn elevated(&self, headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
+        let verdict = self.elevation(headers, what);
+        if verdict.is_err() {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        verdict
+    }
+
+    fn elevation(&self, headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
         let where_it_is = self.origin.describe();
         let Some(expected) = self.token.as_deref() else {
             return Err(ApiError::new(
@@ -158,6 +199,14 @@ impl AdminAccess {
     /// this node generated for its dashboard does not open `/admin`: scripts replacing the
     /// published binaries set theirs.
     pub fn check_admin_api(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let verdict = self.admin_api_verdict(headers);
+        if verdict.is_err() {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        verdict
+    }
+
+    fn admin_api_verdict(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let forbidden =
             |message: &str| ApiError::new(StatusCode::FORBIDDEN, "admin_forbidden", message);
         let expected = match (&self.token, &self.origin) {
@@ -382,6 +431,34 @@ mod tests {
         assert!(access
             .elevated(&headers(&[("authorization", "Bearer t0k")]), "x")
             .is_ok());
+    }
+
+    #[test]
+    fn metrics_follow_the_control_rule_and_every_refusal_is_counted() {
+        let open = AdminAccess::new(None, TokenOrigin::Configured, true);
+        assert!(open.check_metrics(&HeaderMap::new()).is_ok());
+        let access = AdminAccess::new(Some(AdminToken("t".into())), TokenOrigin::Configured, true);
+        let missing = access.check_metrics(&HeaderMap::new()).unwrap_err();
+        assert_eq!(missing.status, StatusCode::UNAUTHORIZED);
+        assert!(
+            missing.message.contains("--metrics-public"),
+            "{}",
+            missing.message
+        );
+        assert!(access
+            .check_metrics(&headers(&[("authorization", "Bearer nope")]))
+            .is_err());
+        assert!(access.check_metrics(&HeaderMap::new()).is_err());
+        assert!(access
+            .check_metrics(&headers(&[("authorization", "Bearer t")]))
+            .is_ok());
+        assert!(access.elevated(&HeaderMap::new(), "x").is_err());
+        let shared = access.clone();
+        assert!(shared
+            .check(&HeaderMap::new(), "/api/status", None)
+            .is_err());
+        assert_eq!(access.failures(), 5, "clones share one count");
+        assert_eq!(open.failures(), 0);
     }
 
     #[test]
