@@ -573,3 +573,50 @@ async fn a_key_limited_to_some_models_lists_only_those_and_admin_answers_are_nev
     worker.stop().await;
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn metrics_count_requests_under_the_client_key_s_id_and_key_refusals_as_client_auth_failures()
+{
+    let mut config = with_admin(test_config());
+    config.require_api_keys = true;
+    let (proxy, _backend, worker) = relay(config).await;
+    let (id, secret) = create_key(&proxy, json!({"name": "metered"})).await;
+    assert_eq!(
+        chat_with(
+            &proxy,
+            MODEL,
+            &[("authorization", &format!("Bearer {secret}"))]
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        chat_with(&proxy, MODEL, &[("authorization", "Bearer mr-nope")])
+            .await
+            .0,
+        401
+    );
+    let response = http()
+        .get(format!("{}/metrics", proxy.url()))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    let counted = text.lines().any(|line| {
+        line.starts_with("modelrelay_requests_total{")
+            && line.contains(&format!("key=\"{id}\""))
+            && line.contains("status=\"200\"")
+            && line.ends_with(" 1")
+    });
+    assert!(counted, "the key's request, under its id: {text}");
+    assert!(!text.contains(&secret[3..]), "never the secret");
+    assert!(
+        text.contains("modelrelay_auth_failures_total{kind=\"client\"} 1"),
+        "{text}"
+    );
+    worker.stop().await;
+    proxy.shutdown().await;
+}

@@ -410,11 +410,13 @@ async fn hostile_model_and_worker_names_are_escaped_and_made_up_models_fold_into
     let request = worker.next_request().await;
     worker.complete(&request.request_id, "{}").await;
     assert_eq!(answer_of(task).await.0, 200);
-    // Clients may send anything; names nobody serves are refused and get no label.
+    // Clients may send anything; names no worker could serve (control characters) are refused
+    // at once and get no label. (A name that is merely unserved waits in the queue for a worker
+    // that may bring it: see waiting_for_a_worker.rs.)
     for made_up in [
         "line\nbreak",
         "x\"} 1\nmodelrelay_fake_total 9\n#",
-        "back\\slash",
+        "tab\tand\\backslash",
         "\u{0}nul",
     ] {
         let (status, _, text) = post(
