@@ -1,6 +1,7 @@
 import { useEffect, useRef } from 'preact/hooks';
 import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
+import { cssVar } from '../lib/theme';
 import { formatCompact } from '../lib/format';
 
 export interface ChartProps {
@@ -21,11 +22,6 @@ function clock(unixSecs: number, withSeconds: boolean): string {
   const d = new Date(unixSecs * 1000);
   const hm = `${pad2(d.getHours())}:${pad2(d.getMinutes())}`;
   return withSeconds ? `${hm}:${pad2(d.getSeconds())}` : hm;
-}
-
-function cssVar(name: string, fallback: string): string {
-  const v = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
-  return v || fallback;
 }
 
 /** One live time series (uPlot), updated in place on each status event. */

@@ -1,6 +1,7 @@
 import { useEffect, useRef } from 'preact/hooks';
 import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
+import { cssVar } from '../lib/theme';
 import { formatCompact, formatCount } from '../lib/format';
 
 export interface DayChartProps {
@@ -19,11 +20,6 @@ const DAY_INCRS = [DAY, 2 * DAY, 7 * DAY, 14 * DAY, 30 * DAY];
 
 /** A day as "11-25" (ticks) or "2026-11-25" (hover), in UTC like the relay's days. */
 const dayLabel = (unixSecs: number, withYear: boolean) => new Date(unixSecs * 1000).toISOString().slice(withYear ? 0 : 5, 10);
-
-function cssVar(name: string, fallback: string): string {
-  const v = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
-  return v || fallback;
-}
 
 /** Bars per day (uPlot), for the Usage page; the hover legend shows the day and its value. */
 export function DayChart({ title, days, values, color, testid }: DayChartProps) {
