@@ -20,10 +20,10 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::AppState;
+use super::telemetry::Telemetry;
 use crate::dialect::{ApiError, Dialect};
 use crate::store::usage::ANONYMOUS;
-use crate::store::ApiKey;
+use crate::store::{ApiKey, KeyStore};
 
 /// Who a request comes from; in the request's extensions once [`identify`] let it in.
 #[derive(Debug, Clone)]
@@ -77,13 +77,22 @@ fn presented(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     bearer.into_iter().chain(api_key).filter(|v| !v.is_empty())
 }
 
+/// What [`identify`] needs: a few handles, not the whole [`super::AppState`], whose clone on
+/// every request would cost a score of reference-count updates.
+#[derive(Clone)]
+pub struct KeyGate {
+    pub keys: Arc<KeyStore>,
+    pub required: bool,
+    pub telemetry: Arc<Telemetry>,
+}
+
 /// Middleware on the client routes: puts the [`ClientIdentity`] in the request, or refuses it
 /// (401, in the route's dialect) when keys are required and it has no valid one.
-pub async fn identify(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+pub async fn identify(State(gate): State<KeyGate>, mut request: Request, next: Next) -> Response {
     let headers = request.headers();
     let mut key = None;
     for secret in presented(headers) {
-        key = state.keys.authenticate(secret).await;
+        key = gate.keys.authenticate(secret).await;
         if key.is_some() {
             break;
         }
@@ -93,7 +102,7 @@ pub async fn identify(State(state): State<AppState>, mut request: Request, next:
             account: Cow::Owned(key.id.clone()),
             key: Some(key),
         },
-        None if state.config.require_api_keys => {
+        None if gate.required => {
             let dialect = Dialect::for_path(request.uri().path());
             let error = if presented(headers).next().is_some() {
                 ApiError::new(
@@ -112,7 +121,7 @@ pub async fn identify(State(state): State<AppState>, mut request: Request, next:
                      Keys page)",
                 )
             };
-            state.hub.telemetry().client_auth_failed();
+            gate.telemetry.client_auth_failed();
             return error.into_response(dialect);
         }
         None => ClientIdentity::anonymous(),

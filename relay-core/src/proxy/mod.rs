@@ -401,7 +401,11 @@ pub async fn router(
     let extra = extra(&admin);
     let app = http::client_routes()
         .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            client_keys::KeyGate {
+                keys: Arc::clone(&state.keys),
+                required: state.config.require_api_keys,
+                telemetry: Arc::clone(state.hub.telemetry()),
+            },
             client_keys::identify,
         ))
         .merge(http::routes())

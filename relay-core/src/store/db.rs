@@ -216,11 +216,14 @@ impl Database {
                         .map_err(|e| DbError::new("starting a transaction", e))?;
                     let mut changed = Vec::with_capacity(statements.len());
                     for (sql, params) in &statements {
+                        // Cached: the usage writer runs the same few statements all day.
                         let n = tx
-                            .execute(
-                                sql,
-                                rusqlite::params_from_iter(params.iter().map(to_sqlite)),
-                            )
+                            .prepare_cached(sql)
+                            .and_then(|mut statement| {
+                                statement.execute(rusqlite::params_from_iter(
+                                    params.iter().map(to_sqlite),
+                                ))
+                            })
                             .map_err(|e| DbError::new(first_words(sql), e))?;
                         changed.push(n as u64);
                     }

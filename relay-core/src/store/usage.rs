@@ -205,37 +205,61 @@ async fn write_loop(
     }
 }
 
-/// Stores a batch: raw rows, roll-ups, keys' last use, in one transaction. A batch the
-/// database refuses is logged with its size (the proxy keeps serving; usage is not worth a
-/// failed request).
+/// Raw rows per `INSERT` statement: one statement text for every full chunk (prepared once and
+/// reused), instead of a statement per request.
+const ROWS_PER_INSERT: usize = 50;
+
+/// What a batch adds to one day's roll-up of one key, model, worker and outcome.
+#[derive(Debug, Default)]
+struct DayAddition {
+    requests: i64,
+    errors: i64,
+    input_tokens: i64,
+    output_tokens: i64,
+    ttft_ms_sum: i64,
+    ttft_count: i64,
+    duration_ms_sum: i64,
+}
+
+/// Stores a batch in one transaction: its raw rows (a few multi-row inserts), one roll-up
+/// update per group it touched (not per request), and keys' last use. A batch the database
+/// refuses is logged with its size (the proxy keeps serving; usage is not worth a failed
+/// request).
 async fn store(db: &Database, keys: Option<&KeyStore>, batch: Vec<UsageRecord>) {
-    let mut statements: Vec<Statement> = Vec::with_capacity(batch.len() * 2 + 4);
+    let mut statements: Vec<Statement> = batch.chunks(ROWS_PER_INSERT).map(insert_events).collect();
+    let mut days: HashMap<(String, &str, &str, &str, &'static str), DayAddition> = HashMap::new();
     let mut last_used: HashMap<String, i64> = HashMap::new();
     for r in &batch {
-        let ttft = r.ttft_ms.map(|ms| ms as i64);
-        statements.push((
-            "INSERT INTO usage_events (at, key_id, model, worker, outcome, status, input_tokens, \
-             output_tokens, ttft_ms, duration_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-                .to_string(),
-            vec![
-                r.at.into(),
-                r.key.to_string().into(),
-                r.model.clone().into(),
-                r.worker.clone().into(),
-                r.outcome.as_str().into(),
-                i64::from(r.status).into(),
-                (r.input_tokens as i64).into(),
-                (r.output_tokens as i64).into(),
-                ttft.into(),
-                (r.duration_ms as i64).into(),
-            ],
-        ));
+        let day = days
+            .entry((
+                day_of(r.at),
+                &*r.key,
+                &r.model,
+                &r.worker,
+                r.outcome.as_str(),
+            ))
+            .or_default();
+        day.requests += 1;
+        day.errors += i64::from(r.outcome == Outcome::Error);
+        day.input_tokens += r.input_tokens as i64;
+        day.output_tokens += r.output_tokens as i64;
+        if let Some(ttft) = r.ttft_ms {
+            day.ttft_ms_sum += ttft as i64;
+            day.ttft_count += 1;
+        }
+        day.duration_ms_sum += r.duration_ms as i64;
+        if &*r.key != ANONYMOUS {
+            let at = last_used.entry(r.key.to_string()).or_default();
+            *at = (*at).max(r.at);
+        }
+    }
+    for ((day, key, model, worker, outcome), add) in days {
         statements.push((
             "INSERT INTO usage_daily (day, key_id, model, worker, outcome, requests, errors, \
              input_tokens, output_tokens, ttft_ms_sum, ttft_count, duration_ms_sum) \
-             VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, $9, $10, $11) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
              ON CONFLICT (day, key_id, model, worker, outcome) DO UPDATE SET \
-             requests = usage_daily.requests + 1, \
+             requests = usage_daily.requests + excluded.requests, \
              errors = usage_daily.errors + excluded.errors, \
              input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
              output_tokens = usage_daily.output_tokens + excluded.output_tokens, \
@@ -244,23 +268,20 @@ async fn store(db: &Database, keys: Option<&KeyStore>, batch: Vec<UsageRecord>) 
              duration_ms_sum = usage_daily.duration_ms_sum + excluded.duration_ms_sum"
                 .to_string(),
             vec![
-                day_of(r.at).into(),
-                r.key.to_string().into(),
-                r.model.clone().into(),
-                r.worker.clone().into(),
-                r.outcome.as_str().into(),
-                i64::from(r.outcome == Outcome::Error).into(),
-                (r.input_tokens as i64).into(),
-                (r.output_tokens as i64).into(),
-                ttft.unwrap_or(0).into(),
-                i64::from(ttft.is_some()).into(),
-                (r.duration_ms as i64).into(),
+                day.into(),
+                key.into(),
+                model.into(),
+                worker.into(),
+                outcome.into(),
+                add.requests.into(),
+                add.errors.into(),
+                add.input_tokens.into(),
+                add.output_tokens.into(),
+                add.ttft_ms_sum.into(),
+                add.ttft_count.into(),
+                add.duration_ms_sum.into(),
             ],
         ));
-        if &*r.key != ANONYMOUS {
-            let at = last_used.entry(r.key.to_string()).or_default();
-            *at = (*at).max(r.at);
-        }
     }
     statements.extend(KeyStore::last_used_statements(&last_used));
     match db.transaction(statements).await {
@@ -273,6 +294,40 @@ async fn store(db: &Database, keys: Option<&KeyStore>, batch: Vec<UsageRecord>) 
         }
         Err(error) => tracing::error!(%error, records = batch.len(), "usage not stored"),
     }
+}
+
+/// One `INSERT` of `rows` as raw usage rows.
+fn insert_events(rows: &[UsageRecord]) -> Statement {
+    const COLUMNS: usize = 10;
+    let mut sql = String::from(
+        "INSERT INTO usage_events (at, key_id, model, worker, outcome, status, input_tokens, \
+         output_tokens, ttft_ms, duration_ms) VALUES ",
+    );
+    let mut params: Vec<Param> = Vec::with_capacity(rows.len() * COLUMNS);
+    for (i, r) in rows.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        let placeholders: Vec<String> = (1..=COLUMNS)
+            .map(|c| format!("${}", i * COLUMNS + c))
+            .collect();
+        sql.push('(');
+        sql.push_str(&placeholders.join(", "));
+        sql.push(')');
+        params.extend([
+            r.at.into(),
+            r.key.to_string().into(),
+            r.model.clone().into(),
+            r.worker.clone().into(),
+            r.outcome.as_str().into(),
+            i64::from(r.status).into(),
+            (r.input_tokens as i64).into(),
+            (r.output_tokens as i64).into(),
+            r.ttft_ms.map(|ms| ms as i64).into(),
+            (r.duration_ms as i64).into(),
+        ]);
+    }
+    (sql, params)
 }
 
 async fn prune(db: &Database, retention: UsageRetention) {
@@ -622,6 +677,45 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(report.totals.requests, 4, "the roll-ups keep every request");
+    }
+
+    #[tokio::test]
+    async fn a_batch_larger_than_one_insert_keeps_every_row_and_sums_its_groups_once() {
+        let db = Database::open(&DatabaseSetting::Memory).await.unwrap();
+        let log = UsageLog::start(db.clone(), None, UsageRetention::default());
+        let now = now_ms();
+        let count = ROWS_PER_INSERT * 2 + 7;
+        for i in 0..count {
+            let key = if i % 3 == 0 { "key_a" } else { "key_b" };
+            log.record(record(key, "m", Outcome::Ok, now));
+        }
+        log.flush().await;
+        let raw = db
+            .query(
+                "SELECT CAST(COUNT(*) AS BIGINT) FROM usage_events",
+                vec![],
+                &[Kind::Int],
+            )
+            .await
+            .unwrap();
+        assert_eq!(raw[0].int(0), count as i64, "every request has its raw row");
+        let groups = db
+            .query(
+                "SELECT key_id, requests FROM usage_daily ORDER BY key_id",
+                vec![],
+                &[Kind::Text, Kind::Int],
+            )
+            .await
+            .unwrap();
+        let sums: Vec<(String, i64)> = groups.iter().map(|r| (r.text(0), r.int(1))).collect();
+        let a = (0..count).filter(|i| i % 3 == 0).count() as i64;
+        assert_eq!(
+            sums,
+            [
+                ("key_a".to_string(), a),
+                ("key_b".to_string(), count as i64 - a)
+            ]
+        );
     }
 
     #[test]
