@@ -185,6 +185,13 @@ impl Node {
             &crate::tls::server::self_signed_names(&lan::host_name(), addr.ip()),
         )?;
         let fingerprint = proxy_config.tls.as_ref().map(|tls| tls.fingerprint());
+        // The SQLite file of keys and usage lives in this node's data directory too.
+        if let (crate::store::DatabaseSetting::Sqlite(_), Some(dir)) =
+            (&proxy_config.database, &options.data_dir)
+        {
+            proxy_config.database =
+                crate::store::DatabaseSetting::Sqlite(crate::paths::database_path(dir));
+        }
         // Every node has a token: on loopback it guards only the changes that run programs or
         // send secrets elsewhere, beyond loopback (or when configured) every control route.
         if proxy_config.admin_token.is_none() {

@@ -963,3 +963,21 @@ async fn rejoin_with_the_worker_role_off_is_409() {
     assert_eq!(body["error"]["code"], "worker_role_off");
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_node_keeps_its_keys_and_usage_database_in_its_own_data_directory() {
+    let (node, dir) = start_node(
+        Roles {
+            proxy: true,
+            worker: false,
+        },
+        None,
+        "127.0.0.1:0",
+    )
+    .await;
+    assert!(
+        dir.dir.join(relay_core::paths::DATABASE_FILE).exists(),
+        "the SQLite file is in the node's data directory, not the user's"
+    );
+    node.shutdown().await;
+}
