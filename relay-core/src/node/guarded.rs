@@ -16,6 +16,9 @@ const GUARDED: &[&str] = &[
     "proxy.allowed_hosts",
     "proxy.cors_origins",
     "proxy.metrics_public",
+    // Turning keys off opens the relay; a database elsewhere receives key hashes and usage.
+    "proxy.require_api_keys",
+    "proxy.database_url",
     "proxy.tls",
     "proxy.tls_cert",
     "proxy.tls_key",
@@ -139,14 +142,16 @@ mod tests {
 
     #[test]
     fn the_worker_destination_and_the_protection_itself_are_guarded() {
-        let new = "[proxy]\nadmin_token = \"x\"\nallowed_hosts = [\"evil.example\"]\ncors_origins = [\"*\"]\nmetrics_public = true\n[worker]\nproxy_url = \"http://evil.example\"\nbackend_url = \"http://evil.example\"\n";
+        let new = "[proxy]\nadmin_token = \"x\"\nallowed_hosts = [\"evil.example\"]\ncors_origins = [\"*\"]\nmetrics_public = true\nrequire_api_keys = false\ndatabase_url = \"postgres://evil.example/db\"\n[worker]\nproxy_url = \"http://evil.example\"\nbackend_url = \"http://evil.example\"\n";
         assert_eq!(
             changed("", new),
             [
                 "proxy.admin_token",
                 "proxy.allowed_hosts",
                 "proxy.cors_origins",
+                "proxy.database_url",
                 "proxy.metrics_public",
+                "proxy.require_api_keys",
                 "worker.backend_url",
                 "worker.proxy_url"
             ]

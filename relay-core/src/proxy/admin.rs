@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::control::auth::WRONG_ADMIN_TOKEN_CODE;
-use super::control::{status, AdminAccess};
+use super::control::status;
 use super::AppState;
 use crate::dialect::{ApiError, Dialect};
 use crate::store::dates::{day_of, now_ms, parse_time};
@@ -104,7 +104,7 @@ async fn admin_guard(
         .retry_after(wait)
         .into_response(Dialect::OpenAi);
     }
-    match admin_access(&state).check_admin_api(request.headers()) {
+    match state.admin.check_admin_api(request.headers()) {
         Ok(()) => {
             let mut response = next.run(request).await;
             // Answers carry key metadata, usage and, once, a key's secret: never cached.
@@ -121,10 +121,6 @@ async fn admin_guard(
             error.into_response(Dialect::OpenAi)
         }
     }
-}
-
-fn admin_access(state: &AppState) -> &AdminAccess {
-    &state.admin
 }
 
 fn api_error(error: ApiError) -> Response {
