@@ -16,8 +16,8 @@ use tokio::sync::mpsc;
 
 use super::scheduler::{
     parse_worker_wire_id, request_wire_id, unusable_name, worker_wire_id, Action, CancelOutcome,
-    Expired, FailReason, ProviderLimits, RegisterError, RequestId, Scheduler, SubmitError,
-    Submitted, WorkerId, WorkerSnapshot,
+    Expired, FailReason, Placement, ProviderLimits, RegisterError, RequestId, Scheduler,
+    SubmitError, Submitted, WorkerId, WorkerSnapshot,
 };
 use super::telemetry::{Telemetry, TrackedRequest};
 use crate::dialect::ApiError;
@@ -165,6 +165,8 @@ pub struct RequestSpec {
     /// The client's credentials ([`crate::protocol::CLIENT_AUTH_HEADERS`]): sent only to workers
     /// of providers that opt in.
     pub client_auth: HeaderMap,
+    /// Conversation, client and priority, for the scheduler.
+    pub placement: Placement,
 }
 
 impl Hub {
@@ -252,16 +254,20 @@ impl Hub {
         let (events, receiver) = mpsc::unbounded_channel();
         let waiting = WaitingBytes::default();
         let mut inner = self.lock();
-        let submitted = match inner.scheduler.submit(request, &spec.model, Instant::now()) {
-            Ok(submitted) => submitted,
-            Err(error) => {
-                drop(inner);
-                return Err(Refused {
-                    error: submit_error(error.clone(), &spec.model),
-                    reason: error,
-                });
-            }
-        };
+        let submitted =
+            match inner
+                .scheduler
+                .submit(request, &spec.model, spec.placement, Instant::now())
+            {
+                Ok(submitted) => submitted,
+                Err(error) => {
+                    drop(inner);
+                    return Err(Refused {
+                        error: submit_error(error.clone(), &spec.model),
+                        reason: error,
+                    });
+                }
+            };
         let deadline = inner
             .scheduler
             .request_deadline(request)

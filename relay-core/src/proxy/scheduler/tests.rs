@@ -39,7 +39,7 @@ fn submit(s: &mut Scheduler, model: &str, now: Instant) -> Result<Submitted, Sub
         n.set(id + 1);
         id
     });
-    s.submit(id, model, now)
+    s.submit(id, model, Placement::default(), now)
 }
 
 fn dispatched_to(s: Submitted) -> WorkerId {
