@@ -889,7 +889,7 @@ proptest::proptest! {
                     workers.push(register(&mut s, "w", &names, max).worker);
                 }
                 Event::Submit { model } => {
-                    let _ = s.submit(next_request, MODELS[model], now);
+                    let _ = s.submit(next_request, MODELS[model], Placement::default(), now);
                     requests.push(next_request);
                     next_request += 1;
                 }
