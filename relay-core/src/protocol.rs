@@ -110,6 +110,16 @@ pub struct RegisterMessage {
     /// Requests already running when the worker (re)connects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_load: Option<u32>,
+    /// Extension: the MAC address of the worker's network card (`aa:bb:cc:dd:ee:ff`), so the
+    /// proxy can wake the box with a Wake-on-LAN packet after it went to sleep. Absent means
+    /// unknown; a malformed one is ignored with a registration warning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac_address: Option<String>,
+    /// Extension: the box suspends itself when idle, so its connection ending (other than by the
+    /// proxy, or after the empty `models_update` of a shutdown) means it went to sleep: the proxy
+    /// keeps its models listed as asleep. Absent means false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleeps_when_idle: Option<bool>,
 }
 
 /// `register_ack`: the proxy's answer to `register`.
@@ -237,6 +247,11 @@ pub struct ModelsUpdateMessage {
     pub models: Vec<String>,
     /// Requests the worker is running right now.
     pub current_load: u32,
+    /// Extension: `true` when the box is about to suspend; the worker closes the connection
+    /// right after. Sent with an empty `models`, so a proxy that ignores the field simply stops
+    /// routing to it (as on shutdown); ours remembers the models it served before as asleep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub going_to_sleep: Option<bool>,
 }
 
 /// `response_chunk`: SSE-framed bytes of a streaming answer.
