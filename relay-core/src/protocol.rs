@@ -112,13 +112,23 @@ pub struct RegisterMessage {
     pub current_load: Option<u32>,
     /// Extension: the MAC address of the worker's network card (`aa:bb:cc:dd:ee:ff`), so the
     /// proxy can wake the box with a Wake-on-LAN packet after it went to sleep. Absent means
-    /// unknown; a malformed one is ignored with a registration warning.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// unknown; a malformed one is ignored with a registration warning (a value that is not
+    /// even a string reads as an empty one, so it gets that warning too instead of costing the
+    /// worker its registration).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_string"
+    )]
     pub mac_address: Option<String>,
     /// Extension: the box suspends itself when idle, so its connection ending (other than by the
     /// proxy, or after the empty `models_update` of a shutdown) means it went to sleep: the proxy
-    /// keeps its models listed as asleep. Absent means false.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// keeps its models listed as asleep. Absent (or not a boolean) means false.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_bool"
+    )]
     pub sleeps_when_idle: Option<bool>,
 }
 
@@ -250,7 +260,12 @@ pub struct ModelsUpdateMessage {
     /// Extension: `true` when the box is about to suspend; the worker closes the connection
     /// right after. Sent with an empty `models`, so a proxy that ignores the field simply stops
     /// routing to it (as on shutdown); ours remembers the models it served before as asleep.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Not a boolean reads as absent.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_bool"
+    )]
     pub going_to_sleep: Option<bool>,
 }
 
@@ -306,6 +321,21 @@ pub struct ErrorMessage {
     pub code: String,
     /// What went wrong, for people.
     pub message: String,
+}
+
+/// An optional extension field that must never cost a peer its message: a boolean, else absent.
+fn lenient_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+    Ok(serde_json::Value::deserialize(d)?.as_bool())
+}
+
+/// An optional extension string that must never cost a peer its message: any other JSON value
+/// reads as the empty string (which the field's own check then refuses, with a warning).
+fn lenient_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(text) => Some(text),
+        serde_json::Value::Null => None,
+        _ => Some(String::new()),
+    })
 }
 
 impl ServerToWorker {
