@@ -432,6 +432,56 @@ mod tests {
     }
 
     #[test]
+    fn the_sleep_extensions_are_optional_lenient_and_absent_when_unset() {
+        let register = r#"{"type":"register","worker_name":"w","models":["m"],"max_concurrent":1}"#;
+        let WorkerToServer::Register(message) = WorkerToServer::from_json(register).unwrap() else {
+            panic!("a register");
+        };
+        assert_eq!(
+            (message.mac_address.as_deref(), message.sleeps_when_idle),
+            (None, None)
+        );
+        let text = WorkerToServer::Register(message).to_json();
+        assert!(
+            !text.contains("mac_address") && !text.contains("sleeps_when_idle"),
+            "{text}"
+        );
+        for (mac, sleeps, want_mac, want_sleeps) in [
+            (
+                r#""02:00:00:00:00:01""#,
+                "true",
+                Some("02:00:00:00:00:01"),
+                Some(true),
+            ),
+            ("7", r#""yes""#, Some(""), None),
+            ("{}", "[]", Some(""), None),
+            ("null", "null", None, None),
+        ] {
+            let text = format!(
+                r#"{{"type":"register","worker_name":"w","models":[],"max_concurrent":1,"mac_address":{mac},"sleeps_when_idle":{sleeps}}}"#
+            );
+            let WorkerToServer::Register(message) = WorkerToServer::from_json(&text).unwrap()
+            else {
+                panic!("a register");
+            };
+            assert_eq!(message.mac_address.as_deref(), want_mac, "{text}");
+            assert_eq!(message.sleeps_when_idle, want_sleeps, "{text}");
+        }
+        let update =
+            r#"{"type":"models_update","models":[],"current_load":0,"going_to_sleep":"soon"}"#;
+        let WorkerToServer::ModelsUpdate(update) = WorkerToServer::from_json(update).unwrap()
+        else {
+            panic!("a models_update");
+        };
+        assert_eq!(update.going_to_sleep, None);
+        let asleep = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            going_to_sleep: Some(true),
+            ..update
+        });
+        assert!(asleep.to_json().contains(r#""going_to_sleep":true"#));
+    }
+
+    #[test]
     fn other_spellings_take_the_general_path() {
         let tag_last = r#"{"request_id":"r-1","chunk":"x","type":"response_chunk"}"#;
         let spaced = r#"{ "type": "response_complete", "request_id": "r-2", "status_code": 204 }"#;

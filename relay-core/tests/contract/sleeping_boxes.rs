@@ -84,7 +84,9 @@ fn register(name: &str, models: &[&str], mac: Option<&str>, sleeps: bool) -> Reg
 /// A scripted worker for box `name` that announces it goes to sleep and closes.
 async fn box_goes_to_sleep(proxy: &RunningProxy, name: &str, models: &[&str]) {
     let mut worker = ScriptedWorker::connect(proxy.addr).await;
-    worker.register_message(register(name, models, Some(MAC), false)).await;
+    worker
+        .register_message(register(name, models, Some(MAC), false))
+        .await;
     worker
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             models: Vec::new(),
@@ -154,16 +156,15 @@ async fn a_request_for_a_sleeping_box_sends_a_magic_packet_waits_and_is_served_w
 
     // The box resumes and its worker reconnects under the same name.
     let mut worker = ScriptedWorker::connect(proxy.addr).await;
-    worker.register_message(register("gpu-2", &[MODEL], Some(MAC), false)).await;
+    worker
+        .register_message(register("gpu-2", &[MODEL], Some(MAC), false))
+        .await;
     let request = worker.next_request().await;
     assert_eq!(request.model, MODEL);
     worker.complete(&request.request_id, r#"{"ok":true}"#).await;
     let (status, _, body) = answer_of(client).await;
     assert_eq!(status, 200, "{body}");
-    assert!(
-        status_sleepers(&proxy).await.is_empty(),
-        "the box is awake"
-    );
+    assert!(status_sleepers(&proxy).await.is_empty(), "the box is awake");
     proxy.shutdown().await;
 }
 
@@ -213,7 +214,10 @@ async fn a_box_that_does_not_wake_gets_the_request_a_504_naming_it_at_the_queue_
     assert_eq!(error["error"]["code"], "queue_timeout");
     assert_eq!(card.packet_within(Duration::from_secs(1)).await, Some(true));
     let sleepers = status_sleepers(&proxy).await;
-    assert_eq!(sleepers[0]["state"], "asleep", "the attempt ended: {sleepers:?}");
+    assert_eq!(
+        sleepers[0]["state"], "asleep",
+        "the attempt ended: {sleepers:?}"
+    );
     // Anthropic clients get it in their dialect.
     let (status, _, body) = post_raw(
         &proxy.url(),
@@ -254,7 +258,10 @@ async fn a_flood_of_requests_for_a_sleeping_box_sends_one_magic_packet_per_retry
     }
     // The attempt ended with those requests: the next request starts a new one, with a packet.
     let _ = post(&proxy.url(), "/v1/chat/completions", &chat(MODEL)).await;
-    assert_eq!(card.packet_within(Duration::from_millis(200)).await, Some(true));
+    assert_eq!(
+        card.packet_within(Duration::from_millis(200)).await,
+        Some(true)
+    );
     proxy.shutdown().await;
 }
 
@@ -305,7 +312,9 @@ async fn a_box_without_a_mac_sleeps_but_no_packet_goes_out_and_the_504_still_nam
     let card = FakeCard::new().await;
     let proxy = start_proxy(config_waking(&card, Duration::from_millis(400))).await;
     let mut worker = ScriptedWorker::connect(proxy.addr).await;
-    worker.register_message(register("no-card", &[MODEL], None, true)).await;
+    worker
+        .register_message(register("no-card", &[MODEL], None, true))
+        .await;
     worker.crash();
     wait_until("the box is asleep", || !proxy.hub.sleepers().is_empty()).await;
     let (status, _, body) = post(&proxy.url(), "/v1/chat/completions", &chat(MODEL)).await;
@@ -321,11 +330,15 @@ async fn only_a_sleep_counts_a_plain_worker_leaving_or_one_drained_by_an_admin_i
     let proxy = start_proxy(test_config()).await;
     // A worker that never said it sleeps: leaving is leaving.
     let mut plain = ScriptedWorker::connect(proxy.addr).await;
-    plain.register_message(register("plain", &["a"], Some(MAC), false)).await;
+    plain
+        .register_message(register("plain", &["a"], Some(MAC), false))
+        .await;
     plain.crash();
     // One that sleeps when idle, but shut down (empty models_update first, as on SIGTERM).
     let mut stopped = ScriptedWorker::connect(proxy.addr).await;
-    stopped.register_message(register("stopped", &["b"], Some(MAC), true)).await;
+    stopped
+        .register_message(register("stopped", &["b"], Some(MAC), true))
+        .await;
     stopped
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             models: Vec::new(),
@@ -346,7 +359,11 @@ async fn only_a_sleep_counts_a_plain_worker_leaving_or_one_drained_by_an_admin_i
     assert!(proxy.hub.drain_worker(&ack.worker_id));
     drained.closed().await;
     wait_until("every worker is gone", || proxy.hub.counts().0 == 0).await;
-    assert!(proxy.hub.sleepers().is_empty(), "{:?}", proxy.hub.sleepers());
+    assert!(
+        proxy.hub.sleepers().is_empty(),
+        "{:?}",
+        proxy.hub.sleepers()
+    );
     assert!(listed_models(&proxy).await.is_empty());
     proxy.shutdown().await;
 }
@@ -361,11 +378,20 @@ async fn sleeping_boxes_are_bounded_and_forgotten_after_the_configured_time() {
         let mut worker = ScriptedWorker::connect(proxy.addr).await;
         let mac = format!("02:00:00:00:00:{i:02x}");
         worker
-            .register_message(register(&format!("box-{i}"), &[&format!("m-{i}")], Some(&mac), true))
+            .register_message(register(
+                &format!("box-{i}"),
+                &[&format!("m-{i}")],
+                Some(&mac),
+                true,
+            ))
             .await;
         worker.crash();
         wait_until("the box is asleep", || {
-            proxy.hub.sleepers().iter().any(|s| s.name == format!("box-{i}"))
+            proxy
+                .hub
+                .sleepers()
+                .iter()
+                .any(|s| s.name == format!("box-{i}"))
         })
         .await;
     }
