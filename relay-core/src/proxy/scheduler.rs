@@ -219,14 +219,19 @@ struct Provider {
     /// Models whose last worker left recently: requests for them queue instead of 404ing while
     /// the worker restarts.
     lingering: HashMap<Arc<str>, Instant>,
+    /// Models of boxes that went to sleep on this provider: requests for them queue here while
+    /// the hub wakes a box (see `sleepers.rs`).
+    asleep: HashSet<Arc<str>>,
     round_robin: usize,
 }
 
 impl Provider {
-    /// It lists `model`, or `model`'s last worker left it less than a queue timeout ago.
+    /// It lists `model`, `model`'s last worker left it less than a queue timeout ago, or a
+    /// sleeping box of it serves `model`.
     fn claims(&self, model: &str, now: Instant) -> bool {
         self.limits.models.iter().any(|m| m == model)
             || self.lingering.get(model).is_some_and(|until| *until > now)
+            || self.asleep.contains(model)
     }
 }
 
@@ -303,6 +308,7 @@ impl Scheduler {
                     queued: 0,
                     model_workers: HashMap::new(),
                     lingering: HashMap::new(),
+                    asleep: HashSet::new(),
                     round_robin: 0,
                 })
                 .collect(),
@@ -498,6 +504,28 @@ impl Scheduler {
         self.providers
             .iter()
             .any(|p| p.model_workers.contains_key(model) || p.claims(model, now))
+    }
+
+    /// Whether a connected worker serves `model` (busy or not).
+    pub fn is_served(&self, model: &str) -> bool {
+        self.providers
+            .iter()
+            .any(|p| p.model_workers.contains_key(model))
+    }
+
+    /// Replaces the (provider, model) pairs sleeping boxes serve: claimed like a listed model
+    /// until the box wakes or is forgotten. Pairs of unknown providers are ignored.
+    pub fn set_asleep(&mut self, asleep: &[(String, String)]) {
+        for p in &mut self.providers {
+            p.asleep.clear();
+        }
+        for (provider, model) in asleep {
+            if let Some(index) = self.provider_index(provider) {
+                self.providers[index]
+                    .asleep
+                    .insert(Arc::from(model.as_str()));
+            }
+        }
     }
 
     /// Client request `request` arrived for `model`.

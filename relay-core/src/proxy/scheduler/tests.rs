@@ -26,6 +26,8 @@ fn register(s: &mut Scheduler, name: &str, models: &[&str], max: u32) -> Registe
             max_concurrent: max,
             protocol_version: Some("1".to_string()),
             current_load: Some(0),
+            mac_address: None,
+            sleeps_when_idle: None,
         },
     )
     .expect("registered")
