@@ -336,3 +336,50 @@ async fn a_keys_priority_is_set_when_it_is_made_and_shown_by_the_admin_api() {
     assert_eq!(priorities, ["batch", "interactive"]);
     proxy.shutdown().await;
 }
+
+/// A client that connects from `ip` (any 127.x.y.z address is this machine on Linux).
+fn client_from(ip: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .local_address(Some(ip.parse().expect("ip")))
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+#[tokio::test]
+async fn requests_without_a_key_take_turns_per_client_address() {
+    let proxy = proxy().await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "one-slot", &[MODEL], 1).await;
+    let send = |client: reqwest::Client, tag: String| {
+        let request = client
+            .post(format!("{}/v1/chat/completions", proxy.url()))
+            .json_body(&json!({"model": MODEL, "messages": [{"role": "user", "content": tag}]}));
+        tokio::spawn(async move { request.send().await.expect("answered").status().as_u16() })
+    };
+    let busy = client_from("127.0.0.1");
+    let tasks: Vec<_> = (0..5)
+        .map(|i| send(busy.clone(), format!("busy-{i}")))
+        .collect();
+    let mut running = worker.next_request().await;
+    wait_until("the busy machine's requests queue", || queued(&proxy) == 4).await;
+    let other = send(client_from("127.0.0.2"), "other-machine".into());
+    wait_until("the other machine's request queues", || queued(&proxy) == 5).await;
+    running = finish_and_take_next(&mut worker, &running).await;
+    assert_eq!(tag_of(&running), "other-machine");
+    for _ in 0..4 {
+        running = finish_and_take_next(&mut worker, &running).await;
+        assert!(tag_of(&running).starts_with("busy-"));
+    }
+    worker
+        .complete(&running.request_id, r#"{"choices":[]}"#)
+        .await;
+    for task in tasks.into_iter().chain([other]) {
+        let status = tokio::time::timeout(WAIT, task)
+            .await
+            .expect("answered in time")
+            .expect("client task");
+        assert_eq!(status, 200);
+    }
+    proxy.shutdown().await;
+}

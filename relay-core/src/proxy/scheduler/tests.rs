@@ -205,12 +205,28 @@ fn placed(client: &str, priority: Priority) -> Placement {
     }
 }
 
+/// A scheduler with room in its queue and one worker of one slot serving `m`.
+fn one_slot() -> (Scheduler, WorkerId) {
+    let mut roomy = limits();
+    roomy.max_queue_len = 100;
+    let mut s = Scheduler::new(vec![("local".to_string(), roomy)]);
+    let w = register(&mut s, "w", &["m"], 1).worker;
+    (s, w)
+}
+
+/// Finishes `running` on `w`; returns the one request the freed slot took.
+fn finish_and_take_next(s: &mut Scheduler, w: WorkerId, running: RequestId) -> RequestId {
+    let mut actions = Vec::new();
+    assert!(s.finish(w, running, &mut actions));
+    let [Action::Dispatch { request, .. }] = actions[..] else {
+        panic!("one dispatch, got {actions:?}");
+    };
+    request
+}
+
 #[test]
 fn a_freed_slot_serves_interactive_work_first_and_takes_turns_between_clients() {
-    let mut big_queue = limits();
-    big_queue.max_queue_len = 100;
-    let mut s = Scheduler::new(vec![("local".to_string(), big_queue)]);
-    let w = register(&mut s, "w", &["m"], 1).worker;
+    let (mut s, w) = one_slot();
     let now = Instant::now();
     let interactive = Priority::Interactive;
     let submitted = s.submit(1, "m", placed("flood", interactive), now);
@@ -227,13 +243,8 @@ fn a_freed_slot_serves_interactive_work_first_and_takes_turns_between_clients() 
     let mut order = Vec::new();
     let mut running = 1;
     for _ in 0..4 {
-        let mut actions = Vec::new();
-        assert!(s.finish(w, running, &mut actions));
-        let [Action::Dispatch { request, .. }] = actions[..] else {
-            panic!("one dispatch, got {actions:?}");
-        };
-        order.push(request);
-        running = request;
+        running = finish_and_take_next(&mut s, w, running);
+        order.push(running);
     }
     assert_eq!(
         order,
@@ -246,10 +257,7 @@ fn a_freed_slot_serves_interactive_work_first_and_takes_turns_between_clients() 
 
 #[test]
 fn batch_work_on_a_busy_worker_still_runs_within_the_ageing_bound() {
-    let mut big_queue = limits();
-    big_queue.max_queue_len = 100;
-    let mut s = Scheduler::new(vec![("local".to_string(), big_queue)]);
-    let w = register(&mut s, "w", &["m"], 1).worker;
+    let (mut s, w) = one_slot();
     let now = Instant::now();
     s.submit(1, "m", placed("a", Priority::Interactive), now)
         .unwrap();
@@ -262,12 +270,7 @@ fn batch_work_on_a_busy_worker_still_runs_within_the_ageing_bound() {
     let mut running = 1;
     let mut turns = 0;
     while running != 2 {
-        let mut actions = Vec::new();
-        s.finish(w, running, &mut actions);
-        let [Action::Dispatch { request, .. }] = actions[..] else {
-            panic!("one dispatch, got {actions:?}");
-        };
-        running = request;
+        running = finish_and_take_next(&mut s, w, running);
         turns += 1;
     }
     assert_eq!(
