@@ -24,16 +24,21 @@ impl Fixture {
     fn push(&mut self, client: &str, model: &str, priority: Priority) -> RequestId {
         let id = self.next;
         self.next += 1;
+        self.put(id, Some(client), model, priority);
+        id
+    }
+
+    /// Queues request `id` (a new one, or one coming back) of `client` (`None`: unknown).
+    fn put(&mut self, id: RequestId, client: Option<&str>, model: &str, priority: Priority) {
         self.turns.push(
             id,
             Seat {
                 model: &name(model),
-                client: &Some(name(client)),
+                client: &client.map(name),
                 priority,
             },
         );
         self.turns.assert_consistent();
-        id
     }
 
     fn take(&mut self, models: &[&str]) -> Option<RequestId> {
@@ -156,14 +161,7 @@ fn a_requeued_request_goes_back_to_the_head_of_its_clients_queue() {
     let second = f.push("a", "m", I);
     assert_eq!(f.take(&["m"]), Some(first));
     // Its worker died: it comes back with its old id.
-    f.turns.push(
-        first,
-        Seat {
-            model: &name("m"),
-            client: &Some(name("a")),
-            priority: I,
-        },
-    );
+    f.put(first, Some("a"), "m", I);
     assert_eq!(f.take(&["m"]), Some(first));
     assert_eq!(f.take(&["m"]), Some(second));
 }
@@ -196,18 +194,10 @@ fn removing_a_request_takes_no_turn_and_removing_twice_changes_nothing() {
 #[test]
 fn requests_without_a_known_client_share_one_queue() {
     let mut f = Fixture::new();
-    let mut anonymous = Vec::new();
-    for _ in 0..2 {
-        anonymous.push(f.next);
-        f.turns.push(
-            f.next,
-            Seat {
-                model: &name("m"),
-                client: &None,
-                priority: I,
-            },
-        );
-        f.next += 1;
+    let anonymous = [f.next, f.next + 1];
+    f.next += 2;
+    for id in anonymous {
+        f.put(id, None, "m", I);
     }
     let keyed = f.push("k", "m", I);
     let order: Vec<RequestId> = std::iter::from_fn(|| f.take(&["m"])).collect();
