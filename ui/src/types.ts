@@ -214,7 +214,12 @@ export interface ApiKey {
   models: string[] | null;
   max_concurrent: number | null;
   requests_per_minute: number | null;
+  /** Batch keys' requests wait behind interactive ones when slots are busy; absent from older relays. */
+  priority?: KeyPriority;
 }
+
+/** How urgent a key's requests are (README, "Priority and fair turns"). */
+export type KeyPriority = 'interactive' | 'batch';
 
 /** POST /api/keys answer: the key plus its secret, which the relay shows only this once. */
 export interface CreatedApiKey extends ApiKey {
@@ -227,6 +232,7 @@ export interface NewApiKey {
   models?: string[];
   max_concurrent?: number;
   requests_per_minute?: number;
+  priority?: KeyPriority;
 }
 
 export type UsageGroupBy = 'day' | 'key' | 'model';

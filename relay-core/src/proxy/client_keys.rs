@@ -9,17 +9,19 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, HttpBody};
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 
+use super::priority::client_of;
 use super::telemetry::Telemetry;
 use crate::dialect::{ApiError, Dialect};
 use crate::store::usage::ANONYMOUS;
@@ -32,6 +34,9 @@ pub struct ClientIdentity {
     pub key: Option<Arc<ApiKey>>,
     /// The key's id, or `anonymous`: what usage and the metrics account it under.
     pub account: Cow<'static, str>,
+    /// Who takes turns in the queue: the key's id, else the peer's address
+    /// ([`super::priority::client_of`]).
+    pub client: Option<Arc<str>>,
 }
 
 impl ClientIdentity {
@@ -40,6 +45,7 @@ impl ClientIdentity {
         ClientIdentity {
             key: None,
             account: Cow::Borrowed(ANONYMOUS),
+            client: None,
         }
     }
 
@@ -97,9 +103,14 @@ pub async fn identify(State(gate): State<KeyGate>, mut request: Request, next: N
             break;
         }
     }
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|info| info.0.ip());
     let identity = match key {
         Some(key) => ClientIdentity {
             account: Cow::Owned(key.id.clone()),
+            client: client_of(Some(&key), peer),
             key: Some(key),
         },
         None if gate.required => {
@@ -124,7 +135,10 @@ pub async fn identify(State(gate): State<KeyGate>, mut request: Request, next: N
             gate.telemetry.client_auth_failed();
             return error.into_response(dialect);
         }
-        None => ClientIdentity::anonymous(),
+        None => ClientIdentity {
+            client: client_of(None, peer),
+            ..ClientIdentity::anonymous()
+        },
     };
     request.extensions_mut().insert(identity);
     next.run(request).await
@@ -262,6 +276,7 @@ mod tests {
             models: Some(vec!["small".into()]),
             max_concurrent,
             requests_per_minute,
+            priority: crate::store::KeyPriority::Interactive,
         }
     }
 
@@ -302,6 +317,7 @@ mod tests {
         let identity = ClientIdentity {
             key: Some(Arc::new(key(None, None))),
             account: Cow::Borrowed("key_1"),
+            client: None,
         };
         assert!(identity.check_model("small").is_ok());
         let refused = identity.check_model("big").unwrap_err();

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use super::auth::secrets_match;
 use super::client_keys::{self, ClientIdentity};
 use super::hub::RequestSpec;
+use super::priority;
 use super::response::{AnswerObserver, AnswerSource, CancelGuard, Waiter};
 use super::responses_api;
 use super::scheduler::{Placement, RegisterError, SubmitError, Submitted};
@@ -239,10 +240,12 @@ struct RequestHead {
     forwarded: crate::protocol::HeaderMap,
     /// The client's credentials, for providers that opt in.
     client_auth: crate::protocol::HeaderMap,
+    /// Its client and priority in the queue's turns.
+    placement: Placement,
 }
 
 impl RequestHead {
-    fn new(uri: axum::http::Uri, headers: HeaderMap) -> Self {
+    fn new(uri: axum::http::Uri, headers: HeaderMap, placement: Placement) -> Self {
         let copy = |names: &[&str]| {
             names
                 .iter()
@@ -263,6 +266,7 @@ impl RequestHead {
             endpoint_path,
             forwarded,
             client_auth,
+            placement,
         }
     }
 
@@ -286,6 +290,11 @@ async fn relay(
     if !state.hub.is_serving() {
         return turn_away(proxy_role_off());
     }
+    let placement =
+        match priority::placement_of(identity.key.as_deref(), identity.client.clone(), &headers) {
+            Ok(placement) => placement,
+            Err(error) => return turn_away(error),
+        };
     // A key's limits are checked before its body is read: a refused request costs nothing.
     let permit = match identity.key.as_ref().map(|key| state.key_limits.admit(key)) {
         Some(Ok(permit)) => Some(permit),
@@ -307,7 +316,7 @@ async fn relay(
         };
     // Keep only what the body takes.
     let _ = held.split(held.num_permits().saturating_sub(body.len()));
-    let mut head = RequestHead::new(uri, headers);
+    let mut head = RequestHead::new(uri, headers, placement);
     let (model, body) = match apply_aliases(&state, model, body) {
         Ok(parts) => parts,
         Err(error) => return turn_away(error),
@@ -398,6 +407,7 @@ async fn dispatch(
         endpoint_path,
         forwarded,
         client_auth,
+        placement,
     } = head;
     // Escaped into the `request` frame the body may grow past what a worker accepts, and the
     // worker would drop its whole connection: refuse it here, precisely.
@@ -439,7 +449,7 @@ async fn dispatch(
         body,
         headers: forwarded,
         client_auth,
-        placement: Placement::default(),
+        placement,
     }) {
         Ok(accepted) => accepted,
         Err(refused) => {
@@ -816,7 +826,7 @@ mod tests {
         for (name, value) in headers {
             map.insert(*name, value.parse().expect("header value"));
         }
-        RequestHead::new(uri.parse().expect("uri"), map)
+        RequestHead::new(uri.parse().expect("uri"), map, Placement::default())
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod http;
 pub mod hub;
 pub mod metrics;
 mod passthrough;
+pub mod priority;
 pub mod response;
 pub mod responses_api;
 pub mod responses_shared;

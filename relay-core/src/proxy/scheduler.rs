@@ -10,6 +10,11 @@ use std::time::{Duration, Instant};
 
 use crate::protocol::RegisterMessage;
 
+mod turns;
+
+pub use turns::BATCH_AGEING_TURNS;
+use turns::{Seat, Turns};
+
 /// Id of one worker connection.
 pub type WorkerId = u64;
 /// Id of one client request, allocated by the caller in arrival order; it doubles as the FIFO
@@ -211,9 +216,9 @@ pub struct WorkerSnapshot {
 struct Provider {
     name: String,
     limits: ProviderLimits,
-    /// Queued requests, per model, in arrival order (request ids grow with arrival).
-    queues: HashMap<Arc<str>, BTreeMap<RequestId, ()>>,
-    queued: usize,
+    /// Queued requests, by priority, client and model, in arrival order (request ids grow
+    /// with arrival): who a freed slot serves next is [`Turns`]' decision.
+    queue: Turns,
     /// Workers serving each model: the routing index.
     model_workers: HashMap<Arc<str>, Vec<WorkerId>>,
     /// Models whose last worker left recently: requests for them queue instead of 404ing while
@@ -278,11 +283,21 @@ struct Request {
     queue_deadline: Instant,
     requeues: u32,
     /// What placement weighs besides the model.
-    #[allow(dead_code)] // the seam for affinity and fair turns (issue 17), read by them
     placement: Placement,
     /// Some byte of the answer reached the client: never requeue it.
     started: bool,
     phase: Phase,
+}
+
+impl Request {
+    /// Where it waits while queued.
+    fn seat(&self) -> Seat<'_> {
+        Seat {
+            model: &self.model,
+            client: &self.placement.client,
+            priority: self.placement.priority,
+        }
+    }
 }
 
 /// The proxy's routing state.
@@ -304,8 +319,7 @@ impl Scheduler {
                 .map(|(name, limits)| Provider {
                     name,
                     limits,
-                    queues: HashMap::new(),
-                    queued: 0,
+                    queue: Turns::default(),
                     model_workers: HashMap::new(),
                     lingering: HashMap::new(),
                     asleep: HashSet::new(),
@@ -561,10 +575,14 @@ impl Scheduler {
                 queue_deadline,
             );
             self.assign(request, worker);
+            let seat = self.requests[&request].seat();
+            self.providers[provider]
+                .queue
+                .served_directly(seat.client, seat.priority);
             return Ok(Submitted::Dispatched { request, worker });
         }
         let p = &self.providers[provider];
-        if p.queued >= p.limits.max_queue_len {
+        if p.queue.len() >= p.limits.max_queue_len {
             // Rough hint: a queue drains at least once per queue timeout.
             let retry_after = p
                 .limits
@@ -614,25 +632,16 @@ impl Scheduler {
     fn enqueue(&mut self, request: RequestId) {
         let entry = self.requests.get_mut(&request).expect("known request");
         entry.phase = Phase::Queued;
-        let p = &mut self.providers[entry.provider];
-        p.queues
-            .entry(entry.model.clone())
-            .or_default()
-            .insert(request, ());
-        p.queued += 1;
+        self.providers[entry.provider]
+            .queue
+            .push(request, entry.seat());
     }
 
     fn dequeue(&mut self, request: RequestId) {
         let entry = &self.requests[&request];
-        let p = &mut self.providers[entry.provider];
-        if let Some(queue) = p.queues.get_mut(&entry.model) {
-            if queue.remove(&request).is_some() {
-                p.queued -= 1;
-            }
-            if queue.is_empty() {
-                p.queues.remove(&entry.model);
-            }
-        }
+        self.providers[entry.provider]
+            .queue
+            .remove(request, entry.seat());
     }
 
     fn assign(&mut self, request: RequestId, worker: WorkerId) {
@@ -683,7 +692,8 @@ impl Scheduler {
         chosen
     }
 
-    /// Hands queued work to `worker` while it has free slots, oldest compatible request first.
+    /// Hands queued work to `worker` while it has free slots: the request whose turn it is among
+    /// those for the models it serves ([`Turns::take_next`]).
     fn fill_worker(&mut self, worker: WorkerId, actions: &mut Vec<Action>) {
         loop {
             let Some(w) = self.workers.get(&worker) else {
@@ -692,16 +702,10 @@ impl Scheduler {
             if !w.has_capacity() {
                 return;
             }
-            let p = &self.providers[w.provider];
-            let oldest = w
-                .models
-                .iter()
-                .filter_map(|m| p.queues.get(m).and_then(|q| q.keys().next().copied()))
-                .min();
-            let Some(request) = oldest else {
+            let next = self.providers[w.provider].queue.take_next(&w.models);
+            let Some(request) = next else {
                 return;
             };
-            self.dequeue(request);
             self.assign(request, worker);
             actions.push(Action::Dispatch { request, worker });
         }
@@ -938,7 +942,7 @@ impl Scheduler {
             worker.in_flight.shrink_to_fit();
         }
         for provider in &mut self.providers {
-            provider.queues.shrink_to_fit();
+            provider.queue.shrink_to_fit();
         }
     }
 
@@ -949,14 +953,14 @@ impl Scheduler {
 
     /// Queued requests across all providers.
     pub fn queue_depth(&self) -> usize {
-        self.providers.iter().map(|p| p.queued).sum()
+        self.providers.iter().map(|p| p.queue.len()).sum()
     }
 
     /// Queue depth per provider, in configuration order.
     pub fn queue_depths(&self) -> Vec<(String, usize)> {
         self.providers
             .iter()
-            .map(|p| (p.name.clone(), p.queued))
+            .map(|p| (p.name.clone(), p.queue.len()))
             .collect()
     }
 

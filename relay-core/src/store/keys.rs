@@ -36,6 +36,29 @@ const MAX_MODEL_BYTES: usize = 256;
 const MAX_CONCURRENT: u32 = 100_000;
 const MAX_REQUESTS_PER_MINUTE: u32 = 1_000_000;
 
+/// How urgent a key's requests are by default: under contention the relay serves interactive
+/// requests before batch ones (batch still gets a share, so it never starves).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyPriority {
+    /// A person waits for the answers (chat, an editor).
+    #[default]
+    Interactive,
+    /// Nobody watches (agents, evaluations, bulk jobs): its requests are always batch, whatever
+    /// they ask for.
+    Batch,
+}
+
+impl KeyPriority {
+    /// Its stored form; `NULL` (keys made before it existed) reads as interactive.
+    fn stored(self) -> Option<&'static str> {
+        match self {
+            KeyPriority::Interactive => None,
+            KeyPriority::Batch => Some("batch"),
+        }
+    }
+}
+
 /// A key, without its secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiKey {
@@ -57,6 +80,8 @@ pub struct ApiKey {
     pub max_concurrent: Option<u32>,
     /// How many requests it may make per minute.
     pub requests_per_minute: Option<u32>,
+    /// Its requests' priority.
+    pub priority: KeyPriority,
 }
 
 impl ApiKey {
@@ -80,6 +105,7 @@ pub struct KeyView {
     pub models: Option<Vec<String>>,
     pub max_concurrent: Option<u32>,
     pub requests_per_minute: Option<u32>,
+    pub priority: KeyPriority,
     /// The secret: only in the answer that created the key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
@@ -97,6 +123,7 @@ impl From<&ApiKey> for KeyView {
             models: key.models.clone(),
             max_concurrent: key.max_concurrent,
             requests_per_minute: key.requests_per_minute,
+            priority: key.priority,
             key: None,
         }
     }
@@ -113,6 +140,9 @@ pub struct NewKey {
     pub max_concurrent: Option<u32>,
     #[serde(default)]
     pub requests_per_minute: Option<u32>,
+    /// Interactive when left out.
+    #[serde(default)]
+    pub priority: KeyPriority,
 }
 
 impl NewKey {
@@ -199,7 +229,7 @@ pub struct KeyStore {
 }
 
 const COLUMNS: &str = "id, name, prefix, created_at, revoked_at, last_used_at, models, \
-                       max_concurrent, requests_per_minute, secret_hash";
+                       max_concurrent, requests_per_minute, secret_hash, priority";
 const KINDS: &[Kind] = &[
     Kind::Text,
     Kind::Text,
@@ -210,6 +240,7 @@ const KINDS: &[Kind] = &[
     Kind::Text,
     Kind::Int,
     Kind::Int,
+    Kind::Text,
     Kind::Text,
 ];
 
@@ -227,6 +258,11 @@ fn key_of(row: &Row) -> (String, ApiKey) {
             .and_then(|json| serde_json::from_str(&json).ok()),
         max_concurrent: limit(7),
         requests_per_minute: limit(8),
+        // Anything but `batch` (NULL, or a value a newer release wrote) is the default.
+        priority: match row.opt_text(10).as_deref() {
+            Some("batch") => KeyPriority::Batch,
+            _ => KeyPriority::Interactive,
+        },
     };
     (row.text(9), key)
 }
@@ -342,6 +378,7 @@ impl KeyStore {
             models: new.models,
             max_concurrent: new.max_concurrent,
             requests_per_minute: new.requests_per_minute,
+            priority: new.priority,
         };
         let models = key
             .models
@@ -350,7 +387,8 @@ impl KeyStore {
         self.db
             .execute(
                 "INSERT INTO api_keys (id, name, secret_hash, prefix, created_at, models, \
-                 max_concurrent, requests_per_minute) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                 max_concurrent, requests_per_minute, priority) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                 vec![
                     key.id.clone().into(),
                     key.name.clone().into(),
@@ -360,6 +398,7 @@ impl KeyStore {
                     models.into(),
                     key.max_concurrent.map(i64::from).into(),
                     key.requests_per_minute.map(i64::from).into(),
+                    key.priority.stored().map(str::to_string).into(),
                 ],
             )
             .await?;
@@ -530,6 +569,7 @@ mod tests {
                 models: Some(vec!["b".into(), "a".into(), "a".into()]),
                 max_concurrent: Some(2),
                 requests_per_minute: Some(30),
+                priority: KeyPriority::Batch,
             })
             .await
             .unwrap();
@@ -544,8 +584,24 @@ mod tests {
         );
         assert!(key.allows("a") && !key.allows("c"));
         assert_eq!(
-            (key.max_concurrent, key.requests_per_minute),
-            (Some(2), Some(30))
+            (key.max_concurrent, key.requests_per_minute, key.priority),
+            (Some(2), Some(30), KeyPriority::Batch)
         );
+    }
+
+    #[test]
+    fn a_priority_other_than_interactive_or_batch_is_refused_when_a_key_is_made() {
+        let refused = serde_json::from_str::<NewKey>(r#"{"name": "a", "priority": "urgent"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("unknown variant `urgent`"), "{refused}");
+        for bad in [
+            r#"{"name": "a", "priority": 1}"#,
+            r#"{"name": "a", "priority": null}"#,
+        ] {
+            assert!(serde_json::from_str::<NewKey>(bad).is_err(), "{bad}");
+        }
+        let batch: NewKey = serde_json::from_str(r#"{"name": "a", "priority": "batch"}"#).unwrap();
+        assert_eq!(batch.priority, KeyPriority::Batch);
     }
 }

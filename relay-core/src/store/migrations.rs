@@ -59,6 +59,8 @@ const STEPS: &[&str] = &[
         expires_at BIGINT NOT NULL
     );
     CREATE INDEX responses_expires_at ON responses (expires_at);",
+    // 3: a key's priority (`batch`; NULL is interactive, so existing keys keep theirs).
+    "ALTER TABLE api_keys ADD COLUMN priority TEXT;",
 ];
 
 /// The schema version this build writes.

@@ -39,13 +39,27 @@ describe('the create-key form', () => {
       models: 'llama3, qwen2.5-7b\nllama3',
       maxConcurrent: ' 4 ',
       requestsPerMinute: '60',
+      priority: 'interactive',
     });
     expect(errors).toEqual({});
     expect(body).toEqual({ name: 'ci', models: ['llama3', 'qwen2.5-7b'], max_concurrent: 4, requests_per_minute: 60 });
   });
 
+  it('sends a batch priority, and nothing for the default interactive', () => {
+    expect(validateKeyForm({ ...EMPTY_KEY_FORM, name: 'agent', priority: 'batch' }).body).toEqual({
+      name: 'agent',
+      priority: 'batch',
+    });
+    expect(validateKeyForm({ ...EMPTY_KEY_FORM, name: 'chat' }).body).toEqual({ name: 'chat' });
+  });
+
   it('names the field that is wrong', () => {
-    const { body, errors } = validateKeyForm({ name: ' ', models: '', maxConcurrent: '0', requestsPerMinute: '1.5' });
+    const { body, errors } = validateKeyForm({
+      ...EMPTY_KEY_FORM,
+      name: ' ',
+      maxConcurrent: '0',
+      requestsPerMinute: '1.5',
+    });
     expect(body).toBeNull();
     expect(errors.name).toMatch(/name/);
     expect(errors.maxConcurrent).toBe('Concurrent requests must be at least 1 (or empty for no limit).');
@@ -80,6 +94,8 @@ describe('the key list', () => {
       'llama3, qwen · 4 at once · 60/min',
     );
     expect(limitsLabel(key({ models: [], requests_per_minute: 5 }))).toBe('5/min');
+    expect(limitsLabel(key({ priority: 'batch' }))).toBe('batch');
+    expect(limitsLabel(key({ priority: 'interactive' }))).toBe('None');
   });
 
   it('says when a key was last used', () => {

@@ -10,9 +10,17 @@ export interface KeyForm {
   models: string;
   maxConcurrent: string;
   requestsPerMinute: string;
+  /** `interactive` or `batch`, as the select holds it. */
+  priority: string;
 }
 
-export const EMPTY_KEY_FORM: KeyForm = { name: '', models: '', maxConcurrent: '', requestsPerMinute: '' };
+export const EMPTY_KEY_FORM: KeyForm = {
+  name: '',
+  models: '',
+  maxConcurrent: '',
+  requestsPerMinute: '',
+  priority: 'interactive',
+};
 
 export type KeyFormErrors = Partial<Record<keyof KeyForm, string>>;
 
@@ -66,6 +74,8 @@ export function validateKeyForm(form: KeyForm): { body: NewApiKey | null; errors
   if (models.length) body.models = models;
   if (concurrent.value !== undefined) body.max_concurrent = concurrent.value;
   if (rpm.value !== undefined) body.requests_per_minute = rpm.value;
+  // Interactive is the relay's default: only batch needs saying.
+  if (form.priority === 'batch') body.priority = 'batch';
   return { body, errors };
 }
 
@@ -79,12 +89,15 @@ export function sortKeys(keys: ApiKey[]): ApiKey[] {
   });
 }
 
-/** The limits of a key in a few words: "llama3, qwen · 4 at once · 60/min", or "None". */
-export function limitsLabel(key: Pick<ApiKey, 'models' | 'max_concurrent' | 'requests_per_minute'>): string {
+/** The limits of a key in a few words: "llama3, qwen · 4 at once · 60/min · batch", or "None". */
+export function limitsLabel(
+  key: Pick<ApiKey, 'models' | 'max_concurrent' | 'requests_per_minute' | 'priority'>,
+): string {
   const parts: string[] = [];
   if (key.models && key.models.length) parts.push(key.models.join(', '));
   if (key.max_concurrent != null) parts.push(`${key.max_concurrent} at once`);
   if (key.requests_per_minute != null) parts.push(`${key.requests_per_minute}/min`);
+  if (key.priority === 'batch') parts.push('batch');
   return parts.length ? parts.join(' · ') : 'None';
 }
 

@@ -193,9 +193,92 @@ fn random_model_names_share_the_queue_bound_and_leave_no_queue_behind() {
     ));
     assert_eq!(s.queue_depth(), 2);
     assert_eq!(
-        s.providers[0].queues.len(),
+        s.providers[0].queue.fifo_count(),
         2,
         "one queue per waiting model"
+    );
+}
+
+fn placed(client: &str, priority: Priority) -> Placement {
+    Placement {
+        client: Some(Arc::from(client)),
+        priority,
+        ..Placement::default()
+    }
+}
+
+/// A scheduler with room in its queue and one worker of one slot serving `m`.
+fn one_slot() -> (Scheduler, WorkerId) {
+    let mut roomy = limits();
+    roomy.max_queue_len = 100;
+    let mut s = Scheduler::new(vec![("local".to_string(), roomy)]);
+    let w = register(&mut s, "w", &["m"], 1).worker;
+    (s, w)
+}
+
+/// Finishes `running` on `w`; returns the one request the freed slot took.
+fn finish_and_take_next(s: &mut Scheduler, w: WorkerId, running: RequestId) -> RequestId {
+    let mut actions = Vec::new();
+    assert!(s.finish(w, running, &mut actions));
+    let [Action::Dispatch { request, .. }] = actions[..] else {
+        panic!("one dispatch, got {actions:?}");
+    };
+    request
+}
+
+#[test]
+fn a_freed_slot_serves_interactive_work_first_and_takes_turns_between_clients() {
+    let (mut s, w) = one_slot();
+    let now = Instant::now();
+    let interactive = Priority::Interactive;
+    let submitted = s.submit(1, "m", placed("flood", interactive), now);
+    assert_eq!(dispatched_to(submitted.unwrap()), w);
+    for id in 2..=20 {
+        s.submit(id, "m", placed("flood", interactive), now)
+            .unwrap();
+    }
+    s.submit(21, "m", placed("agent", Priority::Batch), now)
+        .unwrap();
+    s.submit(22, "m", placed("person", interactive), now)
+        .unwrap();
+    assert_eq!(s.queue_depth(), 21);
+    let mut order = Vec::new();
+    let mut running = 1;
+    for _ in 0..4 {
+        running = finish_and_take_next(&mut s, w, running);
+        order.push(running);
+    }
+    assert_eq!(
+        order,
+        [22, 2, 3, 4],
+        "the person's request goes at the first turn (the flood had one), batch waits"
+    );
+    assert_eq!(s.queue_depth(), 17);
+    assert_eq!(s.queue_depths(), vec![("local".to_string(), 17)]);
+}
+
+#[test]
+fn batch_work_on_a_busy_worker_still_runs_within_the_ageing_bound() {
+    let (mut s, w) = one_slot();
+    let now = Instant::now();
+    s.submit(1, "m", placed("a", Priority::Interactive), now)
+        .unwrap();
+    s.submit(2, "m", placed("agent", Priority::Batch), now)
+        .unwrap();
+    for id in 3..40 {
+        s.submit(id, "m", placed("a", Priority::Interactive), now)
+            .unwrap();
+    }
+    let mut running = 1;
+    let mut turns = 0;
+    while running != 2 {
+        running = finish_and_take_next(&mut s, w, running);
+        turns += 1;
+    }
+    assert_eq!(
+        turns,
+        BATCH_AGEING_TURNS + 1,
+        "eight interactive turns, then batch"
     );
 }
 
@@ -783,19 +866,55 @@ fn retryable_failures_share_the_requeue_cap_with_worker_deaths() {
 /// included, as stray messages from workers are).
 #[derive(Debug, Clone)]
 enum Event {
-    Register { models: Vec<usize>, max: u32 },
-    Submit { model: usize },
-    Finish { worker: usize, request: usize },
-    Retry { worker: usize, request: usize },
-    Cancel { request: usize },
-    ReleaseCancelled { request: usize },
-    ExpireQueued { request: usize },
-    MarkStarted { request: usize },
-    WorkerGone { worker: usize },
-    UpdateModels { worker: usize, models: Vec<usize> },
-    UpdateLoad { worker: usize, load: u32 },
-    Drain { worker: usize },
-    Advance { secs: u64 },
+    Register {
+        models: Vec<usize>,
+        max: u32,
+    },
+    Submit {
+        model: usize,
+    },
+    SubmitAs {
+        model: usize,
+        client: usize,
+        batch: bool,
+    },
+    Finish {
+        worker: usize,
+        request: usize,
+    },
+    Retry {
+        worker: usize,
+        request: usize,
+    },
+    Cancel {
+        request: usize,
+    },
+    ReleaseCancelled {
+        request: usize,
+    },
+    ExpireQueued {
+        request: usize,
+    },
+    MarkStarted {
+        request: usize,
+    },
+    WorkerGone {
+        worker: usize,
+    },
+    UpdateModels {
+        worker: usize,
+        models: Vec<usize>,
+    },
+    UpdateLoad {
+        worker: usize,
+        load: u32,
+    },
+    Drain {
+        worker: usize,
+    },
+    Advance {
+        secs: u64,
+    },
 }
 
 const MODELS: [&str; 4] = ["a", "b", "c", "unknown"];
@@ -806,6 +925,11 @@ fn event() -> impl proptest::strategy::Strategy<Value = Event> {
     prop_oneof![
         (models(), 1u32..4).prop_map(|(models, max)| Event::Register { models, max }),
         (0usize..4).prop_map(|model| Event::Submit { model }),
+        (0usize..4, 0usize..3, any::<bool>()).prop_map(|(model, client, batch)| Event::SubmitAs {
+            model,
+            client,
+            batch
+        }),
         (0usize..8, 0usize..16).prop_map(|(worker, request)| Event::Finish { worker, request }),
         (0usize..8, 0usize..16).prop_map(|(worker, request)| Event::Retry { worker, request }),
         (0usize..16).prop_map(|request| Event::Cancel { request }),
@@ -839,10 +963,11 @@ fn assert_consistent(s: &Scheduler) {
     for (&id, request) in &s.requests {
         match request.phase {
             Phase::Queued => {
-                let queue = s.providers[request.provider].queues.get(&request.model);
                 assert!(
-                    queue.is_some_and(|q| q.contains_key(&id)),
-                    "queued request {id} is in no queue"
+                    s.providers[request.provider]
+                        .queue
+                        .contains(id, request.seat()),
+                    "queued request {id} is in no queue, or not where its placement says"
                 );
                 queued[request.provider] += 1;
             }
@@ -853,12 +978,12 @@ fn assert_consistent(s: &Scheduler) {
         }
     }
     for (index, provider) in s.providers.iter().enumerate() {
-        let in_queues: usize = provider.queues.values().map(BTreeMap::len).sum();
-        assert_eq!(in_queues, queued[index], "queues hold only queued requests");
-        assert_eq!(provider.queued, queued[index], "the queue count");
-        assert!(
-            provider.queues.values().all(|q| !q.is_empty()),
-            "no empty queue is kept (random model names must not leave entries behind)"
+        // No empty queue is kept (random model names must not leave entries behind).
+        provider.queue.assert_consistent();
+        assert_eq!(
+            provider.queue.len(),
+            queued[index],
+            "queues hold only queued requests"
         );
         for workers in provider.model_workers.values() {
             for worker in workers {
@@ -892,6 +1017,16 @@ proptest::proptest! {
                 }
                 Event::Submit { model } => {
                     let _ = s.submit(next_request, MODELS[model], Placement::default(), now);
+                    requests.push(next_request);
+                    next_request += 1;
+                }
+                Event::SubmitAs { model, client, batch } => {
+                    let placement = Placement {
+                        client: Some(Arc::from(["k1", "k2", "10.0.0.9"][client])),
+                        priority: if batch { Priority::Batch } else { Priority::Interactive },
+                        ..Placement::default()
+                    };
+                    let _ = s.submit(next_request, MODELS[model], placement, now);
                     requests.push(next_request);
                     next_request += 1;
                 }

@@ -100,6 +100,22 @@ export function CreateKeyCard({ servedModels, onCreated }: { servedModels: strin
             {input('requestsPerMinute', { placeholder: 'no limit', numeric: true })}
           </Field>
         </div>
+        <Field
+          label="Priority"
+          id="key-priority"
+          help="When every slot is busy, batch requests wait behind interactive ones (they still get at least one turn in nine). Requests may lower themselves with x-modelrelay-priority: batch, never raise."
+        >
+          <select
+            id="key-priority"
+            value={form.priority}
+            onChange={(ev) => set('priority', (ev.target as HTMLSelectElement).value)}
+            aria-describedby="key-priority-help"
+            data-testid="key-priority"
+          >
+            <option value="interactive">Interactive: a person waits for the answers</option>
+            <option value="batch">Batch: agents, evaluations, bulk jobs</option>
+          </select>
+        </Field>
         {serverError ? (
           <Alert kind="error" testid="create-key-error">
             Could not create the key: {serverError}
