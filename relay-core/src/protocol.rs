@@ -219,6 +219,12 @@ pub struct PingMessage {
     /// falls too far behind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_requests: Option<Vec<String>>,
+    /// Extension: network cards (MAC addresses) of sleeping boxes on this worker's LAN that a
+    /// request is waiting for: the worker sends each a Wake-on-LAN packet, because a proxy on
+    /// another network (a VPS) cannot broadcast onto the boxes' LAN. A worker that ignores it
+    /// (the published one) leaves the waking to the proxy's own packet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_macs: Option<Vec<String>>,
 }
 
 /// `pong`: heartbeat answer.

@@ -8,7 +8,7 @@
 //! pattern, whatever the protocol and port, so the destination only needs to reach its segment.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 
 /// Length of a magic packet: 6 bytes of 0xFF, then 16 copies of the 6-byte MAC.
@@ -127,6 +127,24 @@ impl serde::Serialize for MacAddress {
     }
 }
 
+/// Whether two machines, by the addresses their connections come from, share a LAN where one
+/// can wake the other: the same address (boxes behind one router, seen from a proxy elsewhere)
+/// or, for a proxy on that LAN, one private IPv4 /24 or one IPv6 /64. A guess from addresses
+/// alone, made to pick which connected worker relays a magic packet; a wrong guess costs one
+/// packet that wakes nothing.
+pub fn same_lan(a: IpAddr, b: IpAddr) -> bool {
+    if a == b {
+        return true;
+    }
+    match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => {
+            a.is_private() && b.is_private() && a.octets()[..3] == b.octets()[..3]
+        }
+        (IpAddr::V6(a), IpAddr::V6(b)) => a.segments()[..4] == b.segments()[..4],
+        _ => false,
+    }
+}
+
 /// Sends one magic packet for `mac` to `target` (broadcast allowed).
 pub async fn send_magic_packet(mac: MacAddress, target: SocketAddr) -> std::io::Result<()> {
     let bind: SocketAddr = if target.is_ipv4() {
@@ -201,6 +219,25 @@ pub fn default_route_interface(table: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn machines_share_a_lan_by_one_address_or_one_private_subnet() {
+        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+        assert!(
+            same_lan(ip("203.0.113.7"), ip("203.0.113.7")),
+            "behind one router"
+        );
+        assert!(same_lan(ip("192.168.1.20"), ip("192.168.1.31")));
+        assert!(!same_lan(ip("192.168.1.20"), ip("192.168.2.20")));
+        assert!(
+            !same_lan(ip("203.0.113.7"), ip("203.0.113.8")),
+            "public neighbours differ"
+        );
+        assert!(same_lan(ip("fd00:1:2:3::5"), ip("fd00:1:2:3::9")));
+        assert!(!same_lan(ip("fd00:1:2:3::5"), ip("fd00:1:2:4::5")));
+        assert!(!same_lan(ip("192.168.1.20"), ip("fd00:1:2:3::5")));
+    }
+
     use super::*;
 
     #[test]

@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -24,8 +25,8 @@ use super::telemetry::{Telemetry, TrackedRequest};
 use crate::dialect::ApiError;
 use crate::protocol::{
     CancelMessage, CancelReason, GracefulShutdownMessage, HeaderMap, ModelsRefreshMessage,
-    RegisterAck, RegisterMessage, RequestMessage, ResponseCompleteMessage, ServerToWorker,
-    BRIDGE_PROTOCOL_VERSION,
+    PingMessage, RegisterAck, RegisterMessage, RequestMessage, ResponseCompleteMessage,
+    ServerToWorker, BRIDGE_PROTOCOL_VERSION,
 };
 
 /// What a waiting client hears about its request.
@@ -128,6 +129,8 @@ struct SleepInfo {
     name: String,
     provider: String,
     mac: Option<crate::wake::MacAddress>,
+    /// The address its connection comes from.
+    address: IpAddr,
     /// It registered with `sleeps_when_idle`.
     sleeps_when_idle: bool,
     /// The models it serves now (as accepted), or served before its `going_to_sleep` notice.
@@ -327,6 +330,7 @@ impl Hub {
                 if !inner.scheduler.is_served(&spec.model) {
                     let orders = inner.sleepers.wake_for(&spec.model, now, unix_ms());
                     if !orders.is_empty() {
+                        inner.relay_wake_packets(&orders);
                         drop(inner);
                         self.telemetry.touch();
                         self.send_wake_packets(orders);
@@ -464,6 +468,7 @@ impl Hub {
         &self,
         provider: &str,
         message: &RegisterMessage,
+        address: IpAddr,
     ) -> Result<Joined, RegisterError> {
         let (outbound, receiver) = mpsc::unbounded_channel();
         let mut inner = self.lock();
@@ -500,6 +505,7 @@ impl Hub {
             name,
             provider: provider.to_string(),
             mac,
+            address,
             sleeps_when_idle: message.sleeps_when_idle == Some(true),
             models: registered.models.clone(),
             announced_sleep: false,
@@ -555,6 +561,7 @@ impl Hub {
                     &info.name,
                     &info.provider,
                     info.mac,
+                    Some(info.address),
                     info.models.clone(),
                     now,
                     unix_ms(),
@@ -789,7 +796,47 @@ impl Hub {
 /// Maps that grew past this many slots are shrunk once they empty.
 const IDLE_SHRINK_THRESHOLD: usize = 1024;
 
+/// Connected workers on one sleeping box's LAN that relay its magic packet at most: a proxy
+/// elsewhere (a VPS) cannot broadcast onto that LAN, and one or two senders there suffice.
+const MAX_WAKE_RELAYS: usize = 2;
+
 impl Inner {
+    /// Asks up to [`MAX_WAKE_RELAYS`] connected workers on each box's LAN (by the address
+    /// their connections come from, see [`crate::wake::same_lan`]) to send its magic packet
+    /// too, in an extension field of `ping` that workers without it ignore.
+    fn relay_wake_packets(&self, orders: &[WakeOrder]) {
+        let mut asked: HashMap<WorkerId, Vec<String>> = HashMap::new();
+        for order in orders {
+            let Some(address) = order.address else {
+                continue;
+            };
+            let relays = self
+                .links
+                .iter()
+                .filter(|(_, link)| crate::wake::same_lan(link.sleep.address, address))
+                .take(MAX_WAKE_RELAYS);
+            for (worker, _) in relays {
+                asked
+                    .entry(*worker)
+                    .or_default()
+                    .push(order.mac.to_string());
+            }
+        }
+        for (worker, macs) in asked {
+            tracing::info!(worker = %worker_wire_id(worker), cards = ?macs, "asking a worker on the sleeping box's LAN to send its Wake-on-LAN packet");
+            let ping = ServerToWorker::Ping(PingMessage {
+                timestamp_unix_ms: None,
+                paused_requests: None,
+                wake_macs: Some(macs),
+            });
+            if let Some(link) = self.links.get(&worker) {
+                let _ = link
+                    .outbound
+                    .send(Outbound::Frame(Utf8Bytes::from(ping.to_json())));
+            }
+        }
+    }
+
     /// Tells the scheduler which models sleeping boxes serve, so requests for them queue at
     /// their provider (and aliases and upstreams leave them alone).
     fn sync_asleep(&mut self) {

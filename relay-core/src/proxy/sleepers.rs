@@ -8,6 +8,7 @@
 //! with the models its worker was allowed to advertise, so a worker cannot grow it by
 //! reconnecting under new names.
 
+use std::net::IpAddr;
 use std::time::Instant;
 
 use crate::wake::MacAddress;
@@ -23,6 +24,8 @@ pub struct Sleeper {
     pub provider: String,
     /// Its network card, if the worker announced one (no packet can be sent otherwise).
     pub mac: Option<MacAddress>,
+    /// The address its worker connected from: workers connecting from its LAN relay the packet.
+    pub address: Option<IpAddr>,
     /// The models it served when it left.
     pub models: Vec<String>,
     since: Instant,
@@ -49,6 +52,8 @@ pub struct WakeOrder {
     pub name: String,
     /// Its card.
     pub mac: MacAddress,
+    /// Where its worker connected from, for choosing workers on its LAN to relay the packet.
+    pub address: Option<IpAddr>,
 }
 
 /// The registry.
@@ -81,6 +86,7 @@ impl Sleepers {
         name: &str,
         provider: &str,
         mac: Option<MacAddress>,
+        address: Option<IpAddr>,
         models: Vec<String>,
         now: Instant,
         now_unix_ms: u64,
@@ -96,6 +102,7 @@ impl Sleepers {
             name: name.to_string(),
             provider: provider.to_string(),
             mac,
+            address,
             models,
             since: now,
             since_unix_ms: now_unix_ms,
@@ -153,6 +160,7 @@ impl Sleepers {
             orders.push(WakeOrder {
                 name: sleeper.name.clone(),
                 mac,
+                address: sleeper.address,
             });
         }
         orders
@@ -211,8 +219,8 @@ mod tests {
     fn a_flood_of_requests_sends_one_packet_per_box_per_retry_interval() {
         let mut s = Sleepers::new(limits(8));
         let t0 = Instant::now();
-        assert!(s.fell_asleep("gpu-1", "local", mac(1), vec!["m".into()], t0, 1000));
-        assert!(s.fell_asleep("gpu-2", "local", None, vec!["m".into()], t0, 1000));
+        assert!(s.fell_asleep("gpu-1", "local", mac(1), None, vec!["m".into()], t0, 1000));
+        assert!(s.fell_asleep("gpu-2", "local", None, None, vec!["m".into()], t0, 1000));
         let first = s.wake_for("m", t0, 2000);
         assert_eq!(first.len(), 1, "only the box with a card gets a packet");
         assert_eq!(first[0].name, "gpu-1");
@@ -232,27 +240,43 @@ mod tests {
         let mut s = Sleepers::new(limits(3));
         let t0 = Instant::now();
         for i in 0..10u8 {
-            s.fell_asleep(&format!("b{i}"), "local", mac(i), vec!["m".into()], t0, 0);
+            s.fell_asleep(
+                &format!("b{i}"),
+                "local",
+                mac(i),
+                None,
+                vec!["m".into()],
+                t0,
+                0,
+            );
         }
         let names: Vec<&str> = s.boxes().iter().map(|b| b.name.as_str()).collect();
         assert_eq!(names, ["b7", "b8", "b9"], "the oldest make room");
-        assert!(!s.fell_asleep("empty", "local", mac(1), vec![], t0, 0));
+        assert!(!s.fell_asleep("empty", "local", mac(1), None, vec![], t0, 0));
         assert!(!s.forget_expired(t0 + Duration::from_secs(59)));
         assert!(s.forget_expired(t0 + Duration::from_secs(60)));
         assert!(s.boxes().is_empty());
-        assert!(!Sleepers::new(limits(0)).fell_asleep("b", "local", None, vec!["m".into()], t0, 0));
+        assert!(!Sleepers::new(limits(0)).fell_asleep(
+            "b",
+            "local",
+            None,
+            None,
+            vec!["m".into()],
+            t0,
+            0
+        ));
     }
 
     #[test]
     fn a_box_wakes_by_name_or_card_and_falls_asleep_once() {
         let mut s = Sleepers::new(limits(8));
         let t0 = Instant::now();
-        s.fell_asleep("gpu-1", "local", mac(1), vec!["a".into()], t0, 0);
-        s.fell_asleep("gpu-1", "local", mac(1), vec!["b".into()], t0, 0);
+        s.fell_asleep("gpu-1", "local", mac(1), None, vec!["a".into()], t0, 0);
+        s.fell_asleep("gpu-1", "local", mac(1), None, vec!["b".into()], t0, 0);
         assert_eq!(s.boxes().len(), 1, "replaced, not duplicated");
         assert_eq!(s.models(), [("local".to_string(), "b".to_string())]);
         assert_eq!(s.woke("renamed", mac(1)).len(), 1, "same card, new name");
-        s.fell_asleep("gpu-1", "local", mac(1), vec!["b".into()], t0, 0);
+        s.fell_asleep("gpu-1", "local", mac(1), None, vec!["b".into()], t0, 0);
         assert!(s.woke("other", None).is_empty());
         assert_eq!(s.woke("gpu-1", None).len(), 1);
     }

@@ -109,7 +109,7 @@ pub async fn serve_worker(
         close(&mut sink, CLOSE_PROTOCOL_ERROR, &reason).await;
         return;
     }
-    let joined = match hub.register_worker(&provider, &register) {
+    let joined = match hub.register_worker(&provider, &register, peer) {
         Ok(joined) => joined,
         Err(error) => {
             let reason = match error {
@@ -248,7 +248,7 @@ impl Connection {
                         tracing::warn!(worker = %worker_wire_id(self.worker), "worker heartbeat timed out");
                         return Some(HEARTBEAT_LOST.to_string());
                     }
-                    let ping = ServerToWorker::Ping(PingMessage { timestamp_unix_ms: Some(unix_ms()), paused_requests: None }).to_json();
+                    let ping = ServerToWorker::Ping(PingMessage { timestamp_unix_ms: Some(unix_ms()), paused_requests: None, wake_macs: None }).to_json();
                     match timeout(self.settings.write_timeout, sink.send(Message::Text(ping.into()))).await {
                         Ok(Ok(())) => {}
                         Ok(Err(_)) => return None,
@@ -296,6 +296,7 @@ impl Connection {
         let ping = ServerToWorker::Ping(PingMessage {
             timestamp_unix_ms: None,
             paused_requests: Some(paused),
+            wake_macs: None,
         });
         let frame = Message::Text(ping.to_json().into());
         match timeout(self.settings.write_timeout, sink.send(frame)).await {

@@ -252,6 +252,9 @@ pub struct WorkerFile {
     pub sleeps_when_idle: Option<bool>,
     /// `MODELRELAY_MAC_ADDRESS`: the network card the proxy wakes (found by itself on Linux).
     pub mac_address: Option<String>,
+    /// `MODELRELAY_WAKE_TARGET`: where this worker sends the Wake-on-LAN packets the proxy asks
+    /// it to relay to sleeping boxes on its LAN (IP:PORT, the LAN's broadcast address).
+    pub wake_target: Option<String>,
     /// Whether backends serve `/v1/messages` themselves; unset probes each backend.
     pub native_messages: Option<bool>,
     /// Whether backends serve `/v1/responses` themselves; unset probes each backend.

@@ -128,6 +128,8 @@ pub struct WorkerSettings {
     pub sleeps_when_idle: bool,
     /// The card to wake, when configured (else found at start on Linux).
     pub mac_address: Option<MacAddress>,
+    /// Where it sends the Wake-on-LAN packets the proxy asks it to relay.
+    pub wake_target: SocketAddr,
 }
 
 fn secs(value: Option<u64>, default: Duration) -> Duration {
@@ -278,7 +280,7 @@ impl ProxySettings {
                 .unwrap_or(defaults::METRICS_PUBLIC),
             tls: tls(p, o)?,
             sleepers: sleepers(p, o)?,
-            wake_target: wake_target(p, o)?,
+            wake_target: wake_target("proxy", p.wake_target.as_deref(), o)?,
         })
     }
 }
@@ -304,15 +306,20 @@ fn sleepers(p: &ProxyFile, o: &Overrides) -> Result<SleeperLimits, ConfigError> 
 
 /// `MODELRELAY_WAKE_TARGET`: an `IP:PORT` (no host names: the packet goes out when a request
 /// waits, not after a DNS lookup).
-fn wake_target(p: &ProxyFile, o: &Overrides) -> Result<SocketAddr, ConfigError> {
+/// The same variable serves both roles: it names where this machine's packets go.
+fn wake_target(
+    section: &str,
+    file: Option<&str>,
+    o: &Overrides,
+) -> Result<SocketAddr, ConfigError> {
     let text = o
         .wake_target
         .as_deref()
-        .or(p.wake_target.as_deref())
+        .or(file)
         .unwrap_or(crate::wake::DEFAULT_WAKE_TARGET);
     text.trim().parse().map_err(|_| {
         invalid(format!(
-            "MODELRELAY_WAKE_TARGET/[proxy] wake_target {text:?} must be IP:PORT, e.g. \
+            "MODELRELAY_WAKE_TARGET/[{section}] wake_target {text:?} must be IP:PORT, e.g. \
              192.168.1.255:9 (the broadcast address of the sleeping boxes' network)"
         ))
     })
@@ -580,6 +587,7 @@ impl WorkerSettings {
                     ))
                 })?),
             },
+            wake_target: wake_target("worker", w.wake_target.as_deref(), o)?,
         })
     }
 }

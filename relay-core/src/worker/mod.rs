@@ -78,6 +78,9 @@ pub struct WorkerConfig {
     pub mac_address: Option<crate::wake::MacAddress>,
     /// The box suspends itself when idle: announced, so the proxy takes its leaving for sleep.
     pub sleeps_when_idle: bool,
+    /// Where the Wake-on-LAN packets go that the proxy asks this worker to send for sleeping
+    /// boxes on its LAN.
+    pub wake_target: std::net::SocketAddr,
 }
 
 impl WorkerConfig {
@@ -105,6 +108,9 @@ impl WorkerConfig {
             native_routes: NativeOverrides::default(),
             mac_address: None,
             sleeps_when_idle: false,
+            wake_target: crate::wake::DEFAULT_WAKE_TARGET
+                .parse()
+                .expect("the default wake target parses"),
         }
     }
 
@@ -145,6 +151,7 @@ impl WorkerConfig {
             native_routes: settings.native_routes,
             mac_address: settings.mac_address.or_else(crate::wake::local_mac),
             sleeps_when_idle: settings.sleeps_when_idle,
+            wake_target: settings.wake_target,
         }
     }
 }

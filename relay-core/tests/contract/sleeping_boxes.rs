@@ -402,3 +402,34 @@ async fn sleeping_boxes_are_bounded_and_forgotten_after_the_configured_time() {
     assert!(listed_models(&proxy).await.is_empty());
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_box_on_a_lan_the_proxy_cannot_reach_is_woken_through_a_worker_on_that_lan() {
+    // The proxy's own packets go to a network that is not the box's (a proxy on a VPS): the
+    // box's card hears only what a worker on its LAN sends. All connections come from
+    // 127.0.0.1, which is how boxes behind one router look to a proxy elsewhere.
+    let elsewhere = FakeCard::new().await;
+    let card = FakeCard::new().await;
+    let proxy = start_proxy(config_waking(&elsewhere, Duration::from_secs(10))).await;
+    let backend = MockBackend::start(&["small-model"]).await;
+    let mut neighbour = WorkerConfig::new(&proxy.url(), SECRET, &backend.url());
+    neighbour.name = "always-on".to_string();
+    neighbour.models = Some(vec!["small-model".to_string()]);
+    neighbour.wake_target = card.addr();
+    let neighbour = RunningWorker::start_with(neighbour);
+    wait_until("the neighbour registers", || proxy.hub.counts().0 == 1).await;
+    box_goes_to_sleep(&proxy, "gpu-2", &[MODEL]).await;
+
+    let client = spawn_post(&proxy.url(), "/v1/chat/completions", chat(MODEL));
+    card.woken().await;
+    let mut worker = ScriptedWorker::connect(proxy.addr).await;
+    worker
+        .register_message(register("gpu-2", &[MODEL], Some(MAC), false))
+        .await;
+    let request = worker.next_request().await;
+    worker.complete(&request.request_id, r#"{"ok":true}"#).await;
+    let (status, _, body) = answer_of(client).await;
+    assert_eq!(status, 200, "{body}");
+    neighbour.stop().await;
+    proxy.shutdown().await;
+}
