@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use crate::backend::{Backend, Capabilities, NativeOverrides, Speaks};
 use crate::discovery::DiscoveryOptions;
+use crate::hardware::{Latest, Sampler, SamplerSettings};
 use crate::lifecycle::{LifecycleConfig, LifecycleManager};
 use crate::protocol::BRIDGE_PROTOCOL_VERSION;
 use crate::settings::{defaults, WorkerSettings};
@@ -74,6 +75,9 @@ pub struct WorkerConfig {
     /// Whether backends serve `/v1/messages` and `/v1/responses` themselves; unset routes are
     /// probed (see [`Capabilities`]).
     pub native_routes: NativeOverrides,
+    /// How the box's CPU, memory and GPUs are sampled for the proxy's dashboard and the VRAM
+    /// check before a model starts; `None` samples nothing.
+    pub hardware: Option<SamplerSettings>,
 }
 
 impl WorkerConfig {
@@ -99,6 +103,7 @@ impl WorkerConfig {
             lifecycle: None,
             data_dir: crate::paths::data_dir(),
             native_routes: NativeOverrides::default(),
+            hardware: Some(SamplerSettings::default()),
         }
     }
 
@@ -137,6 +142,7 @@ impl WorkerConfig {
             lifecycle: settings.lifecycle,
             data_dir: crate::paths::data_dir(),
             native_routes: settings.native_routes,
+            hardware: Some(SamplerSettings::default()),
         }
     }
 }
@@ -155,20 +161,38 @@ pub async fn run(
     // One manager for the worker's whole life: a reconnect to the proxy must not restart models.
     let lifecycle = start_lifecycle(&config).await;
     report.set_lifecycle(lifecycle.clone());
+    // Off the request path: a task of its own, stopped when `sampler` drops at the end.
+    let sampler = config.hardware.clone().map(Sampler::start);
+    let hardware = sampler.as_ref().map(Sampler::latest);
+    report.set_hardware(hardware.clone());
+    if let (Some(manager), Some(latest)) = (&lifecycle, &hardware) {
+        manager.set_free_vram(free_vram_probe(latest.clone()));
+    }
     let running = Running {
         config: &config,
         access: &access,
         report: &report,
         lifecycle: lifecycle.as_ref(),
+        hardware: hardware.as_ref(),
     };
     serve_until_shutdown(running, &mut shutdown).await;
     report.set_lifecycle(None);
+    report.set_hardware(None);
+    drop(sampler);
     if let Some(manager) = lifecycle {
         // The servers run in process groups of their own: nothing else would stop them.
         tracing::info!("stopping model servers");
         manager.shutdown().await;
         tracing::info!("model servers stopped");
     }
+}
+
+/// The lifecycle's view of the sampler: free VRAM and when it was sampled.
+fn free_vram_probe(latest: Latest) -> crate::lifecycle::FreeVram {
+    Arc::new(move || {
+        let sample = latest.borrow().clone()?;
+        Some((crate::hardware::free_vram_mb(&sample.report)?, sample.taken))
+    })
 }
 
 /// The lifecycle manager for the model map, after killing the servers a previous run of this
@@ -252,6 +276,8 @@ pub struct Running<'a> {
     pub report: &'a WorkerReport,
     /// The model map's manager, if it has one.
     pub lifecycle: Option<&'a LifecycleManager>,
+    /// The box's latest hardware sample, when it is sampled.
+    pub hardware: Option<&'a Latest>,
 }
 
 /// How this worker reaches its backends: one HTTP client, and one table of the routes they

@@ -173,6 +173,8 @@ async fn pong_current_load_is_the_load_the_proxy_routes_by() {
         .send(&WorkerToServer::Pong(PongMessage {
             current_load: 2,
             timestamp_unix_ms: ping.timestamp_unix_ms,
+            hardware: None,
+            model_states: None,
         }))
         .await;
     wait_until("the proxy records the reported load", || {
