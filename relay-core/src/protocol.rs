@@ -290,6 +290,9 @@ pub struct ModelStateReport {
 pub trait Bounded {
     /// The value cut to the report limits.
     fn bounded(self) -> Self;
+    /// Whether `value` has the JSON shape of this report (serde would also read a struct from
+    /// an array, by position: not a report we meant).
+    fn has_shape(value: &serde_json::Value) -> bool;
 }
 
 fn cut(mut text: String) -> String {
@@ -304,6 +307,13 @@ fn cut(mut text: String) -> String {
 }
 
 impl Bounded for HardwareReport {
+    fn has_shape(value: &serde_json::Value) -> bool {
+        value.is_object()
+            && value["gpus"]
+                .as_array()
+                .is_none_or(|gpus| gpus.iter().all(serde_json::Value::is_object))
+    }
+
     fn bounded(mut self) -> Self {
         self.gpus.truncate(MAX_REPORTED_GPUS);
         self.cpu_percent = self.cpu_percent.map(|p| p.min(100));
@@ -316,6 +326,12 @@ impl Bounded for HardwareReport {
 }
 
 impl Bounded for Vec<ModelStateReport> {
+    fn has_shape(value: &serde_json::Value) -> bool {
+        value
+            .as_array()
+            .is_some_and(|states| states.iter().all(serde_json::Value::is_object))
+    }
+
     fn bounded(mut self) -> Self {
         self.truncate(MAX_REPORTED_MODELS);
         for report in &mut self {
@@ -334,6 +350,9 @@ where
     T: serde::de::DeserializeOwned + Bounded,
 {
     let value = serde_json::Value::deserialize(deserializer)?;
+    if !T::has_shape(&value) {
+        return Ok(None);
+    }
     Ok(serde_json::from_value::<T>(value)
         .ok()
         .map(Bounded::bounded))
@@ -528,5 +547,64 @@ mod tests {
         ));
         assert!(WorkerToServer::from_json(r#"{"type":"response_chunk","chunk":1}"#).is_err());
         assert!(WorkerToServer::from_json(r#"{"type":"bogus"}"#).is_err());
+    }
+}
+
+#[cfg(test)]
+mod report_tests {
+    use super::*;
+
+    fn pong(extra: &str) -> PongMessage {
+        let text = format!(r#"{{"type":"pong","current_load":2{extra}}}"#);
+        match WorkerToServer::from_json(&text).expect("a pong reads whatever its extensions") {
+            WorkerToServer::Pong(pong) => pong,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn extension_fields_of_the_wrong_shape_are_dropped_and_the_pong_kept() {
+        for bad in [
+            r#","hardware":"lots""#,
+            r#","hardware":[1,2]"#,
+            r#","hardware":{"gpus":7}"#,
+            r#","hardware":{"gpus":[[1,2]]}"#,
+            r#","hardware":{"cpu_percent":-1}"#,
+            r#","hardware":null,"model_states":{"m":"loaded"}"#,
+            r#","model_states":[["m","loaded"]]"#,
+        ] {
+            let pong = pong(bad);
+            assert_eq!(pong.current_load, 2);
+            assert_eq!((pong.hardware, pong.model_states), (None, None), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_report_is_cut_to_the_limits_and_unknown_fields_are_skipped() {
+        let name = "é".repeat(MAX_REPORT_NAME_BYTES);
+        let gpus: Vec<String> = (0..MAX_REPORTED_GPUS + 5)
+            .map(|_| format!(r#"{{"name":"{name}","utilization_percent":400,"new":1}}"#))
+            .collect();
+        let pong = pong(&format!(
+            r#","hardware":{{"cpu_percent":101,"gpus":[{}],"future":{{}}}}"#,
+            gpus.join(",")
+        ));
+        let hardware = pong.hardware.unwrap();
+        assert_eq!(hardware.cpu_percent, Some(100));
+        assert_eq!(hardware.gpus.len(), MAX_REPORTED_GPUS);
+        // Two-byte characters: cut at a boundary, never in the middle of one.
+        assert_eq!(hardware.gpus[0].name.len(), MAX_REPORT_NAME_BYTES);
+        assert_eq!(hardware.gpus[0].utilization_percent, Some(100));
+    }
+
+    #[test]
+    fn a_pong_without_extensions_writes_none() {
+        let plain = WorkerToServer::Pong(PongMessage {
+            current_load: 1,
+            timestamp_unix_ms: None,
+            hardware: None,
+            model_states: None,
+        });
+        assert_eq!(plain.to_json(), r#"{"type":"pong","current_load":1}"#);
     }
 }

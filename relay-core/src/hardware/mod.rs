@@ -98,6 +98,15 @@ pub fn free_vram_mb(report: &HardwareReport) -> Option<u64> {
         .reduce(|a, b| a.saturating_add(b))
 }
 
+/// Free VRAM and when it was sampled, read from `latest` each time it is called: what the
+/// model lifecycle checks a start against (`LifecycleManager::set_free_vram`).
+pub fn free_vram_source(latest: Latest) -> Arc<dyn Fn() -> Option<(u64, Instant)> + Send + Sync> {
+    Arc::new(move || {
+        let sample = latest.borrow().clone()?;
+        Some((free_vram_mb(&sample.report)?, sample.taken))
+    })
+}
+
 const MIB: u64 = 1024 * 1024;
 
 /// One vendor tool and whether its failure was already logged.

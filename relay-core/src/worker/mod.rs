@@ -166,7 +166,7 @@ pub async fn run(
     let hardware = sampler.as_ref().map(Sampler::latest);
     report.set_hardware(hardware.clone());
     if let (Some(manager), Some(latest)) = (&lifecycle, &hardware) {
-        manager.set_free_vram(free_vram_probe(latest.clone()));
+        manager.set_free_vram(crate::hardware::free_vram_source(latest.clone()));
     }
     let running = Running {
         config: &config,
@@ -185,14 +185,6 @@ pub async fn run(
         manager.shutdown().await;
         tracing::info!("model servers stopped");
     }
-}
-
-/// The lifecycle's view of the sampler: free VRAM and when it was sampled.
-fn free_vram_probe(latest: Latest) -> crate::lifecycle::FreeVram {
-    Arc::new(move || {
-        let sample = latest.borrow().clone()?;
-        Some((crate::hardware::free_vram_mb(&sample.report)?, sample.taken))
-    })
 }
 
 /// The lifecycle manager for the model map, after killing the servers a previous run of this

@@ -14,6 +14,7 @@ mod bad_input;
 mod client_keys;
 mod control;
 mod dispatch;
+mod hardware;
 mod lifecycle;
 mod metrics;
 mod registration;
