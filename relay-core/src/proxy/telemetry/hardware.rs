@@ -91,8 +91,13 @@ impl WorkerBox {
         };
         self.hardware = Some(hardware);
         match self.history.back_mut() {
+            // The newer values, at the point's own time: moving the time along would let a
+            // steady fast heartbeat replace one point for ever.
             Some(last) if now_ms.saturating_sub(last.unix_ms) < MIN_POINT_SPACING_MS => {
-                *last = point;
+                *last = Point {
+                    unix_ms: last.unix_ms,
+                    ..point
+                };
             }
             _ => {
                 self.history.push_back(point);
@@ -160,6 +165,10 @@ mod tests {
         worker.record(Some(report(1)), None, 10_000);
         worker.record(Some(report(2)), None, 10_500);
         assert_eq!(worker.history().cpu_percent, vec![Some(2)]);
+        // A steady heartbeat faster than the spacing still adds a point per spacing.
+        worker.record(Some(report(3)), None, 11_500);
+        worker.record(Some(report(4)), None, 12_500);
+        assert_eq!(worker.history().unix_ms, vec![10_000, 12_500]);
         for i in 0..(HISTORY_POINTS as u64 * 2) {
             worker.record(Some(report(3)), None, 20_000 + i * MIN_POINT_SPACING_MS);
         }
