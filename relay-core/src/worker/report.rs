@@ -100,6 +100,11 @@ impl WorkerReport {
         Some(sample.report.clone())
     }
 
+    /// Changes when the worker starts or stops sampling; the value is the samples' feed.
+    pub fn subscribe_hardware(&self) -> watch::Receiver<Option<Latest>> {
+        self.hardware.subscribe()
+    }
+
     pub(crate) fn set_hardware(&self, latest: Option<Latest>) {
         self.hardware.send_replace(latest);
     }
