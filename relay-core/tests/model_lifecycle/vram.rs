@@ -4,7 +4,7 @@
 //! report room, the same model starts.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use relay_core::hardware::{free_vram_source, Sampler, SamplerSettings};
@@ -26,29 +26,44 @@ fn fake_nvidia_smi(dir: &Path, used_mb: u64) {
     std::fs::rename(partial, script).unwrap();
 }
 
+/// A model map of one fake-server model `name` whose model file (sparse: no disk used) has
+/// `gib` GiB, on ports from `port_base`; its text and the log its starts go to.
+fn map_with_file(dir: &TempDir, name: &str, gib: u64, port_base: u16) -> (String, PathBuf) {
+    let model_file = dir.join(&format!("{name}.gguf"));
+    std::fs::File::create(&model_file)
+        .unwrap()
+        .set_len(gib * 1024 * 1024 * 1024)
+        .unwrap();
+    let log = dir.join("starts.log");
+    let text = format!(
+        "[worker.lifecycle]\nmodel_port_base = {port_base}\n{}",
+        fake_entry(name, &log, "", "")
+    )
+    .replace(
+        &format!("/models/{name}.gguf"),
+        &model_file.display().to_string(),
+    );
+    (text, log)
+}
+
+/// A sampler every 100 ms looking for GPU tools in `tools` only.
+fn sampler_over(tools: &Path) -> Sampler {
+    std::fs::create_dir_all(tools).unwrap();
+    Sampler::start(SamplerSettings {
+        interval: Duration::from_millis(100),
+        search_path: Some(tools.as_os_str().to_owned()),
+    })
+}
+
 #[tokio::test]
 async fn a_start_that_would_not_fit_in_free_vram_is_refused_with_the_numbers_until_there_is_room() {
     bounded(async {
         let dir = TempDir::new("vram");
         let tools = dir.join("tools");
-        std::fs::create_dir_all(&tools).unwrap();
+        let sampler = sampler_over(&tools);
         fake_nvidia_smi(&tools, 23_000);
-        // A 2 GiB model file (sparse: no disk used): it needs 2048 + 10% + 256 = 2508 MiB.
-        let model_file = dir.join("big.gguf");
-        std::fs::File::create(&model_file)
-            .unwrap()
-            .set_len(2 * 1024 * 1024 * 1024)
-            .unwrap();
-        let log = dir.join("starts.log");
-        let text = format!(
-            "[worker.lifecycle]\nmodel_port_base = 24600\n{}",
-            fake_entry("big", &log, "", "")
-        )
-        .replace("/models/big.gguf", &model_file.display().to_string());
-        let sampler = Sampler::start(SamplerSettings {
-            interval: Duration::from_millis(100),
-            search_path: Some(tools.clone().into_os_string()),
-        });
+        // A 2 GiB model file: it needs 2048 + 10% + 256 = 2508 MiB.
+        let (text, log) = map_with_file(&dir, "big", 2, 24600);
         let mut latest = sampler.latest();
         latest
             .wait_for(|sample| sample.as_ref().is_some_and(|s| !s.report.gpus.is_empty()))
@@ -107,24 +122,9 @@ async fn a_start_that_would_not_fit_in_free_vram_is_refused_with_the_numbers_unt
 async fn without_gpu_information_a_start_is_never_refused_for_vram() {
     bounded(async {
         let dir = TempDir::new("vram-none");
-        let tools = dir.join("tools");
-        std::fs::create_dir_all(&tools).unwrap();
-        let model_file = dir.join("m.gguf");
-        std::fs::File::create(&model_file)
-            .unwrap()
-            .set_len(64 * 1024 * 1024 * 1024)
-            .unwrap();
-        let log = dir.join("starts.log");
-        let text = format!(
-            "[worker.lifecycle]\nmodel_port_base = 24650\n{}",
-            fake_entry("m", &log, "", "")
-        )
-        .replace("/models/m.gguf", &model_file.display().to_string());
+        let (text, log) = map_with_file(&dir, "m", 64, 24650);
         // No tool in the sampler's PATH: a box without GPUs (or drivers) as far as it knows.
-        let sampler = Sampler::start(SamplerSettings {
-            interval: Duration::from_millis(100),
-            search_path: Some(tools.clone().into_os_string()),
-        });
+        let sampler = sampler_over(&dir.join("tools"));
         sampler.latest().wait_for(Option::is_some).await.unwrap();
         let harness = Harness::new(dir, quick(config(&text)), std::slice::from_ref(&log));
         harness
