@@ -80,6 +80,10 @@ impl Cli {
             protocol_version: w.protocol_version.clone(),
             worker_drain_timeout_secs: w.worker_drain_timeout,
             proxy_silence_timeout_secs: w.proxy_silence_timeout,
+            wake_target: p.wake_target.clone(),
+            sleepers_remembered_secs: p.sleepers_remembered,
+            sleeps_when_idle: w.sleeps_when_idle,
+            mac_address: w.mac_address.clone(),
         }
     }
 }
@@ -225,6 +229,26 @@ pub struct ProxyArgs {
     )]
     pub metrics_public: Option<bool>,
 
+    /// Where Wake-on-LAN packets for sleeping boxes go, as IP:PORT: the broadcast address of
+    /// their network [default: 255.255.255.255:9].
+    #[arg(
+        long,
+        env = "MODELRELAY_WAKE_TARGET",
+        global = true,
+        value_name = "IP:PORT"
+    )]
+    pub wake_target: Option<String>,
+
+    /// Seconds a sleeping box is remembered (its models listed, requests waking it)
+    /// [default: 604800, 7 days].
+    #[arg(
+        long = "sleepers-remembered",
+        env = "MODELRELAY_SLEEPERS_REMEMBERED_SECS",
+        global = true,
+        value_name = "SECS"
+    )]
+    pub sleepers_remembered: Option<u64>,
+
     /// Serve HTTPS with this PEM certificate (chain, leaf first); needs --tls-key. Workers pin
     /// its fingerprint, shown at start-up and carried in the join code.
     #[arg(long, env = "TLS_CERT", global = true, value_name = "FILE")]
@@ -354,6 +378,29 @@ pub struct WorkerArgs {
         value_name = "SECS"
     )]
     pub proxy_silence_timeout: Option<u64>,
+
+    /// This box suspends when idle: when its worker leaves, the proxy keeps its models listed
+    /// as asleep and wakes it with Wake-on-LAN for a request [default: false]. `kill -USR1`
+    /// tells the worker the box is about to suspend, whatever this says.
+    #[arg(
+        long,
+        env = "MODELRELAY_SLEEPS_WHEN_IDLE",
+        global = true,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub sleeps_when_idle: Option<bool>,
+
+    /// The network card the proxy wakes, as aa:bb:cc:dd:ee:ff [default: on Linux, the card of
+    /// the default route's interface; elsewhere none].
+    #[arg(
+        long,
+        env = "MODELRELAY_MAC_ADDRESS",
+        global = true,
+        value_name = "MAC"
+    )]
+    pub mac_address: Option<String>,
 }
 
 #[cfg(test)]

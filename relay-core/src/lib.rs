@@ -21,4 +21,5 @@ pub mod settings;
 pub mod startup;
 pub mod store;
 pub mod tls;
+pub mod wake;
 pub mod worker;

@@ -110,6 +110,26 @@ pub struct RegisterMessage {
     /// Requests already running when the worker (re)connects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_load: Option<u32>,
+    /// Extension: the MAC address of the worker's network card (`aa:bb:cc:dd:ee:ff`), so the
+    /// proxy can wake the box with a Wake-on-LAN packet after it went to sleep. Absent means
+    /// unknown; a malformed one is ignored with a registration warning (a value that is not
+    /// even a string reads as an empty one, so it gets that warning too instead of costing the
+    /// worker its registration).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_string"
+    )]
+    pub mac_address: Option<String>,
+    /// Extension: the box suspends itself when idle, so its connection ending (other than by the
+    /// proxy, or after the empty `models_update` of a shutdown) means it went to sleep: the proxy
+    /// keeps its models listed as asleep. Absent (or not a boolean) means false.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_bool"
+    )]
+    pub sleeps_when_idle: Option<bool>,
 }
 
 /// `register_ack`: the proxy's answer to `register`.
@@ -384,6 +404,16 @@ pub struct ModelsUpdateMessage {
     pub models: Vec<String>,
     /// Requests the worker is running right now.
     pub current_load: u32,
+    /// Extension: `true` when the box is about to suspend; the worker closes the connection
+    /// right after. Sent with an empty `models`, so a proxy that ignores the field simply stops
+    /// routing to it (as on shutdown); ours remembers the models it served before as asleep.
+    /// Not a boolean reads as absent.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_bool"
+    )]
+    pub going_to_sleep: Option<bool>,
 }
 
 /// `response_chunk`: SSE-framed bytes of a streaming answer.
@@ -438,6 +468,21 @@ pub struct ErrorMessage {
     pub code: String,
     /// What went wrong, for people.
     pub message: String,
+}
+
+/// An optional extension field that must never cost a peer its message: a boolean, else absent.
+fn lenient_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+    Ok(serde_json::Value::deserialize(d)?.as_bool())
+}
+
+/// An optional extension string that must never cost a peer its message: any other JSON value
+/// reads as the empty string (which the field's own check then refuses, with a warning).
+fn lenient_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(text) => Some(text),
+        serde_json::Value::Null => None,
+        _ => Some(String::new()),
+    })
 }
 
 impl ServerToWorker {
@@ -531,6 +576,56 @@ mod tests {
             ServerToWorker::from_json(r#"{"type":"ping"}"#).unwrap(),
             ServerToWorker::Ping(PingMessage::default())
         );
+    }
+
+    #[test]
+    fn the_sleep_extensions_are_optional_lenient_and_absent_when_unset() {
+        let register = r#"{"type":"register","worker_name":"w","models":["m"],"max_concurrent":1}"#;
+        let WorkerToServer::Register(message) = WorkerToServer::from_json(register).unwrap() else {
+            panic!("a register");
+        };
+        assert_eq!(
+            (message.mac_address.as_deref(), message.sleeps_when_idle),
+            (None, None)
+        );
+        let text = WorkerToServer::Register(message).to_json();
+        assert!(
+            !text.contains("mac_address") && !text.contains("sleeps_when_idle"),
+            "{text}"
+        );
+        for (mac, sleeps, want_mac, want_sleeps) in [
+            (
+                r#""02:00:00:00:00:01""#,
+                "true",
+                Some("02:00:00:00:00:01"),
+                Some(true),
+            ),
+            ("7", r#""yes""#, Some(""), None),
+            ("{}", "[]", Some(""), None),
+            ("null", "null", None, None),
+        ] {
+            let text = format!(
+                r#"{{"type":"register","worker_name":"w","models":[],"max_concurrent":1,"mac_address":{mac},"sleeps_when_idle":{sleeps}}}"#
+            );
+            let WorkerToServer::Register(message) = WorkerToServer::from_json(&text).unwrap()
+            else {
+                panic!("a register");
+            };
+            assert_eq!(message.mac_address.as_deref(), want_mac, "{text}");
+            assert_eq!(message.sleeps_when_idle, want_sleeps, "{text}");
+        }
+        let update =
+            r#"{"type":"models_update","models":[],"current_load":0,"going_to_sleep":"soon"}"#;
+        let WorkerToServer::ModelsUpdate(update) = WorkerToServer::from_json(update).unwrap()
+        else {
+            panic!("a models_update");
+        };
+        assert_eq!(update.going_to_sleep, None);
+        let asleep = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            going_to_sleep: Some(true),
+            ..update
+        });
+        assert!(asleep.to_json().contains(r#""going_to_sleep":true"#));
     }
 
     #[test]

@@ -18,6 +18,8 @@ const SELF_CONTAINED: &[&str] = &[
     "paths",
     // Keys and usage in SQLite/PostgreSQL: the proxy calls in, the store knows nothing of it.
     "store",
+    // Wake-on-LAN packets and MAC addresses, for the proxy and the worker alike.
+    "wake",
 ];
 
 /// Pairs (module, module it must never import).

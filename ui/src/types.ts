@@ -108,10 +108,24 @@ export interface Series {
   queue_depth: number[];
 }
 
+/** A box that went to sleep (README: Sleeping boxes and Wake-on-LAN). */
+export interface SleeperInfo {
+  name: string;
+  provider: string;
+  models: string[];
+  mac_address: string | null;
+  since_unix_ms: number;
+  state: 'asleep' | 'waking';
+  waking_since_unix_ms: number | null;
+  wake_packets: number;
+}
+
 export interface Status {
   node: NodeInfo;
   workers: WorkerInfo[];
   models: ModelInfo[];
+  /** Absent from relays older than sleeping boxes. */
+  sleepers?: SleeperInfo[];
   queues: QueueInfo[];
   in_flight: InFlightRequest[];
   totals: { requests: number; errors: number; tokens: number };

@@ -46,6 +46,8 @@ async fn run(port: u16, name: String) {
         max_concurrent: 4,
         protocol_version: Some("1".to_string()),
         current_load: Some(0),
+        mac_address: None,
+        sleeps_when_idle: None,
     });
     if socket
         .send(Message::Text(register.to_json().into()))

@@ -26,6 +26,8 @@ const GUARDED: &[&str] = &[
     "proxy.providers.*.forward_client_auth",
     "proxy.upstreams.*.base_url",
     "proxy.upstreams.*.api_key_env",
+    // Where the proxy sends Wake-on-LAN datagrams: any address a page could name otherwise.
+    "proxy.wake_target",
     "worker.proxy_url",
     "worker.proxy_fingerprint",
     "worker.backend_url",

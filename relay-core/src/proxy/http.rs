@@ -26,7 +26,7 @@ use super::client_keys::{self, ClientIdentity};
 use super::hub::RequestSpec;
 use super::response::{AnswerObserver, AnswerSource, CancelGuard, Waiter};
 use super::responses_api;
-use super::scheduler::{RegisterError, SubmitError, Submitted};
+use super::scheduler::{Placement, RegisterError, SubmitError, Submitted};
 use super::upstream::UpstreamRequest;
 use super::worker_socket::serve_worker;
 use super::AppState;
@@ -439,6 +439,7 @@ async fn dispatch(
         body,
         headers: forwarded,
         client_auth,
+        placement: Placement::default(),
     }) {
         Ok(accepted) => accepted,
         Err(refused) => {

@@ -16,9 +16,10 @@ use tokio::sync::mpsc;
 
 use super::scheduler::{
     parse_worker_wire_id, request_wire_id, unusable_name, worker_wire_id, Action, CancelOutcome,
-    Expired, FailReason, ProviderLimits, RegisterError, RequestId, Scheduler, SubmitError,
-    Submitted, WorkerId, WorkerSnapshot,
+    Expired, FailReason, Placement, ProviderLimits, RegisterError, RequestId, Scheduler,
+    SubmitError, Submitted, WorkerId, WorkerSnapshot,
 };
+use super::sleepers::{Sleeper, SleeperLimits, Sleepers, WakeOrder};
 use super::telemetry::{Telemetry, TrackedRequest};
 use crate::dialect::ApiError;
 use crate::protocol::{
@@ -87,6 +88,22 @@ pub struct HubSettings {
     pub drain_timeout: Duration,
     /// Providers whose workers get clients' credentials (`forward_client_auth`).
     pub client_auth_providers: Vec<String>,
+    /// How sleeping boxes are remembered and how often one is sent a packet.
+    pub sleepers: SleeperLimits,
+    /// Where Wake-on-LAN packets go.
+    pub wake_target: std::net::SocketAddr,
+}
+
+/// How a worker's connection ended, which decides whether its box is taken for asleep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Departure {
+    /// The worker closed it (close frame, end of stream, connection error).
+    WorkerClosed,
+    /// It went silent past the heartbeat timeout: what a box that suspends without a word
+    /// looks like.
+    HeartbeatLost,
+    /// The proxy closed it (drain, role off, a stalled writer, shutdown).
+    ProxyClosed,
 }
 
 struct Pending {
@@ -102,6 +119,21 @@ struct WorkerLink {
     outbound: mpsc::UnboundedSender<Outbound>,
     /// Its provider passes clients' credentials on.
     forwards_client_auth: bool,
+    /// What is needed to remember its box if it goes to sleep.
+    sleep: SleepInfo,
+}
+
+/// A connected worker's box, as far as sleeping goes.
+struct SleepInfo {
+    name: String,
+    provider: String,
+    mac: Option<crate::wake::MacAddress>,
+    /// It registered with `sleeps_when_idle`.
+    sleeps_when_idle: bool,
+    /// The models it serves now (as accepted), or served before its `going_to_sleep` notice.
+    models: Vec<String>,
+    /// It sent `going_to_sleep`: its leaving is a sleep, whatever the way it ends.
+    announced_sleep: bool,
 }
 
 struct Inner {
@@ -112,6 +144,9 @@ struct Inner {
     /// service manager restarts a headless worker that exited after its drain, which would
     /// otherwise undo it; the published worker may reconnect too).
     drained_names: HashSet<String>,
+    /// Boxes that went to sleep: their models stay listed and claimed, and requests for them
+    /// wake them.
+    sleepers: Sleepers,
     telemetry: Arc<Telemetry>,
 }
 
@@ -165,6 +200,8 @@ pub struct RequestSpec {
     /// The client's credentials ([`crate::protocol::CLIENT_AUTH_HEADERS`]): sent only to workers
     /// of providers that opt in.
     pub client_auth: HeaderMap,
+    /// Conversation, client and priority, for the scheduler.
+    pub placement: Placement,
 }
 
 impl Hub {
@@ -177,6 +214,7 @@ impl Hub {
                 pending: HashMap::new(),
                 links: HashMap::new(),
                 drained_names: HashSet::new(),
+                sleepers: Sleepers::new(settings.sleepers),
                 telemetry: Arc::clone(&telemetry),
             }),
             next_request: AtomicU64::new(1),
@@ -252,7 +290,12 @@ impl Hub {
         let (events, receiver) = mpsc::unbounded_channel();
         let waiting = WaitingBytes::default();
         let mut inner = self.lock();
-        let submitted = match inner.scheduler.submit(request, &spec.model, Instant::now()) {
+        let now = Instant::now();
+        inner.forget_old_sleepers(now);
+        let submitted = match inner
+            .scheduler
+            .submit(request, &spec.model, spec.placement, now)
+        {
             Ok(submitted) => submitted,
             Err(error) => {
                 drop(inner);
@@ -281,6 +324,14 @@ impl Hub {
             }
             Submitted::Queued { .. } => {
                 tracing::debug!(request = %request_wire_id(request), model = %spec.model, "request queued");
+                if !inner.scheduler.is_served(&spec.model) {
+                    let orders = inner.sleepers.wake_for(&spec.model, now, unix_ms());
+                    if !orders.is_empty() {
+                        drop(inner);
+                        self.telemetry.touch();
+                        self.send_wake_packets(orders);
+                    }
+                }
             }
         }
         Ok(Accepted {
@@ -290,6 +341,26 @@ impl Hub {
             events: receiver,
             waiting,
         })
+    }
+
+    /// Sends the magic packets off the lock, in a task (the hub does no I/O itself).
+    fn send_wake_packets(&self, orders: Vec<WakeOrder>) {
+        let target = self.settings.wake_target;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            for order in orders {
+                match crate::wake::send_magic_packet(order.mac, target).await {
+                    Ok(()) => {
+                        tracing::info!(name = %order.name, mac = %order.mac, %target, "Wake-on-LAN packet sent")
+                    }
+                    Err(error) => {
+                        tracing::warn!(name = %order.name, mac = %order.mac, %target, "Wake-on-LAN packet not sent: {error}")
+                    }
+                }
+            }
+        });
     }
 
     /// The name worker `worker` registered with (as the scheduler keeps it, cleaned).
@@ -370,9 +441,17 @@ impl Hub {
         let expired = inner.scheduler.expire_queued(request, Instant::now())?;
         inner.pending.remove(&request);
         inner.release_idle_capacity();
+        let sleepers = if expired.served {
+            Vec::new()
+        } else {
+            inner.sleepers.gave_up(&expired.model)
+        };
         drop(inner);
-        tracing::warn!(request = %request_wire_id(request), model = %expired.model, served = expired.served, "queue timeout");
-        Some(queue_timeout_error(&expired))
+        if !sleepers.is_empty() {
+            self.telemetry.touch();
+        }
+        tracing::warn!(request = %request_wire_id(request), model = %expired.model, served = expired.served, asleep = ?sleepers, "queue timeout");
+        Some(queue_timeout_error(&expired, &sleepers))
     }
 
     /// Whether workers may join `provider` right now.
@@ -391,7 +470,40 @@ impl Hub {
         if inner.drained_names.contains(&message.worker_name) {
             return Err(RegisterError::Drained);
         }
-        let registered = inner.scheduler.register_worker(provider, message)?;
+        let mut registered = inner.scheduler.register_worker(provider, message)?;
+        let mac = match message
+            .mac_address
+            .as_deref()
+            .map(str::parse::<crate::wake::MacAddress>)
+        {
+            None => None,
+            Some(Ok(mac)) => Some(mac),
+            Some(Err(error)) => {
+                registered.warnings.push(format!(
+                    "mac_address ignored ({error}): this box cannot be woken by Wake-on-LAN"
+                ));
+                None
+            }
+        };
+        // The name as the scheduler cleaned it: what the dashboard shows, bounded in length.
+        let name = inner
+            .scheduler
+            .worker_name(registered.worker)
+            .unwrap_or_default()
+            .to_string();
+        let woke = inner.sleepers.woke(&name, mac);
+        if !woke.is_empty() {
+            inner.sync_asleep();
+            log_woke(&woke, &name);
+        }
+        let sleep = SleepInfo {
+            name,
+            provider: provider.to_string(),
+            mac,
+            sleeps_when_idle: message.sleeps_when_idle == Some(true),
+            models: registered.models.clone(),
+            announced_sleep: false,
+        };
         let forwards_client_auth = self
             .settings
             .client_auth_providers
@@ -402,6 +514,7 @@ impl Hub {
             WorkerLink {
                 outbound,
                 forwards_client_auth,
+                sleep,
             },
         );
         inner.execute(registered.actions);
@@ -424,9 +537,35 @@ impl Hub {
 
     /// A worker connection ended: requeue or fail what it was running.
     pub fn worker_gone(&self, worker: WorkerId) {
+        self.worker_left(worker, Departure::ProxyClosed);
+    }
+
+    /// A worker connection ended this way: requeue or fail what it was running, and remember
+    /// its box as asleep if it said it was going to sleep, or it sleeps when idle and left on
+    /// its own (closed or went silent) with models to serve. An admin-drained worker never is.
+    pub fn worker_left(&self, worker: WorkerId, departure: Departure) {
         let mut inner = self.lock();
-        inner.links.remove(&worker);
-        let actions = inner.scheduler.worker_gone(worker, Instant::now());
+        let now = Instant::now();
+        if let Some(link) = inner.links.remove(&worker) {
+            let info = link.sleep;
+            let asleep = info.announced_sleep
+                || (info.sleeps_when_idle && departure != Departure::ProxyClosed);
+            if asleep && !inner.drained_names.contains(&info.name) {
+                let remembered = inner.sleepers.fell_asleep(
+                    &info.name,
+                    &info.provider,
+                    info.mac,
+                    info.models.clone(),
+                    now,
+                    unix_ms(),
+                );
+                if remembered {
+                    inner.sync_asleep();
+                    tracing::info!(worker = %worker_wire_id(worker), name = %info.name, models = ?info.models, mac = ?info.mac.map(|m| m.to_string()), "box asleep: its models stay listed and wake it");
+                }
+            }
+        }
+        let actions = inner.scheduler.worker_gone(worker, now);
         inner.execute(actions);
         drop(inner);
         self.telemetry.worker_left(&worker_wire_id(worker));
@@ -516,18 +655,30 @@ impl Hub {
         self.telemetry.touch();
     }
 
-    /// A worker sent `models_update`; returns the accepted models and warnings.
+    /// A worker sent `models_update`; returns the accepted models and warnings. With
+    /// `going_to_sleep` the models it served until now are kept for its box's sleep.
     pub fn update_models(
         &self,
         worker: WorkerId,
         models: &[String],
         load: u32,
+        going_to_sleep: bool,
     ) -> (Vec<String>, Vec<String>) {
         let mut inner = self.lock();
         let (accepted, warnings, actions) =
             inner
                 .scheduler
                 .update_models(worker, models, load, Instant::now());
+        if let Some(link) = inner.links.get_mut(&worker) {
+            if going_to_sleep {
+                link.sleep.announced_sleep = true;
+                if !accepted.is_empty() {
+                    link.sleep.models = accepted.clone();
+                }
+            } else {
+                link.sleep.models = accepted.clone();
+            }
+        }
         inner.execute(actions);
         drop(inner);
         self.telemetry.touch();
@@ -602,9 +753,26 @@ impl Hub {
         self.lock().scheduler.is_claimed(model, Instant::now())
     }
 
-    /// Routable models with their providers.
+    /// Routable models with their providers: the connected workers', then those only
+    /// sleeping boxes serve (a request for them wakes a box).
     pub fn models(&self) -> Vec<(String, String)> {
-        self.lock().scheduler.models()
+        let mut inner = self.lock();
+        inner.forget_old_sleepers(Instant::now());
+        let mut models = inner.scheduler.models();
+        for (provider, model) in inner.sleepers.models() {
+            if !models.iter().any(|(listed, _)| *listed == model) {
+                models.push((model, provider));
+            }
+        }
+        models.sort();
+        models
+    }
+
+    /// The sleeping boxes, oldest sleeper first.
+    pub fn sleepers(&self) -> Vec<Sleeper> {
+        let mut inner = self.lock();
+        inner.forget_old_sleepers(Instant::now());
+        inner.sleepers.boxes().to_vec()
     }
 
     /// Every connected worker.
@@ -622,6 +790,18 @@ impl Hub {
 const IDLE_SHRINK_THRESHOLD: usize = 1024;
 
 impl Inner {
+    /// Tells the scheduler which models sleeping boxes serve, so requests for them queue at
+    /// their provider (and aliases and upstreams leave them alone).
+    fn sync_asleep(&mut self) {
+        let models = self.sleepers.models();
+        self.scheduler.set_asleep(&models);
+    }
+
+    fn forget_old_sleepers(&mut self, now: Instant) {
+        if self.sleepers.forget_expired(now) {
+            self.sync_asleep();
+        }
+    }
     /// After a burst, give back the capacity the request maps grew to: a proxy idle after
     /// 10,000 streams should use the memory of an idle proxy.
     fn release_idle_capacity(&mut self) {
@@ -735,9 +915,21 @@ pub fn fail_error(reason: FailReason) -> ApiError {
 /// The 504 for a request that waited its whole queue timeout: for which model, and whether
 /// its workers were all busy or none is connected (the runbook's "requests queue but never
 /// complete").
-fn queue_timeout_error(expired: &Expired) -> ApiError {
+fn queue_timeout_error(expired: &Expired, sleepers: &[String]) -> ApiError {
     let model = &expired.model;
-    let why = if expired.served {
+    let why = if !sleepers.is_empty() {
+        let names = sleepers
+            .iter()
+            .map(|n| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let noun = if sleepers.len() == 1 { "box" } else { "boxes" };
+        format!(
+            "model {model} is served only by the sleeping {noun} {names}, which did not wake \
+             within the queue timeout (a Wake-on-LAN packet was sent; check that Wake-on-LAN is \
+             enabled in its firmware and on its network card)"
+        )
+    } else if expired.served {
         format!("every worker serving model {model} stayed busy for the queue timeout")
     } else {
         format!(
@@ -750,6 +942,23 @@ fn queue_timeout_error(expired: &Expired) -> ApiError {
         "queue_timeout",
         format!("queue timeout: no worker available within deadline: {why}"),
     )
+}
+
+fn log_woke(woke: &[Sleeper], name: &str) {
+    for sleeper in woke {
+        match sleeper.waking {
+            Some(attempt) => {
+                tracing::info!(name, packets = attempt.packets, "woken box reconnected")
+            }
+            None => tracing::info!(name, "sleeping box reconnected"),
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A request the hub did not take: why (for routing it elsewhere, e.g. to an upstream), and the

@@ -20,6 +20,7 @@ pub mod responses_shared;
 pub mod responses_store;
 pub mod scheduler;
 pub mod serve;
+pub mod sleepers;
 mod stream_pause;
 pub mod telemetry;
 pub mod upstream;
@@ -117,6 +118,10 @@ pub struct ProxyConfig {
     pub database: DatabaseSetting,
     /// How much usage is kept.
     pub usage_retention: UsageRetention,
+    /// How long and how many sleeping boxes are remembered, and how often one is sent a packet.
+    pub sleepers: crate::settings::SleeperLimits,
+    /// Where Wake-on-LAN packets go (`wake_target`): the broadcast address of the boxes' LAN.
+    pub wake_target: SocketAddr,
 }
 
 impl ProxyConfig {
@@ -159,6 +164,10 @@ impl ProxyConfig {
             require_api_keys: false,
             database: DatabaseSetting::Memory,
             usage_retention: UsageRetention::default(),
+            sleepers: crate::settings::SleeperLimits::default(),
+            wake_target: crate::wake::DEFAULT_WAKE_TARGET
+                .parse()
+                .expect("the default wake target parses"),
         }
     }
 
@@ -203,6 +212,8 @@ impl ProxyConfig {
                 }
             },
             metrics_public: settings.metrics_public,
+            sleepers: settings.sleepers,
+            wake_target: settings.wake_target,
             ..ProxyConfig::with_secret(String::new())
         }
     }
@@ -338,6 +349,8 @@ pub async fn router(
                 .filter(|p| p.forward_client_auth)
                 .map(|p| p.name.clone())
                 .collect(),
+            sleepers: config.sleepers,
+            wake_target: config.wake_target,
         },
     );
     let admin = AdminAccess::new(

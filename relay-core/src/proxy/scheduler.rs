@@ -52,6 +52,30 @@ pub enum Action {
     },
 }
 
+/// Interactive work goes before batch work when both wait for the same slots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Work nobody watches as it happens (agents, evaluations, bulk jobs).
+    Batch,
+    /// A person is waiting for the answer.
+    #[default]
+    Interactive,
+}
+
+/// What, besides its model, the scheduler weighs when it places a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The conversation this request continues (an explicit session id, or a hash of the
+    /// prompt's leading part): it prefers the worker that served that conversation last, whose
+    /// backend still holds the prompt in its cache.
+    pub affinity: Option<u64>,
+    /// Who asks (a client key's id; `None` without a key): under contention the queue takes
+    /// turns between clients, so one client's flood does not starve another.
+    pub client: Option<Arc<str>>,
+    /// Interactive before batch.
+    pub priority: Priority,
+}
+
 /// Why a request failed inside the relay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailReason {
@@ -195,14 +219,19 @@ struct Provider {
     /// Models whose last worker left recently: requests for them queue instead of 404ing while
     /// the worker restarts.
     lingering: HashMap<Arc<str>, Instant>,
+    /// Models of boxes that went to sleep on this provider: requests for them queue here while
+    /// the hub wakes a box (see `sleepers.rs`).
+    asleep: HashSet<Arc<str>>,
     round_robin: usize,
 }
 
 impl Provider {
-    /// It lists `model`, or `model`'s last worker left it less than a queue timeout ago.
+    /// It lists `model`, `model`'s last worker left it less than a queue timeout ago, or a
+    /// sleeping box of it serves `model`.
     fn claims(&self, model: &str, now: Instant) -> bool {
         self.limits.models.iter().any(|m| m == model)
             || self.lingering.get(model).is_some_and(|until| *until > now)
+            || self.asleep.contains(model)
     }
 }
 
@@ -248,6 +277,9 @@ struct Request {
     /// "keyed by original queue time so requeue does not grant infinite timeout extensions").
     queue_deadline: Instant,
     requeues: u32,
+    /// What placement weighs besides the model.
+    #[allow(dead_code)] // the seam for affinity and fair turns (issue 17), read by them
+    placement: Placement,
     /// Some byte of the answer reached the client: never requeue it.
     started: bool,
     phase: Phase,
@@ -276,6 +308,7 @@ impl Scheduler {
                     queued: 0,
                     model_workers: HashMap::new(),
                     lingering: HashMap::new(),
+                    asleep: HashSet::new(),
                     round_robin: 0,
                 })
                 .collect(),
@@ -473,11 +506,34 @@ impl Scheduler {
             .any(|p| p.model_workers.contains_key(model) || p.claims(model, now))
     }
 
+    /// Whether a connected worker serves `model` (busy or not).
+    pub fn is_served(&self, model: &str) -> bool {
+        self.providers
+            .iter()
+            .any(|p| p.model_workers.contains_key(model))
+    }
+
+    /// Replaces the (provider, model) pairs sleeping boxes serve: claimed like a listed model
+    /// until the box wakes or is forgotten. Pairs of unknown providers are ignored.
+    pub fn set_asleep(&mut self, asleep: &[(String, String)]) {
+        for p in &mut self.providers {
+            p.asleep.clear();
+        }
+        for (provider, model) in asleep {
+            if let Some(index) = self.provider_index(provider) {
+                self.providers[index]
+                    .asleep
+                    .insert(Arc::from(model.as_str()));
+            }
+        }
+    }
+
     /// Client request `request` arrived for `model`.
     pub fn submit(
         &mut self,
         request: RequestId,
         model: &str,
+        placement: Placement,
         now: Instant,
     ) -> Result<Submitted, SubmitError> {
         if self.shutting_down {
@@ -496,7 +552,14 @@ impl Scheduler {
             .map(|(k, _)| k.clone())
             .unwrap_or_else(|| Arc::from(model));
         if let Some(worker) = self.pick_worker(provider, &model) {
-            self.track_request(request, provider, model, deadline, queue_deadline);
+            self.track_request(
+                request,
+                provider,
+                model,
+                placement,
+                deadline,
+                queue_deadline,
+            );
             self.assign(request, worker);
             return Ok(Submitted::Dispatched { request, worker });
         }
@@ -509,7 +572,14 @@ impl Scheduler {
                 .clamp(Duration::from_secs(1), Duration::from_secs(30));
             return Err(SubmitError::QueueFull { retry_after });
         }
-        self.track_request(request, provider, model, deadline, queue_deadline);
+        self.track_request(
+            request,
+            provider,
+            model,
+            placement,
+            deadline,
+            queue_deadline,
+        );
         self.enqueue(request);
         Ok(Submitted::Queued {
             request,
@@ -522,6 +592,7 @@ impl Scheduler {
         id: RequestId,
         provider: usize,
         model: Arc<str>,
+        placement: Placement,
         deadline: Instant,
         queue_deadline: Instant,
     ) {
@@ -533,6 +604,7 @@ impl Scheduler {
                 deadline,
                 queue_deadline,
                 requeues: 0,
+                placement,
                 started: false,
                 phase: Phase::Queued,
             },

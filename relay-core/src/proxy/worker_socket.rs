@@ -17,7 +17,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::{interval_at, timeout, Instant, MissedTickBehavior};
 
-use super::hub::{EventSender, Hub, Outbound, ResponseEvent, WaitingBytes};
+use super::hub::{Departure, EventSender, Hub, Outbound, ResponseEvent, WaitingBytes};
 use super::scheduler::{parse_request_wire_id, worker_wire_id, RegisterError, RequestId, WorkerId};
 use super::stream_pause::StreamPauses;
 use crate::dialect::{is_retryable_code, ApiError};
@@ -56,6 +56,10 @@ pub struct SocketSettings {
 
 /// How long the close frame may take to go out: a worker that stopped reading never takes it.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The close reason of a worker that went silent (also how its departure is recognised: a
+/// box that suspends without a word looks like this).
+const HEARTBEAT_LOST: &str = "worker heartbeat timed out";
 
 /// How often paused streams are checked for clients that caught up (only while any is paused).
 const RESUME_CHECK: Duration = Duration::from_millis(20);
@@ -154,7 +158,12 @@ pub async fn serve_worker(
         close(&mut sink, CLOSE_NORMAL, reason).await;
     }
     tracing::info!(worker = %worker_wire_id(joined.worker), reason = reason.as_deref().unwrap_or("connection closed"), "worker disconnected");
-    hub.worker_gone(joined.worker);
+    let departure = match reason.as_deref() {
+        None => Departure::WorkerClosed,
+        Some(HEARTBEAT_LOST) => Departure::HeartbeatLost,
+        Some(_) => Departure::ProxyClosed,
+    };
+    hub.worker_left(joined.worker, departure);
 }
 
 async fn read_register(stream: &mut SplitStream<WebSocket>) -> Result<RegisterMessage, String> {
@@ -237,7 +246,7 @@ impl Connection {
                 _ = heartbeat.tick() => {
                     if last_heard.elapsed() > self.settings.heartbeat_timeout {
                         tracing::warn!(worker = %worker_wire_id(self.worker), "worker heartbeat timed out");
-                        return Some("worker heartbeat timed out".to_string());
+                        return Some(HEARTBEAT_LOST.to_string());
                     }
                     let ping = ServerToWorker::Ping(PingMessage { timestamp_unix_ms: Some(unix_ms()), paused_requests: None }).to_json();
                     match timeout(self.settings.write_timeout, sink.send(Message::Text(ping.into()))).await {
@@ -384,10 +393,14 @@ impl Connection {
                 );
             }
             WorkerToServer::ModelsUpdate(update) => {
-                let (models, warnings) =
-                    self.hub
-                        .update_models(self.worker, &update.models, update.current_load);
-                tracing::info!(worker = %worker_wire_id(self.worker), ?models, "models updated");
+                let going_to_sleep = update.going_to_sleep == Some(true);
+                let (models, warnings) = self.hub.update_models(
+                    self.worker,
+                    &update.models,
+                    update.current_load,
+                    going_to_sleep,
+                );
+                tracing::info!(worker = %worker_wire_id(self.worker), ?models, going_to_sleep, "models updated");
                 for warning in warnings {
                     tracing::warn!(worker = %worker_wire_id(self.worker), "models_update: {warning}");
                 }

@@ -69,6 +69,14 @@ pub const RESPONSES_STORE_MAX_ENTRIES: usize = 1000;
 /// Most bytes the Responses store holds.
 pub const RESPONSES_STORE_MAX_BYTES: usize = 64 * 1024 * 1024;
 
+/// How long the proxy remembers a sleeping box (lists its models, wakes it for requests).
+pub const SLEEPERS_REMEMBERED: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Sleeping boxes remembered at once; the one asleep longest makes room.
+pub const MAX_SLEEPERS: usize = 256;
+/// A box being woken gets another Wake-on-LAN packet at most this often, however many requests
+/// wait for it (a packet can be lost; a flood must not become a packet storm).
+pub const WAKE_RETRY: Duration = Duration::from_secs(10);
+
 /// Requests a worker runs at once.
 pub const MAX_CONCURRENCY: u32 = 4;
 /// How often a worker re-reads its backends' model lists (and forgets what it probed).

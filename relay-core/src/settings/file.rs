@@ -152,6 +152,15 @@ pub struct ProxyFile {
     pub tls_cert: Option<PathBuf>,
     /// `TLS_KEY`: the PEM private key of `tls_cert`.
     pub tls_key: Option<PathBuf>,
+    /// `MODELRELAY_WAKE_TARGET`: where Wake-on-LAN packets go (`IP:PORT`, usually the LAN's
+    /// broadcast address on port 9).
+    pub wake_target: Option<String>,
+    /// `MODELRELAY_SLEEPERS_REMEMBERED_SECS`: how long a sleeping box is remembered.
+    pub sleepers_remembered_secs: Option<u64>,
+    /// Sleeping boxes remembered at once (0 forgets boxes as soon as they leave).
+    pub max_sleepers: Option<usize>,
+    /// Seconds between two Wake-on-LAN packets to the same box.
+    pub wake_retry_secs: Option<u64>,
 }
 
 /// `[[proxy.upstreams]]` in the config file. Not `Debug`: it may hold an API key.
@@ -238,6 +247,11 @@ pub struct WorkerFile {
     pub drain_timeout_secs: Option<u64>,
     /// `PROXY_SILENCE_TIMEOUT_SECS`: reconnect after hearing nothing from the proxy this long.
     pub proxy_silence_timeout_secs: Option<u64>,
+    /// `MODELRELAY_SLEEPS_WHEN_IDLE`: this box suspends when idle; the proxy keeps its models
+    /// listed as asleep when it leaves, and wakes it with Wake-on-LAN.
+    pub sleeps_when_idle: Option<bool>,
+    /// `MODELRELAY_MAC_ADDRESS`: the network card the proxy wakes (found by itself on Linux).
+    pub mac_address: Option<String>,
     /// Whether backends serve `/v1/messages` themselves; unset probes each backend.
     pub native_messages: Option<bool>,
     /// Whether backends serve `/v1/responses` themselves; unset probes each backend.

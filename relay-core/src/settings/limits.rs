@@ -41,6 +41,27 @@ impl Default for ProviderLimits {
     }
 }
 
+/// How the proxy keeps and wakes sleeping boxes (see `proxy/sleepers.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SleeperLimits {
+    /// A box asleep longer than this is forgotten (its models are no longer listed).
+    pub remember: Duration,
+    /// Most boxes remembered at once (0: sleeping boxes are not remembered).
+    pub max_boxes: usize,
+    /// At most one Wake-on-LAN packet per box per this interval.
+    pub retry: Duration,
+}
+
+impl Default for SleeperLimits {
+    fn default() -> Self {
+        SleeperLimits {
+            remember: defaults::SLEEPERS_REMEMBERED,
+            max_boxes: defaults::MAX_SLEEPERS,
+            retry: defaults::WAKE_RETRY,
+        }
+    }
+}
+
 /// Bounds of the Responses store behind `previous_response_id`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreLimits {

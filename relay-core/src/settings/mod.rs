@@ -20,8 +20,8 @@ pub use file::{
     FileConfig, ProviderFile, ProxyFile, RolesFile, TlsMode, UpstreamFile, UpstreamKind, WorkerFile,
 };
 pub use limits::{
-    ConnectionLimits, NativeOverrides, ProviderConfig, ProviderLimits, Roles, StoreLimits,
-    TlsSetting, UpstreamConfig,
+    ConnectionLimits, NativeOverrides, ProviderConfig, ProviderLimits, Roles, SleeperLimits,
+    StoreLimits, TlsSetting, UpstreamConfig,
 };
 pub use overrides::Overrides;
 pub use resolve::{ProxySettings, WorkerSettings};

@@ -71,4 +71,12 @@ pub struct Overrides {
     pub worker_drain_timeout_secs: Option<u64>,
     /// `PROXY_SILENCE_TIMEOUT_SECS`.
     pub proxy_silence_timeout_secs: Option<u64>,
+    /// `MODELRELAY_WAKE_TARGET`.
+    pub wake_target: Option<String>,
+    /// `MODELRELAY_SLEEPERS_REMEMBERED_SECS`.
+    pub sleepers_remembered_secs: Option<u64>,
+    /// `MODELRELAY_SLEEPS_WHEN_IDLE`.
+    pub sleeps_when_idle: Option<bool>,
+    /// `MODELRELAY_MAC_ADDRESS`.
+    pub mac_address: Option<String>,
 }

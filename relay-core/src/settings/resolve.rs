@@ -4,19 +4,21 @@
 //! node generated, the backends it discovered).
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::file::{FileConfig, ProxyFile, TlsMode, WorkerFile};
 use super::limits::{
-    ConnectionLimits, NativeOverrides, ProviderConfig, ProviderLimits, StoreLimits, TlsSetting,
-    UpstreamConfig,
+    ConnectionLimits, NativeOverrides, ProviderConfig, ProviderLimits, SleeperLimits, StoreLimits,
+    TlsSetting, UpstreamConfig,
 };
 use super::overrides::Overrides;
 use super::{defaults, ConfigError};
 use crate::lifecycle::{LifecycleConfig, LifecycleSection};
 use crate::protocol::BRIDGE_PROTOCOL_VERSION;
 use crate::tls::Fingerprint;
+use crate::wake::MacAddress;
 
 /// The proxy's settings, resolved.
 #[derive(Debug, Clone)]
@@ -82,6 +84,10 @@ pub struct ProxySettings {
     pub metrics_public: bool,
     /// Whether and how to serve TLS.
     pub tls: TlsSetting,
+    /// How sleeping boxes are remembered and woken.
+    pub sleepers: SleeperLimits,
+    /// Where Wake-on-LAN packets go.
+    pub wake_target: SocketAddr,
 }
 
 /// A worker's settings, resolved.
@@ -118,6 +124,10 @@ pub struct WorkerSettings {
     pub lifecycle: Option<LifecycleConfig>,
     /// Which routes backends serve natively, where configured.
     pub native_routes: NativeOverrides,
+    /// The box suspends when idle (announced in `register`).
+    pub sleeps_when_idle: bool,
+    /// The card to wake, when configured (else found at start on Linux).
+    pub mac_address: Option<MacAddress>,
 }
 
 fn secs(value: Option<u64>, default: Duration) -> Duration {
@@ -267,8 +277,45 @@ impl ProxySettings {
                 .or(p.metrics_public)
                 .unwrap_or(defaults::METRICS_PUBLIC),
             tls: tls(p, o)?,
+            sleepers: sleepers(p, o)?,
+            wake_target: wake_target(p, o)?,
         })
     }
+}
+
+/// `[proxy] sleepers_remembered_secs`, `max_sleepers`, `wake_retry_secs` over the defaults.
+fn sleepers(p: &ProxyFile, o: &Overrides) -> Result<SleeperLimits, ConfigError> {
+    let defaults = SleeperLimits::default();
+    let retry = secs(p.wake_retry_secs, defaults.retry);
+    if retry.is_zero() {
+        return Err(invalid(
+            "[proxy] wake_retry_secs must be at least 1: a flood of requests would send a packet each",
+        ));
+    }
+    Ok(SleeperLimits {
+        remember: secs(
+            o.sleepers_remembered_secs.or(p.sleepers_remembered_secs),
+            defaults.remember,
+        ),
+        max_boxes: p.max_sleepers.unwrap_or(defaults.max_boxes),
+        retry,
+    })
+}
+
+/// `MODELRELAY_WAKE_TARGET`: an `IP:PORT` (no host names: the packet goes out when a request
+/// waits, not after a DNS lookup).
+fn wake_target(p: &ProxyFile, o: &Overrides) -> Result<SocketAddr, ConfigError> {
+    let text = o
+        .wake_target
+        .as_deref()
+        .or(p.wake_target.as_deref())
+        .unwrap_or(crate::wake::DEFAULT_WAKE_TARGET);
+    text.trim().parse().map_err(|_| {
+        invalid(format!(
+            "MODELRELAY_WAKE_TARGET/[proxy] wake_target {text:?} must be IP:PORT, e.g. \
+             192.168.1.255:9 (the broadcast address of the sleeping boxes' network)"
+        ))
+    })
 }
 
 /// `DATABASE_URL` checked: a PostgreSQL URL, or nothing (blank counts as nothing).
@@ -523,6 +570,15 @@ impl WorkerSettings {
             native_routes: NativeOverrides {
                 messages: w.native_messages,
                 responses: w.native_responses,
+            },
+            sleeps_when_idle: o.sleeps_when_idle.or(w.sleeps_when_idle).unwrap_or(false),
+            mac_address: match o.mac_address.as_deref().or(w.mac_address.as_deref()) {
+                None => None,
+                Some(text) => Some(text.trim().parse::<MacAddress>().map_err(|error| {
+                    invalid(format!(
+                        "MODELRELAY_MAC_ADDRESS/[worker] mac_address: {error}"
+                    ))
+                })?),
             },
         })
     }

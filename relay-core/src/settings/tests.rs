@@ -352,3 +352,62 @@ fn upstreams_are_read_checked_and_their_keys_found() {
         assert!(error.to_string().contains(expected), "{text}: {error}");
     }
 }
+
+#[test]
+fn sleeping_box_settings_come_from_overrides_over_the_file_and_bad_values_are_named() {
+    let settings = proxy_of("").unwrap();
+    assert_eq!(settings.wake_target, "255.255.255.255:9".parse().unwrap());
+    assert_eq!(settings.sleepers, SleeperLimits::default());
+    assert_eq!(
+        settings.sleepers.remember,
+        Duration::from_secs(7 * 24 * 3600)
+    );
+    let file = parse_file(
+        r#"
+        [proxy]
+        wake_target = "192.168.1.255:9"
+        sleepers_remembered_secs = 3600
+        max_sleepers = 5
+        wake_retry_secs = 3
+        [worker]
+        sleeps_when_idle = true
+        mac_address = "3C-7C-3F-1E-22-90"
+        "#,
+    )
+    .unwrap();
+    let settings = proxy(&file, &Overrides::default()).unwrap();
+    assert_eq!(settings.wake_target, "192.168.1.255:9".parse().unwrap());
+    assert_eq!(settings.sleepers.remember, Duration::from_secs(3600));
+    assert_eq!(settings.sleepers.max_boxes, 5);
+    assert_eq!(settings.sleepers.retry, Duration::from_secs(3));
+    let overrides = Overrides {
+        wake_target: Some("127.0.0.1:4009".into()),
+        sleepers_remembered_secs: Some(60),
+        sleeps_when_idle: Some(false),
+        mac_address: Some("02:00:00:00:00:01".into()),
+        ..Overrides::default()
+    };
+    let settings = proxy(&file, &overrides).unwrap();
+    assert_eq!(settings.wake_target, "127.0.0.1:4009".parse().unwrap());
+    assert_eq!(settings.sleepers.remember, Duration::from_secs(60));
+    let worker = WorkerSettings::resolve(&file, &Overrides::default()).unwrap();
+    assert!(worker.sleeps_when_idle);
+    assert_eq!(worker.mac_address.unwrap().to_string(), "3c:7c:3f:1e:22:90");
+    let worker = WorkerSettings::resolve(&file, &overrides).unwrap();
+    assert!(!worker.sleeps_when_idle);
+    assert_eq!(worker.mac_address.unwrap().to_string(), "02:00:00:00:00:01");
+    assert!(!worker_of("").unwrap().sleeps_when_idle);
+
+    for (text, named) in [
+        ("[proxy]\nwake_target = \"broadcast\"", "wake_target"),
+        ("[proxy]\nwake_target = \"host.lan:9\"", "wake_target"),
+        ("[proxy]\nwake_retry_secs = 0", "wake_retry_secs"),
+    ] {
+        let error = proxy_of(text).unwrap_err().to_string();
+        assert!(error.contains(named), "{text}: {error}");
+    }
+    let error = worker_of("[worker]\nmac_address = \"ff:ff:ff:ff:ff:ff\"")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("mac_address"), "{error}");
+}

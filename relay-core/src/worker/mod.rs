@@ -78,6 +78,10 @@ pub struct WorkerConfig {
     /// How the box's CPU, memory and GPUs are sampled for the proxy's dashboard and the VRAM
     /// check before a model starts; `None` samples nothing.
     pub hardware: Option<SamplerSettings>,
+    /// This box's network card, announced so the proxy can wake it (Wake-on-LAN).
+    pub mac_address: Option<crate::wake::MacAddress>,
+    /// The box suspends itself when idle: announced, so the proxy takes its leaving for sleep.
+    pub sleeps_when_idle: bool,
 }
 
 impl WorkerConfig {
@@ -104,6 +108,8 @@ impl WorkerConfig {
             data_dir: crate::paths::data_dir(),
             native_routes: NativeOverrides::default(),
             hardware: Some(SamplerSettings::default()),
+            mac_address: None,
+            sleeps_when_idle: false,
         }
     }
 
@@ -143,6 +149,8 @@ impl WorkerConfig {
             data_dir: crate::paths::data_dir(),
             native_routes: settings.native_routes,
             hardware: Some(SamplerSettings::default()),
+            mac_address: settings.mac_address.or_else(crate::wake::local_mac),
+            sleeps_when_idle: settings.sleeps_when_idle,
         }
     }
 }
@@ -168,14 +176,19 @@ pub async fn run(
     if let (Some(manager), Some(latest)) = (&lifecycle, &hardware) {
         manager.set_free_vram(crate::hardware::free_vram_source(latest.clone()));
     }
+    let sleep = tokio::sync::Notify::new();
     let running = Running {
         config: &config,
         access: &access,
         report: &report,
         lifecycle: lifecycle.as_ref(),
         hardware: hardware.as_ref(),
+        sleep: &sleep,
     };
-    serve_until_shutdown(running, &mut shutdown).await;
+    tokio::select! {
+        _ = serve_until_shutdown(running, &mut shutdown) => {}
+        _ = sleep_signals(&sleep) => {}
+    }
     report.set_lifecycle(None);
     report.set_hardware(None);
     drop(sampler);
@@ -215,6 +228,27 @@ async fn start_lifecycle(config: &WorkerConfig) -> Option<LifecycleManager> {
     Some(manager)
 }
 
+/// How long a worker that said it is going to sleep waits before reconnecting. Tokio's clock
+/// stops while the machine is suspended, so after a real suspend the pause ends only after the
+/// resume; a suspend that was cancelled costs this much absence.
+pub const SLEEP_PAUSE: Duration = Duration::from_secs(20);
+
+/// Turns `SIGUSR1` into "the box is about to suspend" (a systemd-sleep hook or any script sends
+/// it: see the README). Never returns; elsewhere than Unix, waits forever.
+async fn sleep_signals(sleep: &tokio::sync::Notify) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut signals) = signal(SignalKind::user_defined1()) {
+            while signals.recv().await.is_some() {
+                tracing::info!("SIGUSR1: the box is going to sleep");
+                sleep.notify_one();
+            }
+        }
+    }
+    std::future::pending::<()>().await
+}
+
 /// Connects, serves and reconnects until shutdown.
 async fn serve_until_shutdown(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) {
     let (config, report) = (running.config, running.report);
@@ -226,6 +260,17 @@ async fn serve_until_shutdown(running: Running<'_>, shutdown: &mut watch::Receiv
         report.set_state(ConnectionState::Connecting, None);
         match session::serve(running, shutdown).await {
             SessionEnd::Shutdown => return,
+            SessionEnd::Asleep => {
+                report.set_state(
+                    ConnectionState::Disconnected,
+                    Some("asleep: the proxy was told this box went to sleep".to_string()),
+                );
+                delay = config.reconnect_min;
+                tokio::select! {
+                    _ = tokio::time::sleep(SLEEP_PAUSE) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
             SessionEnd::DrainedByProxy { reason } => {
                 let why = if reason.is_empty() {
                     "drained by the proxy".to_string()
@@ -270,6 +315,8 @@ pub struct Running<'a> {
     pub lifecycle: Option<&'a LifecycleManager>,
     /// The box's latest hardware sample, when it is sampled.
     pub hardware: Option<&'a Latest>,
+    /// Notified when the box is about to suspend.
+    pub sleep: &'a tokio::sync::Notify,
 }
 
 /// How this worker reaches its backends: one HTTP client, and one table of the routes they

@@ -65,6 +65,9 @@ pub enum SessionEnd {
         /// The reason the proxy gave, if any.
         reason: String,
     },
+    /// The box is going to sleep: the proxy was told (`going_to_sleep`) and the connection
+    /// closed; reconnect after a pause (which a suspend freezes, so it ends after the resume).
+    Asleep,
     /// The connection failed or ended; `registered` tells whether it got as far as `register_ack`.
     Disconnected {
         /// Whether registration succeeded (resets the reconnect backoff).
@@ -90,6 +93,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         report,
         lifecycle,
         hardware,
+        ..
     } = running;
     let catalog = catalog::load(config, &access.client, mapped_models(lifecycle)).await;
     let mut socket = match connect(config).await {
@@ -103,6 +107,8 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         max_concurrent: config.max_concurrent,
         protocol_version: config.protocol_version.clone(),
         current_load: Some(0),
+        mac_address: config.mac_address.map(|mac| mac.to_string()),
+        sleeps_when_idle: config.sleeps_when_idle.then_some(true),
     });
     if let Err(error) = socket.send(Message::Text(register.to_json().into())).await {
         return disconnected(false, format!("sending register failed: {error}"));
@@ -130,6 +136,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         draining: false,
         drain_deadline: None,
         drained_by_proxy: None,
+        sleep: running.sleep,
     };
     session.run(&mut socket, shutdown).await
 }
@@ -247,6 +254,8 @@ struct Session<'a> {
     /// The proxy told this worker to drain (`graceful_shutdown`), with its reason: however the
     /// connection ends afterwards, the worker does not reconnect.
     drained_by_proxy: Option<String>,
+    /// Notified when the box is about to suspend.
+    sleep: &'a tokio::sync::Notify,
 }
 
 /// A freshly read catalog, and whether the proxy asked for it.
@@ -278,6 +287,7 @@ impl Session<'_> {
         let mut watchdog = interval_at(Instant::now() + silence / 4, silence / 4);
         watchdog.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut last_heard = Instant::now();
+        let sleep = self.sleep;
         loop {
             let drain_deadline = self.drain_deadline;
             let bulk = self.window.is_open();
@@ -313,6 +323,7 @@ impl Session<'_> {
                     Next::Continue
                 }
                 _ = watchdog.tick() => self.check_silence(socket, last_heard.elapsed(), silence).await,
+                _ = sleep.notified(), if !local_shutdown => self.go_to_sleep(socket).await,
                 changed = shutdown.changed(), if !local_shutdown => {
                     if changed.is_err() || *shutdown.borrow() {
                         local_shutdown = true;
@@ -596,6 +607,7 @@ impl Session<'_> {
         let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             models,
             current_load: self.active.len() as u32,
+            going_to_sleep: None,
         });
         match send(socket, &update).await {
             Ok(()) => Next::Continue,
@@ -627,11 +639,32 @@ impl Session<'_> {
         let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             models: Vec::new(),
             current_load: self.active.len() as u32,
+            going_to_sleep: None,
         });
         if send(socket, &update).await.is_err() {
             return Next::End(SessionEnd::Shutdown);
         }
         self.maybe_drained(socket).await
+    }
+
+    /// The box is about to suspend: advertise no models with `going_to_sleep` (a proxy that
+    /// ignores the field stops routing here, as on shutdown; ours keeps the models listed as
+    /// asleep and wakes the box for them), then close. What is in flight is abandoned: the
+    /// proxy requeues what had not started, and the machine is going down anyway.
+    async fn go_to_sleep(&mut self, socket: &mut Socket) -> Next {
+        tracing::info!(
+            in_flight = self.active.len(),
+            "going to sleep: telling the proxy and disconnecting"
+        );
+        let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            models: Vec::new(),
+            current_load: self.active.len() as u32,
+            going_to_sleep: Some(true),
+        });
+        if send(socket, &update).await.is_ok() {
+            close(socket, "going to sleep").await;
+        }
+        Next::End(SessionEnd::Asleep)
     }
 
     /// Closes the connection once a draining worker has nothing left in flight.

@@ -349,6 +349,8 @@ async fn draining_a_worker_from_the_dashboard_closes_it_once_idle_and_keeps_it_o
                 max_concurrent: 1,
                 protocol_version: None,
                 current_load: None,
+                mac_address: None,
+                sleeps_when_idle: None,
             },
         ))
         .await;

@@ -517,6 +517,7 @@ async fn models_update_adds_a_model_at_once_and_dispatches_queued_work() {
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             models: vec!["old-model".to_string(), "new-model".to_string()],
             current_load: 0,
+            going_to_sleep: None,
         }))
         .await;
     let request = worker.next_request().await;
@@ -541,6 +542,7 @@ async fn models_update_removing_a_model_stops_routing_it_at_once() {
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             models: vec!["b".to_string()],
             current_load: 0,
+            going_to_sleep: None,
         }))
         .await;
     wait_until("the update is applied", || {

@@ -20,6 +20,7 @@ mod metrics;
 mod registration;
 mod responses_api;
 mod shared_database;
+mod sleeping_boxes;
 mod streaming;
 mod support;
 mod upstreams;

@@ -970,6 +970,7 @@ async fn models_refresh_and_models_update_follow_the_seed_wire_trace() {
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             models: vec![MODEL.to_string(), "codellama-13b".to_string()],
             current_load: 1,
+            going_to_sleep: None,
         }))
         .await;
     wait_until("the proxy routes the updated list", || {

@@ -184,6 +184,8 @@ fn register_fixture_is_the_seed_registration() {
             max_concurrent: 4,
             protocol_version: Some("1".to_string()),
             current_load: Some(0),
+            mac_address: None,
+            sleeps_when_idle: None,
         }
     );
 }
@@ -334,6 +336,8 @@ fn absent_optional_fields_are_omitted_not_sent_as_null() {
         max_concurrent: 1,
         protocol_version: None,
         current_load: None,
+        mac_address: None,
+        sleeps_when_idle: None,
     }))
     .unwrap();
     assert_eq!(

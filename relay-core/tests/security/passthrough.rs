@@ -68,6 +68,8 @@ impl EvilWorker {
                 max_concurrent: 4,
                 protocol_version: Some("1".to_string()),
                 current_load: Some(0),
+                mac_address: None,
+                sleeps_when_idle: None,
             }))
             .await;
         match worker.recv().await {

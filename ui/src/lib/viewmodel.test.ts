@@ -1,6 +1,14 @@
 import { describe, expect, it } from 'vitest';
 import { sampleStatus } from './fixtures';
-import { clockFor, MAX_IN_FLIGHT_ROWS, rolesLabel, seriesData, toDashboardView, toLifecycleRows } from './viewmodel';
+import {
+  clockFor,
+  MAX_IN_FLIGHT_ROWS,
+  rolesLabel,
+  seriesData,
+  toDashboardView,
+  toLifecycleRows,
+  toSleeperRows,
+} from './viewmodel';
 
 const NOW = 1_763_740_065_000; // 65 s after the workers connected
 
@@ -100,6 +108,31 @@ describe('toDashboardView', () => {
       tone: 'warn',
       lastError: 'drained by the proxy: proxy shutting down',
     });
+  });
+});
+
+describe('toSleeperRows', () => {
+  it('lists waking boxes first, with how long they slept and since the first packet', () => {
+    const now = 1_000_000_000;
+    const rows = toSleeperRows(
+      {
+        sleepers: [
+          { name: 'b-asleep', provider: 'local', models: ['m1'], mac_address: null, since_unix_ms: now - 3_600_000, state: 'asleep', waking_since_unix_ms: null, wake_packets: 0 },
+          { name: 'a-waking', provider: 'gpu', models: ['m2'], mac_address: '02:00:00:00:00:01', since_unix_ms: now - 60_000, state: 'waking', waking_since_unix_ms: now - 5_000, wake_packets: 2 },
+        ],
+      },
+      now,
+    );
+    expect(rows.map((r) => r.name)).toEqual(['a-waking', 'b-asleep']);
+    expect(rows[0].stateLabel).toBe('waking (2 packets)');
+    expect(rows[0].tone).toBe('warn');
+    expect(rows[0].wakingFor).not.toBe(rows[1].wakingFor);
+    expect(rows[1].stateLabel).toBe('asleep');
+    expect(rows[1].mac).toMatch(/cannot be woken/);
+  });
+
+  it('is empty for relays that do not report sleepers', () => {
+    expect(toSleeperRows({}, 0)).toEqual([]);
   });
 });
 

@@ -173,7 +173,11 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
         name: m.name,
         provider: m.provider,
         workerNames: names,
-        workersLabel: names.length ? names.join(', ') : 'no worker (queueing)',
+        workersLabel: names.length
+          ? names.join(', ')
+          : asleepOn(status, m.name).length
+            ? `asleep: ${asleepOn(status, m.name).join(', ')} (a request wakes it)`
+            : 'no worker (queueing)',
       };
     });
 
@@ -281,6 +285,43 @@ export function lifecycleTone(state: string): Tone {
   if (s === 'starting' || s === 'loading' || s === 'stopping') return 'warn';
   if (s.includes('fail') || s.includes('crash') || s.includes('broken') || s.includes('open')) return 'bad';
   return 'muted';
+}
+
+/** The sleeping boxes that serve `model`. */
+function asleepOn(status: Pick<Status, 'sleepers'>, model: string): string[] {
+  return (status.sleepers ?? []).filter((s) => s.models.includes(model)).map((s) => s.name);
+}
+
+export interface SleeperRow {
+  name: string;
+  provider: string;
+  models: string[];
+  state: 'asleep' | 'waking';
+  tone: Tone;
+  /** "asleep" or "waking (2 packets)". */
+  stateLabel: string;
+  asleepFor: string;
+  /** How long since the first Wake-on-LAN packet of this attempt; a dash when asleep. */
+  wakingFor: string;
+  mac: string;
+}
+
+/** The sleeping boxes, waking ones first, then by name. */
+export function toSleeperRows(status: Pick<Status, 'sleepers'>, nowMs: number): SleeperRow[] {
+  return [...(status.sleepers ?? [])]
+    .sort((a, b) => Number(b.state === 'waking') - Number(a.state === 'waking') || a.name.localeCompare(b.name))
+    .map((s) => ({
+      name: s.name,
+      provider: s.provider,
+      models: s.models,
+      state: s.state,
+      tone: s.state === 'waking' ? 'warn' : 'muted',
+      stateLabel:
+        s.state === 'waking' ? `waking (${s.wake_packets} packet${s.wake_packets === 1 ? '' : 's'})` : 'asleep',
+      asleepFor: formatSince(s.since_unix_ms, nowMs),
+      wakingFor: s.state === 'waking' ? formatSince(s.waking_since_unix_ms, nowMs) : DASH,
+      mac: s.mac_address ?? 'unknown (cannot be woken)',
+    }));
 }
 
 const STOPPED_STATES = new Set(['stopped', 'unloaded', 'idle', 'off', 'not_loaded', 'cold']);

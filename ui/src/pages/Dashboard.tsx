@@ -5,7 +5,16 @@ import { Chart } from '../components/Chart';
 import { WorkerHardware } from '../components/Hardware';
 import { requiresApiKeys } from '../lib/keys';
 import { useLive } from '../live';
-import { clockFor, seriesData, toDashboardView, toLifecycleRows, type DashboardView, type WorkerRow } from '../lib/viewmodel';
+import {
+  clockFor,
+  seriesData,
+  toDashboardView,
+  toLifecycleRows,
+  toSleeperRows,
+  type DashboardView,
+  type SleeperRow,
+  type WorkerRow,
+} from '../lib/viewmodel';
 import type { ModelStatus, Status } from '../types';
 
 export function Dashboard() {
@@ -55,6 +64,7 @@ export function Dashboard() {
       <NodeHeader view={view} requireKeys={requiresApiKeys(status)} />
       <Charts status={status} />
       <WorkersCard workers={view.workers} />
+      <SleepersCard rows={toSleeperRows(status, clockFor(status, receivedAt || Date.now()))} />
       <div class="grid-2">
         <ModelsCard view={view} />
         <QueuesCard view={view} />
@@ -310,6 +320,44 @@ function WorkersCard({ workers }: { workers: WorkerRow[] }) {
           ])}
         </DataTable>
       )}
+    </Card>
+  );
+}
+
+/** Boxes that went to sleep: their models stay listed; a request for one wakes its box. */
+function SleepersCard({ rows }: { rows: SleeperRow[] }) {
+  if (rows.length === 0) return null;
+  return (
+    <Card title="Sleeping boxes" testid="sleepers">
+      <DataTable label="Sleeping boxes" columns={['Name', 'Models', 'State', 'Asleep for', 'Waking for', 'MAC address']}>
+        {rows.map((s) => (
+          <tr key={`${s.provider}/${s.name}`} data-testid="sleeper-row" data-sleeper-name={s.name} data-state={s.state}>
+            <td>
+              <strong>{s.name}</strong>
+              {s.provider !== 'local' ? <span class="muted small"> ({s.provider})</span> : null}
+            </td>
+            <td class="models-cell" data-testid="sleeper-models">
+              {s.models.map((m) => (
+                <code key={m}>{m}</code>
+              ))}
+            </td>
+            <td>
+              <Badge tone={s.tone} testid="sleeper-state">
+                {s.stateLabel}
+              </Badge>
+            </td>
+            <td data-testid="sleeper-since">{s.asleepFor}</td>
+            <td data-testid="sleeper-waking">{s.wakingFor}</td>
+            <td>
+              <code>{s.mac}</code>
+            </td>
+          </tr>
+        ))}
+      </DataTable>
+      <p class="muted small">
+        A request for one of these models waits in the queue while the proxy sends the box a Wake-on-LAN packet; it
+        is answered when the box's worker reconnects.
+      </p>
     </Card>
   );
 }

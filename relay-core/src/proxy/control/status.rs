@@ -67,6 +67,19 @@ pub struct ModelView {
     workers: Vec<String>,
 }
 
+/// One sleeping box.
+#[derive(Debug, Serialize)]
+pub struct SleeperView {
+    name: String,
+    provider: String,
+    models: Vec<String>,
+    mac_address: Option<String>,
+    since_unix_ms: u64,
+    state: &'static str,
+    waking_since_unix_ms: Option<u64>,
+    wake_packets: u32,
+}
+
 /// One provider's queue.
 #[derive(Debug, Serialize)]
 pub struct QueueView {
@@ -95,6 +108,7 @@ pub struct Status {
     node: NodeStatus,
     workers: Vec<WorkerView>,
     models: Vec<ModelView>,
+    sleepers: Vec<SleeperView>,
     queues: Vec<QueueView>,
     in_flight: Vec<RequestView>,
     totals: TotalsSnapshot,
@@ -207,6 +221,24 @@ pub fn snapshot(state: &AppState) -> Status {
         },
         workers,
         models,
+        sleepers: hub
+            .sleepers()
+            .into_iter()
+            .map(|s| SleeperView {
+                state: if s.waking.is_some() {
+                    "waking"
+                } else {
+                    "asleep"
+                },
+                waking_since_unix_ms: s.waking.map(|w| w.since_unix_ms),
+                wake_packets: s.waking.map_or(0, |w| w.packets),
+                mac_address: s.mac.map(|m| m.to_string()),
+                name: s.name,
+                provider: s.provider,
+                models: s.models,
+                since_unix_ms: s.since_unix_ms,
+            })
+            .collect(),
         queues: hub
             .queue_depths()
             .into_iter()

@@ -26,6 +26,8 @@ fn register(s: &mut Scheduler, name: &str, models: &[&str], max: u32) -> Registe
             max_concurrent: max,
             protocol_version: Some("1".to_string()),
             current_load: Some(0),
+            mac_address: None,
+            sleeps_when_idle: None,
         },
     )
     .expect("registered")
@@ -39,7 +41,7 @@ fn submit(s: &mut Scheduler, model: &str, now: Instant) -> Result<Submitted, Sub
         n.set(id + 1);
         id
     });
-    s.submit(id, model, now)
+    s.submit(id, model, Placement::default(), now)
 }
 
 fn dispatched_to(s: Submitted) -> WorkerId {
@@ -889,7 +891,7 @@ proptest::proptest! {
                     workers.push(register(&mut s, "w", &names, max).worker);
                 }
                 Event::Submit { model } => {
-                    let _ = s.submit(next_request, MODELS[model], now);
+                    let _ = s.submit(next_request, MODELS[model], Placement::default(), now);
                     requests.push(next_request);
                     next_request += 1;
                 }

@@ -81,6 +81,8 @@ impl ScriptedWorker {
             max_concurrent,
             protocol_version: Some("1".to_string()),
             current_load: Some(0),
+            mac_address: None,
+            sleeps_when_idle: None,
         }))
         .await;
         match self.recv().await {
@@ -407,6 +409,8 @@ pub fn register_message(
         max_concurrent,
         protocol_version: protocol_version.map(str::to_string),
         current_load,
+        mac_address: None,
+        sleeps_when_idle: None,
     }
 }
 

@@ -1,0 +1,404 @@
+//! Sleeping boxes (issue 17 §3): a worker that says it goes to sleep (`going_to_sleep`), or
+//! that sleeps when idle and leaves, keeps its models listed as asleep; a request for them waits
+//! in the queue while a Wake-on-LAN magic packet goes out, and is served when the box
+//! reconnects, or gets 504 naming the box at the queue timeout.
+//!
+//! The "box" is real sockets: a UDP socket on 127.0.0.1 (the proxy's `wake_target`) that
+//! waits for a valid magic packet for its MAC, and then connects a worker (the scripted one, or
+//! the real worker daemon in front of a mock backend).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use relay_core::protocol::{ModelsUpdateMessage, RegisterMessage, WorkerToServer};
+use relay_core::proxy::{ProxyConfig, RunningProxy};
+use relay_core::wake::MacAddress;
+use relay_core::worker::WorkerConfig;
+use serde_json::{json, Value};
+use tokio::net::UdpSocket;
+
+use crate::support::*;
+
+const MODEL: &str = "llama3-70b";
+const MAC: &str = "02:1b:2c:3d:4e:5f";
+
+fn chat(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// A box's network card: a UDP socket on loopback that the proxy's packets go to.
+struct FakeCard {
+    socket: UdpSocket,
+    mac: MacAddress,
+}
+
+impl FakeCard {
+    async fn new() -> FakeCard {
+        FakeCard {
+            socket: UdpSocket::bind("127.0.0.1:0").await.expect("bind udp"),
+            mac: MAC.parse().expect("mac"),
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.socket.local_addr().expect("addr")
+    }
+
+    /// Waits up to `within` for a datagram; true if it is a magic packet for this card.
+    /// `None` when nothing arrived.
+    async fn packet_within(&self, within: Duration) -> Option<bool> {
+        let mut buf = [0u8; 1024];
+        match tokio::time::timeout(within, self.socket.recv_from(&mut buf)).await {
+            Ok(Ok((len, _))) => Some(self.mac.is_magic_packet(&buf[..len])),
+            _ => None,
+        }
+    }
+
+    /// Waits until a valid magic packet for this card arrives (other datagrams are ignored).
+    async fn woken(&self) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.packet_within(left).await {
+                Some(true) => return,
+                Some(false) => continue,
+                None => panic!("no magic packet for {} within {WAIT:?}", self.mac),
+            }
+        }
+    }
+}
+
+fn config_waking(card: &FakeCard, queue_timeout: Duration) -> ProxyConfig {
+    let mut config = config_with_queue_timeout(queue_timeout);
+    config.wake_target = card.addr();
+    config
+}
+
+fn register(name: &str, models: &[&str], mac: Option<&str>, sleeps: bool) -> RegisterMessage {
+    let mut message = register_message(name, models, 1, Some("1"), Some(0));
+    message.mac_address = mac.map(str::to_string);
+    message.sleeps_when_idle = sleeps.then_some(true);
+    message
+}
+
+/// A scripted worker for box `name` that announces it goes to sleep and closes.
+async fn box_goes_to_sleep(proxy: &RunningProxy, name: &str, models: &[&str]) {
+    let mut worker = ScriptedWorker::connect(proxy.addr).await;
+    worker
+        .register_message(register(name, models, Some(MAC), false))
+        .await;
+    worker
+        .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            models: Vec::new(),
+            current_load: 0,
+            going_to_sleep: Some(true),
+        }))
+        .await;
+    worker.crash();
+    wait_until("the box is remembered as asleep", || {
+        proxy.hub.sleepers().iter().any(|s| s.name == name)
+    })
+    .await;
+}
+
+async fn status_sleepers(proxy: &RunningProxy) -> Vec<Value> {
+    let (code, status) = get_json(&proxy.url(), "/api/status", &[]).await;
+    assert_eq!(code, 200, "{status}");
+    status["sleepers"].as_array().expect("sleepers").clone()
+}
+
+async fn listed_models(proxy: &RunningProxy) -> Vec<String> {
+    let (code, list) = get_json(&proxy.url(), "/v1/models", &[]).await;
+    assert_eq!(code, 200, "{list}");
+    list["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|m| m["id"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_box_that_says_it_goes_to_sleep_keeps_its_models_listed_as_asleep() {
+    let proxy = start_proxy(test_config()).await;
+    box_goes_to_sleep(&proxy, "gpu-2", &[MODEL, "qwen-7b"]).await;
+    assert_eq!(proxy.hub.counts().0, 0, "no worker is connected");
+    let models = listed_models(&proxy).await;
+    assert!(models.contains(&MODEL.to_string()), "{models:?}");
+    assert!(models.contains(&"qwen-7b".to_string()), "{models:?}");
+    let (code, model) = get_json(&proxy.url(), &format!("/v1/models/{MODEL}"), &[]).await;
+    assert_eq!(code, 200, "{model}");
+    let sleepers = status_sleepers(&proxy).await;
+    assert_eq!(sleepers.len(), 1, "{sleepers:?}");
+    assert_eq!(sleepers[0]["name"], "gpu-2");
+    assert_eq!(sleepers[0]["state"], "asleep");
+    assert_eq!(sleepers[0]["mac_address"], MAC);
+    assert_eq!(sleepers[0]["models"], json!([MODEL, "qwen-7b"]));
+    assert!(sleepers[0]["since_unix_ms"].as_u64().unwrap() > 0);
+    assert!(sleepers[0]["waking_since_unix_ms"].is_null());
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_request_for_a_sleeping_box_sends_a_magic_packet_waits_and_is_served_when_it_reconnects()
+{
+    let card = FakeCard::new().await;
+    let proxy = start_proxy(config_waking(&card, Duration::from_secs(10))).await;
+    box_goes_to_sleep(&proxy, "gpu-2", &[MODEL]).await;
+
+    let client = spawn_post(&proxy.url(), "/v1/chat/completions", chat(MODEL));
+    card.woken().await;
+    let sleepers = status_sleepers(&proxy).await;
+    assert_eq!(sleepers[0]["state"], "waking", "{sleepers:?}");
+    assert!(sleepers[0]["waking_since_unix_ms"].as_u64().unwrap() > 0);
+    assert_eq!(sleepers[0]["wake_packets"], 1);
+    assert!(!client.is_finished(), "the request waits for the box");
+
+    // The box resumes and its worker reconnects under the same name.
+    let mut worker = ScriptedWorker::connect(proxy.addr).await;
+    worker
+        .register_message(register("gpu-2", &[MODEL], Some(MAC), false))
+        .await;
+    let request = worker.next_request().await;
+    assert_eq!(request.model, MODEL);
+    worker.complete(&request.request_id, r#"{"ok":true}"#).await;
+    let (status, _, body) = answer_of(client).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(status_sleepers(&proxy).await.is_empty(), "the box is awake");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_real_worker_of_a_box_that_sleeps_when_idle_is_woken_by_a_request_and_answers_it() {
+    let card = FakeCard::new().await;
+    let proxy = start_proxy(config_waking(&card, Duration::from_secs(10))).await;
+    let backend = MockBackend::start(&[MODEL]).await;
+    let box_config = || {
+        let mut config = WorkerConfig::new(&proxy.url(), SECRET, &backend.url());
+        config.name = "sleepy-box".to_string();
+        config.models = Some(vec![MODEL.to_string()]);
+        config.mac_address = Some(MAC.parse().unwrap());
+        config.sleeps_when_idle = true;
+        config
+    };
+    let worker = RunningWorker::start_with(box_config());
+    wait_until("the box's worker registers", || proxy.hub.counts().0 == 1).await;
+    // The machine suspends: its worker vanishes without a word.
+    worker.kill();
+    wait_until("the box is asleep", || !proxy.hub.sleepers().is_empty()).await;
+    assert!(listed_models(&proxy).await.contains(&MODEL.to_string()));
+
+    let client = spawn_post(&proxy.url(), "/v1/chat/completions", chat(MODEL));
+    card.woken().await;
+    let worker = RunningWorker::start_with(box_config());
+    let (status, _, body) = answer_of(client).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(proxy.hub.sleepers().is_empty(), "the box is awake");
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_box_that_does_not_wake_gets_the_request_a_504_naming_it_at_the_queue_timeout() {
+    let card = FakeCard::new().await;
+    let proxy = start_proxy(config_waking(&card, Duration::from_millis(600))).await;
+    box_goes_to_sleep(&proxy, "gpu-2", &[MODEL]).await;
+    let started = Instant::now();
+    let (status, _, body) = post(&proxy.url(), "/v1/chat/completions", &chat(MODEL)).await;
+    assert_eq!(status, 504, "{body}");
+    assert!(started.elapsed() >= Duration::from_millis(550));
+    let error: Value = serde_json::from_str(&body).expect("json error");
+    let message = error["error"]["message"].as_str().expect("message");
+    assert!(message.contains("\"gpu-2\""), "{message}");
+    assert!(message.contains("did not wake"), "{message}");
+    assert_eq!(error["error"]["code"], "queue_timeout");
+    assert_eq!(card.packet_within(Duration::from_secs(1)).await, Some(true));
+    let sleepers = status_sleepers(&proxy).await;
+    assert_eq!(
+        sleepers[0]["state"], "asleep",
+        "the attempt ended: {sleepers:?}"
+    );
+    // Anthropic clients get it in their dialect.
+    let (status, _, body) = post_raw(
+        &proxy.url(),
+        "/v1/messages",
+        json!({"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+            .to_string(),
+        &[("anthropic-version", "2023-06-01")],
+    )
+    .await;
+    assert_eq!(status, 504, "{body}");
+    let error: Value = serde_json::from_str(&body).expect("json error");
+    assert_eq!(error["type"], "error");
+    assert!(error["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("did not wake"));
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_flood_of_requests_for_a_sleeping_box_sends_one_magic_packet_per_retry_interval() {
+    let card = FakeCard::new().await;
+    let mut config = config_waking(&card, Duration::from_millis(1500));
+    config.sleepers.retry = Duration::from_secs(60);
+    let proxy = start_proxy(config).await;
+    box_goes_to_sleep(&proxy, "gpu-2", &[MODEL]).await;
+    let clients: Vec<_> = (0..40)
+        .map(|_| spawn_post(&proxy.url(), "/v1/chat/completions", chat(MODEL)))
+        .collect();
+    let mut packets = 0;
+    while let Some(valid) = card.packet_within(Duration::from_millis(2500)).await {
+        assert!(valid, "only magic packets for the box");
+        packets += 1;
+    }
+    assert_eq!(packets, 1, "one packet for 40 requests");
+    for client in clients {
+        assert_eq!(answer_of(client).await.0, 504);
+    }
+    // The attempt ended with those requests: the next request starts a new one, with a packet.
+    let _ = post(&proxy.url(), "/v1/chat/completions", &chat(MODEL)).await;
+    assert_eq!(
+        card.packet_within(Duration::from_millis(200)).await,
+        Some(true)
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn malformed_mac_addresses_are_ignored_with_a_register_warning() {
+    let proxy = start_proxy(test_config()).await;
+    let huge = "a".repeat(100_000);
+    for (i, mac) in [
+        json!("zz:zz:zz:zz:zz:zz"),
+        json!("02:1b:2c:3d:4e"),
+        json!("ff:ff:ff:ff:ff:ff"),
+        json!("00:00:00:00:00:00"),
+        json!(huge),
+        json!(12345),
+        json!({"mac": MAC}),
+        json!(["02", "1b"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut worker = ScriptedWorker::connect(proxy.addr).await;
+        let register = json!({
+            "type": "register", "worker_name": format!("odd-{i}"), "models": [MODEL],
+            "max_concurrent": 1, "mac_address": mac, "sleeps_when_idle": "yes please",
+        });
+        worker.send_text(&register.to_string()).await;
+        let ack = match worker.recv().await {
+            relay_core::protocol::ServerToWorker::RegisterAck(ack) => ack,
+            other => panic!("expected register_ack, got {other:?}"),
+        };
+        assert_eq!(ack.models, [MODEL], "registered anyway");
+        let warning = ack
+            .warnings
+            .iter()
+            .find(|w| w.contains("mac_address ignored"))
+            .unwrap_or_else(|| panic!("a warning for {i}: {:?}", ack.warnings));
+        assert!(warning.len() < 400, "the input is not echoed: {warning}");
+        // Not a boolean: it does not sleep when idle, so leaving is just leaving.
+        worker.crash();
+    }
+    wait_until("the workers are gone", || proxy.hub.counts().0 == 0).await;
+    assert!(proxy.hub.sleepers().is_empty());
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_box_without_a_mac_sleeps_but_no_packet_goes_out_and_the_504_still_names_it() {
+    let card = FakeCard::new().await;
+    let proxy = start_proxy(config_waking(&card, Duration::from_millis(400))).await;
+    let mut worker = ScriptedWorker::connect(proxy.addr).await;
+    worker
+        .register_message(register("no-card", &[MODEL], None, true))
+        .await;
+    worker.crash();
+    wait_until("the box is asleep", || !proxy.hub.sleepers().is_empty()).await;
+    let (status, _, body) = post(&proxy.url(), "/v1/chat/completions", &chat(MODEL)).await;
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("no-card"), "{body}");
+    assert_eq!(card.packet_within(Duration::from_millis(300)).await, None);
+    assert!(status_sleepers(&proxy).await[0]["mac_address"].is_null());
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn only_a_sleep_counts_a_plain_worker_leaving_or_one_drained_by_an_admin_is_not_asleep() {
+    let proxy = start_proxy(test_config()).await;
+    // A worker that never said it sleeps: leaving is leaving.
+    let mut plain = ScriptedWorker::connect(proxy.addr).await;
+    plain
+        .register_message(register("plain", &["a"], Some(MAC), false))
+        .await;
+    plain.crash();
+    // One that sleeps when idle, but shut down (empty models_update first, as on SIGTERM).
+    let mut stopped = ScriptedWorker::connect(proxy.addr).await;
+    stopped
+        .register_message(register("stopped", &["b"], Some(MAC), true))
+        .await;
+    stopped
+        .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            models: Vec::new(),
+            current_load: 0,
+            going_to_sleep: None,
+        }))
+        .await;
+    wait_until("the update is applied", || {
+        !proxy.hub.models().iter().any(|(m, _)| m == "b")
+    })
+    .await;
+    stopped.crash();
+    // One drained by an admin.
+    let mut drained = ScriptedWorker::connect(proxy.addr).await;
+    let ack = drained
+        .register_message(register("drained", &["c"], Some("02:00:00:00:00:03"), true))
+        .await;
+    assert!(proxy.hub.drain_worker(&ack.worker_id));
+    drained.closed().await;
+    wait_until("every worker is gone", || proxy.hub.counts().0 == 0).await;
+    assert!(
+        proxy.hub.sleepers().is_empty(),
+        "{:?}",
+        proxy.hub.sleepers()
+    );
+    assert!(listed_models(&proxy).await.is_empty());
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn sleeping_boxes_are_bounded_and_forgotten_after_the_configured_time() {
+    let mut config = test_config();
+    config.sleepers.max_boxes = 3;
+    config.sleepers.remember = Duration::from_millis(1500);
+    let proxy = start_proxy(config).await;
+    for i in 0..6 {
+        let mut worker = ScriptedWorker::connect(proxy.addr).await;
+        let mac = format!("02:00:00:00:00:{i:02x}");
+        worker
+            .register_message(register(
+                &format!("box-{i}"),
+                &[&format!("m-{i}")],
+                Some(&mac),
+                true,
+            ))
+            .await;
+        worker.crash();
+        wait_until("the box is asleep", || {
+            proxy
+                .hub
+                .sleepers()
+                .iter()
+                .any(|s| s.name == format!("box-{i}"))
+        })
+        .await;
+    }
+    let names: Vec<String> = proxy.hub.sleepers().into_iter().map(|s| s.name).collect();
+    assert_eq!(names, ["box-3", "box-4", "box-5"], "the oldest made room");
+    assert_eq!(listed_models(&proxy).await, ["m-3", "m-4", "m-5"]);
+    wait_until("they are forgotten", || proxy.hub.sleepers().is_empty()).await;
+    assert!(listed_models(&proxy).await.is_empty());
+    proxy.shutdown().await;
+}
