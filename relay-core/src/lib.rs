@@ -10,6 +10,7 @@ pub mod backend;
 pub mod cli;
 pub mod dialect;
 pub mod discovery;
+pub mod hardware;
 pub mod lan;
 pub mod lifecycle;
 pub mod node;

@@ -235,6 +235,153 @@ pub struct PongMessage {
     /// The `ping`'s timestamp, echoed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp_unix_ms: Option<u64>,
+    /// Extension: the worker's box as it was last sampled (CPU, memory, GPUs); absent means
+    /// unknown. The published proxy ignores it (serde skips unknown fields). Read leniently: a
+    /// malformed value is dropped, never the pong, so a bad report cannot stop the heartbeat;
+    /// lists and names are cut to [`MAX_REPORTED_GPUS`] and [`MAX_REPORT_NAME_BYTES`].
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub hardware: Option<HardwareReport>,
+    /// Extension: the state of each model of the worker's model map; absent means unknown (a
+    /// worker without a model map sends none). Read like `hardware`, cut to
+    /// [`MAX_REPORTED_MODELS`].
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub model_states: Option<Vec<ModelStateReport>>,
+}
+
+/// GPUs a report keeps; a box with more reports the first ones.
+pub const MAX_REPORTED_GPUS: usize = 16;
+/// Model states a report keeps.
+pub const MAX_REPORTED_MODELS: usize = 64;
+/// The longest GPU name, model name or state kept, in bytes (cut at a character boundary).
+pub const MAX_REPORT_NAME_BYTES: usize = 128;
+
+/// A box's CPU, memory and GPUs. Every number is optional: a tool or platform that does not
+/// tell leaves it out. Integers only, so messages stay comparable and small.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HardwareReport {
+    /// CPU use over the last sampling interval, all cores, 0–100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_percent: Option<u32>,
+    /// Memory in use, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_mb: Option<u64>,
+    /// Memory installed, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_total_mb: Option<u64>,
+    /// Each GPU found; empty when none (or no vendor tool).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuReport>,
+}
+
+/// One GPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuReport {
+    /// The product name, e.g. `NVIDIA GeForce RTX 4090`.
+    #[serde(default)]
+    pub name: String,
+    /// VRAM in use, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vram_used_mb: Option<u64>,
+    /// VRAM installed, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vram_total_mb: Option<u64>,
+    /// GPU utilisation, 0–100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_percent: Option<u32>,
+    /// Temperature, °C.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<i32>,
+}
+
+/// One model of a worker's model map and its state: `loaded`, `starting`, `idle` (not running),
+/// `stopping` or `failed` (refusing starts for a while). Plain text, so a newer worker's states
+/// reach an older dashboard as they are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelStateReport {
+    /// The model name.
+    pub model: String,
+    /// Its state.
+    pub state: String,
+}
+
+/// What a report may hold, whoever sent it.
+pub trait Bounded {
+    /// The value cut to the report limits.
+    fn bounded(self) -> Self;
+    /// Whether `value` has the JSON shape of this report (serde would also read a struct from
+    /// an array, by position: not a report we meant).
+    fn has_shape(value: &serde_json::Value) -> bool;
+}
+
+fn cut(mut text: String) -> String {
+    if text.len() > MAX_REPORT_NAME_BYTES {
+        let mut end = MAX_REPORT_NAME_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+impl Bounded for HardwareReport {
+    fn has_shape(value: &serde_json::Value) -> bool {
+        value.is_object()
+            && value["gpus"]
+                .as_array()
+                .is_none_or(|gpus| gpus.iter().all(serde_json::Value::is_object))
+    }
+
+    fn bounded(mut self) -> Self {
+        self.gpus.truncate(MAX_REPORTED_GPUS);
+        self.cpu_percent = self.cpu_percent.map(|p| p.min(100));
+        for gpu in &mut self.gpus {
+            gpu.name = cut(std::mem::take(&mut gpu.name));
+            gpu.utilization_percent = gpu.utilization_percent.map(|p| p.min(100));
+        }
+        self
+    }
+}
+
+impl Bounded for Vec<ModelStateReport> {
+    fn has_shape(value: &serde_json::Value) -> bool {
+        value
+            .as_array()
+            .is_some_and(|states| states.iter().all(serde_json::Value::is_object))
+    }
+
+    fn bounded(mut self) -> Self {
+        self.truncate(MAX_REPORTED_MODELS);
+        for report in &mut self {
+            report.model = cut(std::mem::take(&mut report.model));
+            report.state = cut(std::mem::take(&mut report.state));
+        }
+        self
+    }
+}
+
+/// Reads an optional extension field, turning a value of the wrong shape into `None` and
+/// cutting a good one to the report limits.
+fn lenient<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned + Bounded,
+{
+    let value = serde_json::Value::deserialize(deserializer)?;
+    if !T::has_shape(&value) {
+        return Ok(None);
+    }
+    Ok(serde_json::from_value::<T>(value)
+        .ok()
+        .map(Bounded::bounded))
 }
 
 /// `graceful_shutdown`: stop taking work and drain.
@@ -501,5 +648,64 @@ mod tests {
         ));
         assert!(WorkerToServer::from_json(r#"{"type":"response_chunk","chunk":1}"#).is_err());
         assert!(WorkerToServer::from_json(r#"{"type":"bogus"}"#).is_err());
+    }
+}
+
+#[cfg(test)]
+mod report_tests {
+    use super::*;
+
+    fn pong(extra: &str) -> PongMessage {
+        let text = format!(r#"{{"type":"pong","current_load":2{extra}}}"#);
+        match WorkerToServer::from_json(&text).expect("a pong reads whatever its extensions") {
+            WorkerToServer::Pong(pong) => pong,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn extension_fields_of_the_wrong_shape_are_dropped_and_the_pong_kept() {
+        for bad in [
+            r#","hardware":"lots""#,
+            r#","hardware":[1,2]"#,
+            r#","hardware":{"gpus":7}"#,
+            r#","hardware":{"gpus":[[1,2]]}"#,
+            r#","hardware":{"cpu_percent":-1}"#,
+            r#","hardware":null,"model_states":{"m":"loaded"}"#,
+            r#","model_states":[["m","loaded"]]"#,
+        ] {
+            let pong = pong(bad);
+            assert_eq!(pong.current_load, 2);
+            assert_eq!((pong.hardware, pong.model_states), (None, None), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_report_is_cut_to_the_limits_and_unknown_fields_are_skipped() {
+        let name = "é".repeat(MAX_REPORT_NAME_BYTES);
+        let gpus: Vec<String> = (0..MAX_REPORTED_GPUS + 5)
+            .map(|_| format!(r#"{{"name":"{name}","utilization_percent":400,"new":1}}"#))
+            .collect();
+        let pong = pong(&format!(
+            r#","hardware":{{"cpu_percent":101,"gpus":[{}],"future":{{}}}}"#,
+            gpus.join(",")
+        ));
+        let hardware = pong.hardware.unwrap();
+        assert_eq!(hardware.cpu_percent, Some(100));
+        assert_eq!(hardware.gpus.len(), MAX_REPORTED_GPUS);
+        // Two-byte characters: cut at a boundary, never in the middle of one.
+        assert_eq!(hardware.gpus[0].name.len(), MAX_REPORT_NAME_BYTES);
+        assert_eq!(hardware.gpus[0].utilization_percent, Some(100));
+    }
+
+    #[test]
+    fn a_pong_without_extensions_writes_none() {
+        let plain = WorkerToServer::Pong(PongMessage {
+            current_load: 1,
+            timestamp_unix_ms: None,
+            hardware: None,
+            model_states: None,
+        });
+        assert_eq!(plain.to_json(), r#"{"type":"pong","current_load":1}"#);
     }
 }

@@ -34,6 +34,12 @@ const NEVER: &[(&str, &str)] = &[
     ("worker", "proxy"),
     ("worker", "node"),
     ("proxy", "node"),
+    // The box's sampler knows only the wire types it fills: the worker wires it to the
+    // lifecycle and the pong, the proxy reads its reports.
+    ("hardware", "proxy"),
+    ("hardware", "worker"),
+    ("hardware", "node"),
+    ("hardware", "lifecycle"),
     ("tls", "proxy"),
     ("tls", "worker"),
     // Settings are data: nothing that runs.

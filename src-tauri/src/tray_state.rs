@@ -2,6 +2,7 @@
 //! marks. Pure functions only, so every case is a unit test that needs no display.
 
 use relay_core::node::{NodeState, WorkerState};
+use relay_core::protocol::HardwareReport;
 
 /// The tray icon variants, one per look; the PNGs are `icons/tray/*.png`, generated from
 /// `icons/source.svg` by `scripts/desktop-icons.sh`.
@@ -69,12 +70,56 @@ pub fn view(state: &NodeState, url: &str) -> TrayView {
         Some(message) => format!("Error: {}", truncate(message, MAX_ERROR_CHARS)),
         None => status_line(state, url),
     };
+    let mut tooltip = format!("ModelRelay · {status_line}");
+    if let Some(line) = state.hardware.as_ref().and_then(hardware_line) {
+        tooltip.push('\n');
+        tooltip.push_str(&line);
+    }
     TrayView {
         icon,
-        tooltip: format!("ModelRelay · {status_line}"),
+        tooltip,
         status_line,
         proxy_checked: state.roles.proxy,
         worker_checked: state.roles.worker,
+    }
+}
+
+/// This box in one line: `CPU 12% · RAM 4.0/16 GiB · RTX 4090 18/24 GiB 71 °C`; `None` when
+/// the sample holds nothing to show.
+pub fn hardware_line(report: &HardwareReport) -> Option<String> {
+    let mut parts = Vec::new();
+    if let Some(cpu) = report.cpu_percent {
+        parts.push(format!("CPU {cpu}%"));
+    }
+    if let (Some(used), Some(total)) = (report.memory_used_mb, report.memory_total_mb) {
+        parts.push(format!("RAM {}/{} GiB", gib(used), gib(total)));
+    }
+    for gpu in &report.gpus {
+        // "NVIDIA GeForce RTX 4090" → "RTX 4090": the tooltip is short on room.
+        let name = gpu
+            .name
+            .trim_start_matches("NVIDIA ")
+            .trim_start_matches("GeForce ")
+            .trim_start_matches("AMD ");
+        let mut part = name.to_string();
+        if let (Some(used), Some(total)) = (gpu.vram_used_mb, gpu.vram_total_mb) {
+            part.push_str(&format!(" {}/{} GiB", gib(used), gib(total)));
+        }
+        if let Some(temperature) = gpu.temperature_c {
+            part.push_str(&format!(" {temperature} °C"));
+        }
+        parts.push(part);
+    }
+    (!parts.is_empty()).then(|| parts.join(" · "))
+}
+
+/// MiB as GiB, one decimal below 10.
+fn gib(mb: u64) -> String {
+    let gib = mb as f64 / 1024.0;
+    if gib < 10.0 {
+        format!("{gib:.1}")
+    } else {
+        format!("{gib:.0}")
     }
 }
 
@@ -144,7 +189,33 @@ mod tests {
             worker: ws,
             workers_connected: workers,
             error: None,
+            hardware: None,
         }
+    }
+
+    #[test]
+    fn the_tooltip_shows_this_box_cpu_memory_and_gpus() {
+        let mut s = state(false, true, WorkerState::Connected, 0);
+        s.hardware = Some(HardwareReport {
+            cpu_percent: Some(12),
+            memory_used_mb: Some(4096),
+            memory_total_mb: Some(16384),
+            gpus: vec![relay_core::protocol::GpuReport {
+                name: "NVIDIA GeForce RTX 4090".into(),
+                vram_used_mb: Some(18211),
+                vram_total_mb: Some(24564),
+                utilization_percent: Some(97),
+                temperature_c: Some(71),
+            }],
+        });
+        let v = view(&s, URL);
+        assert_eq!(
+            v.tooltip,
+            "ModelRelay · worker connected\nCPU 12% · RAM 4.0/16 GiB · RTX 4090 18/24 GiB 71 °C"
+        );
+        // A sample with nothing in it adds nothing.
+        s.hardware = Some(HardwareReport::default());
+        assert_eq!(view(&s, URL).tooltip, "ModelRelay · worker connected");
     }
 
     const URL: &str = "http://127.0.0.1:8080";

@@ -40,6 +40,39 @@ export interface WorkerInfo {
   state: WorkerState;
   connected_unix_ms: number;
   heartbeat_ms: number | null;
+  /** The worker's box at its last report; null (or absent from an older relay) when unknown. */
+  hardware?: HardwareReport | null;
+  /** CPU, memory and VRAM use over the last reports (percent; null where a report lacked it). */
+  hardware_history?: HardwareHistory;
+  /** Its model map's models and their states (`loaded`, `starting`, `idle`, …). */
+  model_states?: ModelStateReport[] | null;
+}
+
+export interface GpuReport {
+  name: string;
+  vram_used_mb?: number;
+  vram_total_mb?: number;
+  utilization_percent?: number;
+  temperature_c?: number;
+}
+
+export interface HardwareReport {
+  cpu_percent?: number;
+  memory_used_mb?: number;
+  memory_total_mb?: number;
+  gpus?: GpuReport[];
+}
+
+export interface HardwareHistory {
+  unix_ms: number[];
+  cpu_percent: (number | null)[];
+  memory_percent: (number | null)[];
+  vram_percent: (number | null)[];
+}
+
+export interface ModelStateReport {
+  model: string;
+  state: string;
 }
 
 export interface ModelInfo {

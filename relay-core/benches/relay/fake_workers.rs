@@ -62,6 +62,8 @@ async fn run(port: u16, name: String) {
             Ok(ServerToWorker::Ping(ping)) => WorkerToServer::Pong(PongMessage {
                 current_load: 0,
                 timestamp_unix_ms: ping.timestamp_unix_ms,
+                hardware: None,
+                model_states: None,
             }),
             Ok(ServerToWorker::Request(request)) => {
                 WorkerToServer::ResponseComplete(ResponseCompleteMessage {

@@ -75,6 +75,20 @@ pub enum LifecycleError {
         /// Why.
         reason: String,
     },
+    /// The GPUs lack the free VRAM the model needs now (other programs or models hold it).
+    #[error(
+        "model {model:?} would not fit in free VRAM: it needs about {needed_mb} MiB ({basis}) but the GPUs have {free_mb} MiB free; unload other models, stop other programs using the GPU, or choose a smaller quantisation (set vram_mb in its [worker.model_map] entry if the estimate is wrong)"
+    )]
+    NotEnoughVram {
+        /// The model.
+        model: String,
+        /// VRAM it needs, MiB.
+        needed_mb: u64,
+        /// What the need is based on.
+        basis: String,
+        /// VRAM free on the GPUs at the last sample, MiB.
+        free_mb: u64,
+    },
     /// No port could be found for the model.
     #[error("model {model:?} cannot start: {reason}")]
     NoPort {
@@ -122,7 +136,9 @@ impl LifecycleError {
                 "model_start_failed"
             }
             LifecycleError::BreakerOpen { .. } => "model_failed",
-            LifecycleError::NoRoom { .. } | LifecycleError::DoesNotFit { .. } => "model_no_room",
+            LifecycleError::NoRoom { .. }
+            | LifecycleError::DoesNotFit { .. }
+            | LifecycleError::NotEnoughVram { .. } => "model_no_room",
             LifecycleError::NoPort { .. } => "model_start_failed",
             LifecycleError::Crashed { .. } => "model_crashed",
             LifecycleError::Stopped { .. } | LifecycleError::ShuttingDown => "model_stopped",
@@ -141,6 +157,7 @@ impl LifecycleError {
             | LifecycleError::Crashed { .. } => 502,
             LifecycleError::BreakerOpen { .. }
             | LifecycleError::NoRoom { .. }
+            | LifecycleError::NotEnoughVram { .. }
             | LifecycleError::Stopped { .. }
             | LifecycleError::ShuttingDown => 503,
         }
@@ -155,6 +172,7 @@ impl LifecycleError {
             | LifecycleError::BreakerOpen { model, .. }
             | LifecycleError::NoRoom { model, .. }
             | LifecycleError::DoesNotFit { model, .. }
+            | LifecycleError::NotEnoughVram { model, .. }
             | LifecycleError::NoPort { model, .. }
             | LifecycleError::Crashed { model, .. }
             | LifecycleError::Stopped { model, .. } => Some(model),

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
@@ -18,7 +18,7 @@ use super::pidfile::{CleanupReport, PidDir};
 use super::policy::{self, Admission, Candidate, Limits, SessionAction};
 use super::process;
 use super::run::{self, Start};
-use super::state::{Entry, Inner, ModelStatus, Phase, Table};
+use super::state::{Entry, FreeVram, Inner, ModelStatus, Phase, Table};
 
 /// Starts, stops and supervises the model servers of one worker. Cheap to clone (a handle).
 ///
@@ -70,12 +70,50 @@ impl LifecycleManager {
             events: watch::channel(0).0,
             pids,
             client,
+            free_vram: OnceLock::new(),
         });
         tokio::spawn(run::housekeeper(
             Arc::downgrade(&inner),
             inner.events.subscribe(),
         ));
         Ok(LifecycleManager { inner })
+    }
+
+    /// Where free VRAM is read before a start (the worker's hardware sampler). Without it, or
+    /// while it knows no GPU, starts are never refused for VRAM. Set once; later calls are
+    /// ignored.
+    pub fn set_free_vram(&self, probe: FreeVram) {
+        let _ = self.inner.free_vram.set(probe);
+    }
+
+    /// Refuses a start of `model` that the last VRAM sample says would not fit. Passes whenever
+    /// the sample cannot be trusted: no GPU information, or memory in flux (another model
+    /// starting or stopping, or one that stopped after the sample was taken).
+    fn check_vram(&self, table: &Table, model: &str) -> Result<(), LifecycleError> {
+        let Some(probe) = self.inner.free_vram.get() else {
+            return Ok(());
+        };
+        let entry = &table.entries[model];
+        let Some((needed_mb, basis)) = policy::vram_needed_mb(entry.file_bytes, entry.spec.vram_mb)
+        else {
+            return Ok(());
+        };
+        let Some((free_mb, taken)) = probe() else {
+            return Ok(());
+        };
+        let in_flux = table.entries.values().any(|e| {
+            matches!(e.phase, Phase::Starting | Phase::Stopping)
+                || e.ended_at.is_some_and(|ended| ended >= taken)
+        });
+        if in_flux || needed_mb <= free_mb {
+            return Ok(());
+        }
+        Err(LifecycleError::NotEnoughVram {
+            model: model.to_string(),
+            needed_mb,
+            basis,
+            free_mb,
+        })
     }
 
     /// The configuration.
@@ -259,7 +297,12 @@ impl LifecycleManager {
                         }
                         return Ok(Step::Wait(Some(deadline)));
                     }
-                    Admission::Start => Vec::new(),
+                    Admission::Start => {
+                        // Only a start that evicts nothing: an eviction frees VRAM the sample
+                        // cannot show yet.
+                        self.check_vram(&table, model)?;
+                        Vec::new()
+                    }
                     Admission::StartAfter { evict, await_gone } => {
                         for victim in &evict {
                             if let Some(victim) = table.entries.get_mut(victim) {

@@ -31,4 +31,4 @@ pub use error::LifecycleError;
 pub use lease::Lease;
 pub use manager::LifecycleManager;
 pub use pidfile::CleanupReport;
-pub use state::{ModelState, ModelStatus};
+pub use state::{FreeVram, ModelState, ModelStatus};

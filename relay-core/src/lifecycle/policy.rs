@@ -328,3 +328,32 @@ pub fn pick_port(
 #[cfg(test)]
 #[path = "policy_tests.rs"]
 mod tests;
+
+/// What a model needs beyond its file, as a share of the file (percent): llama-server puts the
+/// KV cache and compute buffers in VRAM beside the weights, which grow with the model.
+pub const VRAM_MARGIN_PERCENT: u64 = 10;
+
+/// What a model needs beyond its file, fixed part (MiB): the CUDA/ROCm context and scratch
+/// buffers every server allocates whatever the model's size.
+pub const VRAM_MARGIN_MB: u64 = 256;
+
+/// The VRAM a model needs to start, in MiB, and what that is based on: its file's size plus
+/// [`VRAM_MARGIN_PERCENT`] and [`VRAM_MARGIN_MB`], or its configured `vram_mb` when that is
+/// more. `None` when neither is known (a start script without `vram_mb`).
+pub fn vram_needed_mb(file_bytes: Option<u64>, vram_mb: u64) -> Option<(u64, String)> {
+    let from_file = file_bytes.map(|bytes| {
+        let file_mb = bytes.div_ceil(1024 * 1024);
+        let needed = file_mb + file_mb * VRAM_MARGIN_PERCENT / 100 + VRAM_MARGIN_MB;
+        (
+            needed,
+            format!(
+                "a {file_mb} MiB model file plus {VRAM_MARGIN_PERCENT}% and {VRAM_MARGIN_MB} MiB"
+            ),
+        )
+    });
+    match from_file {
+        Some((needed, basis)) if needed >= vram_mb => Some((needed, basis)),
+        _ if vram_mb > 0 => Some((vram_mb, "its vram_mb setting".to_string())),
+        _ => None,
+    }
+}

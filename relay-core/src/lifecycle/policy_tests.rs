@@ -322,3 +322,17 @@ fn ports_are_pinned_or_the_first_free_unreserved_from_the_base() {
         .contains("pinned port 8082"));
     assert!(pick_port(None, 65535, &BTreeSet::from([65535]), free).is_err());
 }
+
+#[test]
+fn vram_need_is_the_file_plus_a_margin_or_the_configured_figure_when_larger() {
+    let gib = 1024 * 1024 * 1024;
+    let (needed, basis) = vram_needed_mb(Some(4 * gib), 0).unwrap();
+    assert_eq!(needed, 4096 + 409 + 256);
+    assert!(basis.contains("4096 MiB model file"), "{basis}");
+    assert_eq!(vram_needed_mb(Some(4 * gib), 9000).unwrap().0, 9000);
+    assert_eq!(vram_needed_mb(None, 3000).unwrap().0, 3000);
+    assert_eq!(vram_needed_mb(None, 0), None);
+    // A tiny file still needs the fixed part; a huge one does not overflow.
+    assert_eq!(vram_needed_mb(Some(1), 0).unwrap().0, 1 + 256);
+    assert!(vram_needed_mb(Some(u64::MAX), 0).is_some());
+}

@@ -2,13 +2,13 @@
 //! no I/O under it), and the change counter every waiter watches.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
-use super::config::{LifecycleConfig, ModelSpec};
+use super::config::{Launch, LifecycleConfig, ModelSpec};
 use super::error::LifecycleError;
 use super::pidfile::PidDir;
 use super::policy::{Activity, Breaker, BreakerState, Resident};
@@ -50,11 +50,24 @@ pub(super) struct Entry {
     pub stop_tx: Option<mpsc::UnboundedSender<String>>,
     /// Tells the current generation's leases that the process ended.
     pub ended: watch::Sender<Option<LifecycleError>>,
+    /// When a process of this model last ended: VRAM sampled before then is out of date.
+    pub ended_at: Option<Instant>,
+    /// The size of its model file, read once when the manager is made (a start script has
+    /// none): with `vram_mb`, what the free VRAM check compares against.
+    pub file_bytes: Option<u64>,
 }
 
 impl Entry {
     pub fn new(spec: ModelSpec) -> Self {
+        let file_bytes = match &spec.launch {
+            Launch::LlamaServer { model_file, .. } => {
+                std::fs::metadata(model_file).ok().map(|m| m.len())
+            }
+            Launch::Script { .. } => None,
+        };
         Entry {
+            ended_at: None,
+            file_bytes,
             spec: Arc::new(spec),
             phase: Phase::Stopped,
             generation: 0,
@@ -92,6 +105,7 @@ impl Entry {
     /// The process of this generation ended: reset to stopped and tell its leases why.
     pub fn ended(&mut self, why: LifecycleError) {
         self.ended.send_replace(Some(why));
+        self.ended_at = Some(Instant::now());
         self.phase = Phase::Stopped;
         self.port = None;
         self.pid = None;
@@ -156,7 +170,12 @@ pub(super) struct Inner {
     pub events: watch::Sender<u64>,
     pub pids: PidDir,
     pub client: reqwest::Client,
+    /// Free VRAM on the box and when it was sampled, once the worker provides it.
+    pub free_vram: OnceLock<FreeVram>,
 }
+
+/// Free VRAM in MiB and when it was sampled; `None` when the box's GPUs are unknown.
+pub type FreeVram = Arc<dyn Fn() -> Option<(u64, Instant)> + Send + Sync>;
 
 impl Inner {
     pub fn lock(&self) -> MutexGuard<'_, Table> {

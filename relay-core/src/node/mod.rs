@@ -58,6 +58,8 @@ pub struct NodeState {
     pub workers_connected: usize,
     /// Something that needs the user, if anything does.
     pub error: Option<String>,
+    /// This box's CPU, memory and GPUs, while the node's worker samples them.
+    pub hardware: Option<crate::protocol::HardwareReport>,
 }
 
 /// What the desktop notifies about.
@@ -238,6 +240,7 @@ impl Node {
                     worker: WorkerState::Off,
                     workers_connected: 0,
                     error: None,
+                    hardware: None,
                 }),
                 events: broadcast::channel(64).0,
                 restart_required: Mutex::new(Vec::new()),

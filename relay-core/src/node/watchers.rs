@@ -53,6 +53,7 @@ impl Node {
                     proxy_url: None,
                     name: None,
                     last_error: None,
+                    hardware: None,
                 };
                 info.lifecycle.clear();
             }
@@ -73,6 +74,7 @@ impl Node {
                 worker: info.worker.state,
                 workers_connected,
                 error,
+                hardware: info.worker.hardware.clone(),
             };
             let changed = *state != next;
             if changed {

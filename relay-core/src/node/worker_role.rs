@@ -116,6 +116,7 @@ impl Node {
         let node = self.clone();
         let mut changes = report.subscribe();
         let mut managers = report.subscribe_lifecycle();
+        let mut samplers = report.subscribe_hardware();
         tokio::spawn(async move {
             loop {
                 let status = changes.borrow_and_update().clone();
@@ -123,6 +124,9 @@ impl Node {
                 // Subscribed before reading, so a change in between wakes the next wait.
                 let mut model_changes = manager.as_ref().map(|m| m.changes());
                 let lifecycle = manager.map(|m| m.status()).unwrap_or_default();
+                // The box, for the tray's tooltip: each sample wakes this loop.
+                let mut samples = samplers.borrow_and_update().clone();
+                let hardware = report.hardware();
                 node.inner.info.send_modify(|info| {
                     info.worker = OwnWorker {
                         state: match status.state {
@@ -134,6 +138,7 @@ impl Node {
                         proxy_url: Some(proxy_url.clone()),
                         name: Some(name.clone()),
                         last_error: status.last_error.clone(),
+                        hardware,
                     };
                     info.lifecycle = lifecycle;
                 });
@@ -148,10 +153,21 @@ impl Node {
                         std::future::pending::<()>().await;
                     }
                 };
+                let sampled = async {
+                    let more = match &mut samples {
+                        Some(samples) => samples.changed().await.is_ok(),
+                        None => false,
+                    };
+                    if !more {
+                        std::future::pending::<()>().await;
+                    }
+                };
                 tokio::select! {
                     changed = changes.changed() => if changed.is_err() { return },
                     changed = managers.changed() => if changed.is_err() { return },
+                    changed = samplers.changed() => if changed.is_err() { return },
                     () = models_changed => {}
+                    () = sampled => {}
                 }
             }
         })

@@ -212,6 +212,7 @@ pub fn render(hub: &Hub, admin_failures: u64) -> String {
             *capacity,
         );
     }
+    worker_hardware(&mut out, hub, &workers);
     out.family(
         "modelrelay_worker_registrations_total",
         "counter",
@@ -328,6 +329,93 @@ impl Exposition {
             &[("model", model)],
             histogram.count(),
         );
+    }
+}
+
+/// What workers' pongs said of their boxes: CPU, memory, and each GPU's VRAM, utilisation and
+/// temperature, as gauges labelled like the load (a name twice: the first connection's). Only
+/// what a report holds is written; a published worker's box writes nothing.
+fn worker_hardware(out: &mut Exposition, hub: &Hub, workers: &[super::scheduler::WorkerSnapshot]) {
+    let telemetry = hub.telemetry();
+    let mut reports: BTreeMap<(&str, &str), crate::protocol::HardwareReport> = BTreeMap::new();
+    for worker in workers {
+        let key = (worker.provider.as_str(), worker.name.as_str());
+        if reports.contains_key(&key) {
+            continue;
+        }
+        if let Some(report) = telemetry
+            .worker(&worker.id)
+            .and_then(|r| r.reported.hardware)
+        {
+            reports.insert(key, report);
+        }
+    }
+    const MIB: u64 = 1024 * 1024;
+    type Field = fn(&crate::protocol::HardwareReport) -> Option<u64>;
+    let box_gauges: [(&str, &str, Field); 3] = [
+        (
+            "modelrelay_worker_cpu_percent",
+            "CPU use of the worker's box, percent of all cores.",
+            |r| r.cpu_percent.map(u64::from),
+        ),
+        (
+            "modelrelay_worker_memory_used_bytes",
+            "Memory in use on the worker's box.",
+            |r| r.memory_used_mb.map(|m| m * MIB),
+        ),
+        (
+            "modelrelay_worker_memory_total_bytes",
+            "Memory installed on the worker's box.",
+            |r| r.memory_total_mb.map(|m| m * MIB),
+        ),
+    ];
+    for (name, help, field) in box_gauges {
+        out.family(name, "gauge", help);
+        for ((provider, worker), report) in &reports {
+            if let Some(value) = field(report) {
+                out.sample(name, &[("provider", provider), ("worker", worker)], value);
+            }
+        }
+    }
+    type GpuField = fn(&crate::protocol::GpuReport) -> Option<i64>;
+    let gpu_gauges: [(&str, &str, GpuField); 4] = [
+        (
+            "modelrelay_worker_gpu_vram_used_bytes",
+            "VRAM in use on one GPU of the worker's box.",
+            |g| g.vram_used_mb.map(|m| (m * MIB) as i64),
+        ),
+        (
+            "modelrelay_worker_gpu_vram_total_bytes",
+            "VRAM installed on one GPU of the worker's box.",
+            |g| g.vram_total_mb.map(|m| (m * MIB) as i64),
+        ),
+        (
+            "modelrelay_worker_gpu_utilization_percent",
+            "Utilisation of one GPU of the worker's box.",
+            |g| g.utilization_percent.map(i64::from),
+        ),
+        (
+            "modelrelay_worker_gpu_temperature_celsius",
+            "Temperature of one GPU of the worker's box.",
+            |g| g.temperature_c.map(i64::from),
+        ),
+    ];
+    for (name, help, field) in gpu_gauges {
+        out.family(name, "gauge", help);
+        for ((provider, worker), report) in &reports {
+            for (index, gpu) in report.gpus.iter().enumerate() {
+                if let Some(value) = field(gpu) {
+                    let index = index.to_string();
+                    let labels = [
+                        ("provider", *provider),
+                        ("worker", *worker),
+                        ("gpu", index.as_str()),
+                        ("gpu_name", gpu.name.as_str()),
+                    ];
+                    out.line(name, &labels, value);
+                }
+            }
+        }
     }
 }
 

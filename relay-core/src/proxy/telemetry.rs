@@ -9,6 +9,7 @@
 //! to a counter), and the request map has its own lock, taken once when a request arrives and
 //! once when it ends (which is also when the ledger counts it).
 
+mod hardware;
 mod ledger;
 
 use std::borrow::Cow;
@@ -19,8 +20,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::scheduler::RequestId;
-use crate::protocol::{CancelReason, TokenCounts};
+use crate::protocol::{CancelReason, HardwareReport, ModelStateReport, TokenCounts};
 use crate::store::usage::{Outcome as UsageOutcome, UsageLog, UsageRecord};
+pub use hardware::{vram_percent, BoxHistory, WorkerBox, HISTORY_POINTS};
 pub use ledger::{
     Histogram, Latency, Ledger, Outcome, Tokens, MAX_KEY_LABELS, MAX_LABEL_BYTES, MAX_MODEL_LABELS,
     OTHER,
@@ -84,6 +86,8 @@ pub struct WorkerRecord {
     pub connected_unix_ms: u64,
     /// The last ping → pong round trip.
     pub heartbeat: Option<Duration>,
+    /// What its pongs said of its box (our workers'; a published worker says nothing).
+    pub reported: WorkerBox,
 }
 
 /// Running totals since start.
@@ -345,6 +349,7 @@ impl Telemetry {
                 host: host.to_string(),
                 connected_unix_ms: unix_ms(),
                 heartbeat: None,
+                reported: WorkerBox::default(),
             },
         );
         self.counters
@@ -364,6 +369,22 @@ impl Telemetry {
         if let Some(record) = locked(&self.workers).get_mut(wire_id) {
             record.heartbeat = Some(round_trip);
         }
+    }
+
+    /// A worker's pong told of its box (either part may be absent: unchanged).
+    pub fn worker_box(
+        &self,
+        wire_id: &str,
+        hardware: Option<HardwareReport>,
+        model_states: Option<Vec<ModelStateReport>>,
+    ) {
+        if hardware.is_none() && model_states.is_none() {
+            return;
+        }
+        if let Some(record) = locked(&self.workers).get_mut(wire_id) {
+            record.reported.record(hardware, model_states, unix_ms());
+        }
+        self.touch();
     }
 
     /// What is known about a connected worker.

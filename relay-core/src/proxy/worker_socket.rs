@@ -387,6 +387,11 @@ impl Connection {
                         .heartbeat(&worker_wire_id(self.worker), sent.elapsed());
                 }
                 self.hub.update_load(self.worker, pong.current_load);
+                self.hub.telemetry().worker_box(
+                    &worker_wire_id(self.worker),
+                    pong.hardware,
+                    pong.model_states,
+                );
             }
             WorkerToServer::ModelsUpdate(update) => {
                 let going_to_sleep = update.going_to_sleep == Some(true);

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use crate::backend::{Backend, Capabilities, NativeOverrides, Speaks};
 use crate::discovery::DiscoveryOptions;
+use crate::hardware::{Latest, Sampler, SamplerSettings};
 use crate::lifecycle::{LifecycleConfig, LifecycleManager};
 use crate::protocol::BRIDGE_PROTOCOL_VERSION;
 use crate::settings::{defaults, WorkerSettings};
@@ -74,6 +75,9 @@ pub struct WorkerConfig {
     /// Whether backends serve `/v1/messages` and `/v1/responses` themselves; unset routes are
     /// probed (see [`Capabilities`]).
     pub native_routes: NativeOverrides,
+    /// How the box's CPU, memory and GPUs are sampled for the proxy's dashboard and the VRAM
+    /// check before a model starts; `None` samples nothing.
+    pub hardware: Option<SamplerSettings>,
     /// This box's network card, announced so the proxy can wake it (Wake-on-LAN).
     pub mac_address: Option<crate::wake::MacAddress>,
     /// The box suspends itself when idle: announced, so the proxy takes its leaving for sleep.
@@ -106,6 +110,7 @@ impl WorkerConfig {
             lifecycle: None,
             data_dir: crate::paths::data_dir(),
             native_routes: NativeOverrides::default(),
+            hardware: Some(SamplerSettings::default()),
             mac_address: None,
             sleeps_when_idle: false,
             wake_target: crate::wake::DEFAULT_WAKE_TARGET
@@ -149,6 +154,7 @@ impl WorkerConfig {
             lifecycle: settings.lifecycle,
             data_dir: crate::paths::data_dir(),
             native_routes: settings.native_routes,
+            hardware: Some(SamplerSettings::default()),
             mac_address: settings.mac_address.or_else(crate::wake::local_mac),
             sleeps_when_idle: settings.sleeps_when_idle,
             wake_target: settings.wake_target,
@@ -170,12 +176,20 @@ pub async fn run(
     // One manager for the worker's whole life: a reconnect to the proxy must not restart models.
     let lifecycle = start_lifecycle(&config).await;
     report.set_lifecycle(lifecycle.clone());
+    // Off the request path: a task of its own, stopped when `sampler` drops at the end.
+    let sampler = config.hardware.clone().map(Sampler::start);
+    let hardware = sampler.as_ref().map(Sampler::latest);
+    report.set_hardware(hardware.clone());
+    if let (Some(manager), Some(latest)) = (&lifecycle, &hardware) {
+        manager.set_free_vram(crate::hardware::free_vram_source(latest.clone()));
+    }
     let sleep = tokio::sync::Notify::new();
     let running = Running {
         config: &config,
         access: &access,
         report: &report,
         lifecycle: lifecycle.as_ref(),
+        hardware: hardware.as_ref(),
         sleep: &sleep,
     };
     tokio::select! {
@@ -183,6 +197,8 @@ pub async fn run(
         _ = sleep_signals(&sleep) => {}
     }
     report.set_lifecycle(None);
+    report.set_hardware(None);
+    drop(sampler);
     if let Some(manager) = lifecycle {
         // The servers run in process groups of their own: nothing else would stop them.
         tracing::info!("stopping model servers");
@@ -304,6 +320,8 @@ pub struct Running<'a> {
     pub report: &'a WorkerReport,
     /// The model map's manager, if it has one.
     pub lifecycle: Option<&'a LifecycleManager>,
+    /// The box's latest hardware sample, when it is sampled.
+    pub hardware: Option<&'a Latest>,
     /// Notified when the box is about to suspend.
     pub sleep: &'a tokio::sync::Notify,
 }

@@ -4,7 +4,9 @@
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::lifecycle::LifecycleManager;
+use crate::hardware::Latest;
+use crate::lifecycle::{LifecycleManager, ModelState};
+use crate::protocol::{HardwareReport, ModelStateReport};
 
 /// Where the worker's connection to its proxy stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -34,6 +36,7 @@ pub struct ConnectionStatus {
 pub struct WorkerReport {
     connection: watch::Sender<ConnectionStatus>,
     lifecycle: watch::Sender<Option<LifecycleManager>>,
+    hardware: watch::Sender<Option<Latest>>,
 }
 
 impl std::fmt::Debug for WorkerReport {
@@ -52,6 +55,7 @@ impl Default for WorkerReport {
                 last_error: None,
             }),
             lifecycle: watch::Sender::new(None),
+            hardware: watch::Sender::new(None),
         }
     }
 }
@@ -89,7 +93,43 @@ impl WorkerReport {
         });
     }
 
+    /// The box's CPU, memory and GPUs at the worker's last sample, while it runs.
+    pub fn hardware(&self) -> Option<HardwareReport> {
+        let latest = self.hardware.borrow().clone()?;
+        let sample = latest.borrow().clone()?;
+        Some(sample.report.clone())
+    }
+
+    /// Changes when the worker starts or stops sampling; the value is the samples' feed.
+    pub fn subscribe_hardware(&self) -> watch::Receiver<Option<Latest>> {
+        self.hardware.subscribe()
+    }
+
+    pub(crate) fn set_hardware(&self, latest: Option<Latest>) {
+        self.hardware.send_replace(latest);
+    }
+
     pub(crate) fn set_lifecycle(&self, manager: Option<LifecycleManager>) {
         self.lifecycle.send_replace(manager);
     }
+}
+
+/// The model map's states as the proxy's dashboard shows them: `loaded`, `starting`, `idle`
+/// (not running), `stopping`, `failed`.
+pub fn model_states(manager: &LifecycleManager) -> Vec<ModelStateReport> {
+    manager
+        .status()
+        .into_iter()
+        .map(|status| ModelStateReport {
+            model: status.name,
+            state: match status.state {
+                ModelState::Ready => "loaded",
+                ModelState::Starting => "starting",
+                ModelState::Stopped => "idle",
+                ModelState::Stopping => "stopping",
+                ModelState::Failed => "failed",
+            }
+            .to_string(),
+        })
+        .collect()
 }

@@ -92,6 +92,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         access,
         report,
         lifecycle,
+        hardware,
         ..
     } = running;
     let catalog = catalog::load(config, &access.client, mapped_models(lifecycle)).await;
@@ -127,6 +128,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         config,
         access,
         lifecycle,
+        hardware,
         catalog,
         active: HashMap::new(),
         outbox: Outbox::default(),
@@ -239,6 +241,7 @@ struct Session<'a> {
     config: &'a WorkerConfig,
     access: &'a BackendAccess,
     lifecycle: Option<&'a LifecycleManager>,
+    hardware: Option<&'a crate::hardware::Latest>,
     catalog: Catalog,
     /// Running requests by wire id.
     active: HashMap<String, AbortHandle>,
@@ -439,6 +442,12 @@ impl Session<'_> {
                 let pong = WorkerToServer::Pong(PongMessage {
                     current_load: self.active.len() as u32,
                     timestamp_unix_ms: ping.timestamp_unix_ms,
+                    // The box rides on the heartbeat: no message of its own, which a published
+                    // proxy would not know.
+                    hardware: self
+                        .hardware
+                        .and_then(|latest| latest.borrow().as_ref().map(|s| s.report.clone())),
+                    model_states: self.lifecycle.map(crate::worker::report::model_states),
                 });
                 match send(socket, &pong).await {
                     Ok(()) => Next::Continue,

@@ -229,6 +229,8 @@ async fn heartbeat_round_trip_is_shown_per_worker() {
                     relay_core::protocol::PongMessage {
                         current_load: 0,
                         timestamp_unix_ms: ping.timestamp_unix_ms,
+                        hardware: None,
+                        model_states: None,
                     },
                 ))
                 .await;

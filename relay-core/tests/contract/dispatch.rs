@@ -574,6 +574,8 @@ async fn pong_reporting_lower_load_dispatches_queued_work() {
         .send(&WorkerToServer::Pong(PongMessage {
             current_load: 0,
             timestamp_unix_ms: None,
+            hardware: None,
+            model_states: None,
         }))
         .await;
     let request = worker

@@ -35,6 +35,8 @@ async fn proxy_sends_json_ping_heartbeats_with_a_timestamp() {
                     .send(&WorkerToServer::Pong(PongMessage {
                         current_load: 0,
                         timestamp_unix_ms: Some(sent),
+                        hardware: None,
+                        model_states: None,
                     }))
                     .await;
             }
@@ -61,6 +63,8 @@ async fn worker_answering_pings_stays_connected_past_the_heartbeat_timeout() {
                 .send(&WorkerToServer::Pong(PongMessage {
                     current_load: 0,
                     timestamp_unix_ms: ping.timestamp_unix_ms,
+                    hardware: None,
+                    model_states: None,
                 }))
                 .await;
         }

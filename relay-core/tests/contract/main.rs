@@ -15,6 +15,7 @@ mod client_keys;
 mod control;
 mod dispatch;
 mod fair_turns;
+mod hardware;
 mod lifecycle;
 mod metrics;
 mod registration;

@@ -16,3 +16,4 @@ mod supervision;
 mod support;
 mod switching;
 mod through_relay;
+mod vram;

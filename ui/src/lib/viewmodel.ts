@@ -1,6 +1,7 @@
 // Status (from /api/events) → what the dashboard shows. Pure, unit-tested.
 
 import type { ModelStatus, OwnWorkerState, Status, WorkerState } from '../types';
+import { toHardwareView, type HardwareView } from './hardware';
 import {
   DASH,
   formatCompact,
@@ -50,6 +51,8 @@ export interface WorkerRow {
   connectedAt: string;
   heartbeat: string;
   canDrain: boolean;
+  /** Its box and model states, when it reports them. */
+  hardware: HardwareView | null;
 }
 
 export interface ModelRow {
@@ -159,6 +162,7 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
       connectedAt: formatDateTime(w.connected_unix_ms),
       heartbeat: formatLatency(w.heartbeat_ms),
       canDrain: w.state !== 'draining',
+      hardware: toHardwareView(w),
     }));
 
   const models: ModelRow[] = [...status.models]

@@ -2,6 +2,7 @@ import { useMemo, useState } from 'preact/hooks';
 import { api, errorMessage } from '../api';
 import { Alert, Badge, Card, CopyButton, DataTable, Spinner } from '../components/common';
 import { Chart } from '../components/Chart';
+import { WorkerHardware } from '../components/Hardware';
 import { requiresApiKeys } from '../lib/keys';
 import { useLive } from '../live';
 import {
@@ -270,7 +271,7 @@ function WorkersCard({ workers }: { workers: WorkerRow[] }) {
         </p>
       ) : (
         <DataTable label="Workers" columns={['Name', 'Host', 'Models', 'Load', 'State', 'Connected', 'Heartbeat', '']}>
-          {workers.map((w) => (
+          {workers.flatMap((w) => [
             <tr key={w.id} data-testid="worker-row" data-worker-id={w.id} data-worker-name={w.name} data-state={w.state}>
               <td>
                 <strong>{w.name}</strong>
@@ -308,8 +309,15 @@ function WorkersCard({ workers }: { workers: WorkerRow[] }) {
                   {w.canDrain ? (pending[w.id] ? 'Draining…' : 'Drain') : 'Draining'}
                 </button>
               </td>
-            </tr>
-          ))}
+            </tr>,
+            w.hardware ? (
+              <tr key={`${w.id}-hardware`} class="hardware-row" data-testid="worker-hardware-row" data-worker-name={w.name}>
+                <td colSpan={8}>
+                  <WorkerHardware view={w.hardware} />
+                </td>
+              </tr>
+            ) : null,
+          ])}
         </DataTable>
       )}
     </Card>

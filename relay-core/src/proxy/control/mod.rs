@@ -52,6 +52,10 @@ pub struct OwnWorker {
     pub name: Option<String>,
     /// Why its last connection failed, if it did.
     pub last_error: Option<String>,
+    /// This box's CPU, memory and GPUs at the worker's last sample (absent while it samples
+    /// nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<crate::protocol::HardwareReport>,
 }
 
 /// What the node embedding this proxy reports about itself.
@@ -85,6 +89,7 @@ impl NodeInfo {
                 proxy_url: None,
                 name: None,
                 last_error: None,
+                hardware: None,
             },
             lifecycle: Vec::new(),
         }

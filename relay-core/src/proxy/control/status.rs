@@ -14,7 +14,8 @@ use tokio::time::{interval, Instant, MissedTickBehavior};
 
 use super::NodeInfo;
 use crate::dialect::{ApiError, Dialect};
-use crate::proxy::telemetry::{Series, TotalsSnapshot};
+use crate::protocol::{HardwareReport, ModelStateReport};
+use crate::proxy::telemetry::{BoxHistory, Series, TotalsSnapshot};
 use crate::proxy::AppState;
 
 /// How often the feed checks for changes: the dashboard sees a change within this.
@@ -50,6 +51,12 @@ pub struct WorkerView {
     state: &'static str,
     connected_unix_ms: Option<u64>,
     heartbeat_ms: Option<f64>,
+    /// The worker's box at its last report (`null` for a worker that sends none).
+    hardware: Option<HardwareReport>,
+    /// CPU, memory and VRAM use over the last reports, for sparklines.
+    hardware_history: BoxHistory,
+    /// The states of its model map's models (`null` without a model map or report).
+    model_states: Option<Vec<ModelStateReport>>,
 }
 
 /// One served model.
@@ -135,8 +142,15 @@ pub fn snapshot(state: &AppState) -> Status {
                 },
                 connected_unix_ms: record.as_ref().map(|r| r.connected_unix_ms),
                 heartbeat_ms: record
+                    .as_ref()
                     .and_then(|r| r.heartbeat)
                     .map(|d| (d.as_secs_f64() * 1e5).round() / 100.0),
+                hardware_history: record
+                    .as_ref()
+                    .map(|r| r.reported.history())
+                    .unwrap_or_default(),
+                hardware: record.as_ref().and_then(|r| r.reported.hardware.clone()),
+                model_states: record.and_then(|r| r.reported.model_states),
             }
         })
         .collect();

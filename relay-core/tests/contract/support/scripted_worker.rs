@@ -117,6 +117,8 @@ impl ScriptedWorker {
                 let pong = WorkerToServer::Pong(relay_core::protocol::PongMessage {
                     current_load: 0,
                     timestamp_unix_ms: ping.timestamp_unix_ms,
+                    hardware: None,
+                    model_states: None,
                 });
                 self.send(&pong).await;
                 continue;
@@ -268,6 +270,8 @@ impl ScriptedWorker {
                 let pong = WorkerToServer::Pong(relay_core::protocol::PongMessage {
                     current_load: 0,
                     timestamp_unix_ms: ping.timestamp_unix_ms,
+                    hardware: None,
+                    model_states: None,
                 });
                 self.send(&pong).await;
                 continue;
