@@ -3,9 +3,11 @@
 //!
 //! An explicit session id wins when the client sends one (a session header, then the body's
 //! `prompt_cache_key`, Anthropic `metadata.user_id`, OpenAI `user`); otherwise the key is a
-//! hash of the prompt's leading part: model, system prompt or instructions, tool names, and
+//! hash of the prompt's leading part: system prompt or instructions, tool names, and
 //! the messages up to and including the first user message, which every later turn of the
 //! conversation repeats. Only the text of those messages is hashed, not their JSON, so the
+//! The model is left out: an alias may rename it between the first turn and a continuation,
+//! and a home that does not serve a request's model is passed over anyway. The
 //! markers clients move from turn to turn (Anthropic `cache_control`), whitespace, or a
 //! Responses continuation's re-serialized history (its input is the first turn's, expanded
 //! from `previous_response_id`) leave the key unchanged.
@@ -80,9 +82,30 @@ pub struct BodyFields<'a> {
     pub prompt: Option<&'a RawValue>,
 }
 
-/// The affinity key of a request for `model`, or `None` when nothing identifies a conversation.
-pub fn affinity_key(model: &str, headers: &HeaderMap, hints: &BodyFields<'_>) -> Option<u64> {
-    session_key(headers, hints).or_else(|| prefix_key(model, hints))
+/// The affinity key of a request, or `None` when nothing identifies a conversation.
+pub fn affinity_key(headers: &HeaderMap, hints: &BodyFields<'_>) -> Option<u64> {
+    session_key(headers, hints).or_else(|| prefix_key(hints))
+}
+
+/// Whether `headers` name a session: the key then does not depend on the body.
+pub fn has_session_header(headers: &HeaderMap) -> bool {
+    session_header(headers).is_some()
+}
+
+/// The key of a body the relay rewrote (a Responses continuation expanded from
+/// `previous_response_id`: its leading messages are now the first turn's), for a request whose
+/// headers named no session.
+pub fn key_of_body(body: &str) -> Option<u64> {
+    let fields: BodyFields<'_> = serde_json::from_str(body).ok()?;
+    affinity_key(&HeaderMap::new(), &fields)
+}
+
+fn session_header(headers: &HeaderMap) -> Option<&[u8]> {
+    SESSION_HEADERS
+        .iter()
+        .filter_map(|name| headers.get(*name))
+        .map(|value| value.as_bytes())
+        .find(|value| !value.trim_ascii().is_empty())
 }
 
 fn hasher() -> impl Hasher {
@@ -99,11 +122,7 @@ fn feed(hasher: &mut impl Hasher, bytes: &[u8]) {
 }
 
 fn session_key(headers: &HeaderMap, hints: &BodyFields<'_>) -> Option<u64> {
-    let header = SESSION_HEADERS
-        .iter()
-        .filter_map(|name| headers.get(*name))
-        .map(|value| Cow::Borrowed(value.as_bytes()))
-        .find(|value| !value.trim_ascii().is_empty());
+    let header = session_header(headers).map(Cow::Borrowed);
     let body = || {
         let metadata_user = hints
             .metadata
@@ -167,10 +186,9 @@ struct ToolFunction<'a> {
     name: Option<Cow<'a, str>>,
 }
 
-fn prefix_key(model: &str, hints: &BodyFields<'_>) -> Option<u64> {
+fn prefix_key(hints: &BodyFields<'_>) -> Option<u64> {
     let mut hasher = hasher();
     feed(&mut hasher, b"prefix");
-    feed(&mut hasher, model.as_bytes());
     for system in [hints.system, hints.instructions].into_iter().flatten() {
         feed(&mut hasher, b"system");
         feed_text(&mut hasher, system);

@@ -21,7 +21,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::affinity_key::{affinity_key, BodyFields};
+use super::affinity_key::{affinity_key, has_session_header, key_of_body, BodyFields};
 use super::auth::secrets_match;
 use super::client_keys::{self, ClientIdentity};
 use super::hub::RequestSpec;
@@ -164,6 +164,8 @@ struct ReadRequest {
     is_streaming: bool,
     /// The conversation it continues, when affinity is wanted.
     affinity: Option<u64>,
+    /// That key comes from a session header, not from the body.
+    session_header: bool,
 }
 
 /// Reads the body within the configured limit and pulls out `model`, `stream` and, when
@@ -223,8 +225,9 @@ async fn read_request(
     };
     let is_streaming = matches!(sniffed.stream, Some(Value::Bool(true)));
     let affinity = wants_affinity
-        .then(|| affinity_key(&model, headers, &sniffed))
+        .then(|| affinity_key(headers, &sniffed))
         .flatten();
+    let session_header = affinity.is_some() && has_session_header(headers);
     drop(sniffed);
     let body = String::from_utf8(bytes.into())
         .map_err(|_| bad_request("invalid_json", "request body is not valid UTF-8"))?;
@@ -233,6 +236,7 @@ async fn read_request(
         body,
         is_streaming,
         affinity,
+        session_header,
     })
 }
 
@@ -320,6 +324,7 @@ async fn relay(
         body,
         is_streaming,
         affinity,
+        session_header,
     } = match tokio::time::timeout(state.config.body_read_timeout, reading).await {
         Ok(Ok(parts)) => parts,
         Ok(Err(error)) => return turn_away(error),
@@ -364,6 +369,10 @@ async fn relay(
     } else {
         (body, None, None)
     };
+    if continues.is_some() && head.affinity.is_some() && !session_header {
+        // Keyed again on the expanded history, whose leading messages are the first turn's.
+        head.affinity = key_of_body(&body);
+    }
     let answer = dispatch(
         &state,
         head,
