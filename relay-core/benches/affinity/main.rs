@@ -17,7 +17,7 @@
 #[path = "../relay/procs.rs"]
 mod procs;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -88,11 +88,7 @@ fn realstack() -> Option<(PathBuf, PathBuf)> {
     (server.is_file() && model.is_file()).then_some((server, model))
 }
 
-async fn start_llama(
-    client: &reqwest::Client,
-    server: &PathBuf,
-    model: &PathBuf,
-) -> (ChildProcess, u16) {
+async fn start_llama(client: &reqwest::Client, server: &Path, model: &Path) -> (ChildProcess, u16) {
     let port = free_port();
     let mut command = Command::new(server);
     command.args(["-m", &model.display().to_string()]);

@@ -568,6 +568,7 @@ impl Scheduler {
         })
     }
 
+    #[allow(clippy::too_many_arguments)] // one per field of the request it creates
     fn track_request(
         &mut self,
         id: RequestId,

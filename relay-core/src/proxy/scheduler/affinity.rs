@@ -138,11 +138,6 @@ impl AffinityTable {
         }
     }
 
-    /// Conversations remembered now.
-    pub fn len(&self) -> usize {
-        self.homes.len()
-    }
-
     /// The counts so far, with the current number of entries.
     pub fn counts(&self) -> AffinityCounts {
         AffinityCounts {
@@ -194,7 +189,7 @@ mod tests {
         // Key 0 is used again, so key 1 is now the least recently used.
         table.record(0, 1, t);
         table.record(3, 1, t);
-        assert_eq!(table.len(), 3);
+        assert_eq!(table.homes.len(), 3);
         assert_eq!(table.home(1, t), None);
         for key in [0, 2, 3] {
             assert_eq!(table.home(key, t), Some(1), "key {key}");
@@ -202,7 +197,7 @@ mod tests {
         for key in 100..10_000 {
             table.record(key, 2, t);
         }
-        assert_eq!(table.len(), 3);
+        assert_eq!(table.homes.len(), 3);
         assert_eq!(table.recency.len(), 3);
     }
 
@@ -214,7 +209,7 @@ mod tests {
             table.record(key, 1, t);
         }
         table.record(1000, 1, t + Duration::from_secs(120));
-        assert_eq!(table.len(), 1);
+        assert_eq!(table.homes.len(), 1);
         assert_eq!(table.recency.len(), 1);
     }
 }
