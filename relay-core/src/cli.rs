@@ -55,6 +55,7 @@ impl Cli {
             admin_token: p.admin_token.clone(),
             forward_client_auth: p.forward_client_auth,
             require_api_keys: p.require_api_keys,
+            affinity: p.affinity,
             database_url: p.database_url.clone(),
             allowed_hosts: p.allowed_hosts.clone(),
             cors_origins: p.cors_origins.clone(),
@@ -188,6 +189,19 @@ pub struct ProxyArgs {
         default_missing_value = "true"
     )]
     pub require_api_keys: Option<bool>,
+
+    /// Send a conversation's next turn to the worker that served it last, whose backend still
+    /// holds its prompt in cache (keyed by a session id or the prompt's leading part); off routes
+    /// every request to the least-loaded worker [default: true].
+    #[arg(
+        long,
+        env = "MODELRELAY_AFFINITY",
+        global = true,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub affinity: Option<bool>,
 
     /// Keep client API keys and usage in this PostgreSQL database (postgres://user:pass@host/db),
     /// shared by every proxy pointed at it, instead of the SQLite file in the data directory.

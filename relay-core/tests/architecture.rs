@@ -74,6 +74,7 @@ const IO: &[&str] = &[
 const PURE_FILES: &[&str] = &[
     "proxy/scheduler.rs",
     "proxy/scheduler/turns.rs",
+    "proxy/scheduler/affinity.rs",
     "proxy/responses_store.rs",
 ];
 

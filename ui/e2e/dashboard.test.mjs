@@ -68,6 +68,12 @@ test('dashboard shows connected workers and live traffic', { timeout: 120_000 },
     what: 'total requests to grow by 3',
   });
   await waitFor(async () => count(await page.getByTestId('total-tokens').innerText()) > 0, { what: 'total tokens' });
+  // The three requests are one conversation (the same prompt): the first found no home, the
+  // other two were routed to its worker.
+  const affinity = page.getByTestId('affinity-hits');
+  await waitFor(async () => Number(await affinity.getAttribute('data-hits')) >= 2, { what: 'affinity hits counted' });
+  assert.equal(await affinity.getAttribute('data-new'), '1');
+  assert.match(await affinity.innerText(), /100%/);
   const chart = page.getByTestId('chart-requests');
   await waitFor(async () => Number(await chart.getAttribute('data-sum')) >= 3, { what: 'the requests/s chart to count the requests' });
   assert.ok(Number(await page.getByTestId('chart-tokens').getAttribute('data-max')) > 0, 'tokens/s chart shows traffic');

@@ -132,6 +132,18 @@ export interface Status {
   series: Series;
   /** Whether inference needs a client API key (`--require-api-keys`); absent from older relays. */
   require_api_keys?: boolean;
+  /** Conversation affinity since start; absent from older relays. */
+  affinity?: AffinityStatus;
+}
+
+/** How requests with a conversation key were placed: on their home worker (hit), elsewhere (miss), or with no home yet (new). */
+export interface AffinityStatus {
+  enabled: boolean;
+  hits: number;
+  misses: number;
+  new: number;
+  /** Conversations remembered now. */
+  entries: number;
 }
 
 export interface ModelStatus {

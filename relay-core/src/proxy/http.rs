@@ -1,6 +1,7 @@
 //! Client-facing routes: the OpenAI and Anthropic inference endpoints, `/v1/models`, `/health`,
-//! and the worker WebSocket endpoint. Only `model` and `stream` are read from a request body; the
-//! rest travels to the worker untouched.
+//! and the worker WebSocket endpoint. Only `model`, `stream` and the few fields that name a
+//! conversation ([`affinity_key`]) are read from a request body; the rest travels to the worker
+//! untouched.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -17,10 +18,10 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
+use super::affinity_key::{affinity_key, has_session_header, key_of_body, BodyFields};
 use super::auth::secrets_match;
 use super::client_keys::{self, ClientIdentity};
 use super::hub::RequestSpec;
@@ -97,15 +98,6 @@ pub fn routes() -> Router<AppState> {
         .method_not_allowed_fallback(wrong_method)
 }
 
-/// The two fields the proxy reads; every other field is skipped without being built.
-#[derive(Deserialize)]
-struct Sniffed {
-    #[serde(default)]
-    model: Option<Value>,
-    #[serde(default)]
-    stream: Option<Value>,
-}
-
 fn proxy_role_off() -> ApiError {
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -166,12 +158,25 @@ fn body_too_slow(deadline: Duration) -> ApiError {
     )
 }
 
-/// Reads the body within the configured limit and pulls out `model` and `stream`.
+/// What [`read_request`] takes from a body.
+struct ReadRequest {
+    model: String,
+    body: String,
+    is_streaming: bool,
+    /// The conversation it continues, when affinity is wanted.
+    affinity: Option<u64>,
+    /// That key comes from a session header, not from the body.
+    session_header: bool,
+}
+
+/// Reads the body within the configured limit and pulls out `model`, `stream` and, when
+/// `wants_affinity`, the conversation's affinity key, in one pass.
 async fn read_request(
     body: Body,
     headers: &HeaderMap,
     limit: usize,
-) -> Result<(String, String, bool), ApiError> {
+    wants_affinity: bool,
+) -> Result<ReadRequest, ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -204,10 +209,10 @@ async fn read_request(
             "request body must be a JSON object",
         ));
     }
-    let sniffed: Sniffed = serde_json::from_slice(&bytes)
+    let sniffed: BodyFields<'_> = serde_json::from_slice(&bytes)
         .map_err(|e| bad_request("invalid_json", format!("invalid JSON in request body: {e}")))?;
-    let model = match sniffed.model {
-        Some(Value::String(model)) if !model.trim().is_empty() => model,
+    let model = match &sniffed.model {
+        Some(Value::String(model)) if !model.trim().is_empty() => model.clone(),
         Some(Value::String(_)) => {
             return Err(bad_request("invalid_model", "`model` must not be empty"))
         }
@@ -219,10 +224,21 @@ async fn read_request(
             ))
         }
     };
-    let stream = matches!(sniffed.stream, Some(Value::Bool(true)));
+    let is_streaming = matches!(sniffed.stream, Some(Value::Bool(true)));
+    let affinity = wants_affinity
+        .then(|| affinity_key(headers, &sniffed))
+        .flatten();
+    let session_header = affinity.is_some() && has_session_header(headers);
+    drop(sniffed);
     let body = String::from_utf8(bytes.into())
         .map_err(|_| bad_request("invalid_json", "request body is not valid UTF-8"))?;
-    Ok((model, body, stream))
+    Ok(ReadRequest {
+        model,
+        body,
+        is_streaming,
+        affinity,
+        session_header,
+    })
 }
 
 /// What the relay keeps of the request line and headers once the body is read.
@@ -307,16 +323,23 @@ async fn relay(
         Ok(held) => held,
         Err(error) => return turn_away(error),
     };
-    let reading = read_request(body, &headers, state.config.max_body_bytes);
-    let (model, body, is_streaming) =
-        match tokio::time::timeout(state.config.body_read_timeout, reading).await {
-            Ok(Ok(parts)) => parts,
-            Ok(Err(error)) => return turn_away(error),
-            Err(_) => return turn_away(body_too_slow(state.config.body_read_timeout)),
-        };
+    let wants_affinity = state.config.affinity && keeps_a_prompt_cache(uri.path());
+    let reading = read_request(body, &headers, state.config.max_body_bytes, wants_affinity);
+    let ReadRequest {
+        model,
+        body,
+        is_streaming,
+        affinity,
+        session_header,
+    } = match tokio::time::timeout(state.config.body_read_timeout, reading).await {
+        Ok(Ok(parts)) => parts,
+        Ok(Err(error)) => return turn_away(error),
+        Err(_) => return turn_away(body_too_slow(state.config.body_read_timeout)),
+    };
     // Keep only what the body takes.
     let _ = held.split(held.num_permits().saturating_sub(body.len()));
     let mut head = RequestHead::new(uri, headers, placement);
+    head.placement.affinity = affinity;
     let (model, body) = match apply_aliases(&state, model, body) {
         Ok(parts) => parts,
         Err(error) => return turn_away(error),
@@ -352,6 +375,10 @@ async fn relay(
     } else {
         (body, None, None)
     };
+    if continues.is_some() && head.placement.affinity.is_some() && !session_header {
+        // Keyed again on the expanded history, whose leading messages are the first turn's.
+        head.placement.affinity = key_of_body(&body);
+    }
     let answer = dispatch(
         &state,
         head,
@@ -373,6 +400,16 @@ async fn relay(
         Some(permit) => client_keys::hold_until_sent(answer, permit),
         None => answer,
     }
+}
+
+/// Whether requests to `path` evaluate a prompt a backend caches between turns (the generating
+/// endpoints), so that they gain from going where their conversation went before. Embeddings
+/// and token counts do not.
+fn keeps_a_prompt_cache(path: &str) -> bool {
+    matches!(
+        path,
+        "/v1/chat/completions" | "/v1/completions" | "/v1/messages" | "/v1/responses"
+    )
 }
 
 /// Answers `error` for a request no worker or upstream took, counting it for the metrics under

@@ -16,9 +16,9 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::scheduler::{
-    parse_worker_wire_id, request_wire_id, unusable_name, worker_wire_id, Action, CancelOutcome,
-    Expired, FailReason, Placement, ProviderLimits, RegisterError, RequestId, Scheduler,
-    SubmitError, Submitted, WorkerId, WorkerSnapshot,
+    parse_worker_wire_id, request_wire_id, unusable_name, worker_wire_id, Action, AffinityCounts,
+    CancelOutcome, Expired, FailReason, Placement, ProviderLimits, RegisterError, RequestId,
+    Scheduler, SubmitError, Submitted, WorkerId, WorkerSnapshot,
 };
 use super::sleepers::{Sleeper, SleeperLimits, Sleepers, WakeOrder};
 use super::telemetry::{Telemetry, TrackedRequest};
@@ -790,6 +790,13 @@ impl Hub {
     /// Queue depth per provider.
     pub fn queue_depths(&self) -> Vec<(String, usize)> {
         self.lock().scheduler.queue_depths()
+    }
+
+    /// Conversation affinity placements so far (see [`Scheduler::affinity_counts`]). Counted
+    /// inside the scheduler, under the lock every placement already takes, so the hot path pays
+    /// three plain increments and no atomics.
+    pub fn affinity_counts(&self) -> AffinityCounts {
+        self.lock().scheduler.affinity_counts()
     }
 }
 

@@ -160,6 +160,32 @@ pub fn render(hub: &Hub, admin_failures: u64) -> String {
         );
     }
 
+    let affinity = hub.affinity_counts();
+    out.family(
+        "modelrelay_affinity_placements_total",
+        "counter",
+        "Requests placed with a conversation key: on the worker that served the conversation \
+         last (hit), elsewhere because that worker was busy or gone (miss), or with no such \
+         worker yet (new).",
+    );
+    for (outcome, count) in [
+        ("hit", affinity.hits),
+        ("miss", affinity.misses),
+        ("new", affinity.new),
+    ] {
+        out.sample(
+            "modelrelay_affinity_placements_total",
+            &[("outcome", outcome)],
+            count,
+        );
+    }
+    out.family(
+        "modelrelay_affinity_conversations",
+        "gauge",
+        "Conversations whose worker the proxy remembers.",
+    );
+    out.sample("modelrelay_affinity_conversations", &[], affinity.entries);
+
     let workers = hub.workers();
     let mut connected: BTreeMap<&str, usize> = depths
         .iter()

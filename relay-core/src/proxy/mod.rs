@@ -4,6 +4,7 @@
 //! `127.0.0.1:0` and the command can pick the next free port. [`RunningProxy::shutdown`] drains.
 
 pub mod admin;
+pub mod affinity_key;
 pub mod aliases;
 pub mod auth;
 pub mod client_keys;
@@ -115,6 +116,8 @@ pub struct ProxyConfig {
     pub tls: Option<crate::tls::ServerTls>,
     /// Inference requests need a client API key (`require_api_keys`).
     pub require_api_keys: bool,
+    /// A conversation's next turn prefers the worker that served it last (`affinity`).
+    pub affinity: bool,
     /// Where client API keys and usage are kept.
     pub database: DatabaseSetting,
     /// How much usage is kept.
@@ -163,6 +166,7 @@ impl ProxyConfig {
             metrics_public: defaults::METRICS_PUBLIC,
             tls: None,
             require_api_keys: false,
+            affinity: defaults::AFFINITY,
             database: DatabaseSetting::Memory,
             usage_retention: UsageRetention::default(),
             sleepers: crate::settings::SleeperLimits::default(),
@@ -206,6 +210,7 @@ impl ProxyConfig {
             allowed_hosts: settings.allowed_hosts,
             cors_origins: settings.cors_origins,
             require_api_keys: settings.require_api_keys,
+            affinity: settings.affinity,
             database: match settings.database_url {
                 Some(url) => DatabaseSetting::Postgres(url),
                 None => {

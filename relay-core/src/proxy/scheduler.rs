@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use crate::protocol::RegisterMessage;
 
+mod affinity;
 mod turns;
 
+pub use affinity::{AffinityCounts, AffinityTable, Outcome as AffinityOutcome};
 pub use turns::BATCH_AGEING_TURNS;
 use turns::{Seat, Turns};
 
@@ -282,6 +284,8 @@ struct Request {
     /// "keyed by original queue time so requeue does not grant infinite timeout extensions").
     queue_deadline: Instant,
     requeues: u32,
+    /// When it arrived: the time its conversation's home is recorded at.
+    arrived: Instant,
     /// What placement weighs besides the model.
     placement: Placement,
     /// Some byte of the answer reached the client: never requeue it.
@@ -306,6 +310,8 @@ pub struct Scheduler {
     providers: Vec<Provider>,
     workers: HashMap<WorkerId, Worker>,
     requests: HashMap<RequestId, Request>,
+    /// Each conversation's home worker.
+    affinity: AffinityTable,
     next_worker: WorkerId,
     shutting_down: bool,
 }
@@ -328,6 +334,7 @@ impl Scheduler {
                 .collect(),
             workers: HashMap::new(),
             requests: HashMap::new(),
+            affinity: AffinityTable::default(),
             next_worker: 1,
             shutting_down: false,
         }
@@ -565,12 +572,13 @@ impl Scheduler {
             .get_key_value(model)
             .map(|(k, _)| k.clone())
             .unwrap_or_else(|| Arc::from(model));
-        if let Some(worker) = self.pick_worker(provider, &model) {
+        if let Some(worker) = self.pick_worker(provider, &model, placement.affinity, now) {
             self.track_request(
                 request,
                 provider,
                 model,
                 placement,
+                now,
                 deadline,
                 queue_deadline,
             );
@@ -595,6 +603,7 @@ impl Scheduler {
             provider,
             model,
             placement,
+            now,
             deadline,
             queue_deadline,
         );
@@ -605,12 +614,14 @@ impl Scheduler {
         })
     }
 
+    #[allow(clippy::too_many_arguments)] // one per field of the request it creates
     fn track_request(
         &mut self,
         id: RequestId,
         provider: usize,
         model: Arc<str>,
         placement: Placement,
+        arrived: Instant,
         deadline: Instant,
         queue_deadline: Instant,
     ) {
@@ -622,6 +633,7 @@ impl Scheduler {
                 deadline,
                 queue_deadline,
                 requeues: 0,
+                arrived,
                 placement,
                 started: false,
                 phase: Phase::Queued,
@@ -644,11 +656,13 @@ impl Scheduler {
             .remove(request, entry.seat());
     }
 
+    /// Every placement passes here: the worker becomes the home of the request's conversation.
     fn assign(&mut self, request: RequestId, worker: WorkerId) {
-        self.requests
-            .get_mut(&request)
-            .expect("known request")
-            .phase = Phase::Assigned { worker };
+        let entry = self.requests.get_mut(&request).expect("known request");
+        entry.phase = Phase::Assigned { worker };
+        if let Some(key) = entry.placement.affinity {
+            self.affinity.record(key, worker, entry.arrived);
+        }
         self.workers
             .get_mut(&worker)
             .expect("known worker")
@@ -656,10 +670,30 @@ impl Scheduler {
             .insert(request);
     }
 
-    /// Lowest load among workers serving `model` with a free slot; round-robin among equals.
-    fn pick_worker(&mut self, provider: usize, model: &str) -> Option<WorkerId> {
+    /// The conversation's home worker while it serves `model` and has a free slot; otherwise
+    /// the lowest load among workers serving `model` with a free slot, round-robin among equals.
+    ///
+    /// Why a saturated home yields at once instead of holding the request for a while: its slots
+    /// are taken by answers of unknown length (a long generation holds one for minutes), while
+    /// going elsewhere costs one re-evaluation of the prompt, bounded and usually seconds at
+    /// most. The worker it goes to becomes the new home, so the conversation moves once rather
+    /// than bouncing. A home that left, is draining or no longer serves the model yields too.
+    fn pick_worker(
+        &mut self,
+        provider: usize,
+        model: &str,
+        affinity: Option<u64>,
+        now: Instant,
+    ) -> Option<WorkerId> {
         let p = &self.providers[provider];
         let candidates = p.model_workers.get(model)?;
+        let home = affinity
+            .and_then(|key| self.affinity.home(key, now))
+            .filter(|home| candidates.contains(home))
+            .filter(|home| self.workers.get(home).is_some_and(Worker::has_capacity));
+        if home.is_some() {
+            return home;
+        }
         let mut best_load = u32::MAX;
         let mut ties = 0usize;
         for id in candidates {
@@ -875,7 +909,8 @@ impl Scheduler {
         }
         r.requeues += 1;
         let (provider, model, queue_deadline) = (r.provider, r.model.clone(), r.queue_deadline);
-        if let Some(next) = self.pick_worker(provider, &model) {
+        let affinity = r.placement.affinity;
+        if let Some(next) = self.pick_worker(provider, &model, affinity, now) {
             self.assign(request, next);
             actions.push(Action::Dispatch {
                 request,
@@ -962,6 +997,11 @@ impl Scheduler {
             .iter()
             .map(|p| (p.name.clone(), p.queue.len()))
             .collect()
+    }
+
+    /// Conversation affinity placements so far (hits, misses, new) and the table's size.
+    pub fn affinity_counts(&self) -> AffinityCounts {
+        self.affinity.counts()
     }
 
     /// Connected workers.

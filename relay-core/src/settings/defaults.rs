@@ -89,3 +89,6 @@ pub const PROXY_SILENCE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const RECONNECT_MIN: Duration = Duration::from_secs(1);
 /// A worker's longest reconnect delay.
 pub const RECONNECT_MAX: Duration = Duration::from_secs(30);
+
+/// A conversation's next turn prefers the worker that served it last (conversation affinity).
+pub const AFFINITY: bool = true;

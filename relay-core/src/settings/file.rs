@@ -130,6 +130,8 @@ pub struct ProxyFile {
     pub forward_client_auth: Option<bool>,
     /// `MODELRELAY_REQUIRE_API_KEYS`: inference requests need a client API key.
     pub require_api_keys: Option<bool>,
+    /// `MODELRELAY_AFFINITY`: a conversation's next turn prefers the worker that served it last.
+    pub affinity: Option<bool>,
     /// `DATABASE_URL`: keep keys and usage in this PostgreSQL database instead of the SQLite
     /// file in the data directory.
     pub database_url: Option<String>,

@@ -21,6 +21,8 @@ pub struct Overrides {
     pub forward_client_auth: Option<bool>,
     /// `MODELRELAY_REQUIRE_API_KEYS`.
     pub require_api_keys: Option<bool>,
+    /// `MODELRELAY_AFFINITY`.
+    pub affinity: Option<bool>,
     /// `DATABASE_URL`.
     pub database_url: Option<String>,
     /// `MODELRELAY_ALLOWED_HOSTS`.

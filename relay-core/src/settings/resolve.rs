@@ -74,6 +74,8 @@ pub struct ProxySettings {
     pub admin_token: Option<String>,
     /// Inference requests need a client API key.
     pub require_api_keys: bool,
+    /// A conversation's next turn prefers the worker that served it last.
+    pub affinity: bool,
     /// A PostgreSQL URL for keys and usage; `None` for the SQLite file in the data directory.
     pub database_url: Option<String>,
     /// Host names besides this machine's own that requests may carry.
@@ -265,6 +267,7 @@ impl ProxySettings {
                 .or_else(|| p.admin_token.clone())
                 .filter(|t| !t.trim().is_empty()),
             require_api_keys: o.require_api_keys.or(p.require_api_keys).unwrap_or(false),
+            affinity: o.affinity.or(p.affinity).unwrap_or(defaults::AFFINITY),
             database_url: database_url(o.database_url.as_ref().or(p.database_url.as_ref()))?,
             allowed_hosts: o
                 .allowed_hosts

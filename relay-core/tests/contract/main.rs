@@ -9,6 +9,7 @@ mod inprocess;
 mod postgres_server;
 
 mod adapter_e2e;
+mod affinity;
 mod anthropic_upstream;
 mod bad_input;
 mod client_keys;

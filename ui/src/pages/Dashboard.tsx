@@ -15,7 +15,7 @@ import {
   type SleeperRow,
   type WorkerRow,
 } from '../lib/viewmodel';
-import type { ModelStatus, Status } from '../types';
+import type { AffinityStatus, ModelStatus, Status } from '../types';
 
 export function Dashboard() {
   const { status, receivedAt } = useLive();
@@ -61,7 +61,7 @@ export function Dashboard() {
   }
   return (
     <main class="page" data-testid="dashboard">
-      <NodeHeader view={view} requireKeys={requiresApiKeys(status)} />
+      <NodeHeader view={view} requireKeys={requiresApiKeys(status)} affinity={status.affinity ?? null} />
       <Charts status={status} />
       <WorkersCard workers={view.workers} />
       <SleepersCard rows={toSleeperRows(status, clockFor(status, receivedAt || Date.now()))} />
@@ -76,7 +76,15 @@ export function Dashboard() {
 }
 
 /** `requireKeys`: whether inference needs a client key (null: not a proxy, or not said). */
-function NodeHeader({ view, requireKeys = null }: { view: DashboardView; requireKeys?: boolean | null }) {
+function NodeHeader({
+  view,
+  requireKeys = null,
+  affinity = null,
+}: {
+  view: DashboardView;
+  requireKeys?: boolean | null;
+  affinity?: AffinityStatus | null;
+}) {
   const { node, totals } = view;
   const own = node.ownWorker;
   return (
@@ -160,8 +168,31 @@ function NodeHeader({ view, requireKeys = null }: { view: DashboardView; require
           <dt>Tokens</dt>
           <dd data-testid="total-tokens">{totals.tokens}</dd>
         </div>
+        {affinity ? <AffinityTotal affinity={affinity} /> : null}
       </dl>
     </section>
+  );
+}
+
+/** The share of returning conversations that found their worker (and its prompt cache) again. */
+function AffinityTotal({ affinity }: { affinity: AffinityStatus }) {
+  const returning = affinity.hits + affinity.misses;
+  const rate = !affinity.enabled ? 'off' : returning ? `${Math.round((affinity.hits / returning) * 100)}%` : '—';
+  return (
+    <div>
+      <dt title="Later turns of a conversation routed to the worker that served it last, whose backend still caches its prompt">
+        Affinity hits
+      </dt>
+      <dd data-testid="affinity-hits" data-hits={affinity.hits} data-misses={affinity.misses} data-new={affinity.new}>
+        {rate}
+        {affinity.enabled ? (
+          <span class="muted small">
+            {' '}
+            {affinity.hits} hit{affinity.hits === 1 ? '' : 's'} · {affinity.misses} miss{affinity.misses === 1 ? '' : 'es'}
+          </span>
+        ) : null}
+      </dd>
+    </div>
   );
 }
 

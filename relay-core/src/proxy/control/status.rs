@@ -15,6 +15,7 @@ use tokio::time::{interval, Instant, MissedTickBehavior};
 use super::NodeInfo;
 use crate::dialect::{ApiError, Dialect};
 use crate::protocol::{HardwareReport, ModelStateReport};
+use crate::proxy::scheduler::AffinityCounts;
 use crate::proxy::telemetry::{BoxHistory, Series, TotalsSnapshot};
 use crate::proxy::AppState;
 
@@ -113,6 +114,15 @@ pub struct Status {
     in_flight: Vec<RequestView>,
     totals: TotalsSnapshot,
     series: Series,
+    affinity: AffinityView,
+}
+
+/// Conversation affinity: whether it is on, and how placements went since start.
+#[derive(Debug, Serialize)]
+pub struct AffinityView {
+    enabled: bool,
+    #[serde(flatten)]
+    counts: AffinityCounts,
 }
 
 /// Builds the status now.
@@ -247,6 +257,10 @@ pub fn snapshot(state: &AppState) -> Status {
         in_flight,
         totals: telemetry.totals(),
         series: telemetry.series(),
+        affinity: AffinityView {
+            enabled: state.config.affinity,
+            counts: hub.affinity_counts(),
+        },
     }
 }
 

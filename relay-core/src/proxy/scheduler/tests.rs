@@ -1065,3 +1065,112 @@ proptest::proptest! {
         }
     }
 }
+
+/// Submits with the next id and an affinity key.
+fn submit_in(s: &mut Scheduler, conversation: u64, now: Instant) -> Submitted {
+    thread_local!(static NEXT: std::cell::Cell<RequestId> = const { std::cell::Cell::new(1_000_000) });
+    let id = NEXT.with(|n| {
+        let id = n.get();
+        n.set(id + 1);
+        id
+    });
+    let placement = Placement {
+        affinity: Some(conversation),
+        ..Placement::default()
+    };
+    s.submit(id, "m", placement, now).expect("accepted")
+}
+
+fn finish_on(s: &mut Scheduler, submitted: &Submitted) {
+    let worker = dispatched_to(submitted.clone());
+    assert!(s.finish(worker, submitted.request(), &mut Vec::new()));
+}
+
+#[test]
+fn a_conversations_next_turn_goes_to_the_worker_that_served_it_even_when_another_is_idler() {
+    let mut s = scheduler();
+    let now = Instant::now();
+    let a = register(&mut s, "a", &["m"], 4).worker;
+    let b = register(&mut s, "b", &["m"], 4).worker;
+    let first = submit_in(&mut s, 1, now);
+    let home = dispatched_to(first.clone());
+    let other = if home == a { b } else { a };
+    // The first turn still runs: least-loaded alone would pick the other, idle worker.
+    for _ in 0..3 {
+        let turn = submit_in(&mut s, 1, now);
+        assert_eq!(dispatched_to(turn.clone()), home);
+    }
+    let stranger = submit_in(&mut s, 2, now);
+    assert_eq!(dispatched_to(stranger), other);
+    let counts = s.affinity_counts();
+    assert_eq!((counts.hits, counts.misses, counts.new), (3, 0, 2));
+    assert_eq!(counts.entries, 2);
+}
+
+#[test]
+fn a_saturated_home_yields_to_the_least_loaded_worker_which_becomes_the_new_home() {
+    let mut s = scheduler();
+    let now = Instant::now();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let b = register(&mut s, "b", &["m"], 1).worker;
+    let first = submit_in(&mut s, 1, now);
+    let home = dispatched_to(first.clone());
+    let other = if home == a { b } else { a };
+    // Turn 2 arrives while turn 1 still holds the home's only slot.
+    let second = submit_in(&mut s, 1, now);
+    assert_eq!(dispatched_to(second.clone()), other);
+    finish_on(&mut s, &first);
+    finish_on(&mut s, &second);
+    let third = submit_in(&mut s, 1, now);
+    assert_eq!(dispatched_to(third), other, "the new home keeps it");
+    let counts = s.affinity_counts();
+    assert_eq!((counts.hits, counts.misses, counts.new), (1, 1, 1));
+}
+
+#[test]
+fn a_home_that_left_yields_and_the_conversation_moves_for_good() {
+    let mut s = scheduler();
+    let now = Instant::now();
+    let a = register(&mut s, "a", &["m"], 2).worker;
+    let b = register(&mut s, "b", &["m"], 2).worker;
+    let first = submit_in(&mut s, 1, now);
+    finish_on(&mut s, &first);
+    let home = dispatched_to(first);
+    let other = if home == a { b } else { a };
+    assert!(s.worker_gone(home, now).is_empty());
+    let second = submit_in(&mut s, 1, now);
+    assert_eq!(dispatched_to(second), other);
+    let back = register(&mut s, "again", &["m"], 2).worker;
+    let third = submit_in(&mut s, 1, now);
+    assert_eq!(dispatched_to(third), other, "not to the newcomer {back}");
+    assert_eq!(s.affinity_counts().misses, 1);
+}
+
+#[test]
+fn a_requeued_request_leaves_its_dead_home_and_a_queued_one_takes_the_slot_that_frees() {
+    let mut s = scheduler();
+    let now = Instant::now();
+    let a = register(&mut s, "a", &["m"], 1).worker;
+    let first = submit_in(&mut s, 1, now);
+    assert_eq!(dispatched_to(first.clone()), a);
+    let b = register(&mut s, "b", &["m"], 1).worker;
+    // Both slots taken, conversation 1's next turn waits; a's slot frees first.
+    let busy = submit_in(&mut s, 2, now);
+    assert_eq!(dispatched_to(busy.clone()), b);
+    let queued = submit_in(&mut s, 2, now);
+    assert!(matches!(queued, Submitted::Queued { .. }));
+    let mut actions = Vec::new();
+    s.finish(a, first.request(), &mut actions);
+    assert_eq!(
+        actions,
+        vec![Action::Dispatch {
+            request: queued.request(),
+            worker: a
+        }]
+    );
+    // Conversation 2's home moved to a; b dies and its request is requeued elsewhere.
+    let actions = s.worker_gone(b, now);
+    assert!(matches!(actions.as_slice(), [Action::Requeued { .. }]));
+    let counts = s.affinity_counts();
+    assert_eq!((counts.hits, counts.misses, counts.new), (0, 1, 2));
+}

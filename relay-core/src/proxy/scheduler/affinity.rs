@@ -1,0 +1,215 @@
+//! The conversation affinity table: which worker served each conversation last.
+//!
+//! A backend such as llama-server reuses a prompt's already-evaluated prefix only on the server
+//! (and slot) that saw it last, so a conversation's next turn is much cheaper there. The table
+//! remembers that "home" per affinity key, bounded in entries (least recently used goes first)
+//! and in age (a conversation idle past the TTL is forgotten: its prefix has long been evicted
+//! from the backend's cache by other work). Pure: time is an input.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use super::WorkerId;
+
+/// Conversations remembered at most: ~80 bytes each, so about 1.3 MB when full.
+pub const AFFINITY_ENTRIES: usize = 16_384;
+
+/// A conversation idle this long is forgotten.
+pub const AFFINITY_TTL: Duration = Duration::from_secs(30 * 60);
+
+/// How a request with an affinity key was placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// It went to its home worker.
+    Hit,
+    /// It had a home but went elsewhere (home saturated, gone, or not serving the model); the
+    /// worker it went to is its new home.
+    Miss,
+    /// Its conversation had no home yet (first turn, or forgotten).
+    New,
+}
+
+/// Placements counted since the proxy started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AffinityCounts {
+    /// Requests routed to their home worker.
+    pub hits: u64,
+    /// Requests that had a home but were routed elsewhere.
+    pub misses: u64,
+    /// Requests whose conversation had no home yet.
+    pub new: u64,
+    /// Conversations the table remembers now.
+    pub entries: u64,
+}
+
+#[derive(Debug)]
+struct Home {
+    worker: WorkerId,
+    used: Instant,
+    /// Its position in [`AffinityTable::recency`].
+    stamp: u64,
+}
+
+/// Affinity key → home worker, LRU with a TTL.
+#[derive(Debug)]
+pub struct AffinityTable {
+    homes: HashMap<u64, Home>,
+    /// Keys by last use (stamps grow), oldest first: what eviction takes.
+    recency: BTreeMap<u64, u64>,
+    next_stamp: u64,
+    capacity: usize,
+    ttl: Duration,
+    counts: AffinityCounts,
+}
+
+impl Default for AffinityTable {
+    fn default() -> Self {
+        AffinityTable::new(AFFINITY_ENTRIES, AFFINITY_TTL)
+    }
+}
+
+impl AffinityTable {
+    /// A table of at most `capacity` conversations, each forgotten after `ttl` without use.
+    pub fn new(capacity: usize, ttl: Duration) -> Self {
+        AffinityTable {
+            homes: HashMap::new(),
+            recency: BTreeMap::new(),
+            next_stamp: 0,
+            capacity: capacity.max(1),
+            ttl,
+            counts: AffinityCounts::default(),
+        }
+    }
+
+    /// The worker that served conversation `key` last, unless that was more than the TTL ago.
+    pub fn home(&self, key: u64, now: Instant) -> Option<WorkerId> {
+        self.homes
+            .get(&key)
+            .filter(|home| now.saturating_duration_since(home.used) < self.ttl)
+            .map(|home| home.worker)
+    }
+
+    /// Conversation `key` was just placed on `worker`, which becomes its home; counts and
+    /// returns how that placement relates to the previous home.
+    pub fn record(&mut self, key: u64, worker: WorkerId, now: Instant) -> Outcome {
+        let outcome = match self.home(key, now) {
+            Some(home) if home == worker => Outcome::Hit,
+            Some(_) => Outcome::Miss,
+            None => Outcome::New,
+        };
+        match outcome {
+            Outcome::Hit => self.counts.hits += 1,
+            Outcome::Miss => self.counts.misses += 1,
+            Outcome::New => self.counts.new += 1,
+        }
+        let previous_use = self.homes.remove(&key).map(|old| {
+            self.recency.remove(&old.stamp);
+            old.used
+        });
+        self.evict(now);
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        self.recency.insert(stamp, key);
+        self.homes.insert(
+            key,
+            Home {
+                worker,
+                // A request placed late (it waited in the queue) must not make its home look
+                // older than one already recorded.
+                used: previous_use.map_or(now, |used| used.max(now)),
+                stamp,
+            },
+        );
+        outcome
+    }
+
+    /// Drops expired entries from the old end and, if still full, the least recently used.
+    fn evict(&mut self, now: Instant) {
+        while let Some((&stamp, &key)) = self.recency.first_key_value() {
+            let expired = self
+                .homes
+                .get(&key)
+                .is_none_or(|h| now.saturating_duration_since(h.used) >= self.ttl);
+            if !expired && self.homes.len() < self.capacity {
+                break;
+            }
+            self.recency.remove(&stamp);
+            self.homes.remove(&key);
+        }
+    }
+
+    /// The counts so far, with the current number of entries.
+    pub fn counts(&self) -> AffinityCounts {
+        AffinityCounts {
+            entries: self.homes.len() as u64,
+            ..self.counts
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_conversation_placed_again_on_its_home_is_a_hit_elsewhere_a_miss_that_moves_it() {
+        let mut table = AffinityTable::new(8, Duration::from_secs(60));
+        let t = Instant::now();
+        assert_eq!(table.record(7, 1, t), Outcome::New);
+        assert_eq!(table.home(7, t), Some(1));
+        assert_eq!(table.record(7, 1, t), Outcome::Hit);
+        assert_eq!(table.record(7, 2, t), Outcome::Miss);
+        assert_eq!(table.home(7, t), Some(2));
+        assert_eq!(table.record(7, 2, t), Outcome::Hit);
+        let counts = table.counts();
+        assert_eq!((counts.hits, counts.misses, counts.new), (2, 1, 1));
+        assert_eq!(counts.entries, 1);
+    }
+
+    #[test]
+    fn a_conversation_idle_past_the_ttl_is_forgotten_and_counts_as_new() {
+        let mut table = AffinityTable::new(8, Duration::from_secs(60));
+        let t = Instant::now();
+        table.record(1, 1, t);
+        assert_eq!(table.home(1, t + Duration::from_secs(59)), Some(1));
+        assert_eq!(table.home(1, t + Duration::from_secs(60)), None);
+        assert_eq!(
+            table.record(1, 2, t + Duration::from_secs(61)),
+            Outcome::New
+        );
+    }
+
+    #[test]
+    fn the_table_stays_bounded_and_forgets_the_least_recently_used_first() {
+        let mut table = AffinityTable::new(3, Duration::from_secs(60));
+        let t = Instant::now();
+        for key in 0..3 {
+            table.record(key, 1, t);
+        }
+        // Key 0 is used again, so key 1 is now the least recently used.
+        table.record(0, 1, t);
+        table.record(3, 1, t);
+        assert_eq!(table.homes.len(), 3);
+        assert_eq!(table.home(1, t), None);
+        for key in [0, 2, 3] {
+            assert_eq!(table.home(key, t), Some(1), "key {key}");
+        }
+        for key in 100..10_000 {
+            table.record(key, 2, t);
+        }
+        assert_eq!(table.homes.len(), 3);
+        assert_eq!(table.recency.len(), 3);
+    }
+
+    #[test]
+    fn expired_entries_are_dropped_when_new_ones_arrive() {
+        let mut table = AffinityTable::new(100, Duration::from_secs(60));
+        let t = Instant::now();
+        for key in 0..50 {
+            table.record(key, 1, t);
+        }
+        table.record(1000, 1, t + Duration::from_secs(120));
+        assert_eq!(table.homes.len(), 1);
+        assert_eq!(table.recency.len(), 1);
+    }
+}
