@@ -5,7 +5,7 @@
 //! The server and model are built by `../shared/tools/realstack/setup.sh` into `$REALSTACK`
 //! (default `~/.cache/modelrelay-realstack`). Without them the rows say so and the run goes on.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -51,7 +51,7 @@ fn free_port() -> u16 {
 }
 
 /// Starts llama-server and waits (bounded) until `/health` answers 200.
-async fn start_llama(server: &PathBuf, model: &PathBuf) -> Option<(ChildProcess, u16)> {
+async fn start_llama(server: &Path, model: &Path) -> Option<(ChildProcess, u16)> {
     let port = free_port();
     let mut command = Command::new(server);
     command
