@@ -3,7 +3,10 @@
 //! CPU are not counted against the load generator's or the relay's.
 //!
 //! Each request picks its answer with an optional `bench` object: `chunks` (stream this many
-//! content events) and `interval_ms` (between events).
+//! content events; without it, a stream has as many events as the request's `max_tokens`, which
+//! is what a translated Anthropic or Responses request carries) and `interval_ms` (between
+//! events). With `--native` it also serves `/v1/messages` and `/v1/responses` itself
+//! (see `native_backend.rs`).
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -20,10 +23,13 @@ const DONE: &str = "data: [DONE]\n\n";
 const UNARY: &str = "{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion\",\"model\":\"bench\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"hello\"},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1,\"total_tokens\":6}}";
 
 /// Serves until killed; prints `BACKEND <port>` once listening.
-pub async fn serve() {
-    let app = Router::new()
+pub async fn serve(native: bool) {
+    let mut app = Router::new()
         .route("/v1/chat/completions", post(answer))
         .route("/v1/models", axum::routing::get(models));
+    if native {
+        app = crate::native_backend::routes(app);
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind backend");
@@ -50,7 +56,14 @@ async fn answer(body: Bytes) -> Response {
             .and_then(Value::as_u64)
             .unwrap_or(0)
     };
-    let chunks = setting("chunks").max(1);
+    let chunks = match setting("chunks") {
+        0 => request
+            .get("max_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(1),
+        n => n,
+    }
+    .max(1);
     let interval = Duration::from_millis(setting("interval_ms"));
     let events = futures_util::stream::unfold(0u64, move |sent| async move {
         if sent > chunks {

@@ -69,16 +69,21 @@ fn chat_url(base: &str) -> String {
 
 /// `connections` closed loops of small non-streaming requests for `duration`.
 pub async fn unary(base: &str, connections: usize, duration: Duration) -> Samples {
-    let client = client(connections);
     let body =
         json!({"model": "bench", "messages": [{"role": "user", "content": "hi"}]}).to_string();
-    warm_up(&client, base, &body, connections).await;
+    unary_to(&chat_url(base), &body, connections, duration).await
+}
+
+/// `connections` closed loops posting `body` to `url` for `duration`.
+pub async fn unary_to(url: &str, body: &str, connections: usize, duration: Duration) -> Samples {
+    let client = client(connections);
+    warm_up(&client, url, body, connections).await;
     let start = Instant::now();
     let end = start + duration;
     let loops = (0..connections).map(|_| {
         let client = client.clone();
-        let url = chat_url(base);
-        let body = body.clone();
+        let url = url.to_string();
+        let body = body.to_string();
         tokio::spawn(async move {
             let mut samples = Samples::default();
             while Instant::now() < end {
@@ -105,10 +110,10 @@ pub async fn unary(base: &str, connections: usize, duration: Duration) -> Sample
 }
 
 /// Opens pooled connections before measuring, so connection setup is not counted.
-async fn warm_up(client: &reqwest::Client, base: &str, body: &str, connections: usize) {
+async fn warm_up(client: &reqwest::Client, url: &str, body: &str, connections: usize) {
     let requests = (0..connections).map(|_| {
         let request = client
-            .post(chat_url(base))
+            .post(url)
             .header("content-type", "application/json")
             .body(body.to_string());
         async move {
@@ -178,15 +183,20 @@ async fn stream_once(client: &reqwest::Client, url: &str, body: &str) -> Option<
 
 /// `clients` loops streaming `chunks`-event answers back to back for `duration`.
 pub async fn streams(base: &str, clients: usize, chunks: u64, duration: Duration) -> Samples {
-    let client = client(clients);
     let body = json!({"model": "bench", "stream": true, "bench": {"chunks": chunks}}).to_string();
-    warm_up(&client, base, &body, clients).await;
+    streams_to(&chat_url(base), &body, clients, duration).await
+}
+
+/// `clients` loops streaming the answers to `body` posted to `url`, back to back for `duration`.
+pub async fn streams_to(url: &str, body: &str, clients: usize, duration: Duration) -> Samples {
+    let client = client(clients);
+    warm_up(&client, url, body, clients).await;
     let start = Instant::now();
     let end = start + duration;
     let loops = (0..clients).map(|_| {
         let client = client.clone();
-        let url = chat_url(base);
-        let body = body.clone();
+        let url = url.to_string();
+        let body = body.to_string();
         tokio::spawn(async move {
             let mut samples = Samples::default();
             while Instant::now() < end {

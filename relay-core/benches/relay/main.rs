@@ -7,10 +7,14 @@
 //! for a smoke run. Results: `target/bench/relay.md` and `target/bench/relay.json`.
 //! The method is described in BENCHMARKS.md.
 
+mod adapter;
 mod backend;
+mod cpu;
 mod fake_workers;
 mod load;
+mod native_backend;
 mod procs;
+mod realstack;
 mod report;
 
 use std::time::{Duration, Instant};
@@ -25,6 +29,8 @@ const SCENARIOS: &[&str] = &[
     "idle10k",
     "workers1k",
     "queue",
+    "adapter",
+    "realstack",
 ];
 const KB: f64 = 1024.0;
 /// Time for the allocator to return freed pages after a burst (it purges after a 1 s decay).
@@ -115,8 +121,12 @@ async fn unary_rows(stack: &Stack, plan: &Plan, connections: usize) -> Vec<Row> 
     } else {
         "unary64"
     };
+    let backend_meter = cpu::Meter::start(&[&stack.backend]);
     let mut direct = load::unary(&stack.direct(), connections, plan.duration).await;
+    let backend_us = backend_meter.per_unit_us(direct.ok + direct.failed)[0];
+    let relay_meter = cpu::Meter::start(&[&stack.proxy, &stack.worker]);
     let mut relay = load::unary(&stack.relay(), connections, plan.duration).await;
+    let relay_us = relay_meter.per_unit_us(relay.ok + relay.failed);
     eprintln!(
         "{scenario}: direct {} ok / {} failed; relay {} ok / {} failed",
         direct.ok, direct.failed, relay.ok, relay.failed
@@ -156,13 +166,25 @@ async fn unary_rows(stack: &Stack, plan: &Plan, connections: usize) -> Vec<Row> 
         target: "0".to_string(),
         met: Some(relay.failed == 0),
     });
+    rows.extend(cpu::rows(
+        scenario,
+        "request",
+        backend_us,
+        relay_us[0],
+        relay_us[1],
+        25.0,
+    ));
     rows
 }
 
 async fn stream_rows(stack: &Stack, plan: &Plan) -> Vec<Row> {
     let scenario = "stream64";
+    let backend_meter = cpu::Meter::start(&[&stack.backend]);
     let mut direct = load::streams(&stack.direct(), 64, 200, plan.duration).await;
+    let backend_us = backend_meter.per_unit_us(direct.events)[0];
+    let relay_meter = cpu::Meter::start(&[&stack.proxy, &stack.worker]);
     let mut relay = load::streams(&stack.relay(), 64, 200, plan.duration).await;
+    let relay_us = relay_meter.per_unit_us(relay.events);
     eprintln!(
         "{scenario}: direct {} streams, relay {} streams ({} failed)",
         direct.ok, relay.ok, relay.failed
@@ -170,6 +192,7 @@ async fn stream_rows(stack: &Stack, plan: &Plan) -> Vec<Row> {
     let (drate, rrate) = (direct.events_rate(), relay.events_rate());
     let (d50, r50) = (direct.quantile_ms(0.5), relay.quantile_ms(0.5));
     let (d99, r99) = (direct.quantile_ms(0.99), relay.quantile_ms(0.99));
+    let cpu_rows = cpu::rows(scenario, "chunk", backend_us, relay_us[0], relay_us[1], 3.0);
     vec![
         Row {
             scenario,
@@ -197,6 +220,9 @@ async fn stream_rows(stack: &Stack, plan: &Plan) -> Vec<Row> {
             met: Some(relay.failed == 0),
         },
     ]
+    .into_iter()
+    .chain(cpu_rows)
+    .collect()
 }
 
 async fn idle_rows(plan: &Plan) -> Vec<Row> {
@@ -493,6 +519,12 @@ async fn run(selected: Vec<String>, plan: Plan) -> Vec<Row> {
     if wants("queue") {
         rows.extend(queue_rows(&plan).await);
     }
+    if wants("adapter") {
+        rows.extend(adapter::rows(plan.duration).await);
+    }
+    if wants("realstack") {
+        rows.extend(realstack::rows(plan.duration).await);
+    }
     rows
 }
 
@@ -503,7 +535,7 @@ fn main() {
         .build()
         .expect("runtime");
     if args.iter().any(|a| a == "--backend") {
-        runtime.block_on(backend::serve());
+        runtime.block_on(backend::serve(args.iter().any(|a| a == "--native")));
         return;
     }
     if !args.iter().any(|a| a == "--bench") {

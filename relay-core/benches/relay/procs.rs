@@ -138,9 +138,14 @@ pub fn cpu_seconds_of(pid: u32) -> f64 {
 
 /// The mock backend: this bench binary re-executed with `--backend`.
 pub fn start_backend() -> (ChildProcess, u16) {
+    start_backend_with(&[])
+}
+
+/// The mock backend with extra flags (`--native`).
+pub fn start_backend_with(flags: &[&str]) -> (ChildProcess, u16) {
     let exe = std::env::current_exe().expect("bench executable");
     let mut command = Command::new(exe);
-    command.arg("--backend");
+    command.arg("--backend").args(flags);
     let backend = ChildProcess::start(command, Some("BACKEND "));
     let port = port_after(&backend.announced, "BACKEND ");
     (backend, port)
@@ -170,9 +175,19 @@ pub fn start_proxy(extra: &[&str]) -> (ChildProcess, u16) {
 
 /// A worker joining the proxy on `proxy_port`, forwarding model `bench` to the backend.
 pub fn start_worker(proxy_port: u16, backend_port: u16, max_concurrency: u32) -> ChildProcess {
+    start_worker_for("bench", proxy_port, backend_port, max_concurrency)
+}
+
+/// A worker joining the proxy on `proxy_port`, forwarding `model` to the backend.
+pub fn start_worker_for(
+    model: &str,
+    proxy_port: u16,
+    backend_port: u16,
+    max_concurrency: u32,
+) -> ChildProcess {
     let mut command = Command::new(modelrelay_binary());
     command
-        .args(["worker", "--worker-secret", SECRET, "--models", "bench"])
+        .args(["worker", "--worker-secret", SECRET, "--models", model])
         .args(["--proxy-url", &format!("http://127.0.0.1:{proxy_port}")])
         .args(["--backend-url", &format!("http://127.0.0.1:{backend_port}")])
         .args(["--max-concurrency", &max_concurrency.to_string()])
