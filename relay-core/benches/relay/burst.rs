@@ -261,7 +261,10 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 fn count(haystack: &[u8], needle: &[u8]) -> usize {
-    haystack.windows(needle.len()).filter(|w| *w == needle).count()
+    haystack
+        .windows(needle.len())
+        .filter(|w| *w == needle)
+        .count()
 }
 
 /// The events of each burst stream and the time between them: the streams stay open for about
@@ -283,7 +286,13 @@ fn peak_rss_of(pid: u32) -> u64 {
     status
         .lines()
         .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
         .map(|kb| kb * 1024)
         .unwrap_or(0)
 }
@@ -317,7 +326,8 @@ pub async fn rows(count: usize) -> Vec<Row> {
         at_peak = stack.worker.rss();
     })
     .await;
-    let worker_peak = peak_rss_of(stack.worker.pid());
+    // VmHWM is updated lazily by the kernel: never below what was seen at the peak.
+    let worker_peak = peak_rss_of(stack.worker.pid()).max(at_peak);
     eprintln!(
         "burst: direct {} complete / {} failed, {:?}; relay {} complete / {} failed, {:?}; \
          worker RSS {:.1} MB before, {:.1} MB with the streams open, peak {:.1} MB; open fds: worker {}",

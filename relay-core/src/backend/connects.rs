@@ -200,7 +200,10 @@ mod tests {
             .collect();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while accepted.load(Ordering::SeqCst) < 200 {
-            assert!(tokio::time::Instant::now() < deadline, "connections stalled");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "connections stalled"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         release.notify_waiters();
@@ -244,7 +247,10 @@ mod tests {
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while limit.available() < 2 {
-            assert!(tokio::time::Instant::now() < deadline, "permits not returned");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "permits not returned"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // The client still connects: nothing is left holding the bound.
@@ -256,7 +262,10 @@ mod tests {
         .expect("a request after the cancelled burst connects")
         .unwrap();
         assert_eq!(response.text().await.unwrap(), "ok");
-        assert!(accepted.load(Ordering::SeqCst) < 100, "the cancelled did not all connect");
+        assert!(
+            accepted.load(Ordering::SeqCst) < 100,
+            "the cancelled did not all connect"
+        );
         release.notify_waiters();
     }
 }

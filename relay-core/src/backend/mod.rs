@@ -131,10 +131,15 @@ mod tests {
         }
     }
 
-    /// Every open stream in a worker is a task holding this future and a channel of events:
-    /// their sizes are memory per stream.
+    /// Every open stream in a worker has a channel of events whose first block holds 32 of
+    /// them: an event is as small as a chunk's text, and the task's size is shown for the
+    /// record (2,824 bytes in an optimised build).
     #[test]
-    fn a_request_task_and_its_events_stay_small() {
+    fn a_backend_event_is_no_bigger_than_a_chunks_text() {
+        assert_eq!(
+            std::mem::size_of::<BackendEvent>(),
+            std::mem::size_of::<String>()
+        );
         let backend = Backend {
             base_url: "http://127.0.0.1:1".into(),
             speaks: Speaks::OpenAi,
@@ -142,16 +147,7 @@ mod tests {
             capabilities: Capabilities::default(),
         };
         let (events, _) = mpsc::channel(1);
-        let native = backend
-            .clone()
-            .serve(request("/v1/chat/completions"), events.clone());
-        let translated = backend.serve(request("/v1/messages"), events);
-        eprintln!(
-            "serve future: {} bytes (native), {} (translated); event {} bytes",
-            std::mem::size_of_val(&native),
-            std::mem::size_of_val(&translated),
-            std::mem::size_of::<BackendEvent>()
-        );
-        assert!(std::mem::size_of::<BackendEvent>() <= 32);
+        let task = backend.serve(request("/v1/chat/completions"), events);
+        eprintln!("a request task: {} bytes", std::mem::size_of_val(&task));
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{get, post as post_route};
 use axum::serve::ListenerExt;
 use futures_util::StreamExt;
 use relay_core::worker::WorkerConfig;
@@ -42,11 +42,15 @@ impl CountingBackend {
         let app = axum::Router::new()
             .route(
                 "/v1/models",
-                get(|| async { axum::Json(json!({"object": "list", "data": [{"id": MODEL, "object": "model"}]})) }),
+                get(|| async {
+                    axum::Json(
+                        json!({"object": "list", "data": [{"id": MODEL, "object": "model"}]}),
+                    )
+                }),
             )
             .route(
                 "/v1/chat/completions",
-                post(move |body: Bytes| chat(body, released.clone())),
+                post_route(move |body: Bytes| chat(body, released.clone())),
             );
         tokio::spawn(async move { axum::serve(listener, app).await });
         CountingBackend {
@@ -87,8 +91,8 @@ async fn chat(body: Bytes, mut released: watch::Receiver<bool>) -> Response {
 }
 
 #[tokio::test]
-async fn a_burst_of_streams_is_served_on_one_backend_connection_each_and_later_requests_reuse_them(
-) {
+async fn a_burst_of_streams_is_served_on_one_backend_connection_each_and_later_requests_reuse_them()
+{
     let proxy = start_proxy(test_config()).await;
     let backend = CountingBackend::start().await;
     let mut config = WorkerConfig::new(&proxy.url(), SECRET, &backend.url);
@@ -98,7 +102,8 @@ async fn a_burst_of_streams_is_served_on_one_backend_connection_each_and_later_r
     wait_until("the worker registers", || !proxy.hub.models().is_empty()).await;
 
     let client = http();
-    let body = json!({"model": MODEL, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let body =
+        json!({"model": MODEL, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     let streams: Vec<_> = (0..STREAMS)
         .map(|_| {
             let request = client
