@@ -76,7 +76,7 @@ pub fn somaxconn() -> Option<u32> {
 
 /// Raises this process's soft limit on open files to its hard limit (a burst holds a socket
 /// per stream); returns the soft limit in force.
-pub fn raise_open_files_limit() -> u64 {
+pub fn raise_open_files_limit() -> libc::rlim_t {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -96,7 +96,7 @@ pub fn raise_open_files_limit() -> u64 {
             }
         }
     }
-    limit.rlim_cur as u64
+    limit.rlim_cur
 }
 
 /// What one burst came to.
