@@ -4,11 +4,13 @@
 //!
 //! Run: `cargo bench -p relay-core --bench relay` (all scenarios), or name scenarios:
 //! `cargo bench -p relay-core --bench relay -- unary1 stream64`; `--quick` shortens every scenario
-//! for a smoke run. Results: `target/bench/relay.md` and `target/bench/relay.json`.
+//! for a smoke run; `burst` opens `RELAY_BENCH_BURST` streams at once (default 2,000, 200 with
+//! `--quick`). Results: `target/bench/relay.md` and `target/bench/relay.json`.
 //! The method is described in BENCHMARKS.md.
 
 mod adapter;
 mod backend;
+mod burst;
 mod cpu;
 mod fake_workers;
 mod load;
@@ -31,6 +33,7 @@ const SCENARIOS: &[&str] = &[
     "queue",
     "adapter",
     "realstack",
+    "burst",
 ];
 const KB: f64 = 1024.0;
 /// Time for the allocator to return freed pages after a burst (it purges after a 1 s decay).
@@ -45,6 +48,7 @@ struct Plan {
     fake_workers: usize,
     idle_window: Duration,
     flood: usize,
+    burst_streams: usize,
 }
 
 impl Plan {
@@ -57,6 +61,7 @@ impl Plan {
                 fake_workers: 100,
                 idle_window: Duration::from_secs(3),
                 flood: 1000,
+                burst_streams: burst::streams(true),
             }
         } else {
             Plan {
@@ -66,6 +71,7 @@ impl Plan {
                 fake_workers: 1000,
                 idle_window: Duration::from_secs(20),
                 flood: 10_000,
+                burst_streams: burst::streams(false),
             }
         }
     }
@@ -524,6 +530,9 @@ async fn run(selected: Vec<String>, plan: Plan) -> Vec<Row> {
     }
     if wants("realstack") {
         rows.extend(realstack::rows(plan.duration).await);
+    }
+    if wants("burst") {
+        rows.extend(burst::rows(plan.burst_streams).await);
     }
     rows
 }

@@ -14,12 +14,12 @@ pub fn complete(
     body: Option<String>,
     token_counts: Option<TokenCounts>,
 ) -> BackendEvent {
-    BackendEvent::Complete(Answer {
+    BackendEvent::Complete(Box::new(Answer {
         status,
         headers,
         body,
         token_counts,
-    })
+    }))
 }
 
 /// `content-type: application/json`.

@@ -160,11 +160,11 @@ pub(super) async fn deliver(
 /// The backend failed mid-answer.
 pub(super) fn failed(id: &str, message: String) -> BackendEvent {
     tracing::warn!(request = %id, "backend error: {message}");
-    BackendEvent::Failed(ApiError::new(
+    BackendEvent::Failed(Box::new(ApiError::new(
         StatusCode::BAD_GATEWAY,
         "backend_error",
         message,
-    ))
+    )))
 }
 
 /// Sends the SSE body as chunks of whole events; `Ok(None)` when it ended (or the receiver

@@ -14,6 +14,7 @@
 
 pub mod answer;
 mod capabilities;
+pub mod connects;
 mod count_tokens;
 pub mod endpoint;
 mod forward;
@@ -32,15 +33,19 @@ pub use forward::error_chain;
 
 /// What a request's task reports, in order: any number of chunks, then at most one of
 /// `Complete` and `Failed`.
+///
+/// The rare final events are boxed so that an event is as small as a chunk: a request's
+/// channel allocates 32 slots at once whatever its bound (tokio's block), and every open
+/// stream in a worker has one (4.7 KB a stream unboxed, 1 KB boxed).
 #[derive(Debug, Clone, PartialEq)]
 pub enum BackendEvent {
     /// Whole SSE events of a streamed answer (several at once when they arrived together).
     Chunk(String),
     /// The answer: a whole body, or the end of a stream (`body: None`).
-    Complete(Answer),
+    Complete(Box<Answer>),
     /// The backend failed before or during its answer (a `code` such as `backend_error`, or the
     /// model lifecycle's); nothing more comes.
-    Failed(ApiError),
+    Failed(Box<ApiError>),
 }
 
 /// A backend's answer (or one given in its place, in the client's dialect).
@@ -109,5 +114,40 @@ impl Backend {
             },
             Speaks::Anthropic => translate::serve_from_anthropic(&self, request, &events).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(path: &str) -> BackendRequest {
+        BackendRequest {
+            id: "r".into(),
+            path: path.into(),
+            is_streaming: true,
+            body: String::new(),
+            headers: HeaderMap::new(),
+        }
+    }
+
+    /// Every open stream in a worker has a channel of events whose first block holds 32 of
+    /// them: an event is as small as a chunk's text, and the task's size is shown for the
+    /// record (2,824 bytes in an optimised build).
+    #[test]
+    fn a_backend_event_is_no_bigger_than_a_chunks_text() {
+        assert_eq!(
+            std::mem::size_of::<BackendEvent>(),
+            std::mem::size_of::<String>()
+        );
+        let backend = Backend {
+            base_url: "http://127.0.0.1:1".into(),
+            speaks: Speaks::OpenAi,
+            client: reqwest::Client::new(),
+            capabilities: Capabilities::default(),
+        };
+        let (events, _) = mpsc::channel(1);
+        let task = backend.serve(request("/v1/chat/completions"), events);
+        eprintln!("a request task: {} bytes", std::mem::size_of_val(&task));
     }
 }

@@ -169,7 +169,7 @@ impl Reply {
     async fn process_ended(&mut self, error: &LifecycleError) {
         tracing::warn!(request = %self.request_id, model = %self.model, "request failed: {error}");
         let failed = ApiError::new(lifecycle_status(error), error.code(), short_message(error));
-        self.send(BackendEvent::Failed(failed)).await;
+        self.send(BackendEvent::Failed(Box::new(failed))).await;
     }
 }
 
@@ -357,10 +357,10 @@ mod tests {
     fn a_forward_failure_is_told_apart_from_an_answer() {
         assert!(is_failure(&complete(502, HeaderMap::new(), None)));
         assert!(!is_failure(&complete(500, HeaderMap::new(), None)));
-        assert!(is_failure(&BackendEvent::Failed(ApiError::new(
+        assert!(is_failure(&BackendEvent::Failed(Box::new(ApiError::new(
             StatusCode::BAD_GATEWAY,
             "backend_error",
             "broke off"
-        ))));
+        )))));
     }
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::sync::watch;
 
+use crate::backend::connects::ConnectLimit;
 use crate::backend::{Backend, Capabilities, NativeOverrides, Speaks};
 use crate::discovery::DiscoveryOptions;
 use crate::hardware::{Latest, Sampler, SamplerSettings};
@@ -367,6 +368,15 @@ impl BackendAccess {
 /// Idle backend connections kept per backend at most, whatever the concurrency.
 const MAX_IDLE_BACKEND_CONNECTIONS: usize = 256;
 
+/// Connects to backends in flight at once. A burst of requests the pool has no idle
+/// connections for would otherwise be a burst of connects, overflowing the backend's listen
+/// queue (llama-server's holds 512): each dropped SYN costs its request a second
+/// ([`crate::backend::connects`]). A local connect takes well under a millisecond, so 32 at a
+/// time open 2,000 connections in a few dozen milliseconds. The bound is shared by the worker's
+/// backends (the client is), and a connect to a backend that does not answer holds its permit
+/// up to the connect timeout.
+const MAX_BACKEND_CONNECTS_IN_FLIGHT: usize = 32;
+
 /// The HTTP client for backends: no overall timeout (generations can be long), a short connect
 /// timeout, and no system proxy (backends are local).
 fn backend_client(max_concurrent: u32) -> reqwest::Client {
@@ -379,6 +389,7 @@ fn backend_client(max_concurrent: u32) -> reqwest::Client {
         .pool_idle_timeout(Duration::from_secs(30))
         .no_proxy()
         .tcp_nodelay(true)
+        .connector_layer(ConnectLimit::new(MAX_BACKEND_CONNECTS_IN_FLIGHT))
         .build()
         .expect("a client with these options always builds")
 }

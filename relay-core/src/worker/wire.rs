@@ -54,7 +54,7 @@ pub fn message(request_id: &str, event: BackendEvent) -> WorkerToServer {
                 token_counts: answer.token_counts,
             })
         }
-        BackendEvent::Failed(failed) => failure(request_id, failed),
+        BackendEvent::Failed(failed) => failure(request_id, *failed),
     }
 }
 
@@ -89,11 +89,11 @@ mod tests {
         assert_eq!(complete.body.as_deref(), Some("{}"));
         let WorkerToServer::Error(error) = message(
             "r1",
-            BackendEvent::Failed(ApiError::new(
+            BackendEvent::Failed(Box::new(ApiError::new(
                 StatusCode::BAD_GATEWAY,
                 "backend_error",
                 "broke off",
-            )),
+            ))),
         ) else {
             panic!("an error");
         };

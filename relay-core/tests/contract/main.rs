@@ -11,6 +11,7 @@ mod postgres_server;
 mod adapter_e2e;
 mod affinity;
 mod anthropic_upstream;
+mod backend_connections;
 mod bad_input;
 mod client_keys;
 mod control;
