@@ -10,6 +10,9 @@
 #      (a request in flight), desktop-tray.png (the tray menu open).
 #   2. Headless: `modelrelay-desktop --serve` with no DISPLAY, WAYLAND_DISPLAY or session bus
 #      serves /health and exits 0 on SIGTERM.
+#   3. Footprint (scripts/desktop-footprint.sh): memory in the tray only (--hidden), with the
+#      window open, after closing it and after reopening it from the tray (which must render
+#      again); fails only on a gross regression. Table in target/artifacts/desktop-footprint.md.
 #
 # Usage: scripts/desktop-smoke.sh            (builds relay-desktop first, debug profile)
 #        DESKTOP_BIN=path/to/modelrelay-desktop scripts/desktop-smoke.sh   (use that binary)
@@ -259,4 +262,7 @@ if [ "$rc" -ne 0 ]; then
   exit 1
 fi
 echo "smoke: headless --serve OK"
+
+# 3. Footprint: tray only, window open, closed, reopened.
+DESKTOP_BIN="$bin" "$root/scripts/desktop-footprint.sh"
 echo "smoke: PASS"

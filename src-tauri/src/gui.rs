@@ -65,6 +65,8 @@ struct TrayParts {
 
 /// Starts the node, then the tray app; returns when the app exits.
 pub fn run(cli: Cli, hidden: bool) -> ExitCode {
+    // Before any thread or the display exists (see the module's docs for why).
+    crate::rendering::prefer_software_rendering();
     init_logging(cli.log_level.as_deref());
     // Every `modelrelay` flag applies (listen address, secret, worker settings, ...); the
     // roles come from the config file, where the tray's check items save them.

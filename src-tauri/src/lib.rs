@@ -6,6 +6,7 @@
 //! - [`commands`]: the three commands the UI invokes (`relay_info`, start-on-login).
 //! - [`tray_state`]: node state → tray icon, tooltip, status line (pure, unit-tested).
 //! - [`notifications`], [`autostart`], [`clipboard`]: the OS integrations, each failing softly.
+//! - [`rendering`]: software rendering for GTK and WebKit, which keeps the tray app small.
 
 pub mod autostart;
 pub mod clipboard;
@@ -13,6 +14,7 @@ pub mod commands;
 pub mod gui;
 pub mod launch;
 pub mod notifications;
+pub mod rendering;
 pub mod tray_state;
 
 use std::process::ExitCode;
