@@ -20,7 +20,7 @@ use super::scheduler::{
     CancelOutcome, Expired, FailReason, Placement, ProviderLimits, RegisterError, RequestId,
     Scheduler, SubmitError, Submitted, WorkerId, WorkerSnapshot,
 };
-use super::sleepers::{Sleeper, SleeperLimits, Sleepers, WakeOrder};
+use super::sleepers::{Card, Sleeper, SleeperLimits, Sleepers, WakeOrder};
 use super::telemetry::{Telemetry, TrackedRequest};
 use crate::dialect::ApiError;
 use crate::protocol::{
@@ -560,8 +560,10 @@ impl Hub {
                 let remembered = inner.sleepers.fell_asleep(
                     &info.name,
                     &info.provider,
-                    info.mac,
-                    Some(info.address),
+                    Card {
+                        mac: info.mac,
+                        address: Some(info.address),
+                    },
                     info.models.clone(),
                     now,
                     unix_ms(),

@@ -45,6 +45,16 @@ pub struct WakeAttempt {
     pub packets: u32,
 }
 
+/// How a sleeping box is reached: its network card, and the address its worker connected from
+/// (workers connecting from its LAN relay the packet).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Card {
+    /// Its network card, if the worker announced one.
+    pub mac: Option<MacAddress>,
+    /// Where its worker's connection came from.
+    pub address: Option<IpAddr>,
+}
+
 /// A packet to send now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WakeOrder {
@@ -85,12 +95,12 @@ impl Sleepers {
         &mut self,
         name: &str,
         provider: &str,
-        mac: Option<MacAddress>,
-        address: Option<IpAddr>,
+        card: Card,
         models: Vec<String>,
         now: Instant,
         now_unix_ms: u64,
     ) -> bool {
+        let Card { mac, address } = card;
         if models.is_empty() || self.limits.max_boxes == 0 {
             return false;
         }
@@ -203,6 +213,10 @@ mod tests {
 
     use super::*;
 
+    fn card(mac: Option<MacAddress>) -> Card {
+        Card { mac, address: None }
+    }
+
     fn limits(max_boxes: usize) -> SleeperLimits {
         SleeperLimits {
             remember: Duration::from_secs(60),
@@ -219,8 +233,8 @@ mod tests {
     fn a_flood_of_requests_sends_one_packet_per_box_per_retry_interval() {
         let mut s = Sleepers::new(limits(8));
         let t0 = Instant::now();
-        assert!(s.fell_asleep("gpu-1", "local", mac(1), None, vec!["m".into()], t0, 1000));
-        assert!(s.fell_asleep("gpu-2", "local", None, None, vec!["m".into()], t0, 1000));
+        assert!(s.fell_asleep("gpu-1", "local", card(mac(1)), vec!["m".into()], t0, 1000));
+        assert!(s.fell_asleep("gpu-2", "local", card(None), vec!["m".into()], t0, 1000));
         let first = s.wake_for("m", t0, 2000);
         assert_eq!(first.len(), 1, "only the box with a card gets a packet");
         assert_eq!(first[0].name, "gpu-1");
@@ -243,8 +257,7 @@ mod tests {
             s.fell_asleep(
                 &format!("b{i}"),
                 "local",
-                mac(i),
-                None,
+                card(mac(i)),
                 vec!["m".into()],
                 t0,
                 0,
@@ -252,15 +265,14 @@ mod tests {
         }
         let names: Vec<&str> = s.boxes().iter().map(|b| b.name.as_str()).collect();
         assert_eq!(names, ["b7", "b8", "b9"], "the oldest make room");
-        assert!(!s.fell_asleep("empty", "local", mac(1), None, vec![], t0, 0));
+        assert!(!s.fell_asleep("empty", "local", card(mac(1)), vec![], t0, 0));
         assert!(!s.forget_expired(t0 + Duration::from_secs(59)));
         assert!(s.forget_expired(t0 + Duration::from_secs(60)));
         assert!(s.boxes().is_empty());
         assert!(!Sleepers::new(limits(0)).fell_asleep(
             "b",
             "local",
-            None,
-            None,
+            card(None),
             vec!["m".into()],
             t0,
             0
@@ -271,12 +283,12 @@ mod tests {
     fn a_box_wakes_by_name_or_card_and_falls_asleep_once() {
         let mut s = Sleepers::new(limits(8));
         let t0 = Instant::now();
-        s.fell_asleep("gpu-1", "local", mac(1), None, vec!["a".into()], t0, 0);
-        s.fell_asleep("gpu-1", "local", mac(1), None, vec!["b".into()], t0, 0);
+        s.fell_asleep("gpu-1", "local", card(mac(1)), vec!["a".into()], t0, 0);
+        s.fell_asleep("gpu-1", "local", card(mac(1)), vec!["b".into()], t0, 0);
         assert_eq!(s.boxes().len(), 1, "replaced, not duplicated");
         assert_eq!(s.models(), [("local".to_string(), "b".to_string())]);
         assert_eq!(s.woke("renamed", mac(1)).len(), 1, "same card, new name");
-        s.fell_asleep("gpu-1", "local", mac(1), None, vec!["b".into()], t0, 0);
+        s.fell_asleep("gpu-1", "local", card(mac(1)), vec!["b".into()], t0, 0);
         assert!(s.woke("other", None).is_empty());
         assert_eq!(s.woke("gpu-1", None).len(), 1);
     }
