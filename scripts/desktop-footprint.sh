@@ -162,18 +162,8 @@ for p in json.load(open(sys.argv[1]))["processes"]:
 fi
 
 # ---------------------------------------------------------------------------------------------
-cd "$root"
-if [ -n "${DESKTOP_BIN:-}" ]; then
-  bin="$DESKTOP_BIN"
-else
-  cargo build -p relay-desktop
-  bin="${CARGO_TARGET_DIR:-$root/target}/debug/modelrelay-desktop"
-fi
-[ -x "$bin" ] || { echo "footprint: no binary at $bin" >&2; exit 1; }
-bin="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")"
-
-artifacts="$root/target/artifacts"
-mkdir -p "$artifacts"
+. "$root/scripts/desktop-bin.sh"
+desktop_bin footprint
 tmp="$(mktemp -d)"
 backend_pid=""
 cleanup() {

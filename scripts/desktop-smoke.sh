@@ -203,18 +203,8 @@ if [ "${1:-}" = "--inside-xvfb" ]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-cd "$root"
-if [ -n "${DESKTOP_BIN:-}" ]; then
-  bin="$DESKTOP_BIN"
-else
-  cargo build -p relay-desktop
-  bin="${CARGO_TARGET_DIR:-$root/target}/debug/modelrelay-desktop"
-fi
-[ -x "$bin" ] || { echo "smoke: no binary at $bin" >&2; exit 1; }
-bin="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")"
-
-artifacts="$root/target/artifacts"
-mkdir -p "$artifacts"
+. "$root/scripts/desktop-bin.sh"
+desktop_bin smoke
 tmp="$(mktemp -d)"
 serve_pid=""
 backend_pid=""

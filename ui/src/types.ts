@@ -261,6 +261,8 @@ export interface ApiKey {
   requests_per_minute: number | null;
   /** Batch keys' requests wait behind interactive ones when slots are busy; absent from older relays. */
   priority?: KeyPriority;
+  /** Its turns for each turn of a weight-1 client when they wait for the same slots; null is 1. */
+  weight?: number | null;
 }
 
 /** How urgent a key's requests are (README, "Priority and fair turns"). */
@@ -278,6 +280,7 @@ export interface NewApiKey {
   max_concurrent?: number;
   requests_per_minute?: number;
   priority?: KeyPriority;
+  weight?: number;
 }
 
 export type UsageGroupBy = 'day' | 'key' | 'model';

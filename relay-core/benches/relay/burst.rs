@@ -280,23 +280,6 @@ pub fn streams(quick: bool) -> usize {
         .unwrap_or(if quick { 200 } else { 2000 })
 }
 
-/// `VmHWM` (peak resident memory) of a process, in bytes.
-fn peak_rss_of(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
-}
-
 /// A figure naming the burst's size (rows hold static text; the bench runs once per process).
 fn figure(text: String) -> &'static str {
     Box::leak(text.into_boxed_str())
@@ -327,7 +310,7 @@ pub async fn rows(count: usize) -> Vec<Row> {
     })
     .await;
     // VmHWM is updated lazily by the kernel: never below what was seen at the peak.
-    let worker_peak = peak_rss_of(stack.worker.pid()).max(at_peak);
+    let worker_peak = crate::procs::peak_rss_of(stack.worker.pid()).max(at_peak);
     eprintln!(
         "burst: direct {} complete / {} failed, {:?}; relay {} complete / {} failed, {:?}; \
          worker RSS {:.1} MB before, {:.1} MB with the streams open, peak {:.1} MB; open fds: worker {}",

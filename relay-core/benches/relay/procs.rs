@@ -105,10 +105,20 @@ impl Drop for ChildProcess {
 
 /// `VmRSS` of a process, in bytes.
 pub fn rss_of(pid: u32) -> u64 {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// `VmHWM` (peak resident memory) of a process, in bytes.
+pub fn peak_rss_of(pid: u32) -> u64 {
+    status_bytes(pid, "VmHWM:")
+}
+
+/// A `kB` figure of `/proc/PID/status`, in bytes (0 when the process is gone).
+fn status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .find_map(|line| line.strip_prefix(field))
         .and_then(|rest| {
             rest.trim()
                 .trim_end_matches("kB")

@@ -173,7 +173,8 @@ async fn create_key(State(state): State<AppState>, body: axum::body::Bytes) -> R
                 "invalid_request",
                 format!(
                     "expected {{\"name\": \"…\", \"models\"?: [\"…\"], \"max_concurrent\"?: n, \
-                     \"requests_per_minute\"?: n, \"priority\"?: \"interactive\" | \"batch\"}}: \
+                     \"requests_per_minute\"?: n, \"priority\"?: \"interactive\" | \"batch\", \
+                     \"weight\"?: 1-16}}: \
                      {error}"
                 ),
             ))

@@ -277,6 +277,7 @@ mod tests {
             max_concurrent,
             requests_per_minute,
             priority: crate::store::KeyPriority::Interactive,
+            weight: None,
         }
     }
 

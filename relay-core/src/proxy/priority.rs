@@ -47,6 +47,7 @@ pub fn placement_of(
     Ok(Placement {
         client,
         priority: asked.min(ceiling),
+        weight: key.and_then(|k| k.weight).unwrap_or(1),
         ..Placement::default()
     })
 }
@@ -102,6 +103,7 @@ mod tests {
             max_concurrent: None,
             requests_per_minute: None,
             priority,
+            weight: None,
         }
     }
 

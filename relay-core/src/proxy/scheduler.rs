@@ -81,6 +81,9 @@ pub struct Placement {
     pub client: Option<Arc<str>>,
     /// Interactive before batch.
     pub priority: Priority,
+    /// The client's share of contended turns within its priority (a key's `weight`; 0 or 1
+    /// is an even share, 3 is three turns for each of an even share's).
+    pub weight: u32,
 }
 
 /// Why a request failed inside the relay.
@@ -300,6 +303,7 @@ impl Request {
             model: &self.model,
             client: &self.placement.client,
             priority: self.placement.priority,
+            weight: self.placement.weight,
         }
     }
 }
@@ -572,25 +576,9 @@ impl Scheduler {
             .get_key_value(model)
             .map(|(k, _)| k.clone())
             .unwrap_or_else(|| Arc::from(model));
-        if let Some(worker) = self.pick_worker(provider, &model, placement.affinity, now) {
-            self.track_request(
-                request,
-                provider,
-                model,
-                placement,
-                now,
-                deadline,
-                queue_deadline,
-            );
-            self.assign(request, worker);
-            let seat = self.requests[&request].seat();
-            self.providers[provider]
-                .queue
-                .served_directly(seat.client, seat.priority);
-            return Ok(Submitted::Dispatched { request, worker });
-        }
+        let picked = self.pick_worker(provider, &model, placement.affinity, now);
         let p = &self.providers[provider];
-        if p.queue.len() >= p.limits.max_queue_len {
+        if picked.is_none() && p.queue.len() >= p.limits.max_queue_len {
             // Rough hint: a queue drains at least once per queue timeout.
             let retry_after = p
                 .limits
@@ -607,6 +595,12 @@ impl Scheduler {
             deadline,
             queue_deadline,
         );
+        if let Some(worker) = picked {
+            self.assign(request, worker);
+            let seat = self.requests[&request].seat();
+            self.providers[provider].queue.served_directly(seat);
+            return Ok(Submitted::Dispatched { request, worker });
+        }
         self.enqueue(request);
         Ok(Submitted::Queued {
             request,

@@ -35,6 +35,9 @@ const MAX_MODELS: usize = 256;
 const MAX_MODEL_BYTES: usize = 256;
 const MAX_CONCURRENT: u32 = 100_000;
 const MAX_REQUESTS_PER_MINUTE: u32 = 1_000_000;
+/// The largest weight a key may have in the queue's turns: the scheduler's stride divides evenly by
+/// every weight up to it.
+pub const MAX_WEIGHT: u32 = 16;
 
 /// How urgent a key's requests are by default: under contention the relay serves interactive
 /// requests before batch ones (batch still gets a share, so it never starves).
@@ -82,6 +85,9 @@ pub struct ApiKey {
     pub requests_per_minute: Option<u32>,
     /// Its requests' priority.
     pub priority: KeyPriority,
+    /// Its share of contended slots against other clients of its priority: a key of weight 3
+    /// takes three turns for each one of a weight-1 key. `None` is 1.
+    pub weight: Option<u32>,
 }
 
 impl ApiKey {
@@ -106,6 +112,7 @@ pub struct KeyView {
     pub max_concurrent: Option<u32>,
     pub requests_per_minute: Option<u32>,
     pub priority: KeyPriority,
+    pub weight: Option<u32>,
     /// The secret: only in the answer that created the key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
@@ -124,6 +131,7 @@ impl From<&ApiKey> for KeyView {
             max_concurrent: key.max_concurrent,
             requests_per_minute: key.requests_per_minute,
             priority: key.priority,
+            weight: key.weight,
             key: None,
         }
     }
@@ -143,6 +151,9 @@ pub struct NewKey {
     /// Interactive when left out.
     #[serde(default)]
     pub priority: KeyPriority,
+    /// 1 when left out.
+    #[serde(default)]
+    pub weight: Option<u32>,
 }
 
 impl NewKey {
@@ -193,6 +204,14 @@ impl NewKey {
                 ));
             }
         }
+        if let Some(n) = self.weight {
+            if n == 0 || n > MAX_WEIGHT {
+                return Err(format!(
+                    "`weight` must be 1 to {MAX_WEIGHT}: the key's turns for each turn of a \
+                     weight-1 key when they wait for the same slots"
+                ));
+            }
+        }
         Ok(self)
     }
 }
@@ -229,7 +248,7 @@ pub struct KeyStore {
 }
 
 const COLUMNS: &str = "id, name, prefix, created_at, revoked_at, last_used_at, models, \
-                       max_concurrent, requests_per_minute, secret_hash, priority";
+                       max_concurrent, requests_per_minute, secret_hash, priority, weight";
 const KINDS: &[Kind] = &[
     Kind::Text,
     Kind::Text,
@@ -242,6 +261,7 @@ const KINDS: &[Kind] = &[
     Kind::Int,
     Kind::Text,
     Kind::Text,
+    Kind::Int,
 ];
 
 fn key_of(row: &Row) -> (String, ApiKey) {
@@ -263,6 +283,8 @@ fn key_of(row: &Row) -> (String, ApiKey) {
             Some("batch") => KeyPriority::Batch,
             _ => KeyPriority::Interactive,
         },
+        // Out of range (a newer release, a hand edit) reads as the default.
+        weight: limit(11).filter(|w| (1..=MAX_WEIGHT).contains(w)),
     };
     (row.text(9), key)
 }
@@ -379,6 +401,7 @@ impl KeyStore {
             max_concurrent: new.max_concurrent,
             requests_per_minute: new.requests_per_minute,
             priority: new.priority,
+            weight: new.weight,
         };
         let models = key
             .models
@@ -387,8 +410,8 @@ impl KeyStore {
         self.db
             .execute(
                 "INSERT INTO api_keys (id, name, secret_hash, prefix, created_at, models, \
-                 max_concurrent, requests_per_minute, priority) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                 max_concurrent, requests_per_minute, priority, weight) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                 vec![
                     key.id.clone().into(),
                     key.name.clone().into(),
@@ -399,6 +422,7 @@ impl KeyStore {
                     key.max_concurrent.map(i64::from).into(),
                     key.requests_per_minute.map(i64::from).into(),
                     key.priority.stored().map(str::to_string).into(),
+                    key.weight.map(i64::from).into(),
                 ],
             )
             .await?;
@@ -570,6 +594,7 @@ mod tests {
                 max_concurrent: Some(2),
                 requests_per_minute: Some(30),
                 priority: KeyPriority::Batch,
+                weight: Some(3),
             })
             .await
             .unwrap();
@@ -584,9 +609,39 @@ mod tests {
         );
         assert!(key.allows("a") && !key.allows("c"));
         assert_eq!(
-            (key.max_concurrent, key.requests_per_minute, key.priority),
-            (Some(2), Some(30), KeyPriority::Batch)
+            (
+                key.max_concurrent,
+                key.requests_per_minute,
+                key.priority,
+                key.weight
+            ),
+            (Some(2), Some(30), KeyPriority::Batch, Some(3))
         );
+    }
+
+    #[test]
+    fn a_weight_outside_one_to_sixteen_is_refused_when_a_key_is_made() {
+        for bad in [0, MAX_WEIGHT + 1, u32::MAX] {
+            let new = NewKey {
+                name: "a".into(),
+                weight: Some(bad),
+                ..NewKey::default()
+            };
+            let refused = new.checked().unwrap_err();
+            assert!(refused.contains("`weight` must be 1 to 16"), "{refused}");
+        }
+        for bad in [
+            r#"{"name": "a", "weight": -1}"#,
+            r#"{"name": "a", "weight": "3"}"#,
+        ] {
+            assert!(serde_json::from_str::<NewKey>(bad).is_err(), "{bad}");
+        }
+        let good = NewKey {
+            name: "a".into(),
+            weight: Some(MAX_WEIGHT),
+            ..NewKey::default()
+        };
+        assert_eq!(good.checked().unwrap().weight, Some(MAX_WEIGHT));
     }
 
     #[test]

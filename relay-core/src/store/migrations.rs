@@ -61,6 +61,8 @@ const STEPS: &[&str] = &[
     CREATE INDEX responses_expires_at ON responses (expires_at);",
     // 3: a key's priority (`batch`; NULL is interactive, so existing keys keep theirs).
     "ALTER TABLE api_keys ADD COLUMN priority TEXT;",
+    // 4: a key's weight in the queue's turns (NULL is 1).
+    "ALTER TABLE api_keys ADD COLUMN weight BIGINT;",
 ];
 
 /// The schema version this build writes.

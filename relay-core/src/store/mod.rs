@@ -9,4 +9,4 @@ mod migrations;
 pub mod usage;
 
 pub use db::{Database, DatabaseSetting, DbError};
-pub use keys::{ApiKey, KeyError, KeyPriority, KeyStore, KeyView, NewKey};
+pub use keys::{ApiKey, KeyError, KeyPriority, KeyStore, KeyView, NewKey, MAX_WEIGHT};

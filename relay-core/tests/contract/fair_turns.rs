@@ -383,3 +383,70 @@ async fn requests_without_a_key_take_turns_per_client_address() {
     }
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_key_of_weight_three_gets_three_slot_turns_for_each_of_a_weight_one_key() {
+    let proxy = proxy().await;
+    let team = key(&proxy, "team", json!({"weight": 3})).await;
+    let solo = key(&proxy, "solo", json!({})).await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "one-slot", &[MODEL], 1).await;
+    let blocker = spawn_chat(&proxy, "blocker", None, None);
+    let mut running = worker.next_request().await;
+    let mut clients = vec![blocker];
+    for i in 0..12 {
+        clients.push(spawn_chat(&proxy, &format!("team-{i}"), Some(&team), None));
+        clients.push(spawn_chat(&proxy, &format!("solo-{i}"), Some(&solo), None));
+    }
+    wait_until("both keys' work queues", || queued(&proxy) == 24).await;
+    let mut served = Vec::new();
+    for _ in 0..16 {
+        running = finish_and_take_next(&mut worker, &running).await;
+        served.push(tag_of(&running));
+    }
+    let team_turns = served.iter().filter(|t| t.starts_with("team-")).count();
+    assert_eq!(team_turns, 12, "3 turns to 1: {served:?}");
+    // The weight shares turns; each key's own requests keep their order.
+    let team_order: Vec<&String> = served.iter().filter(|t| t.starts_with("team-")).collect();
+    let expected: Vec<String> = (0..12).map(|i| format!("team-{i}")).collect();
+    assert_eq!(team_order, expected.iter().collect::<Vec<_>>());
+    for client in clients {
+        client.abort();
+    }
+    worker.crash();
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_weight_outside_one_to_sixteen_is_refused_and_a_keys_weight_is_shown() {
+    let proxy = proxy().await;
+    for bad in [json!(0), json!(17), json!(-1), json!("3"), json!(1.5)] {
+        let refused = http()
+            .post(format!("{}/admin/keys", proxy.url()))
+            .bearer_auth(ADMIN)
+            .json_body(&json!({"name": "x", "weight": bad}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status().as_u16(), 400, "{bad}");
+        let body = json_of(refused).await;
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("weight"),
+            "{body}"
+        );
+    }
+    key(&proxy, "team", json!({"weight": 16})).await;
+    let listed = json_of(
+        http()
+            .get(format!("{}/admin/keys", proxy.url()))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(listed["keys"][0]["weight"], 16, "{listed}");
+    proxy.shutdown().await;
+}

@@ -40,9 +40,18 @@ describe('the create-key form', () => {
       maxConcurrent: ' 4 ',
       requestsPerMinute: '60',
       priority: 'interactive',
+      weight: '',
     });
     expect(errors).toEqual({});
     expect(body).toEqual({ name: 'ci', models: ['llama3', 'qwen2.5-7b'], max_concurrent: 4, requests_per_minute: 60 });
+  });
+
+  it('sends a weight above 1, nothing for 1 or empty, and refuses what the relay would', () => {
+    expect(validateKeyForm({ ...EMPTY_KEY_FORM, name: 'team', weight: '3' }).body).toEqual({ name: 'team', weight: 3 });
+    expect(validateKeyForm({ ...EMPTY_KEY_FORM, name: 'team', weight: '1' }).body).toEqual({ name: 'team' });
+    expect(validateKeyForm({ ...EMPTY_KEY_FORM, name: 'team', weight: '17' }).errors.weight).toMatch(/16 at most/);
+    expect(validateKeyForm({ ...EMPTY_KEY_FORM, name: 'team', weight: '0' }).errors.weight).toMatch(/at least 1/);
+    expect(validateKeyForm({ ...EMPTY_KEY_FORM, name: 'team', weight: 'x' }).errors.weight).toMatch(/whole number/);
   });
 
   it('sends a batch priority, and nothing for the default interactive', () => {
@@ -96,6 +105,8 @@ describe('the key list', () => {
     expect(limitsLabel(key({ models: [], requests_per_minute: 5 }))).toBe('5/min');
     expect(limitsLabel(key({ priority: 'batch' }))).toBe('batch');
     expect(limitsLabel(key({ priority: 'interactive' }))).toBe('None');
+    expect(limitsLabel(key({ weight: 3 }))).toBe('weight 3');
+    expect(limitsLabel(key({ weight: 1 }))).toBe('None');
   });
 
   it('says when a key was last used', () => {

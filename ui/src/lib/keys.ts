@@ -12,6 +12,8 @@ export interface KeyForm {
   requestsPerMinute: string;
   /** `interactive` or `batch`, as the select holds it. */
   priority: string;
+  /** Turns for each turn of a weight-1 client, as typed; empty is 1. */
+  weight: string;
 }
 
 export const EMPTY_KEY_FORM: KeyForm = {
@@ -20,7 +22,11 @@ export const EMPTY_KEY_FORM: KeyForm = {
   maxConcurrent: '',
   requestsPerMinute: '',
   priority: 'interactive',
+  weight: '',
 };
+
+/** The largest weight the relay accepts (README, "Priority and fair turns"). */
+export const MAX_KEY_WEIGHT = 16;
 
 export type KeyFormErrors = Partial<Record<keyof KeyForm, string>>;
 
@@ -67,6 +73,10 @@ export function validateKeyForm(form: KeyForm): { body: NewApiKey | null; errors
   if (concurrent.error) errors.maxConcurrent = concurrent.error;
   const rpm = parseLimit(form.requestsPerMinute, 'Requests per minute');
   if (rpm.error) errors.requestsPerMinute = rpm.error;
+  const weight = parseLimit(form.weight, 'Weight');
+  if (weight.error) errors.weight = weight.error.replace('(or empty for no limit)', '(or empty for 1)');
+  else if (weight.value !== undefined && weight.value > MAX_KEY_WEIGHT)
+    errors.weight = `Weight must be ${MAX_KEY_WEIGHT} at most.`;
   if (Object.keys(errors).length) return { body: null, errors };
 
   const body: NewApiKey = { name };
@@ -76,6 +86,8 @@ export function validateKeyForm(form: KeyForm): { body: NewApiKey | null; errors
   if (rpm.value !== undefined) body.requests_per_minute = rpm.value;
   // Interactive is the relay's default: only batch needs saying.
   if (form.priority === 'batch') body.priority = 'batch';
+  // 1 is the relay's default too.
+  if (weight.value !== undefined && weight.value > 1) body.weight = weight.value;
   return { body, errors };
 }
 
@@ -89,15 +101,16 @@ export function sortKeys(keys: ApiKey[]): ApiKey[] {
   });
 }
 
-/** The limits of a key in a few words: "llama3, qwen · 4 at once · 60/min · batch", or "None". */
+/** The limits of a key in a few words: "llama3, qwen · 4 at once · 60/min · batch · weight 3", or "None". */
 export function limitsLabel(
-  key: Pick<ApiKey, 'models' | 'max_concurrent' | 'requests_per_minute' | 'priority'>,
+  key: Pick<ApiKey, 'models' | 'max_concurrent' | 'requests_per_minute' | 'priority' | 'weight'>,
 ): string {
   const parts: string[] = [];
   if (key.models && key.models.length) parts.push(key.models.join(', '));
   if (key.max_concurrent != null) parts.push(`${key.max_concurrent} at once`);
   if (key.requests_per_minute != null) parts.push(`${key.requests_per_minute}/min`);
   if (key.priority === 'batch') parts.push('batch');
+  if (key.weight != null && key.weight > 1) parts.push(`weight ${key.weight}`);
   return parts.length ? parts.join(' · ') : 'None';
 }
 

@@ -13,6 +13,10 @@
 //!   went straight to a worker does not tie, when its next ones queue, with a client that had
 //!   nothing yet. A client remembers its count while idle only when it is ahead of the class
 //!   (and at most [`MAX_REMEMBERED_CLIENTS`] of them): behind, it would rejoin level anyway.
+//! - Weighted turns: a client of weight `w` (a key's `weight`, 1 to [`MAX_WEIGHT`]) pays
+//!   `1/w` of a turn for each slot it gets, so under contention a weight-3 key is served three
+//!   times for each request of a weight-1 key. Counts are kept in [`STRIDE`]s, which every
+//!   weight divides evenly, so the arithmetic stays exact.
 //! - A request keeps its id when it is requeued, and ids grow with arrival: a requeued request
 //!   goes back to the head of its client's FIFO, where it was.
 //!
@@ -23,6 +27,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{Priority, RequestId};
+pub use crate::store::MAX_WEIGHT;
+
+/// What one turn costs a weight-1 client, in the units turn counts are kept in: the least common
+/// multiple of 1 to [`MAX_WEIGHT`], so that a weight-`w` client's turn costs exactly
+/// `STRIDE / w`.
+pub const STRIDE: u64 = 720_720;
+
+/// What one turn costs a client of `weight` (0 counts as 1; above [`MAX_WEIGHT`] as the most).
+fn stride(weight: u32) -> u64 {
+    STRIDE / u64::from(weight.clamp(1, MAX_WEIGHT))
+}
 
 /// Slot turns a waiting batch request lets other work take before batch gets the next one.
 ///
@@ -64,8 +79,10 @@ struct Class {
 /// One client's waiting requests of one class.
 #[derive(Debug, Default)]
 struct ClientQueue {
-    /// Turns this client has had (in its class's count, see [`Class::served`]).
+    /// Turns this client has had (in its class's count, see [`Class::served`]), in strides.
     turns: u64,
+    /// Its weight, as its latest request gave it.
+    weight: u32,
     /// Its requests per model, oldest (smallest id) first, each with the queue's turn count when
     /// it was (re)queued.
     by_model: HashMap<Arc<str>, BTreeMap<RequestId, u64>>,
@@ -81,6 +98,8 @@ pub struct Seat<'a> {
     pub client: &'a Client,
     /// Its class.
     pub priority: Priority,
+    /// Its client's weight in the turns (0 or 1: an even share).
+    pub weight: u32,
 }
 
 /// A client's best candidate for a slot: its oldest request for one of the slot's models.
@@ -131,6 +150,7 @@ impl Turns {
             );
         }
         let queue = class.clients.get_mut(seat.client).expect("inserted above");
+        queue.weight = seat.weight;
         let fifo = queue.by_model.entry(seat.model.clone()).or_default();
         if fifo.contains_key(&request) {
             return;
@@ -168,18 +188,19 @@ impl Turns {
     }
 
     /// A request of `client` went straight to a free slot without queueing: a turn all the same.
-    pub fn served_directly(&mut self, client: &Client, priority: Priority) {
-        let class = self.class_mut(priority);
-        let turns = match class.clients.get_mut(client) {
+    pub fn served_directly(&mut self, seat: Seat<'_>) {
+        let cost = stride(seat.weight);
+        let class = self.class_mut(seat.priority);
+        let turns = match class.clients.get_mut(seat.client) {
             Some(queue) => {
-                queue.turns += 1;
-                queue.turns - 1
+                queue.turns += cost;
+                queue.turns - cost
             }
             None => {
                 let turns = class
                     .served
-                    .max(class.ahead.get(client).copied().unwrap_or(0));
-                class.remember(client, turns + 1);
+                    .max(class.ahead.get(seat.client).copied().unwrap_or(0));
+                class.remember(seat.client, turns + cost);
                 turns
             }
         };
@@ -206,7 +227,7 @@ impl Turns {
         self.turns += 1;
         let class = self.class_mut(priority);
         if let Some(queue) = class.clients.get_mut(&chosen.client) {
-            queue.turns = chosen.turns + 1;
+            queue.turns = chosen.turns + stride(queue.weight);
         }
         class.advance(chosen.turns);
         let removed = self.remove(
@@ -215,6 +236,7 @@ impl Turns {
                 model: &chosen.model,
                 client: &chosen.client,
                 priority,
+                weight: 0,
             },
         );
         debug_assert!(removed, "the candidate was queued");

@@ -99,6 +99,14 @@ export function CreateKeyCard({ servedModels, onCreated }: { servedModels: strin
           >
             {input('requestsPerMinute', { placeholder: 'no limit', numeric: true })}
           </Field>
+          <Field
+            label="Weight (optional)"
+            id="key-weight"
+            error={errors.weight}
+            help="When slots are busy, this key takes this many turns for each turn of another key of its priority (1 to 16); empty for 1."
+          >
+            {input('weight', { placeholder: '1', numeric: true })}
+          </Field>
         </div>
         <Field
           label="Priority"

@@ -10,6 +10,8 @@ fn name(s: &str) -> Arc<str> {
 struct Fixture {
     turns: Turns,
     next: RequestId,
+    /// Clients' weights (1 unless set).
+    weights: std::collections::HashMap<String, u32>,
 }
 
 impl Fixture {
@@ -17,6 +19,7 @@ impl Fixture {
         Fixture {
             turns: Turns::default(),
             next: 1,
+            weights: Default::default(),
         }
     }
 
@@ -30,12 +33,16 @@ impl Fixture {
 
     /// Queues request `id` (a new one, or one coming back) of `client` (`None`: unknown).
     fn put(&mut self, id: RequestId, client: Option<&str>, model: &str, priority: Priority) {
+        let weight = client
+            .and_then(|c| self.weights.get(c).copied())
+            .unwrap_or(1);
         self.turns.push(
             id,
             Seat {
                 model: &name(model),
                 client: &client.map(name),
                 priority,
+                weight,
             },
         );
         self.turns.assert_consistent();
@@ -178,6 +185,7 @@ fn removing_a_request_takes_no_turn_and_removing_twice_changes_nothing() {
         model: &model,
         client: &client,
         priority: I,
+        weight: 1,
     };
     assert!(f.turns.remove(a1, at));
     assert!(!f.turns.remove(a1, at), "already gone");
@@ -208,7 +216,13 @@ fn requests_without_a_known_client_share_one_queue() {
 fn a_request_that_found_a_free_slot_counts_as_its_clients_turn() {
     let mut f = Fixture::new();
     // a's first request went straight to the only slot; the rest of its burst queues.
-    f.turns.served_directly(&Some(name("a")), I);
+    let a = Some(name("a"));
+    f.turns.served_directly(Seat {
+        model: &name("m"),
+        client: &a,
+        priority: I,
+        weight: 1,
+    });
     let a: Vec<RequestId> = (0..3).map(|_| f.push("a", "m", I)).collect();
     let b = f.push("b", "m", I);
     assert_eq!(f.take(&["m"]), Some(b), "b has had no turn, a has had one");
@@ -219,8 +233,12 @@ fn a_request_that_found_a_free_slot_counts_as_its_clients_turn() {
 fn idle_clients_are_remembered_only_while_ahead_and_a_bounded_number_of_them() {
     let mut f = Fixture::new();
     for i in 0..(MAX_REMEMBERED_CLIENTS + 10) {
-        f.turns
-            .served_directly(&Some(name(&format!("10.0.{}.{}", i / 256, i % 256))), I);
+        f.turns.served_directly(Seat {
+            model: &name("m"),
+            client: &Some(name(&format!("10.0.{}.{}", i / 256, i % 256))),
+            priority: I,
+            weight: 1,
+        });
         f.turns.assert_consistent();
     }
     assert!(f.turns.interactive.ahead.len() <= MAX_REMEMBERED_CLIENTS);
@@ -237,4 +255,45 @@ fn idle_clients_are_remembered_only_while_ahead_and_a_bounded_number_of_them() {
         "{}",
         f.turns.interactive.ahead.len()
     );
+}
+
+#[test]
+fn a_heavier_client_takes_as_many_turns_as_its_weight_for_each_turn_of_a_weight_one_client() {
+    let mut f = Fixture::new();
+    f.weights.insert("heavy".into(), 3);
+    let heavy: Vec<RequestId> = (0..30).map(|_| f.push("heavy", "m", I)).collect();
+    let light: Vec<RequestId> = (0..30).map(|_| f.push("light", "m", I)).collect();
+    let order: Vec<RequestId> = (0..20).map(|_| f.take(&["m"]).unwrap()).collect();
+    let heavy_turns = order.iter().filter(|id| heavy.contains(id)).count();
+    let light_turns = order.iter().filter(|id| light.contains(id)).count();
+    assert_eq!((heavy_turns, light_turns), (15, 5), "3 to 1: {order:?}");
+    // Each keeps its own order.
+    let heavy_served: Vec<RequestId> = order
+        .iter()
+        .copied()
+        .filter(|id| heavy.contains(id))
+        .collect();
+    assert_eq!(heavy_served, heavy[..15]);
+}
+
+#[test]
+fn a_newcomer_waits_at_most_one_turn_behind_a_flood_of_the_heaviest_weight() {
+    let mut f = Fixture::new();
+    f.weights.insert("flood".into(), MAX_WEIGHT);
+    let flood: Vec<RequestId> = (0..1000).map(|_| f.push("flood", "m", I)).collect();
+    for expected in &flood[..40] {
+        assert_eq!(f.take(&["m"]), Some(*expected));
+    }
+    let other = f.push("other", "m", I);
+    let next_two = [f.take(&["m"]).unwrap(), f.take(&["m"]).unwrap()];
+    assert!(next_two.contains(&other), "{next_two:?}");
+}
+
+#[test]
+fn every_weight_costs_a_whole_number_of_units() {
+    for weight in 1..=MAX_WEIGHT {
+        assert_eq!(STRIDE % u64::from(weight), 0, "weight {weight}");
+    }
+    assert_eq!(stride(0), STRIDE, "0 is an even share");
+    assert_eq!(stride(1000), STRIDE / u64::from(MAX_WEIGHT), "capped");
 }
