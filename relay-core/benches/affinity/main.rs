@@ -161,9 +161,19 @@ struct Turn {
     turn: usize,
     prompt_n: u64,
     cache_n: u64,
+    /// Tokens generated (the answer, which llama-server keeps in the slot's cache too).
+    predicted_n: u64,
+    /// Tokens of the conversation's history that were evaluated again (not found in the
+    /// cache): this turn's evaluated tokens beyond what is new since the previous turn (its
+    /// question and the chat template around it). Zero for a first turn.
+    history_reevaluated: u64,
     prompt_ms: f64,
     ttft_ms: f64,
 }
+
+/// Chat-template tokens around a new message that a turn evaluates besides its text: slack
+/// before a turn counts as having re-evaluated its history.
+const TEMPLATE_SLACK: u64 = 16;
 
 /// One streamed turn: its answer text and measurements.
 async fn turn(
@@ -224,6 +234,8 @@ async fn turn(
             turn: index,
             prompt_n: timings["prompt_n"].as_u64().expect("timings.prompt_n"),
             cache_n: timings["cache_n"].as_u64().unwrap_or(0),
+            predicted_n: timings["predicted_n"].as_u64().unwrap_or(0),
+            history_reevaluated: 0,
             prompt_ms: timings["prompt_ms"].as_f64().unwrap_or(0.0),
             ttft_ms: ttft.as_secs_f64() * 1000.0,
         },
@@ -248,8 +260,14 @@ async fn conversation(
             words(&mut rng, 60)
         );
         messages.push(json!({"role": "user", "content": question}));
-        let (answer, measured) = turn(&client, &url, &messages, index).await;
+        let (answer, mut measured) = turn(&client, &url, &messages, index).await;
         messages.push(json!({"role": "assistant", "content": answer}));
+        if let Some(previous) = out.last() {
+            let previous: &Turn = previous;
+            let seen = previous.prompt_n + previous.cache_n + previous.predicted_n;
+            let new = (measured.prompt_n + measured.cache_n).saturating_sub(seen);
+            measured.history_reevaluated = measured.prompt_n.saturating_sub(new);
+        }
         out.push(measured);
         // A person (or an agent's tool) takes a while before the next turn.
         tokio::time::sleep(Duration::from_millis(200 + rng.below(1300))).await;
@@ -260,6 +278,9 @@ async fn conversation(
 /// The phase's summary of turns 2+.
 struct Summary {
     turns: usize,
+    /// Turns 2+ that evaluated their history again, and how many history tokens in all.
+    history_misses: usize,
+    history_tokens: u64,
     cached_share: f64,
     prompt_ms: f64,
     ttft_ms: f64,
@@ -345,6 +366,11 @@ async fn phase(
     let evaluated: u64 = later.iter().map(|t| t.prompt_n).sum();
     Summary {
         turns: later.len(),
+        history_misses: later
+            .iter()
+            .filter(|t| t.history_reevaluated > TEMPLATE_SLACK)
+            .count(),
+        history_tokens: later.iter().map(|t| t.history_reevaluated).sum(),
         cached_share: cached as f64 / (cached + evaluated).max(1) as f64,
         prompt_ms: later.iter().map(|t| t.prompt_ms).sum::<f64>() / n,
         ttft_ms: later.iter().map(|t| t.ttft_ms).sum::<f64>() / n,
@@ -375,13 +401,15 @@ async fn main() {
         "\n{conversations} conversations x {turns} turns, ≥{SYSTEM_TOKENS}-token shared system \
          prompt, 2 llama-servers x {SLOTS} slots (tiny model, 1 thread), seed {seed}; turns 2+:\n"
     );
-    println!("| routing | turns | prompt tokens from cache | mean prompt eval ms | mean TTFT ms | placements (/metrics) |");
-    println!("|---|---:|---:|---:|---:|---|");
+    println!("| routing | turns | prompt tokens from cache | turns that re-evaluated history (tokens) | mean prompt eval ms | mean TTFT ms | placements (/metrics) |");
+    println!("|---|---:|---:|---:|---:|---:|---|");
     for (name, s) in [("least-loaded (affinity off)", &off), ("affinity on", &on)] {
         println!(
-            "| {name} | {} | {:.1}% | {:.1} | {:.1} | {} |",
+            "| {name} | {} | {:.1}% | {} ({}) | {:.1} | {:.1} | {} |",
             s.turns,
             s.cached_share * 100.0,
+            s.history_misses,
+            s.history_tokens,
             s.prompt_ms,
             s.ttft_ms,
             if s.placements.is_empty() {
@@ -392,7 +420,7 @@ async fn main() {
         );
     }
     println!(
-        "| off / on | | | {:.2}x | {:.2}x | |",
+        "| off / on | | | | {:.2}x | {:.2}x | |",
         off.prompt_ms / on.prompt_ms.max(0.001),
         off.ttft_ms / on.ttft_ms.max(0.001)
     );

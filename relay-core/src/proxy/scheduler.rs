@@ -308,6 +308,30 @@ impl Request {
     }
 }
 
+/// A ratio `homes / slots`, compared exactly (cross-multiplied, no rounding): 1/2 equals 2/4.
+#[derive(Debug, Clone, Copy)]
+struct PerSlot(u64, u64);
+
+impl PartialEq for PerSlot {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for PerSlot {}
+
+impl PartialOrd for PerSlot {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for PerSlot {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.0 * other.1).cmp(&(other.0 * self.1))
+    }
+}
+
 /// The proxy's routing state.
 #[derive(Debug)]
 pub struct Scheduler {
@@ -688,6 +712,9 @@ impl Scheduler {
         if home.is_some() {
             return home;
         }
+        if affinity.is_some() {
+            return self.pick_new_home(provider, model);
+        }
         let mut best_load = u32::MAX;
         let mut ties = 0usize;
         for id in candidates {
@@ -718,6 +745,25 @@ impl Scheduler {
             .copied();
         self.providers[provider].round_robin = self.providers[provider].round_robin.wrapping_add(1);
         chosen
+    }
+
+    /// A worker with a free slot for a conversation without a usable home: the fewest
+    /// conversations per slot first ([`AffinityTable::homes_of`]), then the least loaded, then
+    /// the lowest id. Least-loaded alone, ties broken in turn, can put four conversations on
+    /// one three-slot server and two on another, and then the four evict each other's prompts
+    /// from its cache on every turn.
+    fn pick_new_home(&self, provider: usize, model: &str) -> Option<WorkerId> {
+        let candidates = self.providers[provider].model_workers.get(model)?;
+        candidates
+            .iter()
+            .filter(|id| self.workers[*id].has_capacity())
+            .min_by_key(|id| {
+                let w = &self.workers[*id];
+                let homes = self.affinity.homes_of(**id) as u64;
+                let slots = u64::from(w.max_concurrent.max(1));
+                (PerSlot(homes, slots), w.load(), **id)
+            })
+            .copied()
     }
 
     /// Hands queued work to `worker` while it has free slots: the request whose turn it is among

@@ -60,6 +60,9 @@ pub struct AffinityTable {
     capacity: usize,
     ttl: Duration,
     counts: AffinityCounts,
+    /// Conversations whose home each worker is: where new ones are placed (see
+    /// [`AffinityTable::homes_of`]).
+    per_worker: HashMap<WorkerId, usize>,
 }
 
 impl Default for AffinityTable {
@@ -78,6 +81,7 @@ impl AffinityTable {
             capacity: capacity.max(1),
             ttl,
             counts: AffinityCounts::default(),
+            per_worker: HashMap::new(),
         }
     }
 
@@ -102,14 +106,12 @@ impl AffinityTable {
             Outcome::Miss => self.counts.misses += 1,
             Outcome::New => self.counts.new += 1,
         }
-        let previous_use = self.homes.remove(&key).map(|old| {
-            self.recency.remove(&old.stamp);
-            old.used
-        });
+        let previous_use = self.remove(key).map(|old| old.used);
         self.evict(now);
         let stamp = self.next_stamp;
         self.next_stamp += 1;
         self.recency.insert(stamp, key);
+        *self.per_worker.entry(worker).or_default() += 1;
         self.homes.insert(
             key,
             Home {
@@ -134,8 +136,29 @@ impl AffinityTable {
                 break;
             }
             self.recency.remove(&stamp);
-            self.homes.remove(&key);
+            self.remove(key);
         }
+    }
+
+    /// Forgets conversation `key`, keeping the per-worker counts right.
+    fn remove(&mut self, key: u64) -> Option<Home> {
+        let home = self.homes.remove(&key)?;
+        self.recency.remove(&home.stamp);
+        if let Some(count) = self.per_worker.get_mut(&home.worker) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_worker.remove(&home.worker);
+            }
+        }
+        Some(home)
+    }
+
+    /// How many remembered conversations call `worker` home. A backend keeps a conversation's
+    /// prompt in one of its slots, so a worker home to more conversations than it has slots
+    /// makes them overwrite each other's caches: new conversations go where homes per slot
+    /// are fewest.
+    pub fn homes_of(&self, worker: WorkerId) -> usize {
+        self.per_worker.get(&worker).copied().unwrap_or(0)
     }
 
     /// The counts so far, with the current number of entries.
@@ -211,5 +234,25 @@ mod tests {
         table.record(1000, 1, t + Duration::from_secs(120));
         assert_eq!(table.homes.len(), 1);
         assert_eq!(table.recency.len(), 1);
+    }
+
+    #[test]
+    fn each_worker_counts_the_conversations_it_is_home_to_through_moves_and_evictions() {
+        let mut table = AffinityTable::new(3, Duration::from_secs(60));
+        let t = Instant::now();
+        table.record(1, 10, t);
+        table.record(2, 10, t);
+        table.record(3, 20, t);
+        assert_eq!((table.homes_of(10), table.homes_of(20)), (2, 1));
+        table.record(2, 20, t);
+        assert_eq!((table.homes_of(10), table.homes_of(20)), (1, 2), "a move");
+        table.record(4, 30, t);
+        assert_eq!(table.homes_of(10), 0, "the least recently used made room");
+        table.record(5, 30, t + Duration::from_secs(60));
+        assert_eq!(
+            (table.homes_of(20), table.homes_of(30)),
+            (0, 1),
+            "expired ones are dropped, 4 with them"
+        );
     }
 }

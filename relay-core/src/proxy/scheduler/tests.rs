@@ -1174,3 +1174,29 @@ fn a_requeued_request_leaves_its_dead_home_and_a_queued_one_takes_the_slot_that_
     let counts = s.affinity_counts();
     assert_eq!((counts.hits, counts.misses, counts.new), (0, 1, 2));
 }
+
+#[test]
+fn new_conversations_go_where_homes_per_slot_are_fewest_even_when_both_workers_are_idle() {
+    let mut s = scheduler();
+    let now = Instant::now();
+    let a = register(&mut s, "a", &["m"], 3).worker;
+    let b = register(&mut s, "b", &["m"], 3).worker;
+    // Each first turn ends before the next conversation starts: least-loaded would see two
+    // idle workers every time and could pile four conversations onto three slots.
+    for conversation in 1..=6 {
+        let first = submit_in(&mut s, conversation, now);
+        finish_on(&mut s, &first);
+    }
+    assert_eq!((s.affinity.homes_of(a), s.affinity.homes_of(b)), (3, 3));
+    // A bigger worker takes proportionally more: 8 slots against 3.
+    let c = register(&mut s, "c", &["m"], 8).worker;
+    for conversation in 7..=14 {
+        let first = submit_in(&mut s, conversation, now);
+        finish_on(&mut s, &first);
+    }
+    assert_eq!(
+        s.affinity.homes_of(c),
+        8,
+        "c catches up to one home per slot first"
+    );
+}
