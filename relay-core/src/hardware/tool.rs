@@ -32,7 +32,12 @@ pub async fn run_in(
     limit: Duration,
     search_path: Option<&OsStr>,
 ) -> Run {
-    let mut command = Command::new(program);
+    // Looked up here rather than left to the spawn: on a box without the tool (most boxes lack
+    // at least one vendor's), no process is forked every few seconds only to fail its exec.
+    let Some(found) = find_program(program, search_path) else {
+        return Run::Absent;
+    };
+    let mut command = Command::new(found);
     if let Some(path) = search_path {
         // The standard library looks the program up in the child's PATH when it is set.
         command.env("PATH", path);
@@ -76,6 +81,32 @@ pub async fn run_in(
     }
 }
 
+/// Where `program` is: itself when it names a path, else the first executable file of that
+/// name in `search_path` (a `PATH` value), or in the process's `PATH`.
+fn find_program(program: &str, search_path: Option<&OsStr>) -> Option<std::path::PathBuf> {
+    if program.contains(std::path::MAIN_SEPARATOR) {
+        return Some(program.into());
+    }
+    let path = match search_path {
+        Some(path) => path.to_owned(),
+        None => std::env::var_os("PATH")?,
+    };
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| is_executable(candidate))
+}
+
+#[cfg(unix)]
+fn is_executable(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(not(unix))]
+fn is_executable(path: &std::path::Path) -> bool {
+    path.is_file() || path.with_extension("exe").is_file()
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
@@ -111,6 +142,31 @@ mod tests {
         let empty = std::env::temp_dir();
         let run = run_in("no-such-smi-tool", &[], TOOL_LIMIT, Some(empty.as_os_str())).await;
         assert_eq!(run, Run::Absent);
+    }
+
+    /// The lookup happens before any process is started (a box without the tool forks nothing
+    /// every sample): a file of that name that is not executable is not the tool.
+    #[tokio::test]
+    async fn a_tool_is_looked_up_before_anything_is_started_and_must_be_executable() {
+        let dir = fake_tool("plain-smi", "echo should-not-run");
+        std::fs::set_permissions(
+            dir.join("plain-smi"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        let run = run_in("plain-smi", &[], TOOL_LIMIT, Some(dir.as_os_str())).await;
+        assert_eq!(run, Run::Absent);
+        assert_eq!(find_program("plain-smi", Some(dir.as_os_str())), None);
+        std::fs::set_permissions(
+            dir.join("plain-smi"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        assert_eq!(
+            find_program("plain-smi", Some(dir.as_os_str())),
+            Some(dir.join("plain-smi"))
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     const TOOL_LIMIT: Duration = Duration::from_secs(5);
