@@ -263,7 +263,6 @@ async fn conversation(
         let (answer, mut measured) = turn(&client, &url, &messages, index).await;
         messages.push(json!({"role": "assistant", "content": answer}));
         if let Some(previous) = out.last() {
-            let previous: &Turn = previous;
             let seen = previous.prompt_n + previous.cache_n + previous.predicted_n;
             let new = (measured.prompt_n + measured.cache_n).saturating_sub(seen);
             measured.history_reevaluated = measured.prompt_n.saturating_sub(new);

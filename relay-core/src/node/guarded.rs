@@ -32,6 +32,8 @@ const GUARDED: &[&str] = &[
     "worker.proxy_fingerprint",
     "worker.backend_url",
     "worker.forward_client_auth",
+    // Where a worker sends the Wake-on-LAN datagrams its proxy asks it to relay: the same.
+    "worker.wake_target",
     "worker.model_map.*.start_script",
     "worker.model_map.*.llama_server",
     "worker.model_map.*.model_file",
@@ -157,6 +159,16 @@ mod tests {
                 "worker.backend_url",
                 "worker.proxy_url"
             ]
+        );
+    }
+
+    #[test]
+    fn where_wake_on_lan_datagrams_go_is_guarded_for_both_roles() {
+        let new =
+            "[proxy]\nwake_target = \"203.0.113.9:9\"\n[worker]\nwake_target = \"203.0.113.9:9\"\n";
+        assert_eq!(
+            changed("", new),
+            ["proxy.wake_target", "worker.wake_target"]
         );
     }
 
