@@ -251,7 +251,7 @@ async fn conversation(
 ) -> Vec<Turn> {
     let mut rng = Rng(seed | 1);
     let mut messages = vec![json!({"role": "system", "content": system})];
-    let mut out = Vec::new();
+    let mut out: Vec<Turn> = Vec::new();
     // Staggered starts, as real sessions begin.
     tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
     for index in 1..=turns {
