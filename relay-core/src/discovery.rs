@@ -440,6 +440,36 @@ pub async fn fetch_models(
     })
 }
 
+/// Most slots (`-np`) a llama-server answer is believed to have; a `/props` claiming more is
+/// not taken for llama.cpp's.
+pub const MAX_SLOTS: u32 = 256;
+
+/// How many slots a llama.cpp server keeps (`-np`): `total_slots` of its `GET /props`, on an
+/// answer that also carries its `Server: llama.cpp` header. `None` for every other server, and
+/// for anything that does not look like llama.cpp's answer (a worker then sends no slot
+/// hints, which those servers would not understand). The time bound is the caller's.
+pub async fn fetch_slots(client: &reqwest::Client, base_url: &str) -> Option<u32> {
+    let base = normalize_base_url(base_url);
+    check_base_url(&base).ok()?;
+    let answer = get(client, &format!("{base}/props")).await.ok()?;
+    let from_llama_cpp = answer
+        .server
+        .as_deref()
+        .is_some_and(|server| server.to_ascii_lowercase().contains("llama.cpp"));
+    if !from_llama_cpp {
+        return None;
+    }
+    slots_of_props(&answer.json_ok()?)
+}
+
+/// `total_slots` of a llama-server `/props` answer, when it is a sane slot count.
+fn slots_of_props(props: &Value) -> Option<u32> {
+    let slots = props.get("total_slots")?.as_u64()?;
+    (1..=u64::from(MAX_SLOTS))
+        .contains(&slots)
+        .then_some(slots as u32)
+}
+
 /// Model lists are small (a few KiB even for large Ollama libraries); the cap
 /// only keeps a misbehaving server from filling memory before the timeout hits.
 const MAX_BODY: usize = 4 * 1024 * 1024;

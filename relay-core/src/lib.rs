@@ -5,6 +5,7 @@
 //! Start with `ARCHITECTURE.md` at the repository root for the map.
 
 pub mod adapter;
+pub mod affinity;
 pub mod app;
 pub mod backend;
 pub mod cli;

@@ -163,6 +163,34 @@ pub struct RequestMessage {
     /// Compatibility-critical client headers (auth, content type, Anthropic/OpenAI versions).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: HeaderMap,
+    /// Extension: the conversation this request continues (the proxy's affinity key, 16 hex
+    /// digits), so a worker in front of llama-server can keep each conversation in one slot
+    /// (`id_slot`) instead of letting another conversation's turn overwrite its cached prompt.
+    /// Absent means unknown; a worker that ignores it (the published one) loses nothing.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_string"
+    )]
+    pub conversation: Option<String>,
+}
+
+impl RequestMessage {
+    /// The wire form of an affinity key.
+    pub fn conversation_of(key: u64) -> String {
+        format!("{key:016x}")
+    }
+
+    /// The affinity key in [`RequestMessage::conversation`], when it is one: exactly 16 hex
+    /// digits. Anything else (a published proxy's future use of the name, a hostile proxy's
+    /// garbage) is no key, and the request is served without a slot hint.
+    pub fn conversation_key(&self) -> Option<u64> {
+        let text = self.conversation.as_deref()?;
+        if text.len() != 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        u64::from_str_radix(text, 16).ok()
+    }
 }
 
 /// `cancel`: stop working on a request.
@@ -575,6 +603,7 @@ mod tests {
             is_streaming: true,
             body: "{\"model\":\"m\"}".to_string(),
             headers: HeaderMap::new(),
+            conversation: Some(RequestMessage::conversation_of(0xfeed)),
         });
         let text = request.to_json();
         assert_eq!(ServerToWorker::from_json(&text).unwrap(), request);
@@ -582,6 +611,51 @@ mod tests {
             ServerToWorker::from_json(r#"{"type":"ping"}"#).unwrap(),
             ServerToWorker::Ping(PingMessage::default())
         );
+    }
+
+    #[test]
+    fn a_request_s_conversation_is_optional_lenient_and_only_sixteen_hex_digits_are_a_key() {
+        let plain = r#"{"type":"request","request_id":"r","model":"m","endpoint_path":"/v1/chat/completions","is_streaming":false,"body":"{}"}"#;
+        let ServerToWorker::Request(message) = ServerToWorker::from_json(plain).unwrap() else {
+            panic!("a request");
+        };
+        assert_eq!(message.conversation, None);
+        assert_eq!(message.conversation_key(), None);
+        let written = ServerToWorker::Request(message.clone()).to_json();
+        assert!(!written.contains("conversation"), "absent when unset");
+        let with = |value: &str| {
+            let text = plain.replace(
+                r#""body":"{}""#,
+                &format!(r#""body":"{{}}","conversation":{value}"#),
+            );
+            let ServerToWorker::Request(message) = ServerToWorker::from_json(&text).unwrap() else {
+                panic!("a request for {value}");
+            };
+            message.conversation_key()
+        };
+        assert_eq!(with(r#""00000000000000ff""#), Some(255));
+        assert_eq!(with(r#""FFFFFFFFFFFFFFFF""#), Some(u64::MAX));
+        assert_eq!(
+            RequestMessage::conversation_of(255),
+            "00000000000000ff",
+            "what the proxy writes reads back"
+        );
+        let huge = format!(r#""{}""#, "a".repeat(100_000));
+        for hostile in [
+            r#""ff""#,
+            r#""+000000000000ff""#,
+            r#""0000000000000000ff""#,
+            r#""zzzzzzzzzzzzzzzz""#,
+            r#""0000000000000é""#,
+            r#""""#,
+            "17",
+            "null",
+            "[1]",
+            r#"{"a":1}"#,
+            &huge,
+        ] {
+            assert_eq!(with(hostile), None, "{hostile:.40}");
+        }
     }
 
     #[test]

@@ -20,6 +20,8 @@ const SELF_CONTAINED: &[&str] = &[
     "store",
     // Wake-on-LAN packets and MAC addresses, for the proxy and the worker alike.
     "wake",
+    // Conversation → home (the proxy's workers, a worker's llama-server slots).
+    "affinity",
 ];
 
 /// Pairs (module, module it must never import).
@@ -74,7 +76,9 @@ const IO: &[&str] = &[
 const PURE_FILES: &[&str] = &[
     "proxy/scheduler.rs",
     "proxy/scheduler/turns.rs",
-    "proxy/scheduler/affinity.rs",
+    "affinity.rs",
+    "worker/slot_pins/table.rs",
+    "worker/slot_pins/body.rs",
     "proxy/responses_store.rs",
 ];
 

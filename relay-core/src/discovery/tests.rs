@@ -583,3 +583,44 @@ fn defaults_and_labels() {
     assert_eq!(url_host("::1"), "[::1]");
     assert_eq!(url_host("127.0.0.1"), "127.0.0.1");
 }
+
+#[tokio::test]
+async fn only_a_llama_cpp_server_s_props_give_a_slot_count() {
+    let client = reqwest::Client::new();
+    let base = |port: u16| format!("http://127.0.0.1:{port}");
+    let llama = llama_server().await;
+    assert_eq!(fetch_slots(&client, &base(llama)).await, Some(1));
+    let props = |body: &'static str, server: &'static str| {
+        let router = Router::new().route(
+            "/props",
+            route(move || async move { ([(header::CONTENT_TYPE, "application/json")], body) }),
+        );
+        serve(with_server_header(router, server))
+    };
+    let four = props(r#"{"total_slots":4}"#, "llama.cpp").await;
+    assert_eq!(fetch_slots(&client, &base(four)).await, Some(4));
+    // Another server's /props, or llama.cpp's header on an answer that is not a sane count.
+    for (body, server) in [
+        (r#"{"total_slots":4}"#, "uvicorn"),
+        (r#"{"total_slots":0}"#, "llama.cpp"),
+        (r#"{"total_slots":-1}"#, "llama.cpp"),
+        (r#"{"total_slots":257}"#, "llama.cpp"),
+        (r#"{"total_slots":18446744073709551616}"#, "llama.cpp"),
+        (r#"{"total_slots":"4"}"#, "llama.cpp"),
+        (r#"{"total_slots":4.5}"#, "llama.cpp"),
+        (r#"[4]"#, "llama.cpp"),
+        (r#"{"total_slots":4"#, "llama.cpp"),
+        ("", "llama.cpp"),
+    ] {
+        let port = props(body, server).await;
+        assert_eq!(
+            fetch_slots(&client, &base(port)).await,
+            None,
+            "{body} from {server}"
+        );
+    }
+    let vllm = vllm().await;
+    assert_eq!(fetch_slots(&client, &base(vllm)).await, None);
+    assert_eq!(fetch_slots(&client, &base(closed_port().await)).await, None);
+    assert_eq!(fetch_slots(&client, "not a url").await, None);
+}

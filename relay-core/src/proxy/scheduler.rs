@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 
 use crate::protocol::RegisterMessage;
 
-mod affinity;
 mod turns;
 
-pub use affinity::{AffinityCounts, AffinityTable, Outcome as AffinityOutcome};
+pub use crate::affinity::{AffinityCounts, Outcome as AffinityOutcome};
+
+/// Conversation → the worker that served it last.
+pub type AffinityTable = crate::affinity::AffinityTable<WorkerId>;
 pub use turns::BATCH_AGEING_TURNS;
 use turns::{Seat, Turns};
 

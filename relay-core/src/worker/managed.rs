@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use tokio::sync::mpsc;
 use tokio::time::{interval_at, timeout, Instant};
 
-use super::{wire, BackendAccess};
+use super::BackendAccess;
 use crate::backend::{answer, BackendEvent, Events};
 use crate::dialect::{ApiError, Dialect};
 use crate::lifecycle::{Lease, LifecycleError, LifecycleManager};
@@ -88,7 +88,9 @@ async fn relay(
     // process turns out to have died under it.
     let (tx, mut rx) = mpsc::channel(16);
     let backend = access.backend(lease.base_url());
-    let forwarding = backend.serve(wire::backend_request(request), tx);
+    // The slot, like the lease, is held until this request's task ends.
+    let (forwarded, _slot) = access.request_for(lease.base_url(), request);
+    let forwarding = backend.serve(forwarded, tx);
     tokio::pin!(forwarding);
     let mut forwarded = false;
     loop {

@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod managed;
 pub mod report;
 pub mod session;
+pub mod slot_pins;
 pub mod wire;
 
 use std::path::PathBuf;
@@ -15,14 +16,15 @@ use rand::Rng;
 use tokio::sync::watch;
 
 use crate::backend::connects::ConnectLimit;
-use crate::backend::{Backend, Capabilities, NativeOverrides, Speaks};
+use crate::backend::{Backend, BackendRequest, Capabilities, NativeOverrides, Speaks};
 use crate::discovery::DiscoveryOptions;
 use crate::hardware::{Latest, Sampler, SamplerSettings};
 use crate::lifecycle::{LifecycleConfig, LifecycleManager};
-use crate::protocol::BRIDGE_PROTOCOL_VERSION;
+use crate::protocol::{RequestMessage, BRIDGE_PROTOCOL_VERSION};
 use crate::settings::{defaults, WorkerSettings};
 use report::{ConnectionState, WorkerReport};
 use session::SessionEnd;
+use slot_pins::{SlotLease, SlotPins};
 
 /// Where a worker's backends come from.
 #[derive(Debug, Clone)]
@@ -336,6 +338,8 @@ pub struct BackendAccess {
     pub client: reqwest::Client,
     /// What this worker learned of its backends' routes.
     pub capabilities: Capabilities,
+    /// Which llama-server slot each conversation is kept in.
+    pub slot_pins: SlotPins,
 }
 
 impl BackendAccess {
@@ -351,7 +355,32 @@ impl BackendAccess {
                 config.native_routes,
                 config.model_refresh_interval,
             ),
+            slot_pins: SlotPins::default(),
         }
+    }
+
+    /// The backend request for `request` to the backend at `base_url`: with the slot hint of
+    /// its conversation when that backend is a llama.cpp server ([`slot_pins`]), and then the
+    /// lease on the slot, which the request's task holds until it ends.
+    pub fn request_for(
+        &self,
+        base_url: &str,
+        request: RequestMessage,
+    ) -> (BackendRequest, Option<SlotLease>) {
+        let conversation = request.conversation_key();
+        let mut forwarded = wire::backend_request(request);
+        let pinned = self.slot_pins.pin(
+            &self.client,
+            base_url,
+            conversation,
+            &forwarded.path,
+            &forwarded.body,
+        );
+        let lease = pinned.map(|(hinted, lease)| {
+            forwarded.body = hinted;
+            lease
+        });
+        (forwarded, lease)
     }
 
     /// The backend at `base_url`, an OpenAI-compatible server.

@@ -547,7 +547,11 @@ impl Session<'_> {
             }
             Target::Backend(url) => {
                 let backend = self.access.backend(&url);
-                tokio::spawn(backend.serve(wire::backend_request(request), events))
+                let (forwarded, slot) = self.access.request_for(&url, request);
+                tokio::spawn(async move {
+                    let _slot = slot;
+                    backend.serve(forwarded, events).await;
+                })
             }
         };
         self.active.insert(id, task.abort_handle());

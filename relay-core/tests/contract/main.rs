@@ -24,6 +24,7 @@ mod registration;
 mod responses_api;
 mod shared_database;
 mod sleeping_boxes;
+mod slot_hints;
 mod streaming;
 mod support;
 mod upstreams;

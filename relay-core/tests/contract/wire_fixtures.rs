@@ -361,6 +361,7 @@ fn absent_optional_fields_are_omitted_not_sent_as_null() {
         is_streaming: false,
         body: "{}".to_string(),
         headers: BTreeMap::new(),
+        conversation: None,
     }))
     .unwrap();
     assert_eq!(

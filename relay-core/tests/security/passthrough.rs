@@ -293,6 +293,7 @@ fn request(id: &str, path: &str, headers: &[(&str, &str)]) -> ServerToWorker {
             .iter()
             .map(|(n, v)| (n.to_string(), v.to_string()))
             .collect(),
+        conversation: None,
     })
 }
 

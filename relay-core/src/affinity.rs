@@ -1,15 +1,15 @@
-//! The conversation affinity table: which worker served each conversation last.
+//! The conversation affinity table: where each conversation was served last.
 //!
 //! A backend such as llama-server reuses a prompt's already-evaluated prefix only on the server
-//! (and slot) that saw it last, so a conversation's next turn is much cheaper there. The table
-//! remembers that "home" per affinity key, bounded in entries (least recently used goes first)
-//! and in age (a conversation idle past the TTL is forgotten: its prefix has long been evicted
-//! from the backend's cache by other work). Pure: time is an input.
+//! and in the slot that saw it last, so a conversation's next turn is much cheaper there. The
+//! table remembers that "home" per affinity key: the proxy's home is a worker, a worker's is one
+//! of its llama-server's slots. It is bounded in entries (least recently used goes first) and in
+//! age (a conversation idle past the TTL is forgotten: its prefix has long been evicted from the
+//! backend's cache by other work). Pure: time is an input; imports nothing else of the crate.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
 use std::time::{Duration, Instant};
-
-use super::WorkerId;
 
 /// Conversations remembered at most: ~80 bytes each, so about 1.3 MB when full.
 pub const AFFINITY_ENTRIES: usize = 16_384;
@@ -43,17 +43,17 @@ pub struct AffinityCounts {
 }
 
 #[derive(Debug)]
-struct Home {
-    worker: WorkerId,
+struct Home<H> {
+    worker: H,
     used: Instant,
     /// Its position in [`AffinityTable::recency`].
     stamp: u64,
 }
 
-/// Affinity key → home worker, LRU with a TTL.
+/// Affinity key → home (a worker, or a slot), LRU with a TTL.
 #[derive(Debug)]
-pub struct AffinityTable {
-    homes: HashMap<u64, Home>,
+pub struct AffinityTable<H> {
+    homes: HashMap<u64, Home<H>>,
     /// Keys by last use (stamps grow), oldest first: what eviction takes.
     recency: BTreeMap<u64, u64>,
     next_stamp: u64,
@@ -62,16 +62,16 @@ pub struct AffinityTable {
     counts: AffinityCounts,
     /// Conversations whose home each worker is: where new ones are placed (see
     /// [`AffinityTable::homes_of`]).
-    per_worker: HashMap<WorkerId, usize>,
+    per_worker: HashMap<H, usize>,
 }
 
-impl Default for AffinityTable {
+impl<H: Copy + Eq + Hash> Default for AffinityTable<H> {
     fn default() -> Self {
         AffinityTable::new(AFFINITY_ENTRIES, AFFINITY_TTL)
     }
 }
 
-impl AffinityTable {
+impl<H: Copy + Eq + Hash> AffinityTable<H> {
     /// A table of at most `capacity` conversations, each forgotten after `ttl` without use.
     pub fn new(capacity: usize, ttl: Duration) -> Self {
         AffinityTable {
@@ -86,7 +86,7 @@ impl AffinityTable {
     }
 
     /// The worker that served conversation `key` last, unless that was more than the TTL ago.
-    pub fn home(&self, key: u64, now: Instant) -> Option<WorkerId> {
+    pub fn home(&self, key: u64, now: Instant) -> Option<H> {
         self.homes
             .get(&key)
             .filter(|home| now.saturating_duration_since(home.used) < self.ttl)
@@ -95,7 +95,7 @@ impl AffinityTable {
 
     /// Conversation `key` was just placed on `worker`, which becomes its home; counts and
     /// returns how that placement relates to the previous home.
-    pub fn record(&mut self, key: u64, worker: WorkerId, now: Instant) -> Outcome {
+    pub fn record(&mut self, key: u64, worker: H, now: Instant) -> Outcome {
         let outcome = match self.home(key, now) {
             Some(home) if home == worker => Outcome::Hit,
             Some(_) => Outcome::Miss,
@@ -141,7 +141,7 @@ impl AffinityTable {
     }
 
     /// Forgets conversation `key`, keeping the per-worker counts right.
-    fn remove(&mut self, key: u64) -> Option<Home> {
+    fn remove(&mut self, key: u64) -> Option<Home<H>> {
         let home = self.homes.remove(&key)?;
         self.recency.remove(&home.stamp);
         if let Some(count) = self.per_worker.get_mut(&home.worker) {
@@ -154,10 +154,10 @@ impl AffinityTable {
     }
 
     /// How many remembered conversations call `worker` home. A backend keeps a conversation's
-    /// prompt in one of its slots, so a worker home to more conversations than it has slots
-    /// makes them overwrite each other's caches: new conversations go where homes per slot
-    /// are fewest.
-    pub fn homes_of(&self, worker: WorkerId) -> usize {
+    /// prompt in one of its slots, so a worker (or slot) home to more conversations than it has
+    /// slots makes them overwrite each other's caches: new conversations go where homes per
+    /// slot are fewest.
+    pub fn homes_of(&self, worker: H) -> usize {
         self.per_worker.get(&worker).copied().unwrap_or(0)
     }
 
@@ -176,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_conversation_placed_again_on_its_home_is_a_hit_elsewhere_a_miss_that_moves_it() {
-        let mut table = AffinityTable::new(8, Duration::from_secs(60));
+        let mut table = AffinityTable::<u64>::new(8, Duration::from_secs(60));
         let t = Instant::now();
         assert_eq!(table.record(7, 1, t), Outcome::New);
         assert_eq!(table.home(7, t), Some(1));
@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn a_conversation_idle_past_the_ttl_is_forgotten_and_counts_as_new() {
-        let mut table = AffinityTable::new(8, Duration::from_secs(60));
+        let mut table = AffinityTable::<u64>::new(8, Duration::from_secs(60));
         let t = Instant::now();
         table.record(1, 1, t);
         assert_eq!(table.home(1, t + Duration::from_secs(59)), Some(1));
@@ -204,7 +204,7 @@ mod tests {
 
     #[test]
     fn the_table_stays_bounded_and_forgets_the_least_recently_used_first() {
-        let mut table = AffinityTable::new(3, Duration::from_secs(60));
+        let mut table = AffinityTable::<u64>::new(3, Duration::from_secs(60));
         let t = Instant::now();
         for key in 0..3 {
             table.record(key, 1, t);
@@ -226,7 +226,7 @@ mod tests {
 
     #[test]
     fn expired_entries_are_dropped_when_new_ones_arrive() {
-        let mut table = AffinityTable::new(100, Duration::from_secs(60));
+        let mut table = AffinityTable::<u64>::new(100, Duration::from_secs(60));
         let t = Instant::now();
         for key in 0..50 {
             table.record(key, 1, t);
@@ -238,7 +238,7 @@ mod tests {
 
     #[test]
     fn each_worker_counts_the_conversations_it_is_home_to_through_moves_and_evictions() {
-        let mut table = AffinityTable::new(3, Duration::from_secs(60));
+        let mut table = AffinityTable::<u64>::new(3, Duration::from_secs(60));
         let t = Instant::now();
         table.record(1, 10, t);
         table.record(2, 10, t);

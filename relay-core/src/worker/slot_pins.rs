@@ -1,0 +1,184 @@
+//! Slot hints: a worker in front of llama-server keeps each conversation in one of the server's
+//! slots, so the prompt it cached there is reused on the conversation's next turn.
+//!
+//! The proxy sends each request's conversation (its affinity key, `request.conversation`) and
+//! routes a conversation's turns to the same worker; which slot of that worker's server the
+//! turn lands in is llama-server's choice, and its choice (the most similar cached prompt)
+//! mixes up conversations that share a long system prompt ([`table`] says how). So the worker
+//! names the slot itself (`id_slot`), for chat and completion requests (see [`body`]) to
+//! backends that said they are llama.cpp servers and how many slots they have (`GET /props`,
+//! asked in the background the first time a backend is used and again every few minutes).
+//! Any other request, or backend, goes as it came.
+
+mod body;
+pub mod table;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::discovery::fetch_slots;
+use table::Slots;
+
+/// How long what a backend said about its slots is trusted before asking again (a server
+/// restarted with another `-np` behind the same URL; a hint beyond its slots wraps around, so
+/// a stale count is never an error, only a weaker hint).
+const RECHECK_AFTER: Duration = Duration::from_secs(300);
+
+/// How long asking a backend for its slots may take.
+const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Backends remembered at most (the model lifecycle starts servers on new ports).
+const MAX_BACKENDS: usize = 64;
+
+/// The slot hints of one worker's backends, shared by its request tasks.
+#[derive(Debug, Clone, Default)]
+pub struct SlotPins {
+    backends: Arc<Mutex<HashMap<String, Backend>>>,
+}
+
+/// What is known of one backend's slots.
+#[derive(Debug)]
+struct Backend {
+    /// Its slots, when it is a llama.cpp server.
+    slots: Option<Slots>,
+    /// Changes whenever `slots` is replaced, so a request that took a slot of the old table
+    /// does not release one of the new.
+    generation: u64,
+    /// When it last answered (or failed to answer) about its slots.
+    checked: Option<Instant>,
+    asking: bool,
+    used: Instant,
+}
+
+/// A slot a request holds until it ends (dropping this, however the request task ends).
+#[derive(Debug)]
+pub struct SlotLease {
+    backends: Arc<Mutex<HashMap<String, Backend>>>,
+    backend: String,
+    generation: u64,
+    slot: u32,
+}
+
+impl SlotLease {
+    /// The slot named in the request.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        let mut backends = lock(&self.backends);
+        if let Some(backend) = backends.get_mut(&self.backend) {
+            if backend.generation == self.generation {
+                if let Some(slots) = backend.slots.as_mut() {
+                    slots.release(self.slot);
+                }
+            }
+        }
+    }
+}
+
+fn lock(backends: &Mutex<HashMap<String, Backend>>) -> MutexGuard<'_, HashMap<String, Backend>> {
+    // Nothing under this lock panics; were it to, hints are an optimisation worth keeping.
+    backends.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+impl SlotPins {
+    /// Names the slot for conversation `conversation` in `body`, a request for `path` on the
+    /// backend at `base_url`, when that backend is a llama.cpp server: the hinted body and the
+    /// lease the request holds while it runs. `None` (send the body as it is) for a request
+    /// without a conversation, a route or body that takes no hint, or a backend that is not
+    /// known to be llama.cpp's (the first request to a backend asks it, in the background).
+    pub fn pin(
+        &self,
+        client: &reqwest::Client,
+        base_url: &str,
+        conversation: Option<u64>,
+        path: &str,
+        body: &str,
+    ) -> Option<(String, SlotLease)> {
+        let conversation = conversation?;
+        if !body::takes_slot_hint(path) {
+            return None;
+        }
+        let now = Instant::now();
+        let mut backends = lock(&self.backends);
+        if !backends.contains_key(base_url) && backends.len() >= MAX_BACKENDS {
+            let oldest = backends
+                .iter()
+                .min_by_key(|(_, backend)| backend.used)
+                .map(|(url, _)| url.clone());
+            if let Some(oldest) = oldest {
+                backends.remove(&oldest);
+            }
+        }
+        let backend = backends.entry(base_url.to_string()).or_insert(Backend {
+            slots: None,
+            generation: 0,
+            checked: None,
+            asking: false,
+            used: now,
+        });
+        backend.used = now;
+        let due = backend
+            .checked
+            .is_none_or(|checked| now.duration_since(checked) >= RECHECK_AFTER);
+        if due && !backend.asking {
+            backend.asking = true;
+            self.ask(client.clone(), base_url.to_string());
+        }
+        let generation = backend.generation;
+        let slots = backend.slots.as_mut()?;
+        let slot = slots.take(conversation, now);
+        // Made before the body is checked: a lease dropped right away releases the slot again.
+        let lease = SlotLease {
+            backends: Arc::clone(&self.backends),
+            backend: base_url.to_string(),
+            generation,
+            slot,
+        };
+        drop(backends);
+        let hinted = body::with_slot(body, slot)?;
+        Some((hinted, lease))
+    }
+
+    /// Asks the backend at `base_url` for its slots, in the background.
+    fn ask(&self, client: reqwest::Client, base_url: String) {
+        let backends = Arc::clone(&self.backends);
+        tokio::spawn(async move {
+            let answer = tokio::time::timeout(ASK_TIMEOUT, fetch_slots(&client, &base_url))
+                .await
+                .ok()
+                .flatten();
+            let mut backends = lock(&backends);
+            let Some(backend) = backends.get_mut(&base_url) else {
+                return;
+            };
+            backend.asking = false;
+            backend.checked = Some(Instant::now());
+            let unchanged = backend.slots.as_ref().map(Slots::count) == answer;
+            if !unchanged {
+                tracing::debug!(backend = %base_url, slots = ?answer, "llama.cpp slots for slot hints");
+                backend.slots = answer.map(Slots::new);
+                backend.generation += 1;
+            }
+        });
+    }
+
+    /// The slots known for `base_url` (tests, logs).
+    pub fn slots_of(&self, base_url: &str) -> Option<u32> {
+        lock(&self.backends)
+            .get(base_url)
+            .and_then(|backend| backend.slots.as_ref().map(Slots::count))
+    }
+
+    /// Requests in flight in `slot` of `base_url` (tests).
+    pub fn busy(&self, base_url: &str, slot: u32) -> u32 {
+        lock(&self.backends)
+            .get(base_url)
+            .and_then(|backend| backend.slots.as_ref().map(|slots| slots.busy(slot)))
+            .unwrap_or(0)
+    }
+}

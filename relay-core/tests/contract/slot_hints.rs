@@ -1,0 +1,181 @@
+//! Slot hints (issue 17): a worker in front of llama-server keeps each conversation in one of
+//! the server's slots (`id_slot`, `cache_prompt`), learned from the server's `GET /props`; every
+//! other backend, route or request without a conversation gets the body exactly as sent.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::header;
+use axum::routing::{get, post as post_route};
+use axum::Json;
+use relay_core::proxy::RunningProxy;
+use relay_core::worker::WorkerConfig;
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+const MODEL: &str = "slotted";
+
+/// A server that answers like llama-server (`Server: llama.cpp`, `/props` with its slots) and
+/// keeps every chat body it gets.
+struct LlamaLike {
+    url: String,
+    bodies: Arc<Mutex<Vec<Value>>>,
+    props_asked: Arc<Mutex<usize>>,
+}
+
+impl LlamaLike {
+    async fn start(slots: u32, server: &'static str) -> LlamaLike {
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let props_asked = Arc::new(Mutex::new(0));
+        let (seen, asked) = (bodies.clone(), props_asked.clone());
+        let app = axum::Router::new()
+            .route(
+                "/v1/models",
+                get(|| async {
+                    Json(json!({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "llamacpp"}]}))
+                }),
+            )
+            .route(
+                "/props",
+                get(move || {
+                    *asked.lock().unwrap() += 1;
+                    async move { Json(json!({"total_slots": slots, "model_path": "/m/tiny.gguf"})) }
+                }),
+            )
+            .route(
+                "/v1/chat/completions",
+                post_route(move |body: Bytes| {
+                    seen.lock()
+                        .unwrap()
+                        .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
+                    async {
+                        Json(json!({"id": "c", "object": "chat.completion", "model": MODEL,
+                            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}))
+                    }
+                }),
+            )
+            .layer(axum::middleware::map_response(
+                move |mut response: axum::response::Response| async move {
+                    response
+                        .headers_mut()
+                        .insert(header::SERVER, header::HeaderValue::from_static(server));
+                    response
+                },
+            ));
+        let (addr, _task) = serve_app(app, "127.0.0.1:0".parse().unwrap()).await;
+        LlamaLike {
+            url: format!("http://{addr}"),
+            bodies,
+            props_asked,
+        }
+    }
+
+    fn bodies(&self) -> Vec<Value> {
+        self.bodies.lock().unwrap().clone()
+    }
+
+    fn props_asked(&self) -> usize {
+        *self.props_asked.lock().unwrap()
+    }
+}
+
+fn turn(conversation: &str, turn: usize) -> Value {
+    let mut messages = vec![
+        json!({"role": "system", "content": "A long system prompt every conversation shares."}),
+        json!({"role": "user", "content": format!("{conversation}: first question")}),
+    ];
+    for n in 1..turn {
+        messages.push(json!({"role": "assistant", "content": format!("answer {n}")}));
+        messages.push(json!({"role": "user", "content": format!("follow-up {n}")}));
+    }
+    json!({"model": MODEL, "messages": messages})
+}
+
+async fn send(proxy: &str, body: &Value, session: &str) {
+    let (status, _, text) = post_raw(
+        proxy,
+        "/v1/chat/completions",
+        body.to_string(),
+        &[("x-session-id", session)],
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+}
+
+/// A proxy and a real worker in front of `backend`.
+async fn relay(backend: &str, affinity: bool) -> (RunningProxy, RunningWorker) {
+    let mut proxy_config = test_config();
+    proxy_config.affinity = affinity;
+    let proxy = start_proxy(proxy_config).await;
+    let mut config = WorkerConfig::new(&proxy.url(), SECRET, backend);
+    config.max_concurrent = 4;
+    config.model_refresh_interval = Duration::from_secs(600);
+    let worker = RunningWorker::start_with(config);
+    wait_until("the worker registers", || !proxy.hub.models().is_empty()).await;
+    (proxy, worker)
+}
+
+/// The body without the hint, and the hint.
+fn split_hint(mut body: Value) -> (Value, Option<u64>, Option<bool>) {
+    let object = body.as_object_mut().expect("an object");
+    let slot = object.remove("id_slot").and_then(|v| v.as_u64());
+    let cache = object.remove("cache_prompt").and_then(|v| v.as_bool());
+    (body, slot, cache)
+}
+
+#[tokio::test]
+async fn each_conversation_keeps_one_llama_server_slot_turn_after_turn() {
+    let backend = LlamaLike::start(2, "llama.cpp").await;
+    let (proxy, worker) = relay(&backend.url, true).await;
+    // The first request to a backend asks it for its slots, in the background.
+    send(&proxy.url(), &turn("warm-up", 1), "warm-up").await;
+    wait_until("the worker asked for the slots", || backend.props_asked() >= 1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let first_hinted = backend.bodies().len();
+
+    let mut sent = Vec::new();
+    for n in 1..=3 {
+        for conversation in ["alpha", "beta"] {
+            let body = turn(conversation, n);
+            send(&proxy.url(), &body, conversation).await;
+            sent.push((conversation, body));
+        }
+    }
+    let seen = backend.bodies()[first_hinted..].to_vec();
+    assert_eq!(seen.len(), sent.len());
+    let mut slot_of = std::collections::HashMap::new();
+    for ((conversation, sent), seen) in sent.iter().zip(seen) {
+        let (body, slot, cache) = split_hint(seen);
+        assert_eq!(&body, sent, "the client's body, plus only the hint");
+        assert_eq!(cache, Some(true));
+        let slot = slot.expect("a slot hint");
+        assert!(slot < 2, "a slot the server has");
+        let kept = *slot_of.entry(*conversation).or_insert(slot);
+        assert_eq!(slot, kept, "{conversation} stays in its slot");
+    }
+    assert_ne!(slot_of["alpha"], slot_of["beta"], "one slot each");
+    assert_eq!(backend.props_asked(), 1, "asked once, not per request");
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_backend_that_is_not_llama_cpp_or_a_relay_without_affinity_sends_the_body_as_sent() {
+    for (server, affinity) in [("uvicorn", true), ("llama.cpp", false)] {
+        let backend = LlamaLike::start(2, server).await;
+        let (proxy, worker) = relay(&backend.url, affinity).await;
+        let mut sent = Vec::new();
+        for n in 1..=3 {
+            let body = turn("gamma", n);
+            send(&proxy.url(), &body, "gamma").await;
+            sent.push(body);
+            // Time for a background question about slots to have been answered.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(backend.bodies(), sent, "{server}, affinity {affinity}");
+        worker.stop().await;
+        proxy.shutdown().await;
+    }
+}
