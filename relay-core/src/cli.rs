@@ -84,6 +84,7 @@ impl Cli {
             wake_target: p.wake_target.clone(),
             sleepers_remembered_secs: p.sleepers_remembered,
             sleeps_when_idle: w.sleeps_when_idle,
+            slot_hints: w.slot_hints,
             mac_address: w.mac_address.clone(),
         }
     }
@@ -405,6 +406,18 @@ pub struct WorkerArgs {
         default_missing_value = "true"
     )]
     pub sleeps_when_idle: Option<bool>,
+
+    /// Keep each conversation in one slot of a llama-server backend (`id_slot` in chat and
+    /// completion requests), so its cached prompt is reused on its next turn [default: true].
+    #[arg(
+        long,
+        env = "MODELRELAY_SLOT_HINTS",
+        global = true,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub slot_hints: Option<bool>,
 
     /// The network card the proxy wakes, as aa:bb:cc:dd:ee:ff [default: on Linux, the card of
     /// the default route's interface; elsewhere none].

@@ -4,10 +4,12 @@
 //! Two real llama-servers (tiny model, three slots each, one thread) behind the real proxy and
 //! two real workers; six concurrent conversations of several turns share a long system prompt
 //! (≥ 2,000 tokens), with random pauses between turns. The same run measures the proxy with
-//! affinity off (least-loaded routing) and then on; each phase gets fresh servers and its own
-//! system prompt, so neither inherits the other's cache. For turns 2+ it reports the share of
-//! prompt tokens llama-server served from cache (`timings.cache_n / (cache_n + prompt_n)`),
-//! the mean prompt evaluation time (`timings.prompt_ms`) and the client's time to first token.
+//! affinity off (least-loaded routing), then on with the workers' slot hints off, then both on;
+//! each phase gets fresh servers and its own system prompt, so none inherits another's cache.
+//! For turns 2+ it reports the share of prompt tokens llama-server served from cache
+//! (`timings.cache_n / (cache_n + prompt_n)`), the turns whose history was evaluated again, the
+//! prompt tokens evaluated, the mean prompt evaluation time (`timings.prompt_ms`) and the
+//! client's time to first token.
 //!
 //! `cargo bench -p relay-core --bench affinity` (needs `../shared/tools/realstack/setup.sh`'s
 //! stack in `$REALSTACK`, default `~/.cache/modelrelay-realstack`; without it, it says so and
@@ -142,10 +144,17 @@ fn start_proxy(affinity: bool, data: &std::path::Path) -> (ChildProcess, u16) {
     (proxy, port)
 }
 
-fn start_worker(proxy: u16, backend: u16, name: &str, data: &std::path::Path) -> ChildProcess {
+fn start_worker(
+    proxy: u16,
+    backend: u16,
+    name: &str,
+    slot_hints: bool,
+    data: &std::path::Path,
+) -> ChildProcess {
     let mut command = Command::new(modelrelay_binary());
     command
         .args(["worker", "--worker-secret", SECRET, "--models", MODEL])
+        .args(["--slot-hints", if slot_hints { "true" } else { "false" }])
         .args(["--worker-name", name])
         .args(["--proxy-url", &format!("http://127.0.0.1:{proxy}")])
         .args(["--backend-url", &format!("http://127.0.0.1:{backend}")])
@@ -281,15 +290,44 @@ struct Summary {
     history_misses: usize,
     history_tokens: u64,
     cached_share: f64,
+    /// Prompt tokens llama-server evaluated per turn (`prompt_n`): the work, whatever the
+    /// machine's load does to the time it takes.
+    prompt_tokens: f64,
     prompt_ms: f64,
     ttft_ms: f64,
     placements: String,
 }
 
+/// How one phase routes: the proxy's affinity, the workers' slot hints.
+#[derive(Debug, Clone, Copy)]
+struct Routing {
+    name: &'static str,
+    affinity: bool,
+    slot_hints: bool,
+}
+
+const PHASES: [Routing; 3] = [
+    Routing {
+        name: "least-loaded (affinity off)",
+        affinity: false,
+        slot_hints: false,
+    },
+    Routing {
+        name: "affinity on, slot hints off",
+        affinity: true,
+        slot_hints: false,
+    },
+    Routing {
+        name: "affinity on, slot hints on",
+        affinity: true,
+        slot_hints: true,
+    },
+];
+
 async fn phase(
     client: &reqwest::Client,
     stack: &(PathBuf, PathBuf),
-    affinity: bool,
+    (index, routing): (usize, Routing),
     conversations: u64,
     turns: usize,
     seed: u64,
@@ -299,13 +337,13 @@ async fn phase(
     let _ = std::fs::create_dir_all(&data);
     let (_llama_a, port_a) = start_llama(client, &stack.0, &stack.1).await;
     let (_llama_b, port_b) = start_llama(client, &stack.0, &stack.1).await;
-    let (_proxy, proxy_port) = start_proxy(affinity, &data);
-    let _worker_a = start_worker(proxy_port, port_a, "box-a", &data);
-    let _worker_b = start_worker(proxy_port, port_b, "box-b", &data);
+    let (_proxy, proxy_port) = start_proxy(routing.affinity, &data);
+    let _worker_a = start_worker(proxy_port, port_a, "box-a", routing.slot_hints, &data);
+    let _worker_b = start_worker(proxy_port, port_b, "box-b", routing.slot_hints, &data);
     wait_for_workers(client, proxy_port, 2).await;
     // Each phase has its own system prompt, so the servers' caches start cold for it.
-    let mut rng = Rng(seed ^ u64::from(affinity) ^ 0x9e37_79b9);
-    let mut system = format!("Phase {affinity}. You are a careful assistant. ");
+    let mut rng = Rng(seed ^ index as u64 ^ 0x9e37_79b9);
+    let mut system = format!("Phase {index}. You are a careful assistant. ");
     loop {
         system.push_str(&words(&mut rng, 200));
         system.push(' ');
@@ -371,6 +409,7 @@ async fn phase(
             .count(),
         history_tokens: later.iter().map(|t| t.history_reevaluated).sum(),
         cached_share: cached as f64 / (cached + evaluated).max(1) as f64,
+        prompt_tokens: evaluated as f64 / n,
         prompt_ms: later.iter().map(|t| t.prompt_ms).sum::<f64>() / n,
         ttft_ms: later.iter().map(|t| t.ttft_ms).sum::<f64>() / n,
         placements,
@@ -392,23 +431,37 @@ async fn main() {
     let turns = env_or("AFFINITY_TURNS", 6) as usize;
     let seed = env_or("AFFINITY_SEED", 17);
     let client = reqwest::Client::new();
-    eprintln!("{conversations} conversations x {turns} turns, seed {seed}: affinity off...");
-    let off = phase(&client, &stack, false, conversations, turns, seed).await;
-    eprintln!("affinity on...");
-    let on = phase(&client, &stack, true, conversations, turns, seed).await;
+    let mut summaries = Vec::new();
+    for (index, routing) in PHASES.into_iter().enumerate() {
+        eprintln!(
+            "{conversations} conversations x {turns} turns, seed {seed}: {}...",
+            routing.name
+        );
+        let summary = phase(
+            &client,
+            &stack,
+            (index, routing),
+            conversations,
+            turns,
+            seed,
+        )
+        .await;
+        summaries.push((routing.name, summary));
+    }
     println!(
         "\n{conversations} conversations x {turns} turns, ≥{SYSTEM_TOKENS}-token shared system \
          prompt, 2 llama-servers x {SLOTS} slots (tiny model, 1 thread), seed {seed}; turns 2+:\n"
     );
-    println!("| routing | turns | prompt tokens from cache | turns that re-evaluated history (tokens) | mean prompt eval ms | mean TTFT ms | placements (/metrics) |");
-    println!("|---|---:|---:|---:|---:|---:|---|");
-    for (name, s) in [("least-loaded (affinity off)", &off), ("affinity on", &on)] {
+    println!("| routing | turns | prompt tokens from cache | turns that re-evaluated history (tokens) | mean prompt tokens evaluated | mean prompt eval ms | mean TTFT ms | placements (/metrics) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---|");
+    for (name, s) in &summaries {
         println!(
-            "| {name} | {} | {:.1}% | {} ({}) | {:.1} | {:.1} | {} |",
+            "| {name} | {} | {:.1}% | {} ({}) | {:.0} | {:.1} | {:.1} | {} |",
             s.turns,
             s.cached_share * 100.0,
             s.history_misses,
             s.history_tokens,
+            s.prompt_tokens,
             s.prompt_ms,
             s.ttft_ms,
             if s.placements.is_empty() {
@@ -418,9 +471,13 @@ async fn main() {
             },
         );
     }
-    println!(
-        "| off / on | | | | {:.2}x | {:.2}x | |",
-        off.prompt_ms / on.prompt_ms.max(0.001),
-        off.ttft_ms / on.ttft_ms.max(0.001)
-    );
+    let off = &summaries[0].1;
+    for (name, on) in &summaries[1..] {
+        println!(
+            "| off / ({name}) | | | | {:.2}x | {:.2}x | {:.2}x | |",
+            off.prompt_tokens / on.prompt_tokens.max(0.001),
+            off.prompt_ms / on.prompt_ms.max(0.001),
+            off.ttft_ms / on.ttft_ms.max(0.001)
+        );
+    }
 }

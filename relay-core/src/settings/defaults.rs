@@ -92,3 +92,6 @@ pub const RECONNECT_MAX: Duration = Duration::from_secs(30);
 
 /// A conversation's next turn prefers the worker that served it last (conversation affinity).
 pub const AFFINITY: bool = true;
+
+/// A worker keeps each conversation in one slot of its llama-server backends (slot hints).
+pub const SLOT_HINTS: bool = true;

@@ -252,6 +252,8 @@ pub struct WorkerFile {
     /// `MODELRELAY_SLEEPS_WHEN_IDLE`: this box suspends when idle; the proxy keeps its models
     /// listed as asleep when it leaves, and wakes it with Wake-on-LAN.
     pub sleeps_when_idle: Option<bool>,
+    /// `MODELRELAY_SLOT_HINTS`: keep each conversation in one llama-server slot (`id_slot`).
+    pub slot_hints: Option<bool>,
     /// `MODELRELAY_MAC_ADDRESS`: the network card the proxy wakes (found by itself on Linux).
     pub mac_address: Option<String>,
     /// `MODELRELAY_WAKE_TARGET`: where this worker sends the Wake-on-LAN packets the proxy asks

@@ -79,6 +79,8 @@ pub struct Overrides {
     pub sleepers_remembered_secs: Option<u64>,
     /// `MODELRELAY_SLEEPS_WHEN_IDLE`.
     pub sleeps_when_idle: Option<bool>,
+    /// `MODELRELAY_SLOT_HINTS`.
+    pub slot_hints: Option<bool>,
     /// `MODELRELAY_MAC_ADDRESS`.
     pub mac_address: Option<String>,
 }

@@ -128,6 +128,8 @@ pub struct WorkerSettings {
     pub native_routes: NativeOverrides,
     /// The box suspends when idle (announced in `register`).
     pub sleeps_when_idle: bool,
+    /// Conversations are kept in one llama-server slot each (`id_slot`).
+    pub slot_hints: bool,
     /// The card to wake, when configured (else found at start on Linux).
     pub mac_address: Option<MacAddress>,
     /// Where it sends the Wake-on-LAN packets the proxy asks it to relay.
@@ -582,6 +584,10 @@ impl WorkerSettings {
                 responses: w.native_responses,
             },
             sleeps_when_idle: o.sleeps_when_idle.or(w.sleeps_when_idle).unwrap_or(false),
+            slot_hints: o
+                .slot_hints
+                .or(w.slot_hints)
+                .unwrap_or(defaults::SLOT_HINTS),
             mac_address: match o.mac_address.as_deref().or(w.mac_address.as_deref()) {
                 None => None,
                 Some(text) => Some(text.trim().parse::<MacAddress>().map_err(|error| {

@@ -397,6 +397,22 @@ fn sleeping_box_settings_come_from_overrides_over_the_file_and_bad_values_are_na
     assert!(!worker.sleeps_when_idle);
     assert_eq!(worker.mac_address.unwrap().to_string(), "02:00:00:00:00:01");
     assert!(!worker_of("").unwrap().sleeps_when_idle);
+}
+
+#[test]
+fn slot_hints_are_on_unless_the_file_or_an_override_turns_them_off() {
+    assert!(worker_of("").unwrap().slot_hints);
+    let off = parse_file("[worker]\nslot_hints = false\n").unwrap();
+    assert!(
+        !WorkerSettings::resolve(&off, &Overrides::default())
+            .unwrap()
+            .slot_hints
+    );
+    let on_again = Overrides {
+        slot_hints: Some(true),
+        ..Overrides::default()
+    };
+    assert!(WorkerSettings::resolve(&off, &on_again).unwrap().slot_hints);
 
     for (text, named) in [
         ("[proxy]\nwake_target = \"broadcast\"", "wake_target"),

@@ -85,6 +85,8 @@ pub struct WorkerConfig {
     pub mac_address: Option<crate::wake::MacAddress>,
     /// The box suspends itself when idle: announced, so the proxy takes its leaving for sleep.
     pub sleeps_when_idle: bool,
+    /// Keep each conversation in one llama-server slot ([`slot_pins`]).
+    pub slot_hints: bool,
     /// Where the Wake-on-LAN packets go that the proxy asks this worker to send for sleeping
     /// boxes on its LAN.
     pub wake_target: std::net::SocketAddr,
@@ -116,6 +118,7 @@ impl WorkerConfig {
             hardware: Some(SamplerSettings::default()),
             mac_address: None,
             sleeps_when_idle: false,
+            slot_hints: defaults::SLOT_HINTS,
             wake_target: crate::wake::DEFAULT_WAKE_TARGET
                 .parse()
                 .expect("the default wake target parses"),
@@ -160,6 +163,7 @@ impl WorkerConfig {
             hardware: Some(SamplerSettings::default()),
             mac_address: settings.mac_address.or_else(crate::wake::local_mac),
             sleeps_when_idle: settings.sleeps_when_idle,
+            slot_hints: settings.slot_hints,
             wake_target: settings.wake_target,
         }
     }
@@ -355,7 +359,7 @@ impl BackendAccess {
                 config.native_routes,
                 config.model_refresh_interval,
             ),
-            slot_pins: SlotPins::default(),
+            slot_pins: SlotPins::new(config.slot_hints),
         }
     }
 

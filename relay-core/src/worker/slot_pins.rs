@@ -34,6 +34,8 @@ const MAX_BACKENDS: usize = 64;
 /// The slot hints of one worker's backends, shared by its request tasks.
 #[derive(Debug, Clone, Default)]
 pub struct SlotPins {
+    /// Off (`[worker] slot_hints = false`): every body goes as it came.
+    enabled: bool,
     backends: Arc<Mutex<HashMap<String, Backend>>>,
 }
 
@@ -86,6 +88,14 @@ fn lock(backends: &Mutex<HashMap<String, Backend>>) -> MutexGuard<'_, HashMap<St
 }
 
 impl SlotPins {
+    /// Hints for a worker with `[worker] slot_hints` set to `enabled`.
+    pub fn new(enabled: bool) -> Self {
+        SlotPins {
+            enabled,
+            backends: Arc::default(),
+        }
+    }
+
     /// Names the slot for conversation `conversation` in `body`, a request for `path` on the
     /// backend at `base_url`, when that backend is a llama.cpp server: the hinted body and the
     /// lease the request holds while it runs. `None` (send the body as it is) for a request
@@ -99,7 +109,7 @@ impl SlotPins {
         path: &str,
         body: &str,
     ) -> Option<(String, SlotLease)> {
-        let conversation = conversation?;
+        let conversation = conversation.filter(|_| self.enabled)?;
         if !body::takes_slot_hint(path) {
             return None;
         }

@@ -105,12 +105,13 @@ async fn send(proxy: &str, body: &Value, session: &str) {
 }
 
 /// A proxy and a real worker in front of `backend`.
-async fn relay(backend: &str, affinity: bool) -> (RunningProxy, RunningWorker) {
+async fn relay(backend: &str, affinity: bool, slot_hints: bool) -> (RunningProxy, RunningWorker) {
     let mut proxy_config = test_config();
     proxy_config.affinity = affinity;
     let proxy = start_proxy(proxy_config).await;
     let mut config = WorkerConfig::new(&proxy.url(), SECRET, backend);
     config.max_concurrent = 4;
+    config.slot_hints = slot_hints;
     config.model_refresh_interval = Duration::from_secs(600);
     let worker = RunningWorker::start_with(config);
     wait_until("the worker registers", || !proxy.hub.models().is_empty()).await;
@@ -128,10 +129,13 @@ fn split_hint(mut body: Value) -> (Value, Option<u64>, Option<bool>) {
 #[tokio::test]
 async fn each_conversation_keeps_one_llama_server_slot_turn_after_turn() {
     let backend = LlamaLike::start(2, "llama.cpp").await;
-    let (proxy, worker) = relay(&backend.url, true).await;
+    let (proxy, worker) = relay(&backend.url, true, true).await;
     // The first request to a backend asks it for its slots, in the background.
     send(&proxy.url(), &turn("warm-up", 1), "warm-up").await;
-    wait_until("the worker asked for the slots", || backend.props_asked() >= 1).await;
+    wait_until("the worker asked for the slots", || {
+        backend.props_asked() >= 1
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let first_hinted = backend.bodies().len();
 
@@ -162,10 +166,15 @@ async fn each_conversation_keeps_one_llama_server_slot_turn_after_turn() {
 }
 
 #[tokio::test]
-async fn a_backend_that_is_not_llama_cpp_or_a_relay_without_affinity_sends_the_body_as_sent() {
-    for (server, affinity) in [("uvicorn", true), ("llama.cpp", false)] {
+async fn a_backend_that_is_not_llama_cpp_or_hints_turned_off_get_the_body_as_sent() {
+    // (server, proxy affinity, worker slot hints)
+    for (server, affinity, hints) in [
+        ("uvicorn", true, true),
+        ("llama.cpp", false, true),
+        ("llama.cpp", true, false),
+    ] {
         let backend = LlamaLike::start(2, server).await;
-        let (proxy, worker) = relay(&backend.url, affinity).await;
+        let (proxy, worker) = relay(&backend.url, affinity, hints).await;
         let mut sent = Vec::new();
         for n in 1..=3 {
             let body = turn("gamma", n);
@@ -174,7 +183,11 @@ async fn a_backend_that_is_not_llama_cpp_or_a_relay_without_affinity_sends_the_b
             // Time for a background question about slots to have been answered.
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert_eq!(backend.bodies(), sent, "{server}, affinity {affinity}");
+        assert_eq!(
+            backend.bodies(),
+            sent,
+            "{server}, affinity {affinity}, hints {hints}"
+        );
         worker.stop().await;
         proxy.shutdown().await;
     }

@@ -268,6 +268,8 @@ async fn non_streaming_request_travels_as_the_seed_request_message_and_response_
         .await
     });
     let request = next_raw(&mut worker).await;
+    // The seed's fields, and one optional extension a published worker ignores: the
+    // conversation (the affinity key as 16 hex digits) for llama-server slot hints.
     assert_eq!(
         object_keys(&request),
         names(&[
@@ -277,8 +279,14 @@ async fn non_streaming_request_travels_as_the_seed_request_message_and_response_
             "endpoint_path",
             "is_streaming",
             "body",
-            "headers"
+            "headers",
+            "conversation"
         ])
+    );
+    let conversation = request["conversation"].as_str().unwrap();
+    assert!(
+        conversation.len() == 16 && conversation.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{conversation}"
     );
     assert_eq!(request["type"], "request");
     assert_eq!(request["model"], MODEL);

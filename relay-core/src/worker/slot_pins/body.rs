@@ -9,7 +9,11 @@ pub fn takes_slot_hint(path: &str) -> bool {
     let path = path.split_once('?').map_or(path, |(path, _)| path);
     matches!(
         path,
-        "/v1/chat/completions" | "/chat/completions" | "/v1/completions" | "/completions" | "/completion"
+        "/v1/chat/completions"
+            | "/chat/completions"
+            | "/v1/completions"
+            | "/completions"
+            | "/completion"
     )
 }
 
@@ -59,7 +63,10 @@ mod tests {
         expected["id_slot"] = json!(2);
         expected["cache_prompt"] = json!(true);
         assert_eq!(parsed(&hinted), expected);
-        assert!(hinted.ends_with(&body[1..]), "the client's bytes follow unchanged");
+        assert!(
+            hinted.ends_with(&body[1..]),
+            "the client's bytes follow unchanged"
+        );
         assert_eq!(
             parsed(&with_slot(" \n{ } ", 0).unwrap()),
             json!({"id_slot": 0, "cache_prompt": true}),

@@ -134,7 +134,11 @@ mod tests {
         assert_eq!((slots.busy(first), slots.busy(second)), (1, 1));
         slots.release(first);
         slots.release(second);
-        assert_eq!(slots.take(1, t), second, "the slot it moved to is its own now");
+        assert_eq!(
+            slots.take(1, t),
+            second,
+            "the slot it moved to is its own now"
+        );
     }
 
     #[test]
@@ -145,7 +149,9 @@ mod tests {
             let slot = slots.take(conversation, t);
             slots.release(slot);
         }
-        let kept: Vec<u32> = (0..2).map(|slot| slots.pins.homes_of(slot) as u32).collect();
+        let kept: Vec<u32> = (0..2)
+            .map(|slot| slots.pins.homes_of(slot) as u32)
+            .collect();
         assert_eq!(kept, [2, 2], "four conversations share two slots evenly");
         let a = slots.take(100, t);
         let b = slots.take(101, t);
