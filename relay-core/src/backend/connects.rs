@@ -99,6 +99,7 @@ mod tests {
 
     use axum::routing::get;
     use axum::serve::ListenerExt;
+    use tokio::sync::watch;
 
     use super::*;
 
@@ -155,8 +156,10 @@ mod tests {
     }
 
     /// A backend on 127.0.0.1:0 that counts the connections it accepted; `/hold` answers only
-    /// when `release` is notified, so every request in flight holds a connection of its own.
-    async fn backend(release: Arc<tokio::sync::Notify>) -> (String, Arc<AtomicUsize>) {
+    /// once `released` turns true, so every request in flight holds a connection of its own. (A
+    /// `watch`, not a `Notify`: a connection is counted when it is accepted, before its handler
+    /// runs, and a `Notify` would miss handlers that start waiting after the release.)
+    async fn backend(released: watch::Receiver<bool>) -> (String, Arc<AtomicUsize>) {
         let accepted = Arc::new(AtomicUsize::new(0));
         let counter = accepted.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -169,9 +172,9 @@ mod tests {
             .route(
                 "/hold",
                 get(move || {
-                    let release = release.clone();
+                    let mut released = released.clone();
                     async move {
-                        release.notified().await;
+                        let _ = released.wait_for(|released| *released).await;
                         "released"
                     }
                 }),
@@ -191,8 +194,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_burst_of_requests_opens_its_connections_at_most_the_bound_at_a_time() {
-        let release = Arc::new(tokio::sync::Notify::new());
-        let (url, accepted) = backend(release.clone()).await;
+        let (release, released) = watch::channel(false);
+        let (url, accepted) = backend(released).await;
         let (limit, counts) = (ConnectLimit::new(8), CountConnects::default());
         let client = client(&limit, &counts);
         let requests: Vec<_> = (0..200)
@@ -206,7 +209,7 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        release.notify_waiters();
+        release.send_replace(true);
         for request in requests {
             let response = request.await.unwrap().unwrap();
             assert_eq!(response.text().await.unwrap(), "released");
@@ -219,7 +222,7 @@ mod tests {
 
     #[tokio::test]
     async fn sequential_requests_reuse_one_connection() {
-        let (url, accepted) = backend(Arc::new(tokio::sync::Notify::new())).await;
+        let (url, accepted) = backend(watch::channel(false).1).await;
         let client = client(&ConnectLimit::new(8), &CountConnects::default());
         for _ in 0..20 {
             let response = client.get(format!("{url}/quick")).send().await.unwrap();
@@ -230,8 +233,8 @@ mod tests {
 
     #[tokio::test]
     async fn requests_cancelled_while_waiting_to_connect_give_their_places_back() {
-        let release = Arc::new(tokio::sync::Notify::new());
-        let (url, accepted) = backend(release.clone()).await;
+        let (release, released) = watch::channel(false);
+        let (url, accepted) = backend(released).await;
         let (limit, counts) = (ConnectLimit::new(2), CountConnects::default());
         let client = client(&limit, &counts);
         // Many more requests than permits, all cancelled while most wait for a permit.
@@ -266,6 +269,6 @@ mod tests {
             accepted.load(Ordering::SeqCst) < 100,
             "the cancelled did not all connect"
         );
-        release.notify_waiters();
+        release.send_replace(true);
     }
 }
