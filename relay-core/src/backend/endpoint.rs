@@ -7,6 +7,8 @@
 //! path like `@169.254.169.254/x` or `//evil.example/x` would otherwise turn into a request to
 //! another host.
 
+use std::cell::RefCell;
+
 use reqwest::Url;
 
 use crate::protocol::{HeaderMap, CLIENT_AUTH_HEADERS};
@@ -44,7 +46,7 @@ pub fn check_path(path: &str) -> Result<(), String> {
 /// The URL of `path` on the backend at `base` (whose own path, if any, is kept as a prefix).
 pub fn join(base: &str, path: &str) -> Result<Url, String> {
     check_path(path)?;
-    let base_url = Url::parse(base).map_err(|e| format!("backend URL {base:?} is invalid: {e}"))?;
+    let base_url = parsed(base)?;
     let (route, query) = match path.split_once('?') {
         Some((route, query)) => (route, Some(query)),
         None => (path, None),
@@ -67,6 +69,33 @@ pub fn join(base: &str, path: &str) -> Result<Url, String> {
     Ok(url)
 }
 
+/// Backend URLs parsed on this thread lately, most recent first.
+const PARSED_REMEMBERED: usize = 8;
+
+thread_local! {
+    static PARSED: RefCell<Vec<(Box<str>, Url)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `base` parsed, from this thread's memo when it was parsed lately. Parsing a URL (its host
+/// through IDNA mapping) for every request was 4.5% of the worker's CPU in the round-2 profile
+/// (BENCHMARKS.md); a worker has a handful of backends, so a few entries per runtime thread
+/// catch them all. The memo is pure: the same text always parses to the same URL.
+fn parsed(base: &str) -> Result<Url, String> {
+    PARSED.with(|memo| {
+        let mut memo = memo.borrow_mut();
+        if let Some(at) = memo.iter().position(|(text, _)| &**text == base) {
+            let entry = memo.remove(at);
+            let url = entry.1.clone();
+            memo.insert(0, entry);
+            return Ok(url);
+        }
+        let url = Url::parse(base).map_err(|e| format!("backend URL {base:?} is invalid: {e}"))?;
+        memo.truncate(PARSED_REMEMBERED - 1);
+        memo.insert(0, (base.into(), url.clone()));
+        Ok(url)
+    })
+}
+
 /// Removes the client's credentials from `headers` (see [`CLIENT_AUTH_HEADERS`]): the backend
 /// gets them only when the worker opts in.
 pub fn strip_client_auth(headers: &mut HeaderMap) {
@@ -80,6 +109,24 @@ pub fn strip_client_auth(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_parse_memo_gives_each_base_its_own_url_and_remembers_a_bounded_few() {
+        for round in 0..2 {
+            for n in 0..(PARSED_REMEMBERED + 3) {
+                let base = format!("http://10.0.0.{n}:8000/p{n}");
+                let url = join(&base, "/v1/models").unwrap();
+                assert_eq!(url.as_str(), format!("{base}/v1/models"), "round {round}");
+            }
+        }
+        assert_eq!(PARSED.with(|memo| memo.borrow().len()), PARSED_REMEMBERED);
+        assert!(join("not a url", "/v1/models")
+            .unwrap_err()
+            .contains("invalid"));
+        assert!(join("not a url", "/v1/models")
+            .unwrap_err()
+            .contains("invalid"));
+    }
 
     #[test]
     fn api_paths_join_onto_the_backend_keeping_its_prefix_and_the_query() {

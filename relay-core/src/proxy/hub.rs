@@ -277,10 +277,7 @@ impl Hub {
             is_streaming: spec.is_streaming,
             body: spec.body,
             headers: spec.headers,
-            conversation: spec
-                .placement
-                .affinity
-                .map(RequestMessage::conversation_of),
+            conversation: spec.placement.affinity.map(RequestMessage::conversation_of),
         });
         let frame = Utf8Bytes::from(wire.to_json());
         // A second frame only on the opt-in path, so the default one costs nothing more.

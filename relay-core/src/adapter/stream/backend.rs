@@ -1,5 +1,9 @@
 //! Decoding the backend's chat-completions stream into canonical [`StreamEvent`]s.
 
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::Decoder;
@@ -31,10 +35,20 @@ impl Decoder for ChatDecoder {
             self.done = true;
             return;
         }
+        if self.plain(data, out) {
+            return;
+        }
         // A chunk that is not JSON carries nothing usable; skipping it keeps the stream alive.
         let Ok(chunk) = serde_json::from_str::<Value>(data) else {
             return;
         };
+        self.decode_value(&chunk, out);
+    }
+}
+
+impl ChatDecoder {
+    /// Decodes any chunk, parsed.
+    fn decode_value(&mut self, chunk: &Value, out: &mut Vec<StreamEvent>) {
         if let Some(error) = chunk.get("error").filter(|e| !e.is_null()) {
             let message = match error.get("message").and_then(Value::as_str) {
                 Some(message) => message.to_string(),
@@ -48,7 +62,7 @@ impl Decoder for ChatDecoder {
             let model = chunk.get("model").and_then(Value::as_str).map(String::from);
             out.push(StreamEvent::Start { model });
         }
-        if let Some(choice) = first_choice(&chunk) {
+        if let Some(choice) = first_choice(chunk) {
             self.choice(choice, out);
         }
         if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
@@ -57,7 +71,101 @@ impl Decoder for ChatDecoder {
     }
 }
 
+/// The common chunk of a chat stream (text, reasoning, finish, usage), read without building a
+/// `Value` tree: strings borrowed from the event's text unless escaped, unknown members skipped.
+/// Anything else — an error, tool calls, a member of an unexpected type, a duplicate member —
+/// fails this shape and goes the general way, which handles every chunk.
+#[derive(Deserialize)]
+struct PlainChunk<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    choices: Option<Vec<PlainChoice<'a>>>,
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct PlainChoice<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(borrow, default)]
+    delta: Option<PlainDelta<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct PlainDelta<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+}
+
 impl ChatDecoder {
+    /// Decodes `data` when it is a [`PlainChunk`] — the same events the general way makes of it
+    /// (test) — and says whether it was one. Each streamed token is such a chunk; parsing it
+    /// into a `Value` was most of what a translated token cost the worker (round-2 profile,
+    /// BENCHMARKS.md).
+    fn plain(&mut self, data: &str, out: &mut Vec<StreamEvent>) -> bool {
+        let Ok(chunk) = serde_json::from_str::<PlainChunk>(data) else {
+            return false;
+        };
+        let has_tool_calls = |choice: &PlainChoice| {
+            choice
+                .delta
+                .as_ref()
+                .is_some_and(|delta| delta.tool_calls.is_some())
+        };
+        let choices = chunk.choices.unwrap_or_default();
+        if chunk.error.is_some() || choices.iter().any(has_tool_calls) {
+            return false;
+        }
+        let usage = match chunk.usage {
+            None => None,
+            Some(raw) => match serde_json::from_str::<Value>(raw.get()) {
+                Ok(usage) => Some(usage).filter(Value::is_object),
+                Err(_) => return false,
+            },
+        };
+        if !self.started {
+            self.started = true;
+            let model = chunk.model.map(Cow::into_owned);
+            out.push(StreamEvent::Start { model });
+        }
+        if let Some(choice) = choices.iter().find(|c| c.index.unwrap_or(0) == 0) {
+            let text = |piece: &Option<Cow<str>>| {
+                piece
+                    .as_deref()
+                    .filter(|text| !text.is_empty())
+                    .map(String::from)
+            };
+            if let Some(delta) = &choice.delta {
+                let reasoning = text(&delta.reasoning_content).or_else(|| text(&delta.reasoning));
+                if let Some(reasoning) = reasoning {
+                    out.push(StreamEvent::Thinking(reasoning));
+                }
+                if let Some(content) = text(&delta.content) {
+                    out.push(StreamEvent::Text(content));
+                }
+            }
+            if let Some(reason) = choice.finish_reason.as_deref() {
+                let reason = settle_stop_reason(Some(stop_reason(reason)), self.saw_tool_calls);
+                out.push(StreamEvent::Finish(reason));
+            }
+        }
+        if let Some(usage) = usage {
+            out.push(StreamEvent::Usage(parse_usage(&usage)));
+        }
+        true
+    }
     fn choice(&mut self, choice: &Value, out: &mut Vec<StreamEvent>) {
         let text = |key: &str| {
             choice
@@ -117,4 +225,59 @@ fn first_choice(chunk: &Value) -> Option<&Value> {
     choices
         .iter()
         .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The events the general way makes of `data`, with the plain shape bypassed.
+    fn general(data: &str) -> Vec<StreamEvent> {
+        let mut decoder = ChatDecoder::default();
+        let mut out = Vec::new();
+        if let Ok(chunk) = serde_json::from_str::<Value>(data) {
+            decoder.decode_value(&chunk, &mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn plain_chunks_decode_to_the_events_of_the_general_way() {
+        let chunks = [
+            r#"{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi \"there\"\n"},"logprobs":null,"finish_reason":null}]}"#,
+            r#"{"model":"m","choices":[{"delta":{"reasoning_content":"hmm","content":""}}]}"#,
+            r#"{"choices":[{"index":1,"delta":{"content":"other"}},{"index":0,"delta":{"reasoning":"r"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":5}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":null},"finish_reason":"stop"}],"usage":null}"#,
+            r#"{"model":null,"choices":null}"#,
+            r#"{}"#,
+        ];
+        for data in chunks {
+            let mut decoder = ChatDecoder::default();
+            let mut fast = Vec::new();
+            assert!(decoder.plain(data, &mut fast), "{data}");
+            assert_eq!(fast, general(data), "{data}");
+        }
+    }
+
+    #[test]
+    fn chunks_of_another_shape_are_left_to_the_general_way() {
+        for data in [
+            r#"{"error":{"message":"boom"}}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f"}}]}}]}"#,
+            r#"{"model":7,"choices":[]}"#,
+            r#"{"choices":[{"index":-1,"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":1}}]}"#,
+            r#"{"choices":{"index":0}}"#,
+            r#"{"model":"a","model":"b"}"#,
+            r#"{"usage":{"prompt_tokens":1"#,
+            "not json",
+        ] {
+            let mut decoder = ChatDecoder::default();
+            let mut out = Vec::new();
+            assert!(!decoder.plain(data, &mut out), "{data}");
+            assert!(out.is_empty() && !decoder.started, "{data}");
+        }
+    }
 }

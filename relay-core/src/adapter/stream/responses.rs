@@ -5,6 +5,8 @@
 //! its snapshot by them. Each output item goes `output_item.added` → (`content_part.added` →
 //! deltas → `*.done` → `content_part.done`) → `output_item.done` before the next is added.
 
+use std::fmt::Write as _;
+
 use serde_json::{json, Value};
 
 use super::Writer;
@@ -31,6 +33,27 @@ impl Item {
             Item::Message => "msg",
             Item::Reasoning => "rs",
             Item::Call(_) => "fc",
+        }
+    }
+}
+
+/// The per-token events, written by [`ResponsesWriter::emit_delta`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delta {
+    /// `response.output_text.delta`: with `content_index` and `logprobs`.
+    Text,
+    /// `response.reasoning_text.delta`: with `content_index`.
+    Reasoning,
+    /// `response.function_call_arguments.delta`: the item's, no content part.
+    Arguments,
+}
+
+impl Delta {
+    fn kind(self) -> &'static str {
+        match self {
+            Delta::Text => "response.output_text.delta",
+            Delta::Reasoning => "response.reasoning_text.delta",
+            Delta::Arguments => "response.function_call_arguments.delta",
         }
     }
 }
@@ -76,6 +99,36 @@ impl ResponsesWriter {
         data["sequence_number"] = json!(self.sequence);
         self.sequence += 1;
         out.push_str(&sse::event(kind, &data));
+    }
+
+    /// A delta event for the open item, written directly: byte for byte what [`Self::emit`]
+    /// makes of the same fields (serde_json orders keys; test), without building a `Value` per
+    /// token — a translated token cost twice a passed-through one that way (round-2 profile,
+    /// BENCHMARKS.md).
+    fn emit_delta(&mut self, out: &mut String, delta: Delta, text: &str) {
+        let index = self.index();
+        let kind = delta.kind();
+        out.push_str("event: ");
+        out.push_str(kind);
+        out.push_str("\ndata: {");
+        if delta != Delta::Arguments {
+            out.push_str("\"content_index\":0,");
+        }
+        out.push_str("\"delta\":");
+        sse::push_json_string(out, text);
+        out.push_str(",\"item_id\":");
+        let prefix = self.open.map_or("msg", Item::prefix);
+        sse::push_json_string(out, &item_id(prefix, &self.identity, index));
+        if delta == Delta::Text {
+            out.push_str(",\"logprobs\":[]");
+        }
+        // Writing into a String cannot fail.
+        let _ = write!(
+            out,
+            ",\"output_index\":{index},\"sequence_number\":{},\"type\":\"{kind}\"}}\n\n",
+            self.sequence
+        );
+        self.sequence += 1;
     }
 
     fn start(&mut self, out: &mut String) {
@@ -198,8 +251,7 @@ impl Writer for ResponsesWriter {
                 if let Some(Part::Text(all)) = self.response.content.last_mut() {
                     all.push_str(&text);
                 }
-                let data = self.content_event(json!({"delta": text, "logprobs": []}));
-                self.emit(out, "response.output_text.delta", data);
+                self.emit_delta(out, Delta::Text, &text);
             }
             StreamEvent::Thinking(text) => {
                 self.start(out);
@@ -213,8 +265,7 @@ impl Writer for ResponsesWriter {
                 if let Some(Part::Thinking(all)) = self.response.content.last_mut() {
                     all.text.push_str(&text);
                 }
-                let data = self.content_event(json!({"delta": text}));
-                self.emit(out, "response.reasoning_text.delta", data);
+                self.emit_delta(out, Delta::Reasoning, &text);
             }
             StreamEvent::ToolCall {
                 index,
@@ -242,8 +293,7 @@ impl Writer for ResponsesWriter {
                     if let Some(Part::ToolCall(call)) = self.response.content.last_mut() {
                         call.arguments.push_str(&arguments);
                     }
-                    let data = self.item_event(json!({"delta": arguments}));
-                    self.emit(out, "response.function_call_arguments.delta", data);
+                    self.emit_delta(out, Delta::Arguments, &arguments);
                 }
             }
             StreamEvent::Finish(reason) => self.stop = Some(reason),
@@ -286,5 +336,61 @@ impl Writer for ResponsesWriter {
 
     fn response(&self) -> Option<&Response> {
         self.completed.then_some(&self.response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The event `emit_delta` replaced, built the generic way.
+    fn generic(writer: &mut ResponsesWriter, delta: Delta, text: &str) -> String {
+        let data = match delta {
+            Delta::Text => writer.content_event(json!({"delta": text, "logprobs": []})),
+            Delta::Reasoning => writer.content_event(json!({"delta": text})),
+            Delta::Arguments => writer.item_event(json!({"delta": text})),
+        };
+        let mut out = String::new();
+        writer.emit(&mut out, delta.kind(), data);
+        out
+    }
+
+    #[test]
+    fn deltas_written_directly_are_the_bytes_of_the_generic_events() {
+        let cases = [
+            (Item::Message, Part::Text(String::new()), Delta::Text),
+            (
+                Item::Reasoning,
+                Part::Thinking(Thinking {
+                    text: String::new(),
+                    signature: None,
+                }),
+                Delta::Reasoning,
+            ),
+            (
+                Item::Call(0),
+                Part::ToolCall(ToolCall {
+                    id: "call_1".into(),
+                    name: "f".into(),
+                    arguments: String::new(),
+                }),
+                Delta::Arguments,
+            ),
+        ];
+        for (item, part, delta) in cases {
+            let mut writer = ResponsesWriter::new(Identity::fresh(), json!({"model": "m"}));
+            let mut ignored = String::new();
+            writer.start(&mut ignored);
+            writer.open(item, part, &mut ignored);
+            for text in ["Hello", "\"quoted\"\n\u{1}\\ 🦀", ""] {
+                let sequence = writer.sequence;
+                let expected = generic(&mut writer, delta, text);
+                writer.sequence = sequence;
+                let mut direct = String::new();
+                writer.emit_delta(&mut direct, delta, text);
+                assert_eq!(direct, expected);
+                assert_eq!(writer.sequence, sequence + 1);
+            }
+        }
     }
 }
