@@ -296,8 +296,8 @@ pub async fn rows(count: usize) -> Vec<Row> {
     let stack = Stack::start(&["--max-queue-len", "100000"], count as u32 + 100).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     eprintln!(
-        "burst: {count} streams at once; the mock backend listens with tokio's backlog of 1024 \
-         (the kernel caps it at net.core.somaxconn = {}; llama-server uses 512); kernel counters \
+        "burst: {count} streams at once; the mock backend listens with tokio's backlog of 128 \
+         (the kernel caps it at net.core.somaxconn = {}; llama-server's is also 128); kernel counters \
          are machine-wide",
         somaxconn().map_or("?".to_string(), |n| n.to_string())
     );

@@ -3,12 +3,19 @@
 //!
 //! When thousands of requests arrive at once and the pool has no idle connection for them, an
 //! unbounded client opens a connection per request at the same instant. The backend's listen
-//! queue (llama-server's is 512, a tokio server's 1024) overflows, the kernel drops the SYNs it
-//! has no room for, and each of those connects waits for the SYN to be sent again — after one
-//! second the first time. Bounded, the connects go out a few dozen at a time; each completes
-//! in well under a millisecond on a local network, and a request waiting for a permit also takes
-//! any pooled connection that comes free first (hyper's pool races the checkout against the
-//! connect), so nothing waits longer than the connects ahead of it.
+//! queue (128 for llama-server, whose HTTP library listens with 128, and for tokio servers)
+//! overflows, the kernel drops the SYNs it has no room for, and each of those connects waits
+//! for the SYN to be sent again — after one second the first time. Bounded, the connects go
+//! out a few dozen at a time; each completes in well under a millisecond on a local network,
+//! and a request waiting for a permit also takes any pooled connection that comes free first
+//! (hyper's pool races the checkout against the connect), so nothing waits longer than the
+//! connects ahead of it.
+//!
+//! What it does not bound: a connect ends with the handshake, but the backend's queue also
+//! holds connections that are established and not yet accepted. A backend whose accept loop
+//! falls behind (a busy process) can still overflow it; bounding that too would mean holding
+//! the permit until the backend's first byte on the new connection, which reqwest's connector
+//! layer cannot see (BENCHMARKS.md, burst).
 //!
 //! The bound is a [`tower_layer::Layer`] on the client's connector (`connector_layer`), so it
 //! counts connects only: requests on pooled connections never wait for it. A request dropped

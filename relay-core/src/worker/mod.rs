@@ -403,7 +403,7 @@ const MAX_IDLE_BACKEND_CONNECTIONS: usize = 256;
 
 /// Connects to backends in flight at once. A burst of requests the pool has no idle
 /// connections for would otherwise be a burst of connects, overflowing the backend's listen
-/// queue (llama-server's holds 512): each dropped SYN costs its request a second
+/// queue (llama-server's holds 128): each dropped SYN costs its request a second
 /// ([`crate::backend::connects`]). A local connect takes well under a millisecond, so 32 at a
 /// time open 2,000 connections in a few dozen milliseconds. The bound is shared by the worker's
 /// backends (the client is), and a connect to a backend that does not answer holds its permit
