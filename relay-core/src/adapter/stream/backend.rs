@@ -115,6 +115,10 @@ impl ChatDecoder {
     /// into a `Value` was most of what a translated token cost the worker (round-2 profile,
     /// BENCHMARKS.md).
     fn plain(&mut self, data: &str, out: &mut Vec<StreamEvent>) -> bool {
+        // A derived struct also reads a JSON array, field by position: only objects qualify.
+        if !data.trim_start().starts_with('{') {
+            return false;
+        }
         let Ok(chunk) = serde_json::from_str::<PlainChunk>(data) else {
             return false;
         };
@@ -272,6 +276,7 @@ mod tests {
             r#"{"choices":{"index":0}}"#,
             r#"{"model":"a","model":"b"}"#,
             r#"{"usage":{"prompt_tokens":1"#,
+            r#"["m", [{"index": 0, "delta": {"content": "x"}}]]"#,
             "not json",
         ] {
             let mut decoder = ChatDecoder::default();
