@@ -18,13 +18,18 @@
 //!
 //! The same layer adds the headers that keep the UI from being framed or sniffed.
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use tower_layer::Layer;
+use tower_service::Service;
 
 use crate::dialect::{ApiError, Dialect};
 use crate::proxy::control::auth::DESKTOP_ORIGINS;
@@ -41,7 +46,7 @@ const API_CSP: &str = "default-src 'none'; frame-ancestors 'none'";
 
 /// Which rules a path falls under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Area {
+pub enum Area {
     /// `/api/…`: the control plane.
     Control,
     /// `/v1/…`, `/health` and `/metrics`: clients, workers and monitoring. A scraper may reach
@@ -284,28 +289,140 @@ fn check(guard: &SiteGuard, request: &Request) -> Result<OriginKind, Refusal> {
     Ok(origin)
 }
 
-/// Middleware on every route: refuses what [`check`] refuses, answers configured origins'
-/// preflights on `/v1`, and adds the security headers of the route's area.
-pub async fn guard(State(guard): State<SiteGuard>, request: Request, next: Next) -> Response {
-    let origin = match check(&guard, &request) {
+/// What the guard makes of a request before any route runs.
+enum Admission {
+    /// Answered here: refused, or a configured origin's preflight.
+    Answer(Response),
+    /// On to the route; its answer gets the area's headers, and the CORS grant when a
+    /// configured origin asked.
+    Pass {
+        area: Area,
+        cors_origin: Option<HeaderValue>,
+    },
+}
+
+/// Refuses what [`check`] refuses, answers configured origins' preflights on `/v1`, and lets
+/// the rest through.
+fn admit(guard: &SiteGuard, request: &Request) -> Admission {
+    let origin = match check(guard, request) {
         Ok(origin) => origin,
-        Err(refusal) => return refusal.into_response(request.uri().path()),
+        Err(refusal) => return Admission::Answer(refusal.into_response(request.uri().path())),
     };
     let area = Area::of(request.uri().path());
     let cors_origin = (area == Area::Clients && origin == OriginKind::Configured)
         .then(|| request.headers().get(header::ORIGIN).cloned())
         .flatten();
-    if let (Some(allowed), true) = (&cors_origin, request.method() == Method::OPTIONS) {
-        return preflight(allowed.clone());
+    match cors_origin {
+        Some(allowed) if request.method() == Method::OPTIONS => {
+            Admission::Answer(preflight(allowed))
+        }
+        cors_origin => Admission::Pass { area, cors_origin },
     }
-    let mut response = next.run(request).await;
-    add_headers(&mut response, area);
+}
+
+/// Adds the security headers of `area` and the CORS grant to a route's answer.
+fn finish(response: &mut Response, area: Area, cors_origin: Option<HeaderValue>) {
+    add_headers(response, area);
     if let Some(allowed) = cors_origin {
         let headers = response.headers_mut();
         headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allowed);
         headers.insert(header::VARY, HeaderValue::from_static("origin"));
     }
-    response
+}
+
+/// The guard as a layer on every route (`Router::layer(site_guard)`). Written by hand rather
+/// than with `axum::middleware::from_fn`: `from_fn` boxes a future per request holding the
+/// request's parts and the rest of the stack while the route runs (0.9 KB for every request
+/// waiting for its answer at the peak of `idle10k`, BENCHMARKS.md). Here the check runs before
+/// the route is called, and what waits is the route's own future plus the area and the CORS
+/// grant.
+impl<S> Layer<S> for SiteGuard {
+    type Service = Guarded<S>;
+
+    fn layer(&self, inner: S) -> Guarded<S> {
+        Guarded {
+            guard: self.clone(),
+            inner,
+        }
+    }
+}
+
+/// A route behind the [`SiteGuard`].
+#[derive(Debug, Clone)]
+pub struct Guarded<S> {
+    guard: SiteGuard,
+    inner: S,
+}
+
+impl<S> Service<Request> for Guarded<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Guarding<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        match admit(&self.guard, &request) {
+            Admission::Answer(response) => Guarding::Answered {
+                response: Some(response),
+            },
+            Admission::Pass { area, cors_origin } => {
+                // The service that was polled ready is the one called; a clone takes its place.
+                let clone = self.inner.clone();
+                let mut ready = std::mem::replace(&mut self.inner, clone);
+                Guarding::Passing {
+                    route: ready.call(request),
+                    area,
+                    cors_origin,
+                }
+            }
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's way through the [`SiteGuard`].
+    #[project = GuardingProjection]
+    pub enum Guarding<F> {
+        /// Answered by the guard itself.
+        Answered { response: Option<Response> },
+        /// Answered by the route, then finished with the guard's headers.
+        Passing {
+            #[pin]
+            route: F,
+            area: Area,
+            cors_origin: Option<HeaderValue>,
+        },
+    }
+}
+
+impl<F> Future for Guarding<F>
+where
+    F: Future<Output = Result<Response, Infallible>>,
+{
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            GuardingProjection::Answered { response } => Poll::Ready(Ok(response
+                .take()
+                .expect("a guard future polled after it ended"))),
+            GuardingProjection::Passing {
+                route,
+                area,
+                cors_origin,
+            } => {
+                let Ok(mut response) = std::task::ready!(route.poll(cx));
+                finish(&mut response, *area, cors_origin.take());
+                Poll::Ready(Ok(response))
+            }
+        }
+    }
 }
 
 /// The answer to a configured origin's CORS preflight on `/v1`.
@@ -395,6 +512,90 @@ mod tests {
             builder = builder.header(*name, *value);
         }
         builder.body(Body::empty()).unwrap()
+    }
+
+    /// `request` through `app` as the server would send it.
+    async fn through(app: &mut axum::Router, request: Request) -> Response {
+        std::future::poll_fn(|cx| <axum::Router as Service<Request>>::poll_ready(app, cx))
+            .await
+            .unwrap();
+        app.call(request).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_layer_grants_configured_origins_answers_their_preflights_and_never_runs_a_refused_route(
+    ) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = runs.clone();
+        let route = move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { "models" }
+        };
+        let mut app = axum::Router::new()
+            .route("/v1/models", axum::routing::get(route))
+            .route("/", axum::routing::get(|| async { "page" }))
+            .layer(guard(true));
+        let host = ("host", "127.0.0.1:8080");
+
+        let granted = through(
+            &mut app,
+            request(
+                "GET",
+                "/v1/models",
+                &[host, ("origin", "https://chat.example")],
+            ),
+        )
+        .await;
+        assert_eq!(granted.status(), StatusCode::OK);
+        assert_eq!(
+            granted.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN],
+            "https://chat.example"
+        );
+        assert_eq!(granted.headers()[header::VARY], "origin");
+        assert_eq!(granted.headers()[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+        let preflight = through(
+            &mut app,
+            request(
+                "OPTIONS",
+                "/v1/models",
+                &[host, ("origin", "https://chat.example")],
+            ),
+        )
+        .await;
+        assert_eq!(preflight.status(), StatusCode::NO_CONTENT);
+        assert_eq!(
+            preflight.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN],
+            "https://chat.example"
+        );
+
+        let no_origin = through(&mut app, request("GET", "/v1/models", &[host])).await;
+        assert_eq!(no_origin.status(), StatusCode::OK);
+        assert!(no_origin
+            .headers()
+            .get(header::ACCESS_CONTROL_ALLOW_ORIGIN)
+            .is_none());
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+        for refused in [
+            request(
+                "GET",
+                "/v1/models",
+                &[host, ("origin", "https://evil.example")],
+            ),
+            request("GET", "/v1/models", &[("host", "evil.example:8080")]),
+        ] {
+            let answer = through(&mut app, refused).await;
+            assert!(answer.status().is_client_error(), "{}", answer.status());
+            assert_eq!(runs.load(Ordering::SeqCst), 2, "a refused route never runs");
+        }
+
+        let page = through(&mut app, request("GET", "/", &[host])).await;
+        assert_eq!(page.status(), StatusCode::OK);
+        assert_eq!(page.headers()[header::X_FRAME_OPTIONS], "DENY");
+        assert!(page.headers().contains_key(header::CONTENT_SECURITY_POLICY));
     }
 
     fn refusal_code(result: Result<OriginKind, Refusal>) -> Option<StatusCode> {

@@ -436,7 +436,7 @@ pub async fn router(
         .merge(control::routes(admin.clone()))
         .with_state(state)
         .merge(extra)
-        .layer(axum::middleware::from_fn_with_state(site, guard::guard));
+        .layer(site);
     Ok(Built {
         app,
         hub,
