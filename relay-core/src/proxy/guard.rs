@@ -537,16 +537,15 @@ mod tests {
             .route("/", axum::routing::get(|| async { "page" }))
             .layer(guard(true));
         let host = ("host", "127.0.0.1:8080");
-
-        let granted = through(
-            &mut app,
+        let from_chat = |method| {
             request(
-                "GET",
+                method,
                 "/v1/models",
                 &[host, ("origin", "https://chat.example")],
-            ),
-        )
-        .await;
+            )
+        };
+
+        let granted = through(&mut app, from_chat("GET")).await;
         assert_eq!(granted.status(), StatusCode::OK);
         assert_eq!(
             granted.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN],
@@ -556,15 +555,7 @@ mod tests {
         assert_eq!(granted.headers()[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
         assert_eq!(runs.load(Ordering::SeqCst), 1);
 
-        let preflight = through(
-            &mut app,
-            request(
-                "OPTIONS",
-                "/v1/models",
-                &[host, ("origin", "https://chat.example")],
-            ),
-        )
-        .await;
+        let preflight = through(&mut app, from_chat("OPTIONS")).await;
         assert_eq!(preflight.status(), StatusCode::NO_CONTENT);
         assert_eq!(
             preflight.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN],
