@@ -1,7 +1,5 @@
 //! Decoding the backend's chat-completions stream into canonical [`StreamEvent`]s.
 
-use std::borrow::Cow;
-
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -46,39 +44,14 @@ impl Decoder for ChatDecoder {
     }
 }
 
-impl ChatDecoder {
-    /// Decodes any chunk, parsed.
-    fn decode_value(&mut self, chunk: &Value, out: &mut Vec<StreamEvent>) {
-        if let Some(error) = chunk.get("error").filter(|e| !e.is_null()) {
-            let message = match error.get("message").and_then(Value::as_str) {
-                Some(message) => message.to_string(),
-                None => error.to_string(),
-            };
-            out.push(StreamEvent::Error(message));
-            return;
-        }
-        if !self.started {
-            self.started = true;
-            let model = chunk.get("model").and_then(Value::as_str).map(String::from);
-            out.push(StreamEvent::Start { model });
-        }
-        if let Some(choice) = first_choice(chunk) {
-            self.choice(choice, out);
-        }
-        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
-            out.push(StreamEvent::Usage(parse_usage(usage)));
-        }
-    }
-}
-
 /// The common chunk of a chat stream (text, reasoning, finish, usage), read without building a
-/// `Value` tree: strings borrowed from the event's text unless escaped, unknown members skipped.
+/// `Value` tree: the few strings it needs as `String`s, every other member skipped unstored.
 /// Anything else — an error, tool calls, a member of an unexpected type, a duplicate member —
 /// fails this shape and goes the general way, which handles every chunk.
 #[derive(Deserialize)]
 struct PlainChunk<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    model: Option<String>,
     #[serde(borrow, default)]
     choices: Option<Vec<PlainChoice<'a>>>,
     #[serde(borrow, default)]
@@ -93,18 +66,18 @@ struct PlainChoice<'a> {
     index: Option<u64>,
     #[serde(borrow, default)]
     delta: Option<PlainDelta<'a>>,
-    #[serde(borrow, default)]
-    finish_reason: Option<Cow<'a, str>>,
+    #[serde(default)]
+    finish_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
 struct PlainDelta<'a> {
-    #[serde(borrow, default)]
-    content: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    reasoning_content: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    reasoning: Option<Cow<'a, str>>,
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    reasoning: Option<String>,
     #[serde(borrow, default)]
     tool_calls: Option<&'a RawValue>,
 }
@@ -141,22 +114,16 @@ impl ChatDecoder {
         };
         if !self.started {
             self.started = true;
-            let model = chunk.model.map(Cow::into_owned);
-            out.push(StreamEvent::Start { model });
+            out.push(StreamEvent::Start { model: chunk.model });
         }
-        if let Some(choice) = choices.iter().find(|c| c.index.unwrap_or(0) == 0) {
-            let text = |piece: &Option<Cow<str>>| {
-                piece
-                    .as_deref()
-                    .filter(|text| !text.is_empty())
-                    .map(String::from)
-            };
-            if let Some(delta) = &choice.delta {
-                let reasoning = text(&delta.reasoning_content).or_else(|| text(&delta.reasoning));
+        if let Some(choice) = choices.into_iter().find(|c| c.index.unwrap_or(0) == 0) {
+            let text = |piece: Option<String>| piece.filter(|text| !text.is_empty());
+            if let Some(delta) = choice.delta {
+                let reasoning = text(delta.reasoning_content).or_else(|| text(delta.reasoning));
                 if let Some(reasoning) = reasoning {
                     out.push(StreamEvent::Thinking(reasoning));
                 }
-                if let Some(content) = text(&delta.content) {
+                if let Some(content) = text(delta.content) {
                     out.push(StreamEvent::Text(content));
                 }
             }
@@ -170,6 +137,30 @@ impl ChatDecoder {
         }
         true
     }
+
+    /// Decodes any chunk, parsed.
+    fn decode_value(&mut self, chunk: &Value, out: &mut Vec<StreamEvent>) {
+        if let Some(error) = chunk.get("error").filter(|e| !e.is_null()) {
+            let message = match error.get("message").and_then(Value::as_str) {
+                Some(message) => message.to_string(),
+                None => error.to_string(),
+            };
+            out.push(StreamEvent::Error(message));
+            return;
+        }
+        if !self.started {
+            self.started = true;
+            let model = chunk.get("model").and_then(Value::as_str).map(String::from);
+            out.push(StreamEvent::Start { model });
+        }
+        if let Some(choice) = first_choice(chunk) {
+            self.choice(choice, out);
+        }
+        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+            out.push(StreamEvent::Usage(parse_usage(usage)));
+        }
+    }
+
     fn choice(&mut self, choice: &Value, out: &mut Vec<StreamEvent>) {
         let text = |key: &str| {
             choice
