@@ -2,10 +2,11 @@
 //! prompt in the backend's cache?
 //!
 //! Two real llama-servers (tiny model, three slots each, one thread) behind the real proxy and
-//! two real workers; six concurrent conversations of several turns share a long system prompt
-//! (≥ 2,000 tokens), with random pauses between turns. The same run measures the proxy with
+//! two real workers; six concurrent conversations of several turns, each with a long system
+//! prompt (≥ 2,000 tokens), with random pauses between turns. It runs two workloads: one system
+//! prompt shared by all conversations, and a system prompt of its own per conversation. The same run measures the proxy with
 //! affinity off (least-loaded routing), then on with the workers' slot hints off, then both on;
-//! each phase gets fresh servers and its own system prompt, so none inherits another's cache.
+//! each phase gets fresh servers and its own system prompts, so none inherits another's cache.
 //! For turns 2+ it reports the share of prompt tokens llama-server served from cache
 //! (`timings.cache_n / (cache_n + prompt_n)`), the turns whose history was evaluated again, the
 //! prompt tokens evaluated, the mean prompt evaluation time (`timings.prompt_ms`) and the
@@ -13,7 +14,9 @@
 //!
 //! `cargo bench -p relay-core --bench affinity` (needs `../shared/tools/realstack/setup.sh`'s
 //! stack in `$REALSTACK`, default `~/.cache/modelrelay-realstack`; without it, it says so and
-//! exits). `AFFINITY_TURNS`, `AFFINITY_CONVERSATIONS` and `AFFINITY_SEED` change the run.
+//! exits). `AFFINITY_TURNS`, `AFFINITY_CONVERSATIONS`, `AFFINITY_SEEDS`, `AFFINITY_SYSTEM`
+//! (`shared`, `own`, `both`), `AFFINITY_LLAMA_ARGS` (more llama-server arguments, the same
+//! for every phase) and `AFFINITY_MODEL` (another GGUF file) change the run.
 
 #[allow(dead_code)] // shared with the relay bench, which uses more of it
 #[path = "../relay/procs.rs"]
@@ -86,7 +89,11 @@ fn realstack() -> Option<(PathBuf, PathBuf)> {
             std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/modelrelay-realstack"))
         })?;
     let server = root.join("bin/llama-server");
-    let model = root.join("models/tiny-random-llama.gguf");
+    // Another model for every phase alike, e.g. a bigger random one whose prompt evaluation
+    // costs per token what a real model's does (`make_tiny_gguf.py --n-embd 256 --n-layer 4`).
+    let model = std::env::var_os("AFFINITY_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("models/tiny-random-llama.gguf"));
     (server.is_file() && model.is_file()).then_some((server, model))
 }
 
@@ -105,6 +112,10 @@ async fn start_llama(client: &reqwest::Client, server: &Path, model: &Path) -> (
     // Each slot gets a third of the context: a 2,000-token system prompt and the turns.
     command.args(["-c", "16384", "-n", &ANSWER_TOKENS.to_string(), "-t", "1"]);
     command.args(["-np", &SLOTS.to_string(), "--no-webui"]);
+    // More of llama-server's own settings for every phase alike, e.g. `--cache-ram 0`.
+    if let Ok(extra) = std::env::var("AFFINITY_LLAMA_ARGS") {
+        command.args(extra.split_whitespace());
+    }
     let child = ChildProcess::start(command, None);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -206,11 +217,11 @@ async fn turn(
         .send()
         .await
         .expect("the turn was sent");
-    assert!(
-        response.status().is_success(),
-        "status {}",
-        response.status()
-    );
+    let status = response.status();
+    if !status.is_success() {
+        let body = response.text().await.unwrap_or_default();
+        panic!("turn {index} got status {status}: {body}");
+    }
     let mut pending = String::new();
     let mut text = String::new();
     let mut ttft = None;
@@ -283,19 +294,84 @@ async fn conversation(
     out
 }
 
-/// The phase's summary of turns 2+.
-struct Summary {
-    turns: usize,
-    /// Turns 2+ that evaluated their history again, and how many history tokens in all.
-    history_misses: usize,
-    history_tokens: u64,
-    cached_share: f64,
-    /// Prompt tokens llama-server evaluated per turn (`prompt_n`): the work, whatever the
-    /// machine's load does to the time it takes.
-    prompt_tokens: f64,
-    prompt_ms: f64,
-    ttft_ms: f64,
-    placements: String,
+/// What the proxy's `/metrics` counted of its affinity placements in a phase.
+#[derive(Debug, Clone, Copy, Default)]
+struct Placements {
+    hit: u64,
+    miss: u64,
+    new: u64,
+}
+
+impl Placements {
+    /// The `modelrelay_affinity_placements_total{outcome="…"}` lines of a `/metrics` page.
+    fn from_metrics(page: &str) -> Self {
+        let mut counted = Placements::default();
+        for line in page.lines() {
+            let Some(rest) = line.strip_prefix("modelrelay_affinity_placements_total{outcome=\"")
+            else {
+                continue;
+            };
+            let Some((outcome, value)) = rest.split_once("\"}") else {
+                continue;
+            };
+            let value = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+            match outcome {
+                "hit" => counted.hit += value,
+                "miss" => counted.miss += value,
+                "new" => counted.new += value,
+                _ => {}
+            }
+        }
+        counted
+    }
+
+    fn add(&mut self, other: Placements) {
+        self.hit += other.hit;
+        self.miss += other.miss;
+        self.new += other.new;
+    }
+}
+
+/// One phase's turns 2+, pooled over the seeds run.
+#[derive(Default)]
+struct Pooled {
+    later: Vec<Turn>,
+    placements: Placements,
+    /// Mean prompt evaluation per seed, to show how far one run strays from the pool.
+    per_seed_prompt_ms: Vec<(u64, f64)>,
+}
+
+impl Pooled {
+    fn add(&mut self, seed: u64, run: PhaseRun) {
+        self.per_seed_prompt_ms
+            .push((seed, mean(&run.later, |t| t.prompt_ms)));
+        self.later.extend(run.later);
+        self.placements.add(run.placements);
+    }
+
+    /// Turns 2+ that evaluated their history again.
+    fn history_misses(&self) -> usize {
+        self.later
+            .iter()
+            .filter(|t| t.history_reevaluated > TEMPLATE_SLACK)
+            .count()
+    }
+
+    fn cached_share(&self) -> f64 {
+        let cached: u64 = self.later.iter().map(|t| t.cache_n).sum();
+        let evaluated: u64 = self.later.iter().map(|t| t.prompt_n).sum();
+        cached as f64 / (cached + evaluated).max(1) as f64
+    }
+}
+
+fn mean(turns: &[Turn], of: impl Fn(&Turn) -> f64) -> f64 {
+    turns.iter().map(of).sum::<f64>() / turns.len().max(1) as f64
+}
+
+/// What one phase of one seed measured.
+struct PhaseRun {
+    later: Vec<Turn>,
+    placements: Placements,
 }
 
 /// How one phase routes: the proxy's affinity, the workers' slot hints.
@@ -324,31 +400,44 @@ const PHASES: [Routing; 3] = [
     },
 ];
 
-async fn phase(
-    client: &reqwest::Client,
-    stack: &(PathBuf, PathBuf),
-    (index, routing): (usize, Routing),
+/// Whose system prompt a conversation carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SystemPrompts {
+    /// One prompt for every conversation (one agent or client used by everyone): a turn that
+    /// lands in another conversation's slot still finds the system prompt there.
+    Shared,
+    /// Each conversation its own (different clients, users, projects): a turn that lands in
+    /// another conversation's slot finds nothing of its prompt there.
+    PerConversation,
+}
+
+impl SystemPrompts {
+    fn describe(self) -> &'static str {
+        match self {
+            SystemPrompts::Shared => "one system prompt shared by all conversations",
+            SystemPrompts::PerConversation => "a system prompt of its own per conversation",
+        }
+    }
+}
+
+/// What one run of the bench sends.
+#[derive(Debug, Clone, Copy)]
+struct Workload {
     conversations: u64,
     turns: usize,
     seed: u64,
-) -> Summary {
-    let data =
-        std::env::temp_dir().join(format!("modelrelay-affinity-bench-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&data);
-    let (_llama_a, port_a) = start_llama(client, &stack.0, &stack.1).await;
-    let (_llama_b, port_b) = start_llama(client, &stack.0, &stack.1).await;
-    let (_proxy, proxy_port) = start_proxy(routing.affinity, &data);
-    let _worker_a = start_worker(proxy_port, port_a, "box-a", routing.slot_hints, &data);
-    let _worker_b = start_worker(proxy_port, port_b, "box-b", routing.slot_hints, &data);
-    wait_for_workers(client, proxy_port, 2).await;
-    // Each phase has its own system prompt, so the servers' caches start cold for it.
-    let mut rng = Rng(seed ^ index as u64 ^ 0x9e37_79b9);
-    let mut system = format!("Phase {index}. You are a careful assistant. ");
+    prompts: SystemPrompts,
+}
+
+/// A system prompt of at least `SYSTEM_TOKENS` tokens (counted by llama-server's `/tokenize`),
+/// opening with `title`.
+async fn system_prompt(client: &reqwest::Client, port: u16, rng: &mut Rng, title: &str) -> String {
+    let mut system = format!("{title}. You are a careful assistant. ");
     loop {
-        system.push_str(&words(&mut rng, 200));
+        system.push_str(&words(rng, 200));
         system.push(' ');
         let tokens = client
-            .post(format!("http://127.0.0.1:{port_a}/tokenize"))
+            .post(format!("http://127.0.0.1:{port}/tokenize"))
             .header("content-type", "application/json")
             .body(json!({"content": system}).to_string())
             .send()
@@ -359,16 +448,58 @@ async fn phase(
             .expect("tokens");
         let tokens: Value = serde_json::from_str(&tokens).unwrap_or_default();
         if tokens["tokens"].as_array().map_or(0, Vec::len) >= SYSTEM_TOKENS {
-            break;
+            return system;
         }
+    }
+}
+
+async fn phase(
+    client: &reqwest::Client,
+    stack: &(PathBuf, PathBuf),
+    (index, routing): (usize, Routing),
+    workload: Workload,
+) -> PhaseRun {
+    let Workload {
+        conversations,
+        turns,
+        seed,
+        prompts,
+    } = workload;
+    let data =
+        std::env::temp_dir().join(format!("modelrelay-affinity-bench-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&data);
+    let (_llama_a, port_a) = start_llama(client, &stack.0, &stack.1).await;
+    let (_llama_b, port_b) = start_llama(client, &stack.0, &stack.1).await;
+    let (_proxy, proxy_port) = start_proxy(routing.affinity, &data);
+    let _worker_a = start_worker(proxy_port, port_a, "box-a", routing.slot_hints, &data);
+    let _worker_b = start_worker(proxy_port, port_b, "box-b", routing.slot_hints, &data);
+    wait_for_workers(client, proxy_port, 2).await;
+    // Each phase has its own system prompts, so the servers' caches start cold for it.
+    let mut rng = Rng(seed ^ index as u64 ^ 0x9e37_79b9);
+    let shared = system_prompt(client, port_a, &mut rng, &format!("Phase {index}")).await;
+    let mut systems = Vec::new();
+    for c in 0..conversations {
+        systems.push(match prompts {
+            SystemPrompts::Shared => shared.clone(),
+            SystemPrompts::PerConversation => {
+                system_prompt(
+                    client,
+                    port_a,
+                    &mut rng,
+                    &format!("Phase {index}, user {c}"),
+                )
+                .await
+            }
+        });
     }
     let url = format!("http://127.0.0.1:{proxy_port}/v1/chat/completions");
     let tasks: Vec<_> = (0..conversations)
-        .map(|c| {
+        .zip(systems)
+        .map(|(c, system)| {
             tokio::spawn(conversation(
                 client.clone(),
                 url.clone(),
-                system.clone(),
+                system,
                 turns,
                 seed.wrapping_mul(31).wrapping_add(c + 1),
             ))
@@ -391,28 +522,20 @@ async fn phase(
         .text()
         .await
         .unwrap_or_default();
-    let placements = metrics
-        .lines()
-        .filter(|l| l.starts_with("modelrelay_affinity_placements_total{"))
-        .map(|l| l.trim_start_matches("modelrelay_affinity_placements_total"))
-        .collect::<Vec<_>>()
-        .join(" ");
     let _ = std::fs::remove_dir_all(&data);
-    let n = later.len().max(1) as f64;
-    let cached: u64 = later.iter().map(|t| t.cache_n).sum();
-    let evaluated: u64 = later.iter().map(|t| t.prompt_n).sum();
-    Summary {
-        turns: later.len(),
-        history_misses: later
-            .iter()
-            .filter(|t| t.history_reevaluated > TEMPLATE_SLACK)
-            .count(),
-        history_tokens: later.iter().map(|t| t.history_reevaluated).sum(),
-        cached_share: cached as f64 / (cached + evaluated).max(1) as f64,
-        prompt_tokens: evaluated as f64 / n,
-        prompt_ms: later.iter().map(|t| t.prompt_ms).sum::<f64>() / n,
-        ttft_ms: later.iter().map(|t| t.ttft_ms).sum::<f64>() / n,
-        placements,
+    PhaseRun {
+        later,
+        placements: Placements::from_metrics(&metrics),
+    }
+}
+
+/// `AFFINITY_SYSTEM`: `shared`, `own` or (default) `both`, one table each.
+fn system_prompt_workloads() -> Vec<SystemPrompts> {
+    match std::env::var("AFFINITY_SYSTEM").as_deref() {
+        Ok("shared") => vec![SystemPrompts::Shared],
+        Ok("own") => vec![SystemPrompts::PerConversation],
+        Ok("both") | Err(_) => vec![SystemPrompts::Shared, SystemPrompts::PerConversation],
+        Ok(other) => panic!("AFFINITY_SYSTEM is shared, own or both, not {other:?}"),
     }
 }
 
@@ -427,57 +550,124 @@ async fn main() {
         );
         return;
     };
+    let client = reqwest::Client::new();
     let conversations = env_or("AFFINITY_CONVERSATIONS", 6);
     let turns = env_or("AFFINITY_TURNS", 6) as usize;
-    let seed = env_or("AFFINITY_SEED", 17);
-    let client = reqwest::Client::new();
-    let mut summaries = Vec::new();
-    for (index, routing) in PHASES.into_iter().enumerate() {
-        eprintln!(
-            "{conversations} conversations x {turns} turns, seed {seed}: {}...",
-            routing.name
-        );
-        let summary = phase(
-            &client,
-            &stack,
-            (index, routing),
-            conversations,
-            turns,
-            seed,
-        )
-        .await;
-        summaries.push((routing.name, summary));
+    let seeds = seeds();
+    let workloads = system_prompt_workloads();
+    // pooled[workload][phase]
+    let mut pooled: Vec<Vec<Pooled>> = workloads
+        .iter()
+        .map(|_| PHASES.iter().map(|_| Pooled::default()).collect())
+        .collect();
+    for &seed in &seeds {
+        for (w, &prompts) in workloads.iter().enumerate() {
+            let workload = Workload {
+                conversations,
+                turns,
+                seed,
+                prompts,
+            };
+            for (index, routing) in PHASES.into_iter().enumerate() {
+                eprintln!(
+                    "{conversations} conversations x {turns} turns, {}, seed {seed}: {}...",
+                    prompts.describe(),
+                    routing.name
+                );
+                let run = phase(&client, &stack, (index, routing), workload).await;
+                pooled[w][index].add(seed, run);
+            }
+        }
     }
+    for (prompts, phases) in workloads.iter().zip(&pooled) {
+        print_table(conversations, turns, &seeds, *prompts, phases);
+    }
+}
+
+/// `AFFINITY_SEEDS`: the runs to pool, as seeds separated by commas or spaces (default five).
+/// One run's least-loaded baseline swings about 2x from seed to seed (how often a conversation
+/// happens to change servers), so the verdict is taken on the pool.
+fn seeds() -> Vec<u64> {
+    let list = std::env::var("AFFINITY_SEEDS").unwrap_or_else(|_| "17,18,19,20,21".into());
+    let seeds: Vec<u64> = list
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse()
+                .unwrap_or_else(|_| panic!("AFFINITY_SEEDS holds numbers, not {s:?}"))
+        })
+        .collect();
+    assert!(!seeds.is_empty(), "AFFINITY_SEEDS names no seed");
+    seeds
+}
+
+/// The model file's name, for the table's title.
+fn model_name() -> String {
+    std::env::var("AFFINITY_MODEL")
+        .ok()
+        .and_then(|path| {
+            Path::new(&path)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "tiny-random-llama.gguf".into())
+}
+
+fn print_table(
+    conversations: u64,
+    turns: usize,
+    seeds: &[u64],
+    prompts: SystemPrompts,
+    phases: &[Pooled],
+) {
+    let seed_list = seeds
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
     println!(
-        "\n{conversations} conversations x {turns} turns, ≥{SYSTEM_TOKENS}-token shared system \
-         prompt, 2 llama-servers x {SLOTS} slots (tiny model, 1 thread), seed {seed}; turns 2+:\n"
+        "\n{conversations} conversations x {turns} turns, {} (≥{SYSTEM_TOKENS} tokens), \
+         2 llama-servers x {SLOTS} slots ({model}, 1 thread), seeds {seed_list} pooled; \
+         turns 2+:\n",
+        prompts.describe(),
+        model = model_name(),
     );
-    println!("| routing | turns | prompt tokens from cache | turns that re-evaluated history (tokens) | mean prompt tokens evaluated | mean prompt eval ms | mean TTFT ms | placements (/metrics) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---|");
-    for (name, s) in &summaries {
+    println!("| routing | turns | prompt tokens from cache | turns that re-evaluated history (tokens) | mean prompt tokens evaluated | mean prompt eval ms | mean TTFT ms | per seed: prompt eval ms | placements hit/miss/new |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---|---|");
+    for (routing, p) in PHASES.iter().zip(phases) {
+        let per_seed = p
+            .per_seed_prompt_ms
+            .iter()
+            .map(|(_, ms)| format!("{ms:.1}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let placements = if routing.affinity {
+            let c = p.placements;
+            format!("{}/{}/{}", c.hit, c.miss, c.new)
+        } else {
+            "-".to_string()
+        };
         println!(
-            "| {name} | {} | {:.1}% | {} ({}) | {:.0} | {:.1} | {:.1} | {} |",
-            s.turns,
-            s.cached_share * 100.0,
-            s.history_misses,
-            s.history_tokens,
-            s.prompt_tokens,
-            s.prompt_ms,
-            s.ttft_ms,
-            if s.placements.is_empty() {
-                "-"
-            } else {
-                &s.placements
-            },
+            "| {} | {} | {:.1}% | {} ({}) | {:.0} | {:.1} | {:.1} | {per_seed} | {placements} |",
+            routing.name,
+            p.later.len(),
+            p.cached_share() * 100.0,
+            p.history_misses(),
+            p.later.iter().map(|t| t.history_reevaluated).sum::<u64>(),
+            mean(&p.later, |t| t.prompt_n as f64),
+            mean(&p.later, |t| t.prompt_ms),
+            mean(&p.later, |t| t.ttft_ms),
         );
     }
-    let off = &summaries[0].1;
-    for (name, on) in &summaries[1..] {
+    let off = &phases[0].later;
+    for (routing, on) in PHASES.iter().zip(phases).skip(1) {
+        let on = &on.later;
         println!(
-            "| off / ({name}) | | | | {:.2}x | {:.2}x | {:.2}x | |",
-            off.prompt_tokens / on.prompt_tokens.max(0.001),
-            off.prompt_ms / on.prompt_ms.max(0.001),
-            off.ttft_ms / on.ttft_ms.max(0.001)
+            "| off / ({}) | | | | {:.2}x | {:.2}x | {:.2}x | | |",
+            routing.name,
+            mean(off, |t| t.prompt_n as f64) / mean(on, |t| t.prompt_n as f64).max(0.001),
+            mean(off, |t| t.prompt_ms) / mean(on, |t| t.prompt_ms).max(0.001),
+            mean(off, |t| t.ttft_ms) / mean(on, |t| t.ttft_ms).max(0.001),
         );
     }
 }

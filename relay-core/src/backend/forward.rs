@@ -51,12 +51,44 @@ pub(super) enum SendError {
 }
 
 /// POSTs `body` with `headers` to `path` on the backend.
+///
+/// Sent once more when the backend closed the connection without a byte of an answer
+/// ([`closed_unanswered`]): an idle pooled connection the backend was closing as the request
+/// went out, which the affinity bench met about once in a thousand turns against llama-server.
+/// The backend answered nothing, so its client has nothing to see twice, and a model server
+/// abandons the work of a connection it closed; a second such close is the backend's answer.
 pub(super) async fn send(
     backend: &Backend,
     path: &str,
     headers: &HeaderMap,
     body: String,
 ) -> Result<reqwest::Response, SendError> {
+    // Shared, so a second send costs no copy of the body.
+    let body = bytes::Bytes::from(body);
+    match post(backend, path, headers, body.clone())?.send().await {
+        Err(error) if closed_unanswered(&error) => {
+            tracing::debug!(
+                backend = %backend.base_url,
+                "sending once more: {}",
+                error_chain(&error)
+            );
+            post(backend, path, headers, body)?
+                .send()
+                .await
+                .map_err(SendError::Http)
+        }
+        sent => sent.map_err(SendError::Http),
+    }
+}
+
+/// The backend request: `body` and the client's `headers` (less those reqwest sets itself), a
+/// JSON content type unless one was given.
+fn post(
+    backend: &Backend,
+    path: &str,
+    headers: &HeaderMap,
+    body: bytes::Bytes,
+) -> Result<reqwest::RequestBuilder, SendError> {
     let url = endpoint::join(&backend.base_url, path).map_err(SendError::Refused)?;
     tracing::debug!(%url, "forwarding request");
     let mut builder = backend.client.post(url).body(body);
@@ -72,7 +104,21 @@ pub(super) async fn send(
     if !has_content_type {
         builder = builder.header("content-type", "application/json");
     }
-    builder.send().await.map_err(SendError::Http)
+    Ok(builder)
+}
+
+/// Whether the backend closed the connection before any of its answer arrived (hyper's
+/// "connection closed before message completed"): not a refused connect, a timeout or a reset
+/// mid-answer, which are not sent again.
+fn closed_unanswered(error: &reqwest::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(hyper_error) = cause.downcast_ref::<hyper::Error>() {
+            return hyper_error.is_incomplete_message();
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// Reports a request the backend never answered: a 502 in the dialect of `path` when it could
@@ -87,14 +133,12 @@ pub(super) async fn unreachable(
     let base_url = &backend.base_url;
     let (status, code, message) = match error {
         SendError::Http(error) => {
-            tracing::warn!(request = %id, backend = %base_url, "backend error: {error}");
+            let why = error_chain(error);
+            tracing::warn!(request = %id, backend = %base_url, "backend error: {why}");
             (
                 StatusCode::BAD_GATEWAY,
                 "backend_unavailable",
-                format!(
-                    "the backend at {base_url} is unreachable: {}",
-                    error_chain(error)
-                ),
+                format!("the backend at {base_url} is unreachable: {why}"),
             )
         }
         SendError::Refused(why) => {
@@ -247,4 +291,132 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Capabilities, Speaks};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Reads one request (head and `content-length` body) from `socket`; false at its end.
+    async fn read_request(socket: &mut tokio::net::TcpStream) -> bool {
+        let mut seen = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                if seen.len() >= end + 4 + length {
+                    return true;
+                }
+            }
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => seen.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// A backend whose first `unanswered` connections read a request and close without a word;
+    /// later ones answer `{}`. Counts the connections.
+    async fn closing_backend(unanswered: usize) -> (Backend, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base_url = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let number = counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    while read_request(&mut socket).await {
+                        if number < unanswered {
+                            return;
+                        }
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+                        if socket.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let backend = Backend {
+            base_url,
+            speaks: Speaks::OpenAi,
+            client: reqwest::Client::new(),
+            capabilities: Capabilities::default(),
+        };
+        (backend, accepted)
+    }
+
+    #[tokio::test]
+    async fn a_request_the_backend_closed_on_without_answering_is_sent_once_more() {
+        let (backend, accepted) = closing_backend(1).await;
+        let response = send(
+            &backend,
+            "/v1/chat/completions",
+            &HeaderMap::new(),
+            "{}".into(),
+        )
+        .await
+        .expect("the second send is answered");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.text().await.unwrap(), "{}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_backend_that_closes_every_time_gets_the_request_twice_then_a_502() {
+        let (backend, accepted) = closing_backend(usize::MAX).await;
+        let error = send(
+            &backend,
+            "/v1/chat/completions",
+            &HeaderMap::new(),
+            "{}".into(),
+        )
+        .await
+        .expect_err("never answered");
+        let SendError::Http(error) = error else {
+            panic!("not a refused path")
+        };
+        assert!(
+            error_chain(&error).contains("connection closed before message completed"),
+            "{}",
+            error_chain(&error)
+        );
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "one more send, no more");
+    }
+
+    #[tokio::test]
+    async fn a_refused_connect_is_not_sent_again() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base_url = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let backend = Backend {
+            base_url,
+            speaks: Speaks::OpenAi,
+            client: reqwest::Client::new(),
+            capabilities: Capabilities::default(),
+        };
+        let error = send(
+            &backend,
+            "/v1/chat/completions",
+            &HeaderMap::new(),
+            "{}".into(),
+        )
+        .await
+        .expect_err("nobody listens");
+        let SendError::Http(error) = error else {
+            panic!("not a refused path")
+        };
+        assert!(error.is_connect());
+        assert!(!closed_unanswered(&error));
+    }
 }

@@ -410,6 +410,16 @@ const MAX_IDLE_BACKEND_CONNECTIONS: usize = 256;
 /// up to the connect timeout.
 const MAX_BACKEND_CONNECTS_IN_FLIGHT: usize = 32;
 
+/// How long an idle backend connection may be reused: under the shortest keep-alive common
+/// backends allow. llama-server (cpp-httplib) and vLLM (uvicorn) close a connection idle for 5 s;
+/// a request sent on it just as the backend closes it fails before reaching the backend
+/// ("connection closed before message completed"). The client's idle clock starts after the
+/// backend's (when the answer has been read), so a second's margin keeps the worker from ever
+/// picking a connection the backend is about to close for idleness; reconnecting to a local
+/// backend costs well under a millisecond. (A close for any other reason is sent once more,
+/// [`crate::backend`]'s `forward::send`.)
+const BACKEND_IDLE_REUSE: Duration = Duration::from_secs(4);
+
 /// The HTTP client for backends: no overall timeout (generations can be long), a short connect
 /// timeout, and no system proxy (backends are local).
 fn backend_client(max_concurrent: u32) -> reqwest::Client {
@@ -419,7 +429,7 @@ fn backend_client(max_concurrent: u32) -> reqwest::Client {
         // request under full load), but after a burst of thousands of streams don't keep
         // thousands of idle sockets and their buffers open to the backend.
         .pool_max_idle_per_host((max_concurrent as usize).min(MAX_IDLE_BACKEND_CONNECTIONS))
-        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_idle_timeout(BACKEND_IDLE_REUSE)
         .no_proxy()
         .tcp_nodelay(true)
         .connector_layer(ConnectLimit::new(MAX_BACKEND_CONNECTS_IN_FLIGHT))
@@ -515,6 +525,71 @@ mod tests {
         assert!(matches!(mapped, Backends::Fixed(ref urls) if urls.is_empty()));
         let default = backends_of("", None);
         assert!(matches!(default, Backends::Fixed(ref urls) if urls == &[defaults::BACKEND_URL]));
+    }
+
+    /// A backend on 127.0.0.1 that answers every request on a connection with a small JSON
+    /// body, keeping connections alive, and counts the connections it accepted.
+    async fn counting_backend() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        // Requests here are bodiless GETs: one ends at its blank line.
+                        while !buffer.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match socket.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        let end = buffer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+                        buffer.drain(..end + 4);
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+                        if socket.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, accepted)
+    }
+
+    #[tokio::test]
+    async fn a_backend_connection_is_reused_while_fresh_and_never_once_idle_near_a_five_second_keep_alive(
+    ) {
+        use std::sync::atomic::Ordering;
+        const { assert!(BACKEND_IDLE_REUSE.as_millis() < 5_000) };
+        let (url, accepted) = counting_backend().await;
+        let client = backend_client(4);
+        let get = || async {
+            let response = client.get(format!("{url}/health")).send().await.unwrap();
+            assert!(response.status().is_success());
+            response.bytes().await.unwrap();
+        };
+        get().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        get().await;
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "a connection idle for 200 ms is reused"
+        );
+        tokio::time::sleep(BACKEND_IDLE_REUSE + Duration::from_millis(300)).await;
+        get().await;
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "a connection idle past the reuse limit is not sent on: the backend may be closing it"
+        );
     }
 
     #[test]
