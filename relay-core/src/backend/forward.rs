@@ -324,6 +324,31 @@ mod tests {
         }
     }
 
+    fn backend_at(base_url: String) -> Backend {
+        Backend {
+            base_url,
+            speaks: Speaks::OpenAi,
+            client: reqwest::Client::new(),
+            capabilities: Capabilities::default(),
+        }
+    }
+
+    /// Sends a chat request that the backend does not answer: the client's error.
+    async fn send_unanswered(backend: &Backend) -> reqwest::Error {
+        let sent = send(
+            backend,
+            "/v1/chat/completions",
+            &HeaderMap::new(),
+            "{}".into(),
+        )
+        .await;
+        match sent {
+            Err(SendError::Http(error)) => error,
+            Err(SendError::Refused(why)) => panic!("the path was refused: {why}"),
+            Ok(response) => panic!("answered: {}", response.status()),
+        }
+    }
+
     /// A backend whose first `unanswered` connections read a request and close without a word;
     /// later ones answer `{}`. Counts the connections.
     async fn closing_backend(unanswered: usize) -> (Backend, Arc<AtomicUsize>) {
@@ -347,13 +372,7 @@ mod tests {
                 });
             }
         });
-        let backend = Backend {
-            base_url,
-            speaks: Speaks::OpenAi,
-            client: reqwest::Client::new(),
-            capabilities: Capabilities::default(),
-        };
-        (backend, accepted)
+        (backend_at(base_url), accepted)
     }
 
     #[tokio::test]
@@ -375,21 +394,10 @@ mod tests {
     #[tokio::test]
     async fn a_backend_that_closes_every_time_gets_the_request_twice_then_a_502() {
         let (backend, accepted) = closing_backend(usize::MAX).await;
-        let error = send(
-            &backend,
-            "/v1/chat/completions",
-            &HeaderMap::new(),
-            "{}".into(),
-        )
-        .await
-        .expect_err("never answered");
-        let SendError::Http(error) = error else {
-            panic!("not a refused path")
-        };
+        let why = error_chain(&send_unanswered(&backend).await);
         assert!(
-            error_chain(&error).contains("connection closed before message completed"),
-            "{}",
-            error_chain(&error)
+            why.contains("connection closed before message completed"),
+            "{why}"
         );
         assert_eq!(accepted.load(Ordering::SeqCst), 2, "one more send, no more");
     }
@@ -399,23 +407,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let base_url = format!("http://{}", listener.local_addr().unwrap());
         drop(listener);
-        let backend = Backend {
-            base_url,
-            speaks: Speaks::OpenAi,
-            client: reqwest::Client::new(),
-            capabilities: Capabilities::default(),
-        };
-        let error = send(
-            &backend,
-            "/v1/chat/completions",
-            &HeaderMap::new(),
-            "{}".into(),
-        )
-        .await
-        .expect_err("nobody listens");
-        let SendError::Http(error) = error else {
-            panic!("not a refused path")
-        };
+        let error = send_unanswered(&backend_at(base_url)).await;
         assert!(error.is_connect());
         assert!(!closed_unanswered(&error));
     }
