@@ -337,14 +337,15 @@ impl Placements {
 struct Pooled {
     later: Vec<Turn>,
     placements: Placements,
-    /// Mean prompt evaluation per seed, to show how far one run strays from the pool.
-    per_seed_prompt_ms: Vec<(u64, f64)>,
+    /// Mean prompt evaluation per seed, in the seeds' order, to show how far one run strays
+    /// from the pool.
+    per_seed_prompt_ms: Vec<f64>,
 }
 
 impl Pooled {
-    fn add(&mut self, seed: u64, run: PhaseRun) {
+    fn add(&mut self, run: PhaseRun) {
         self.per_seed_prompt_ms
-            .push((seed, mean(&run.later, |t| t.prompt_ms)));
+            .push(mean(&run.later, |t| t.prompt_ms));
         self.later.extend(run.later);
         self.placements.add(run.placements);
     }
@@ -575,7 +576,7 @@ async fn main() {
                     routing.name
                 );
                 let run = phase(&client, &stack, (index, routing), workload).await;
-                pooled[w][index].add(seed, run);
+                pooled[w][index].add(run);
             }
         }
     }
@@ -638,7 +639,7 @@ fn print_table(
         let per_seed = p
             .per_seed_prompt_ms
             .iter()
-            .map(|(_, ms)| format!("{ms:.1}"))
+            .map(|ms| format!("{ms:.1}"))
             .collect::<Vec<_>>()
             .join(" ");
         let placements = if routing.affinity {

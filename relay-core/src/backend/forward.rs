@@ -296,33 +296,10 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::testing::counting_backend;
     use crate::backend::{Capabilities, Speaks};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    /// Reads one request (head and `content-length` body) from `socket`; false at its end.
-    async fn read_request(socket: &mut tokio::net::TcpStream) -> bool {
-        let mut seen = Vec::new();
-        let mut chunk = [0u8; 4096];
-        loop {
-            if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
-                let length: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0);
-                if seen.len() >= end + 4 + length {
-                    return true;
-                }
-            }
-            match socket.read(&mut chunk).await {
-                Ok(0) | Err(_) => return false,
-                Ok(n) => seen.extend_from_slice(&chunk[..n]),
-            }
-        }
-    }
 
     fn backend_at(base_url: String) -> Backend {
         Backend {
@@ -349,29 +326,9 @@ mod tests {
         }
     }
 
-    /// A backend whose first `unanswered` connections read a request and close without a word;
-    /// later ones answer `{}`. Counts the connections.
+    /// [`counting_backend`] as a [`Backend`].
     async fn closing_backend(unanswered: usize) -> (Backend, Arc<AtomicUsize>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base_url = format!("http://{}", listener.local_addr().unwrap());
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let counter = accepted.clone();
-        tokio::spawn(async move {
-            while let Ok((mut socket, _)) = listener.accept().await {
-                let number = counter.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    while read_request(&mut socket).await {
-                        if number < unanswered {
-                            return;
-                        }
-                        let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
-                        if socket.write_all(answer).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
+        let (base_url, accepted) = counting_backend(unanswered).await;
         (backend_at(base_url), accepted)
     }
 

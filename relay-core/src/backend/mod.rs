@@ -19,6 +19,8 @@ mod count_tokens;
 pub mod endpoint;
 mod forward;
 pub mod sse;
+#[cfg(test)]
+pub(crate) mod testing;
 mod translate;
 
 use axum::http::StatusCode;

@@ -527,48 +527,12 @@ mod tests {
         assert!(matches!(default, Backends::Fixed(ref urls) if urls == &[defaults::BACKEND_URL]));
     }
 
-    /// A backend on 127.0.0.1 that answers every request on a connection with a small JSON
-    /// body, keeping connections alive, and counts the connections it accepted.
-    async fn counting_backend() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let accepted = std::sync::Arc::new(AtomicUsize::new(0));
-        let counter = accepted.clone();
-        tokio::spawn(async move {
-            while let Ok((mut socket, _)) = listener.accept().await {
-                counter.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let mut buffer = Vec::new();
-                    let mut chunk = [0u8; 4096];
-                    loop {
-                        // Requests here are bodiless GETs: one ends at its blank line.
-                        while !buffer.windows(4).any(|w| w == b"\r\n\r\n") {
-                            match socket.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-                            }
-                        }
-                        let end = buffer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-                        buffer.drain(..end + 4);
-                        let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
-                        if socket.write_all(answer).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        (url, accepted)
-    }
-
     #[tokio::test]
     async fn a_backend_connection_is_reused_while_fresh_and_never_once_idle_near_a_five_second_keep_alive(
     ) {
         use std::sync::atomic::Ordering;
         const { assert!(BACKEND_IDLE_REUSE.as_millis() < 5_000) };
-        let (url, accepted) = counting_backend().await;
+        let (url, accepted) = crate::backend::testing::counting_backend(0).await;
         let client = backend_client(4);
         let get = || async {
             let response = client.get(format!("{url}/health")).send().await.unwrap();
