@@ -5,6 +5,10 @@
                                            descendant (WebKit's web and network processes),
                                            from /proc/*/smaps_rollup, in kB
   desktop-footprint.py table LABEL FILE    a Markdown table of a saved sample
+  desktop-footprint.py rest BEFORE AFTER   "CPU% WAKEUPS/S" of the whole tree between two saved
+                                           samples: the share of a core it used, and its
+                                           threads' context switches per second (each one a
+                                           thread woken, or preempted)
   desktop-footprint.py total FILE          its total PSS in kB
   desktop-footprint.py close WINDOW_ID     asks an X window to close (WM_DELETE_WINDOW), as a
                                            window manager's close button does; Xvfb has no
@@ -23,6 +27,7 @@ import ctypes
 import json
 import os
 import sys
+import time
 
 FIELDS = ("Rss", "Pss", "Pss_Anon", "Pss_File", "Pss_Shmem")
 
@@ -67,7 +72,22 @@ def rollup(pid):
     # utime + stime (fields 14 and 15 of stat; 12 and 13 after the name), in seconds.
     values["cpu_s"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     values["pid"] = pid
+    values["switches"] = context_switches(pid)
     return values
+
+
+def context_switches(pid):
+    """Context switches so far per thread id (as strings: the sample is saved as JSON)."""
+    switches = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                switches[task] = sum(
+                    int(line.split(":")[1]) for line in f if "ctxt_switches:" in line
+                )
+        except OSError:
+            pass  # the thread ended between the listing and the read
+    return switches
 
 
 def sample(root):
@@ -78,7 +98,26 @@ def sample(root):
         except OSError:
             pass  # exited between the listing and the read
     total = {k: sum(r.get(k, 0) for r in rows) for k in FIELDS}
-    return {"processes": rows, "total": total}
+    return {"processes": rows, "total": total, "at": time.monotonic()}
+
+
+def rest(before_path, after_path):
+    """CPU share and wake-ups per second of the app's processes between two samples (a process
+    that started in between counts from its start)."""
+    with open(before_path) as f:
+        before = json.load(f)
+    with open(after_path) as f:
+        after = json.load(f)
+    seconds = after["at"] - before["at"]
+    earlier = {p["pid"]: p for p in before["processes"]}
+    cpu = switches = 0
+    for p in after["processes"]:
+        then = earlier.get(p["pid"], {"cpu_s": 0, "switches": {}})
+        cpu += p["cpu_s"] - then["cpu_s"]
+        # A thread that ended in between takes its switches with it; a new one counts all its own.
+        for tid, count in p["switches"].items():
+            switches += count - then["switches"].get(tid, 0)
+    print(f"{100 * cpu / seconds:.2f} {switches / seconds:.1f}")
 
 
 def mb(kb):
@@ -213,6 +252,8 @@ def main(argv):
         print(json.dumps(sample(int(argv[2]))))
     elif len(argv) == 4 and argv[1] == "table":
         table(argv[2], argv[3])
+    elif len(argv) == 4 and argv[1] == "rest":
+        rest(argv[2], argv[3])
     elif len(argv) == 3 and argv[1] == "total":
         with open(argv[2]) as f:
             print(json.load(f)["total"]["Pss"])

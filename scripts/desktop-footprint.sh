@@ -6,13 +6,16 @@
 #   closed   the same app after the window was closed (WM_DELETE_WINDOW, like a close button);
 #   reopened the window opened again from the tray's "Open dashboard" and rendered.
 # Memory is PSS summed over the app and its descendants (WebKitWebProcess, WebKitNetworkProcess),
-# from /proc/PID/smaps_rollup: shared libraries are counted once. Time to window is from launch
+# from /proc/PID/smaps_rollup: shared libraries are counted once; CPU and wake-ups (context
+# switches) of the same processes at rest, for BENCHMARKS.md's "Rest". Time to window is from launch
 # to a visible window, and to its first non-blank paint.
 #
 # Prints Markdown tables (also written to target/artifacts/desktop-footprint.md). Fails only on a
 # gross regression: a total above FOOTPRINT_MAX_WINDOW_MB (default 300) with the window open or
 # above FOOTPRINT_MAX_HIDDEN_MB (default 100) in the tray, twice issue #16's targets, so CI stays
-# stable on a busy machine; BENCHMARKS.md has the real numbers.
+# stable on a busy machine; BENCHMARKS.md has the real numbers. It also fails when the tray at
+# rest uses more than FOOTPRINT_MAX_HIDDEN_CPU percent of a core (default 5; a task that wakes
+# itself in a loop uses ~100, an idle tray ~0).
 #
 # Usage: scripts/desktop-footprint.sh            (builds relay-desktop first, debug profile)
 #        DESKTOP_BIN=path/to/modelrelay-desktop scripts/desktop-footprint.sh
@@ -26,6 +29,7 @@ magick_bin=/usr/bin # ImageMagick's import/convert; /usr/local/bin/convert is no
 settle="${FOOTPRINT_SETTLE_SECS:-15}"
 max_window_mb="${FOOTPRINT_MAX_WINDOW_MB:-300}"
 max_hidden_mb="${FOOTPRINT_MAX_HIDDEN_MB:-100}"
+max_hidden_cpu="${FOOTPRINT_MAX_HIDDEN_CPU:-5}"
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
@@ -75,17 +79,20 @@ if [ "${1:-}" = "--inside-xvfb" ]; then
     sd="$("$magick_bin/convert" "$tmp/window.png" -format '%[fx:standard_deviation]' info:)"
     awk -v sd="$sd" 'BEGIN { exit !(sd > 0.01) }'
   }
-  # Samples every second for $settle seconds; keeps the last sample in $out/$1.json and the
-  # peak total PSS in $out/$1.peak.
+  # Samples every second for $settle seconds; keeps the last sample in $out/$1.json, the
+  # peak total PSS in $out/$1.peak, and the CPU and wake-ups of the second half (the app
+  # settled) in $out/$1.rest.
   settle_and_sample() {
-    local name="$1" peak=0 total
-    for _ in $(seq 1 "$settle"); do
+    local name="$1" peak=0 total i
+    for i in $(seq 1 "$settle"); do
       sleep 1
       python3 "$helper" sample "$app" >"$out/$name.json"
       total="$(python3 "$helper" total "$out/$name.json")"
       [ "$total" -gt "$peak" ] && peak="$total"
+      [ "$i" -eq $((settle / 2)) ] && cp "$out/$name.json" "$out/$name.mid.json"
     done
     echo "$peak" >"$out/$name.peak"
+    python3 "$helper" rest "$out/$name.mid.json" "$out/$name.json" >"$out/$name.rest"
   }
   start_app() { # $1 = port, then extra flags; sets $app and $t0
     local port="$1"; shift
@@ -191,12 +198,15 @@ read -r t_window t_painted <"$out/window.time"
   echo
   echo "Settled ${settle} s per mode; PSS in MB (anon = heap and other private memory, file = code and"
   echo "mapped files; CPU s = user + system time since start). Time to window: ${t_window} s to a"
-  echo "visible window, ${t_painted} s to its first paint."
+  echo "visible window, ${t_painted} s to its first paint. CPU and wake-ups (context switches of"
+  echo "every thread of the app and its WebKit processes) are over the second half of each mode's"
+  echo "settling time, the app at rest; the open window runs the dashboard's live charts."
   echo
-  echo "| mode | total PSS MB (last) | peak while settling |"
-  echo "| --- | ---: | ---: |"
+  echo "| mode | total PSS MB (last) | peak while settling | CPU, % of a core | wake-ups/s |"
+  echo "| --- | ---: | ---: | ---: | ---: |"
   for mode in hidden window closed reopened; do
-    echo "| $mode | $(total_mb "$out/$mode.json") | $(peak_mb "$out/$mode.peak") |"
+    read -r cpu_pct wakeups <"$out/$mode.rest"
+    echo "| $mode | $(total_mb "$out/$mode.json") | $(peak_mb "$out/$mode.peak") | $cpu_pct | $wakeups |"
   done
   for mode in hidden window closed reopened; do
     echo
@@ -223,4 +233,9 @@ if over "$hidden_mb" "$max_hidden_mb"; then
   echo "footprint: FAIL tray only: ${hidden_mb} MB PSS > ${max_hidden_mb} MB" >&2
   exit 1
 fi
-echo "footprint: PASS (window ${window_mb} MB ≤ ${max_window_mb}, tray ${hidden_mb} MB ≤ ${max_hidden_mb})"
+read -r hidden_cpu hidden_wakeups <"$out/hidden.rest"
+if over "$hidden_cpu" "$max_hidden_cpu"; then
+  echo "footprint: FAIL tray only, at rest: ${hidden_cpu}% of a core > ${max_hidden_cpu}% (${hidden_wakeups} wake-ups/s): something wakes itself" >&2
+  exit 1
+fi
+echo "footprint: PASS (window ${window_mb} MB ≤ ${max_window_mb}, tray ${hidden_mb} MB ≤ ${max_hidden_mb}, tray at rest ${hidden_cpu}% of a core ≤ ${max_hidden_cpu}%)"

@@ -18,6 +18,9 @@ mod native_backend;
 mod procs;
 mod realstack;
 mod report;
+mod rest;
+#[path = "../../tests/common/rest.rs"]
+mod rest_meter;
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +37,7 @@ const SCENARIOS: &[&str] = &[
     "adapter",
     "realstack",
     "burst",
+    "rest",
 ];
 const KB: f64 = 1024.0;
 /// Time for the allocator to return freed pages after a burst (it purges after a 1 s decay).
@@ -49,6 +53,8 @@ struct Plan {
     idle_window: Duration,
     flood: usize,
     burst_streams: usize,
+    /// How long the idle processes of `rest` are watched.
+    rest_window: Duration,
 }
 
 impl Plan {
@@ -62,6 +68,7 @@ impl Plan {
                 idle_window: Duration::from_secs(3),
                 flood: 1000,
                 burst_streams: burst::streams(true),
+                rest_window: Duration::from_secs(10),
             }
         } else {
             Plan {
@@ -72,6 +79,8 @@ impl Plan {
                 idle_window: Duration::from_secs(20),
                 flood: 10_000,
                 burst_streams: burst::streams(false),
+                // Four heartbeats and two model-list refreshes of every worker.
+                rest_window: Duration::from_secs(60),
             }
         }
     }
@@ -533,6 +542,9 @@ async fn run(selected: Vec<String>, plan: Plan) -> Vec<Row> {
     }
     if wants("burst") {
         rows.extend(burst::rows(plan.burst_streams).await);
+    }
+    if wants("rest") {
+        rows.extend(rest::rows(plan.rest_window).await);
     }
     rows
 }

@@ -210,7 +210,8 @@ pub fn start_worker_for(
     ChildProcess::start(command, None)
 }
 
-fn port_after(line: &str, prefix: &str) -> u16 {
+/// The port number that follows `prefix` in `line`.
+pub fn port_after(line: &str, prefix: &str) -> u16 {
     line.split(prefix)
         .nth(1)
         .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())

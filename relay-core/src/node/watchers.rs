@@ -9,9 +9,8 @@ use crate::discovery::{self, DiscoveredBackend, DiscoveryOptions};
 use crate::lan;
 use crate::proxy::control::OwnWorker;
 
-/// How often the node looks at the hub for workers joining and leaving.
-const WATCH_PERIOD: Duration = Duration::from_millis(500);
-/// How often local backends are looked for, while someone listens for node events.
+/// How often local backends are looked for, while someone listens for node events (the tray's
+/// "model server found" notifications): each scan is a few loopback connects.
 const BACKEND_SCAN_PERIOD: Duration = Duration::from_secs(30);
 
 impl Node {
@@ -120,17 +119,12 @@ impl Node {
     /// this machine for model servers appearing and going.
     pub(super) fn spawn_watchers(&self) {
         let node = self.clone();
+        // Woken by workers joining and leaving only, never by a clock: an idle node sleeps.
+        let mut roster = self.inner.hub.telemetry().roster_changes();
         let workers = tokio::spawn(async move {
             let mut known: Vec<(String, String)> = Vec::new();
-            let mut version = u64::MAX;
-            let mut tick = tokio::time::interval(WATCH_PERIOD);
             loop {
-                tick.tick().await;
-                let now = node.inner.hub.telemetry().version();
-                if now == version {
-                    continue;
-                }
-                version = now;
+                roster.borrow_and_update();
                 let current: Vec<(String, String)> = node
                     .inner
                     .hub
@@ -163,6 +157,9 @@ impl Node {
                 }
                 known = current;
                 node.publish();
+                if roster.changed().await.is_err() {
+                    return;
+                }
             }
         });
         let node = self.clone();

@@ -118,14 +118,16 @@ impl Node {
         let mut managers = report.subscribe_lifecycle();
         let mut samplers = report.subscribe_hardware();
         tokio::spawn(async move {
+            // The feeds below live across passes on purpose: a watch receiver remembers the last
+            // value it saw, and a copy of a long-lived receiver that never reads (the sampler's
+            // own) would find every past sample new and wake this loop at once, every time — a
+            // busy loop that cost a whole core at idle (issue 24).
+            let mut manager = managers.borrow_and_update().clone();
+            let mut model_changes = manager.as_ref().map(|m| m.changes());
+            let mut samples = seen(samplers.borrow_and_update().clone());
             loop {
                 let status = changes.borrow_and_update().clone();
-                let manager = managers.borrow_and_update().clone();
-                // Subscribed before reading, so a change in between wakes the next wait.
-                let mut model_changes = manager.as_ref().map(|m| m.changes());
-                let lifecycle = manager.map(|m| m.status()).unwrap_or_default();
-                // The box, for the tray's tooltip: each sample wakes this loop.
-                let mut samples = samplers.borrow_and_update().clone();
+                let lifecycle = manager.as_ref().map(|m| m.status()).unwrap_or_default();
                 let hardware = report.hardware();
                 node.inner.info.send_modify(|info| {
                     info.worker = OwnWorker {
@@ -143,35 +145,48 @@ impl Node {
                     info.lifecycle = lifecycle;
                 });
                 node.publish();
-                let models_changed = async {
-                    let changed = match &mut model_changes {
-                        Some(changes) => changes.changed().await.is_ok(),
-                        None => false,
-                    };
-                    if !changed {
-                        // No manager, or one that is gone: only `managers` can tell more.
-                        std::future::pending::<()>().await;
-                    }
-                };
-                let sampled = async {
-                    let more = match &mut samples {
-                        Some(samples) => samples.changed().await.is_ok(),
-                        None => false,
-                    };
-                    if !more {
-                        std::future::pending::<()>().await;
-                    }
-                };
                 tokio::select! {
                     changed = changes.changed() => if changed.is_err() { return },
-                    changed = managers.changed() => if changed.is_err() { return },
-                    changed = samplers.changed() => if changed.is_err() { return },
-                    () = models_changed => {}
-                    () = sampled => {}
+                    changed = managers.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        manager = managers.borrow_and_update().clone();
+                        // Subscribed before the next read of its status, so no change is missed.
+                        model_changes = manager.as_ref().map(|m| m.changes());
+                    }
+                    changed = samplers.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        samples = seen(samplers.borrow_and_update().clone());
+                    }
+                    // Each model state change, and each hardware sample (for the tray's tooltip).
+                    () = next_value(&mut model_changes) => {}
+                    () = next_value(&mut samples) => {}
                 }
             }
         })
     }
+}
+
+/// A feed whose present value counts as seen: the pass that takes it shows that value already.
+fn seen<T>(feed: Option<watch::Receiver<T>>) -> Option<watch::Receiver<T>> {
+    feed.map(|mut feed| {
+        feed.borrow_and_update();
+        feed
+    })
+}
+
+/// Resolves when `feed` has a value this receiver has not seen; never, without a feed or once
+/// its sender is gone (the feed's owner then changes `managers` or `samplers` too).
+async fn next_value<T>(feed: &mut Option<watch::Receiver<T>>) {
+    if let Some(feed) = feed {
+        if feed.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending::<()>().await
 }
 
 pub(super) fn stop_in_background(worker: RunningWorker) {

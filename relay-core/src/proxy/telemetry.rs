@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use tokio::sync::watch;
+
 use super::scheduler::RequestId;
 use crate::protocol::{CancelReason, HardwareReport, ModelStateReport, TokenCounts};
 use crate::store::usage::{Outcome as UsageOutcome, UsageLog, UsageRecord};
@@ -191,6 +193,8 @@ pub struct CountersSnapshot {
 pub struct Telemetry {
     /// Bumped on every change the dashboard shows; the live feed sends when it moves.
     version: AtomicU64,
+    /// Bumped when a worker joins or leaves: what the node's watch over its workers waits on.
+    roster: watch::Sender<u64>,
     requests: Mutex<Requests>,
     workers: Mutex<HashMap<String, WorkerRecord>>,
     totals: Totals,
@@ -356,12 +360,20 @@ impl Telemetry {
             .worker_registrations
             .fetch_add(1, Ordering::Relaxed);
         self.touch();
+        self.roster.send_modify(|n| *n += 1);
     }
 
     /// A worker's connection ended.
     pub fn worker_left(&self, wire_id: &str) {
         locked(&self.workers).remove(wire_id);
         self.touch();
+        self.roster.send_modify(|n| *n += 1);
+    }
+
+    /// Changes whenever a worker joins or leaves (then read [`Telemetry::worker`] and the hub's
+    /// workers): waiting on it costs nothing while the roster stays the same.
+    pub fn roster_changes(&self) -> watch::Receiver<u64> {
+        self.roster.subscribe()
     }
 
     /// A worker answered a ping after `round_trip`.

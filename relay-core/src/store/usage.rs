@@ -22,11 +22,12 @@ use super::keys::KeyStore;
 pub const ANONYMOUS: &str = "anonymous";
 /// Records waiting for the writer at most; beyond, records are dropped and counted.
 const QUEUE: usize = 65_536;
-/// The writer stores what arrived at least this often.
+/// The writer stores a record at most this long after it arrived.
 const FLUSH_EVERY: Duration = Duration::from_millis(500);
 /// And at most this many records per transaction.
 const BATCH: usize = 2_000;
-/// How often old rows are pruned.
+/// How often old rows are pruned: at start, then after the first batch stored this long after
+/// the last pruning (an idle proxy adds no rows; old ones wait for its next batch).
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// How much usage is kept.
@@ -169,15 +170,21 @@ async fn write_loop(
     let mut batch = Vec::new();
     let mut waiting = Vec::new();
     loop {
-        let deadline = tokio::time::Instant::now() + FLUSH_EVERY;
+        // The batch's clock starts with its first record: with nothing to store, the writer
+        // sleeps until something arrives instead of waking twice a second on an idle proxy.
+        let mut deadline = None;
         let open = loop {
-            let message = tokio::select! {
-                message = receiver.recv() => message,
-                _ = tokio::time::sleep_until(deadline) => break true,
+            let message = match deadline {
+                None => receiver.recv().await,
+                Some(deadline) => tokio::select! {
+                    message = receiver.recv() => message,
+                    _ = tokio::time::sleep_until(deadline) => break true,
+                },
             };
             match message {
                 Some(Message::Record(record)) => {
                     batch.push(record);
+                    deadline.get_or_insert_with(|| tokio::time::Instant::now() + FLUSH_EVERY);
                     if batch.len() >= BATCH {
                         break true;
                     }
