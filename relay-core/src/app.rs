@@ -213,28 +213,41 @@ fn print_banner(node: &Node, secret_source: &SecretSource) {
         return;
     }
     println!("  Worker secret:       {}", secret_source.describe());
-    let join_host = if addr.ip().is_loopback() {
+    let scheme = if node.fingerprint().is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    // The addresses other machines reach, never the wildcard this node may listen on.
+    let urls = node.join_urls();
+    let join_url = if addr.ip().is_loopback() {
         println!("Other machines cannot reach a loopback address; to let GPU boxes join,");
         println!(
             "restart with --listen 0.0.0.0:{} and run on each box:",
             addr.port()
         );
-        format!("THIS-MACHINE:{}", addr.port())
+        format!("{scheme}://THIS-MACHINE:{}", addr.port())
     } else {
         println!("To join another GPU box, run on it (or paste the join code from the dashboard's Setup page):");
-        addr.to_string()
+        urls[0].clone()
     };
     let provider = match node.provider() {
         settings::defaults::PROVIDER => String::new(),
         other => format!(" --provider {other}"),
     };
-    let (scheme, pin) = match node.fingerprint() {
-        Some(fingerprint) => ("https", format!(" --proxy-fingerprint {fingerprint}")),
-        None => ("http", String::new()),
+    let pin = match node.fingerprint() {
+        Some(fingerprint) => format!(" --proxy-fingerprint {fingerprint}"),
+        None => String::new(),
     };
     println!(
-        "  WORKER_SECRET=<the worker secret> modelrelay worker --proxy-url {scheme}://{join_host}{provider}{pin}"
+        "  WORKER_SECRET=<the worker secret> modelrelay worker --proxy-url {join_url}{provider}{pin}"
     );
+    if !addr.ip().is_loopback() && urls.len() > 1 {
+        println!(
+            "  This proxy is also reachable at: {}",
+            urls[1..].join(", ")
+        );
+    }
 }
 
 /// Where the proxy's worker secret comes from, for the banner.

@@ -10,7 +10,7 @@
 //! [`Announcement`] owns its daemon for as long as it lives.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use mdns_sd::{IfKind, ResolvedService, ServiceDaemon, ServiceEvent, ServiceInfo};
@@ -453,6 +453,87 @@ fn proxy_url(addresses: &[IpAddr], host: &str, port: u16) -> String {
     }
 }
 
+/// The URLs other machines can reach a proxy listening on `bound` at, best first: for a
+/// wildcard listener (`0.0.0.0`, `::`) this machine's current LAN addresses, then its mDNS name
+/// (`HOST.local`, published while the proxy announces itself, and stable when the router hands
+/// out a new address); for a specific address, that address, then the name. Never a wildcard
+/// address (on another box `0.0.0.0` is that box itself); a loopback listener is reachable
+/// from this machine only, so its one URL is its own.
+pub fn reachable_urls(bound: SocketAddr, https: bool) -> Vec<String> {
+    let interfaces: Vec<(String, IpAddr)> = if_addrs::get_if_addrs()
+        .map(|list| list.into_iter().map(|i| (i.name.clone(), i.ip())).collect())
+        .unwrap_or_default();
+    reachable_urls_from(bound, https, &interfaces, &host_name())
+}
+
+/// Interface name prefixes of bridges, containers and tunnels: their addresses come after the
+/// LAN's (another box on the LAN rarely reaches a Docker bridge).
+const VIRTUAL_INTERFACES: &[&str] = &[
+    "docker",
+    "br-",
+    "veth",
+    "virbr",
+    "lxc",
+    "lxd",
+    "cni",
+    "flannel",
+    "cali",
+    "podman",
+    "tun",
+    "tap",
+    "wg",
+    "zt",
+    "tailscale",
+];
+
+fn reachable_urls_from(
+    bound: SocketAddr,
+    https: bool,
+    interfaces: &[(String, IpAddr)],
+    host: &str,
+) -> Vec<String> {
+    let scheme = if https { "https" } else { "http" };
+    let port = bound.port();
+    let url = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => format!("{scheme}://{v4}:{port}"),
+        IpAddr::V6(v6) => format!("{scheme}://[{v6}]:{port}"),
+    };
+    if bound.ip().is_loopback() {
+        return vec![url(bound.ip())];
+    }
+    let name = format!(
+        "{scheme}://{}:{port}",
+        mdns_host_name(host).trim_end_matches('.')
+    );
+    if !bound.ip().is_unspecified() {
+        return vec![url(bound.ip()), name];
+    }
+    let with_v6 = bound.is_ipv6();
+    let mut found: Vec<(bool, bool, IpAddr)> = interfaces
+        .iter()
+        .filter(|(_, ip)| match ip {
+            IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_unspecified() && !v4.is_link_local(),
+            // Link-local IPv6 needs a zone that only means something on the receiving machine.
+            IpAddr::V6(v6) => {
+                with_v6
+                    && !v6.is_loopback()
+                    && !v6.is_unspecified()
+                    && !v6.is_unicast_link_local()
+                    && !v6.is_multicast()
+            }
+        })
+        .map(|(interface, ip)| {
+            let virtual_one = VIRTUAL_INTERFACES.iter().any(|p| interface.starts_with(p));
+            (virtual_one, ip.is_ipv6(), *ip)
+        })
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    let mut urls: Vec<String> = found.into_iter().map(|(_, _, ip)| url(ip)).collect();
+    urls.push(name);
+    urls
+}
+
 /// This machine's host name, for the instance name (libc gethostname or /etc/hostname
 /// fallback; "modelrelay" if unknown).
 pub fn host_name() -> String {
@@ -511,6 +592,65 @@ fn mdns_host_name(host: &str) -> String {
 mod tests {
     use super::*;
     use std::net::{Ipv4Addr, Ipv6Addr};
+
+    fn interfaces(list: &[(&str, &str)]) -> Vec<(String, IpAddr)> {
+        list.iter()
+            .map(|(name, ip)| (name.to_string(), ip.parse().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn a_wildcard_listener_is_reached_at_its_lan_addresses_then_its_name_never_the_wildcard() {
+        let found = interfaces(&[
+            ("lo", "127.0.0.1"),
+            ("docker0", "172.17.0.1"),
+            ("wlan0", "192.168.1.30"),
+            ("eth0", "192.168.1.20"),
+            ("eth0", "169.254.3.4"),
+            ("eth0", "fd00::20"),
+            ("eth0", "fe80::1"),
+        ]);
+        let bound: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        assert_eq!(
+            reachable_urls_from(bound, false, &found, "gpu-box.lan"),
+            vec![
+                "http://192.168.1.20:8080",
+                "http://192.168.1.30:8080",
+                "http://172.17.0.1:8080",
+                "http://gpu-box.local:8080",
+            ]
+        );
+        // `::` takes IPv6 too (routable ones, after IPv4); TLS makes every URL https.
+        let bound: SocketAddr = "[::]:8443".parse().unwrap();
+        assert_eq!(
+            reachable_urls_from(bound, true, &found, "gpu-box"),
+            vec![
+                "https://192.168.1.20:8443",
+                "https://192.168.1.30:8443",
+                "https://[fd00::20]:8443",
+                "https://172.17.0.1:8443",
+                "https://gpu-box.local:8443",
+            ]
+        );
+        // A machine with no LAN address yet still has its name.
+        assert_eq!(
+            reachable_urls_from("0.0.0.0:80".parse().unwrap(), false, &[], "box"),
+            vec!["http://box.local:80"]
+        );
+    }
+
+    #[test]
+    fn a_specific_listener_is_reached_at_its_address_and_a_loopback_one_only_here() {
+        let found = interfaces(&[("eth0", "10.0.0.5")]);
+        assert_eq!(
+            reachable_urls_from("10.0.0.7:9000".parse().unwrap(), false, &found, "b"),
+            vec!["http://10.0.0.7:9000", "http://b.local:9000"]
+        );
+        assert_eq!(
+            reachable_urls_from("127.0.0.1:8080".parse().unwrap(), false, &found, "b"),
+            vec!["http://127.0.0.1:8080"]
+        );
+    }
 
     fn ips(list: &[&str]) -> Vec<IpAddr> {
         list.iter().map(|ip| ip.parse().unwrap()).collect()

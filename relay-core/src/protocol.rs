@@ -421,6 +421,12 @@ pub struct GracefulShutdownMessage {
     /// How long in-flight work may take before the proxy closes the connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_timeout_secs: Option<u64>,
+    /// Our extension, ignored by published workers: `true` when the proxy itself is stopping
+    /// (a restart, an upgrade, a reboot) rather than sending this worker away, so the worker
+    /// finishes what it holds and reconnects once the proxy is back. Absent or `false` keeps
+    /// the seeds' meaning: this worker is drained and stays away.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconnect: Option<bool>,
 }
 
 /// `models_refresh`: re-read the backend's models.

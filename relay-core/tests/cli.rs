@@ -447,38 +447,10 @@ fn one_shot_upstream() -> (u16, thread::JoinHandle<String>) {
     let port = listener.local_addr().unwrap().port();
     let handle = thread::spawn(move || {
         let (mut stream, _) = listener.accept().expect("the relay connects");
-        stream.set_read_timeout(Some(WAIT)).unwrap();
-        let mut raw = Vec::new();
-        let mut buf = [0u8; 4096];
-        // Read the head, then as many body bytes as it announces.
-        loop {
-            let n = stream.read(&mut buf).expect("read request");
-            raw.extend_from_slice(&buf[..n]);
-            let text = String::from_utf8_lossy(&raw).to_string();
-            if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                let length = head
-                    .lines()
-                    .find_map(|l| {
-                        l.to_ascii_lowercase()
-                            .strip_prefix("content-length:")
-                            .map(|v| v.trim().parse::<usize>().unwrap_or(0))
-                    })
-                    .unwrap_or(0);
-                if body.len() >= length || n == 0 {
-                    break;
-                }
-            }
-            if n == 0 {
-                break;
-            }
-        }
+        let request = read_request(&mut stream).expect("the request");
         let answer = r#"{"id":"chatcmpl-up","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"from upstream"},"finish_reason":"stop"}]}"#;
-        let response = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
-            answer.len()
-        );
-        stream.write_all(response.as_bytes()).expect("answer");
-        String::from_utf8_lossy(&raw).into_owned()
+        write_json(&mut stream, answer);
+        request
     });
     (port, handle)
 }
@@ -534,42 +506,17 @@ fn slow_backend(hold: Duration) -> (u16, std::sync::mpsc::Receiver<()>) {
             let Ok(mut stream) = stream else { return };
             let started = started.clone();
             thread::spawn(move || {
-                stream.set_read_timeout(Some(WAIT)).unwrap();
-                let mut raw = Vec::new();
-                let mut buf = [0u8; 4096];
-                let head = loop {
-                    let Ok(n) = stream.read(&mut buf) else { return };
-                    if n == 0 {
-                        return;
-                    }
-                    raw.extend_from_slice(&buf[..n]);
-                    let text = String::from_utf8_lossy(&raw).to_string();
-                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                        let length = head
-                            .lines()
-                            .find_map(|l| {
-                                l.to_ascii_lowercase()
-                                    .strip_prefix("content-length:")
-                                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
-                            })
-                            .unwrap_or(0);
-                        if body.len() >= length {
-                            break head.to_string();
-                        }
-                    }
+                let Some(head) = read_request(&mut stream) else {
+                    return;
                 };
                 let answer = if head.starts_with("POST") {
                     let _ = started.send(());
                     thread::sleep(hold);
                     r#"{"id":"chatcmpl-1","object":"chat.completion","model":"m1","choices":[{"index":0,"message":{"role":"assistant","content":"finished"},"finish_reason":"stop"}]}"#
                 } else {
-                    r#"{"object":"list","data":[{"id":"m1","object":"model"}]}"#
+                    M1_MODELS
                 };
-                let response = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
-                    answer.len()
-                );
-                let _ = stream.write_all(response.as_bytes());
+                write_json(&mut stream, answer);
             });
         }
     });
@@ -658,12 +605,44 @@ fn a_headless_worker_drained_by_its_proxy_finishes_its_request_and_exits_0_witho
 }
 
 #[test]
-fn a_headless_worker_exits_0_when_its_proxy_shuts_down() {
+fn a_headless_worker_comes_back_by_itself_when_its_proxy_restarts_with_sigterm() {
     let (port, _arrivals) = slow_backend(Duration::ZERO);
-    let (mut proxy, _url, mut worker, _dirs) = proxy_with_a_worker("proxy-stops", port, &[]);
-    // The proxy's shutdown sends graceful_shutdown: the runbook's "the worker process exits"
-    // (systemd's Restart=always brings it back to wait for the proxy).
+    let (mut proxy, url, mut worker, dirs) = proxy_with_a_worker("proxy-restarts", port, &[]);
+    // The ordinary restart (`systemctl restart`, Ctrl-C, the tray's Quit then start): the
+    // proxy's graceful_shutdown says it stops itself, so the worker keeps running...
     proxy.terminate_cleanly();
-    let exit = worker.wait_exit(WAIT);
-    assert_eq!(exit.code(), Some(0), "{}", worker.output());
+    eventually("the worker notices the proxy stopped", &worker, || {
+        worker.stderr().contains("reconnecting when it is back")
+    });
+    thread::sleep(Duration::from_secs(2));
+    assert!(
+        worker.child.try_wait().expect("try_wait").is_none(),
+        "the worker must not exit when its proxy restarts\n{}",
+        worker.output()
+    );
+
+    // ... and is back within seconds of the proxy listening again at its address.
+    let listen = url.trim_start_matches("http://").to_string();
+    let mut command = modelrelay(dirs[0].path());
+    command.args(["serve", "--listen", &listen]);
+    let mut proxy = Running::spawn(command);
+    proxy.relay_url();
+    let listening = Instant::now();
+    eventually("the worker rejoins by itself", &worker, || {
+        get_json(&format!("{url}/health"))["workers_connected"] == 1
+    });
+    assert!(
+        listening.elapsed() < Duration::from_secs(5),
+        "back {:?} after the proxy listened again\n{}",
+        listening.elapsed(),
+        worker.output()
+    );
+    let (code, body) = http(
+        "POST",
+        &format!("{url}/v1/chat/completions"),
+        Some(r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#),
+    );
+    assert_eq!(code, 200, "{body}");
+    worker.terminate_cleanly();
+    proxy.terminate_cleanly();
 }

@@ -16,8 +16,6 @@ mod rest;
 use binary::*;
 use rest::{Reading, Rest};
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::thread;
 use std::time::Duration;
 
@@ -63,37 +61,6 @@ fn assert_at_rest(what: &str, rest: &Rest, process: &Running) {
     );
 }
 
-/// A model server that is up and idle: it lists one model, `m1`, and answers nothing else
-/// (nothing asks it anything while idle). Its port.
-fn idle_backend() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind backend");
-    let port = listener.local_addr().expect("backend address").port();
-    thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            thread::spawn(move || {
-                let _ = stream.set_read_timeout(Some(WAIT));
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    match stream.read(&mut byte) {
-                        Ok(1) => head.push(byte[0]),
-                        _ => return,
-                    }
-                }
-                let answer = r#"{"object":"list","data":[{"id":"m1","object":"model"}]}"#;
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-                     Connection: close\r\n\r\n{answer}",
-                    answer.len()
-                );
-            });
-        }
-    });
-    port
-}
-
 fn workers_connected(url: &str) -> u64 {
     get_json(&format!("{url}/health"))["workers_connected"]
         .as_u64()
@@ -113,7 +80,7 @@ fn an_idle_node_with_both_roles_uses_almost_no_cpu() {
     if !on_linux() {
         return;
     }
-    let backend = idle_backend();
+    let backend = model_server("127.0.0.1", "unused");
     let data = TempDir::new("idle-node");
     let mut command = modelrelay(data.path());
     // Zero configuration, as the tray runs it at login: proxy and worker in one process, the
@@ -138,7 +105,7 @@ fn an_idle_worker_only_node_joined_to_a_proxy_and_that_proxy_use_almost_no_cpu()
     if !on_linux() {
         return;
     }
-    let backend = idle_backend();
+    let backend = model_server("127.0.0.1", "unused");
     let proxy_data = TempDir::new("idle-proxy");
     let mut command = modelrelay(proxy_data.path());
     command.args(["serve", "--listen", "127.0.0.1:0"]);

@@ -6,19 +6,14 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use relay_core::node::{Node, NodeOptions, NodeState, Roles, WorkerState};
+use relay_core::node::{Node, NodeOptions, Roles, WorkerState};
 use relay_core::settings::Overrides;
-use relay_desktop::tray_state::{view, TrayIconKind, TrayView};
+use relay_desktop::tray_state::TrayIconKind;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use common::isolated_nodes;
-
-/// How long any step may take: reconnect backoff and heartbeat timeouts included.
-const BOUND: Duration = Duration::from_secs(30);
+use common::{isolated_nodes, tray_until};
 
 /// A TCP link from `listen` to `target` that the test can cut (every connection dropped, the
 /// port closed) and restore on the same port.
@@ -64,33 +59,6 @@ impl Link {
         let listener = TcpListener::bind(self.addr).await.expect("rebind link");
         self.serve(listener);
     }
-}
-
-/// Waits until the node's state shows `wanted`; returns the tray view of that state.
-async fn tray_until(
-    states: &mut watch::Receiver<NodeState>,
-    url: &str,
-    what: &str,
-    wanted: impl Fn(&NodeState) -> bool,
-) -> TrayView {
-    let found = tokio::time::timeout(BOUND, async {
-        loop {
-            {
-                let state = states.borrow_and_update();
-                if wanted(&state) {
-                    return view(&state, url);
-                }
-            }
-            states.changed().await.expect("node alive");
-        }
-    })
-    .await;
-    found.unwrap_or_else(|_| {
-        panic!(
-            "the tray never showed {what}; last: {:?}",
-            view(&states.borrow(), url)
-        )
-    })
 }
 
 #[test]

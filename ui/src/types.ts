@@ -189,7 +189,10 @@ export interface JoinDetails {
 }
 
 export interface JoinCodeInfo {
+  /** The proxy's URL that other machines reach best (never a wildcard address). */
   url: string;
+  /** Every URL it may be reached at, best first (`url` first): LAN addresses, then HOST.local. */
+  urls?: string[];
   secret: string;
   provider: string;
   /** Present when the proxy serves TLS with its own certificate. */

@@ -194,6 +194,7 @@ impl JoinRequest {
             .map_err(|e| invalid(format!("`fingerprint`: {e}")))?;
         Ok(JoinDetails {
             fingerprint,
+            urls: Vec::new(),
             url,
             secret,
             provider: self
@@ -206,17 +207,41 @@ impl JoinRequest {
 
 async fn test_join(body: Result<Json<JoinRequest>, JsonRejection>) -> Answer {
     let details = json_body(body)?.details()?;
-    let (ok, message) = match probe_proxy(&details).await {
-        Ok(()) => (
+    let (ok, message) = match first_reachable(&details).await {
+        Ok(url) => (
             true,
             format!(
-                "connected to {} and the secret was accepted (provider {})",
-                details.url, details.provider
+                "connected to {url} and the secret was accepted (provider {})",
+                details.provider
             ),
         ),
         Err(message) => (false, message),
     };
     Ok(Json(json!({"ok": ok, "message": message})).into_response())
+}
+
+/// The first of the join's URLs (in their order) that accepts the secret, all probed at once,
+/// so this takes one probe's time at most; or why the first one failed.
+async fn first_reachable(details: &JoinDetails) -> Result<String, String> {
+    let attempts: Vec<JoinDetails> = details
+        .candidates()
+        .into_iter()
+        .map(|url| JoinDetails {
+            url,
+            ..details.clone()
+        })
+        .collect();
+    let answers = futures_util::future::join_all(attempts.iter().map(probe_proxy)).await;
+    let mut first_error = None;
+    for (attempt, answer) in attempts.into_iter().zip(answers) {
+        match answer {
+            Ok(()) => return Ok(attempt.url),
+            Err(message) => {
+                first_error.get_or_insert(message);
+            }
+        }
+    }
+    Err(first_error.unwrap_or_default())
 }
 
 /// Opens the proxy's worker WebSocket with the secret and hangs up: proves the URL, the
@@ -279,7 +304,12 @@ async fn join(
     body: Result<Json<JoinRequest>, JsonRejection>,
 ) -> Answer {
     let node = slot.node()?;
-    let details = json_body(body)?.details()?;
+    let mut details = json_body(body)?.details()?;
+    // A code naming several addresses: keep the first this box reaches (the worker pins the
+    // certificate whichever it is); if none answers now, the first, and the worker retries it.
+    if let Ok(reached) = first_reachable(&details).await {
+        details.url = reached;
+    }
     let own = super::same_proxy(&details.url, &node.url());
     // Joining this node's own proxy needs no stored URL or secret: the defaults point there.
     let patch = if own {
@@ -328,13 +358,16 @@ async fn join_code(State(slot): State<NodeSlot>) -> Answer {
             "this node does not run a proxy, so other boxes cannot join it",
         ));
     }
+    let urls = node.join_urls();
     let details = JoinDetails {
-        url: node.url(),
+        url: urls[0].clone(),
         secret: node.secret().to_string(),
         provider: node.provider().to_string(),
         fingerprint: node.fingerprint(),
+        urls: if urls.len() > 1 { urls } else { Vec::new() },
     };
     Ok(Json(json!({
+        "urls": details.candidates(),
         "url": details.url,
         "secret": details.secret,
         "provider": details.provider,

@@ -25,6 +25,24 @@ pub struct JoinDetails {
     /// trusts that certificate only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<crate::tls::Fingerprint>,
+    /// Every URL the proxy may be reached at, best first (`url` is the first): its LAN
+    /// addresses and its `HOST.local` name. A joining box uses the first that answers.
+    /// Optional, so older codes (and older decoders) go on working with `url` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<String>,
+}
+
+impl JoinDetails {
+    /// The URLs to try, in order: `url`, then the others of `urls`.
+    pub fn candidates(&self) -> Vec<String> {
+        let mut all = vec![self.url.clone()];
+        for url in &self.urls {
+            if !all.contains(url) {
+                all.push(url.clone());
+            }
+        }
+        all
+    }
 }
 
 fn default_provider() -> String {
@@ -49,11 +67,12 @@ pub fn decode(code: &str) -> Result<JoinDetails, String> {
         .map_err(|_| "the join code is damaged (not base64url); copy it again".to_string())?;
     let details: JoinDetails = serde_json::from_slice(&json)
         .map_err(|e| format!("the join code's contents are not valid: {e}"))?;
-    if !(details.url.starts_with("http://") || details.url.starts_with("https://")) {
-        return Err(format!(
-            "the join code's proxy URL {:?} must start with http:// or https://",
-            details.url
-        ));
+    for url in details.candidates() {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(format!(
+                "the join code's proxy URL {url:?} must start with http:// or https://"
+            ));
+        }
     }
     if details.secret.is_empty() {
         return Err("the join code carries no secret".to_string());
@@ -71,6 +90,7 @@ mod tests {
             secret: "abc/+=secret".into(),
             provider: "lab".into(),
             fingerprint: None,
+            urls: Vec::new(),
         }
     }
 
@@ -121,6 +141,39 @@ mod tests {
         let details = decode(&old).unwrap();
         assert_eq!(details.url, "http://10.0.0.2:8080");
         assert_eq!(details.fingerprint, None);
+    }
+
+    #[test]
+    fn a_code_names_every_address_to_try_in_order_and_every_one_must_be_a_url() {
+        let several = JoinDetails {
+            urls: vec![
+                "http://192.168.1.20:8080".into(),
+                "http://10.8.0.1:8080".into(),
+                "http://gpu-box.local:8080".into(),
+            ],
+            ..details()
+        };
+        let decoded = decode(&encode(&several)).unwrap();
+        assert_eq!(decoded, several);
+        assert_eq!(
+            decoded.candidates(),
+            vec![
+                "http://192.168.1.20:8080",
+                "http://10.8.0.1:8080",
+                "http://gpu-box.local:8080"
+            ]
+        );
+        // A code with one URL leaves the field out (what older versions made and read).
+        assert!(
+            !String::from_utf8(URL_SAFE_NO_PAD.decode(&encode(&details())[5..]).unwrap())
+                .unwrap()
+                .contains("urls")
+        );
+        let bad = JoinDetails {
+            urls: vec!["gpu-box.local:8080".into()],
+            ..details()
+        };
+        assert!(decode(&encode(&bad)).unwrap_err().contains("http://"));
     }
 
     #[test]

@@ -265,6 +265,12 @@ impl Node {
         format!("{scheme}://{}", self.inner.addr)
     }
 
+    /// The URLs other machines can join this node's proxy at, best first (never a wildcard
+    /// address): what the join code, the Setup page and the start-up banner name.
+    pub fn join_urls(&self) -> Vec<String> {
+        crate::lan::reachable_urls(self.inner.addr, self.inner.fingerprint.is_some())
+    }
+
     /// The SHA-256 fingerprint of the certificate the proxy serves, when it serves TLS.
     pub fn fingerprint(&self) -> Option<crate::tls::Fingerprint> {
         self.inner.fingerprint

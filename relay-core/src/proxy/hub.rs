@@ -592,14 +592,15 @@ impl Hub {
             return false;
         };
         inner.drained_names.insert(name.clone());
-        // Told first, so the worker finishes its requests and stays away (our worker does not
-        // reconnect after `graceful_shutdown`; the name check stops one that is restarted).
+        // Told first, so the worker finishes its requests and stays away (a `graceful_shutdown`
+        // without `reconnect` is the seeds' drain; the name check stops one that is restarted).
         let frame = ServerToWorker::GracefulShutdown(GracefulShutdownMessage {
             reason: Some(
                 "drained by an admin of the proxy; it may rejoin after the proxy restarts"
                     .to_string(),
             ),
             drain_timeout_secs: Some(self.settings.drain_timeout.as_secs()),
+            reconnect: None,
         })
         .to_json();
         inner.send(id, Outbound::Frame(frame.into()));
@@ -710,11 +711,14 @@ impl Hub {
     }
 
     /// Starts the proxy's drain: refuse new work, fail queued requests, and send
-    /// `graceful_shutdown` to every worker. Returns how many requests are still running.
+    /// `graceful_shutdown` to every worker, saying the proxy stops rather than sending them
+    /// away (`reconnect`), so ours come back by themselves when it is up again. Returns how many
+    /// requests are still running.
     pub fn begin_shutdown(&self, reason: &str) -> usize {
         let frame: Utf8Bytes = ServerToWorker::GracefulShutdown(GracefulShutdownMessage {
             reason: Some(reason.to_string()),
             drain_timeout_secs: Some(self.settings.drain_timeout.as_secs()),
+            reconnect: Some(true),
         })
         .to_json()
         .into();

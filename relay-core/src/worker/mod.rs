@@ -263,10 +263,18 @@ async fn sleep_signals(sleep: &tokio::sync::Notify) {
     std::future::pending::<()>().await
 }
 
+/// After the proxy said it stops (a restart, an upgrade, a reboot), reconnect attempts are at
+/// most this far apart, so the worker is back within seconds of the proxy listening again...
+pub const PROXY_RESTART_RETRY_MAX: Duration = Duration::from_secs(2);
+/// ... for this long; a proxy away longer is waited for with the usual backoff.
+pub const PROXY_RESTART_WINDOW: Duration = Duration::from_secs(600);
+
 /// Connects, serves and reconnects until shutdown.
 async fn serve_until_shutdown(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) {
     let (config, report) = (running.config, running.report);
     let mut delay = config.reconnect_min;
+    // Until when the proxy is expected back from a restart it announced.
+    let mut restart_expected_until: Option<tokio::time::Instant> = None;
     loop {
         if *shutdown.borrow() {
             return;
@@ -295,10 +303,31 @@ async fn serve_until_shutdown(running: Running<'_>, shutdown: &mut watch::Receiv
                 report.set_state(ConnectionState::Drained, Some(why));
                 return;
             }
+            SessionEnd::ProxyStopped { reason } => {
+                let why = if reason.is_empty() {
+                    "the proxy stopped".to_string()
+                } else {
+                    format!("the proxy stopped ({reason})")
+                };
+                tracing::info!("{why}; reconnecting when it is back");
+                report.set_state(
+                    ConnectionState::Disconnected,
+                    Some(format!("{why}; reconnecting when it is back")),
+                );
+                delay = config.reconnect_min.min(PROXY_RESTART_RETRY_MAX);
+                restart_expected_until = Some(tokio::time::Instant::now() + PROXY_RESTART_WINDOW);
+                // Spread out: every worker of the house heard the same message at once.
+                let jitter = Duration::from_millis(rand::rng().random_range(0..=500));
+                tokio::select! {
+                    _ = tokio::time::sleep(delay + jitter) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
             SessionEnd::Disconnected { registered, reason } => {
                 report.set_state(ConnectionState::Disconnected, Some(reason.clone()));
                 if registered {
                     delay = config.reconnect_min;
+                    restart_expected_until = None;
                 }
                 let jitter = Duration::from_millis(rand::rng().random_range(0..=500));
                 let wait = delay + jitter;
@@ -310,7 +339,13 @@ async fn serve_until_shutdown(running: Running<'_>, shutdown: &mut watch::Receiv
                     _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.changed() => return,
                 }
-                delay = (delay * 2).min(config.reconnect_max);
+                let most = match restart_expected_until {
+                    Some(until) if tokio::time::Instant::now() < until => {
+                        config.reconnect_max.min(PROXY_RESTART_RETRY_MAX)
+                    }
+                    _ => config.reconnect_max,
+                };
+                delay = (delay * 2).min(most);
             }
         }
     }

@@ -65,6 +65,12 @@ pub enum SessionEnd {
         /// The reason the proxy gave, if any.
         reason: String,
     },
+    /// The proxy itself stopped (`graceful_shutdown` with `reconnect`: a restart, an upgrade)
+    /// and the worker finished its requests: reconnect, soon and often, until it is back.
+    ProxyStopped {
+        /// The reason the proxy gave, if any.
+        reason: String,
+    },
     /// The box is going to sleep: the proxy was told (`going_to_sleep`) and the connection
     /// closed; reconnect after a pause (which a suspend freezes, so it ends after the resume).
     Asleep,
@@ -136,6 +142,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         draining: false,
         drain_deadline: None,
         drained_by_proxy: None,
+        proxy_stopping: None,
         sleep: running.sleep,
     };
     session.run(&mut socket, shutdown).await
@@ -254,6 +261,9 @@ struct Session<'a> {
     /// The proxy told this worker to drain (`graceful_shutdown`), with its reason: however the
     /// connection ends afterwards, the worker does not reconnect.
     drained_by_proxy: Option<String>,
+    /// The proxy said it is stopping itself (`graceful_shutdown` with `reconnect`), with its
+    /// reason: once the connection ends, the worker reconnects.
+    proxy_stopping: Option<String>,
     /// Notified when the box is about to suspend.
     sleep: &'a tokio::sync::Notify,
 }
@@ -381,11 +391,13 @@ impl Session<'_> {
                     task.abort();
                 }
                 // After a local shutdown began, or the proxy drained this worker, however the
-                // connection ends, do not reconnect.
+                // connection ends, do not reconnect; after the proxy said it stops, do.
                 return if local_shutdown {
                     SessionEnd::Shutdown
                 } else if let Some(reason) = self.drained_by_proxy.take() {
                     SessionEnd::DrainedByProxy { reason }
+                } else if let Some(reason) = self.proxy_stopping.take() {
+                    SessionEnd::ProxyStopped { reason }
                 } else {
                     end
                 };
@@ -461,7 +473,12 @@ impl Session<'_> {
                     "graceful shutdown"
                 );
                 self.draining = true;
-                self.drained_by_proxy = Some(message.reason.clone().unwrap_or_default());
+                let reason = message.reason.clone().unwrap_or_default();
+                if message.reconnect == Some(true) {
+                    self.proxy_stopping = Some(reason);
+                } else {
+                    self.drained_by_proxy = Some(reason);
+                }
                 let timeout = message
                     .drain_timeout_secs
                     .map(Duration::from_secs)

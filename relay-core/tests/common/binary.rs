@@ -518,3 +518,71 @@ pub fn child_pids(pid: u32) -> Vec<u32> {
     children.dedup();
     children
 }
+
+/// Reads one HTTP/1.1 request off `stream` (its head, then as many body bytes as the head's
+/// `Content-Length` announces); returns it as text, or `None` when the peer closed first.
+pub fn read_request(stream: &mut TcpStream) -> Option<String> {
+    let _ = stream.set_read_timeout(Some(WAIT));
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).ok()?;
+        if n == 0 {
+            return None;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&raw);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                })
+                .unwrap_or(0);
+            if body.len() >= length {
+                return Some(text.into_owned());
+            }
+        }
+    }
+}
+
+/// Answers `200` with a JSON `body` and `Connection: close`.
+pub fn write_json(stream: &mut TcpStream, body: &str) {
+    let response = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(response.as_bytes());
+}
+
+/// The list of models a [`model_server`] serves: one, `m1`.
+pub const M1_MODELS: &str = r#"{"object":"list","data":[{"id":"m1","object":"model"}]}"#;
+
+/// A model server listening on `ip` that lists model `m1` on every `GET` and answers every
+/// `POST` with a chat completion saying `content`; its port. Runs until the test ends.
+pub fn model_server(ip: &str, content: &'static str) -> u16 {
+    let listener = TcpListener::bind(format!("{ip}:0")).expect("bind the model server");
+    let port = listener.local_addr().expect("its address").port();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            thread::spawn(move || {
+                let Some(head) = read_request(&mut stream) else {
+                    return;
+                };
+                if head.starts_with("POST") {
+                    let answer = format!(
+                        r#"{{"id":"chatcmpl-1","object":"chat.completion","model":"m1","choices":[{{"index":0,"message":{{"role":"assistant","content":"{content}"}},"finish_reason":"stop"}}]}}"#
+                    );
+                    write_json(&mut stream, &answer);
+                } else {
+                    write_json(&mut stream, M1_MODELS);
+                }
+            });
+        }
+    });
+    port
+}

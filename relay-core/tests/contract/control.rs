@@ -890,12 +890,16 @@ async fn discovery_lists_local_model_servers_on_the_configured_ports() {
     node.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_node_worker_drained_by_its_proxy_shows_drained_and_rejoins_with_one_call() {
-    let proxy = start_proxy(test_config()).await;
-    let addr = proxy.addr;
-    let backend = MockBackend::start(&[MODEL]).await;
-    let dir = TempConfig::new();
+/// A node with the worker role only, joined to `proxy` as `desk-box`; its state feed once
+/// the worker is connected.
+async fn worker_node_joined_to(
+    proxy: &relay_core::proxy::RunningProxy,
+    backend: &MockBackend,
+    dir: &TempConfig,
+) -> (
+    Node,
+    tokio::sync::watch::Receiver<relay_core::node::NodeState>,
+) {
     let node = Node::start(NodeOptions {
         config_path: Some(dir.path.clone()),
         overrides: Overrides {
@@ -919,9 +923,79 @@ async fn a_node_worker_drained_by_its_proxy_shows_drained_and_rejoins_with_one_c
         .await
         .expect("joins in time")
         .expect("state feed");
+    (node, state)
+}
 
-    // The proxy shuts down: it sends graceful_shutdown; the worker finishes and stays away.
+#[tokio::test]
+async fn a_node_worker_comes_back_by_itself_when_its_proxy_restarts() {
+    let proxy = start_proxy(test_config()).await;
+    let addr = proxy.addr;
+    let backend = MockBackend::start(&[MODEL]).await;
+    let dir = TempConfig::new();
+    let (node, mut state) = worker_node_joined_to(&proxy, &backend, &dir).await;
+
+    // The proxy stops the ordinary way (SIGTERM, the tray's Quit): the worker finishes, shows a
+    // short outage rather than a drain, and needs no click.
     proxy.shutdown().await;
+    tokio::time::timeout(
+        WAIT,
+        state.wait_for(|s| s.worker == WorkerState::Disconnected),
+    )
+    .await
+    .expect("disconnected in time")
+    .expect("state feed");
+    let status = status_of(&node.url()).await;
+    assert_eq!(
+        status["node"]["worker"]["state"], "disconnected",
+        "{status}"
+    );
+    let why = status["node"]["worker"]["last_error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(why.contains("the proxy stopped"), "{status}");
+    assert!(why.contains("reconnecting"), "{status}");
+
+    // A proxy is back at the same address a little later: the worker is back within seconds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .expect("the address again");
+    let proxy = relay_core::proxy::start(test_config(), listener)
+        .await
+        .expect("proxy starts");
+    let listening = std::time::Instant::now();
+    wait_until("the worker came back by itself", || {
+        proxy.hub.counts().0 == 1
+    })
+    .await;
+    assert!(
+        listening.elapsed() < Duration::from_secs(5),
+        "back {:?} after the proxy listened again",
+        listening.elapsed()
+    );
+    let (code, _, _) = post(
+        &proxy.url(),
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": []}),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(node.state().borrow().worker, WorkerState::Connected);
+    node.shutdown().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_node_worker_drained_by_an_admin_shows_drained_stays_away_and_rejoins_with_one_call() {
+    let proxy = start_proxy(test_config()).await;
+    let addr = proxy.addr;
+    let backend = MockBackend::start(&[MODEL]).await;
+    let dir = TempConfig::new();
+    let (node, mut state) = worker_node_joined_to(&proxy, &backend, &dir).await;
+
+    // An admin drains this worker on purpose: it finishes and stays away.
+    let id = proxy.hub.workers()[0].id.clone();
+    assert!(proxy.hub.drain_worker(&id));
     tokio::time::timeout(WAIT, state.wait_for(|s| s.worker == WorkerState::Drained))
         .await
         .expect("drained in time")
@@ -933,14 +1007,15 @@ async fn a_node_worker_drained_by_its_proxy_shows_drained_and_rejoins_with_one_c
         .unwrap_or_default();
     assert!(why.contains("drained by the proxy"), "{status}");
 
-    // A proxy is back at the same address; the worker does not come by itself...
+    // Even a restarted proxy (which forgot the drain) does not bring it back by itself...
+    proxy.shutdown().await;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .expect("the address again");
     let proxy = relay_core::proxy::start(test_config(), listener)
         .await
         .expect("proxy starts");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(proxy.hub.counts().0, 0, "no reconnect by itself");
     assert_eq!(node.state().borrow().worker, WorkerState::Drained);
 

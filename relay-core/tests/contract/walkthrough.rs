@@ -1539,8 +1539,8 @@ async fn real_worker_answers_models_refresh_with_models_update() {
     worker.stop().await;
 }
 
-#[tokio::test]
-async fn real_worker_drains_on_graceful_shutdown_from_a_seeds_only_proxy() {
+/// A seeds-only proxy with our worker registered and running one slow request (`r-001`).
+async fn worker_running_a_request() -> (SeedProxy, MockBackend, RunningWorker, SeedConnection) {
     let mut proxy = SeedProxy::start().await;
     let backend = MockBackend::start(&[MODEL]).await;
     let worker = seed_worker(&proxy, &backend.url());
@@ -1555,6 +1555,12 @@ async fn real_worker_drains_on_graceful_shutdown_from_a_seeds_only_proxy() {
         backend.seen().len() == 1
     })
     .await;
+    (proxy, backend, worker, conn)
+}
+
+#[tokio::test]
+async fn real_worker_drains_on_graceful_shutdown_from_a_seeds_only_proxy() {
+    let (_proxy, _backend, worker, mut conn) = worker_running_a_request().await;
     conn.send(
         json!({"type": "graceful_shutdown", "reason": "maintenance", "drain_timeout_secs": 30}),
     )
@@ -1568,6 +1574,31 @@ async fn real_worker_drains_on_graceful_shutdown_from_a_seeds_only_proxy() {
         None,
         "a drained worker closes the connection"
     );
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn real_worker_reconnects_after_a_graceful_shutdown_that_says_the_proxy_stops() {
+    // Our extension (`reconnect`, which published workers ignore): the proxy itself stops, so
+    // the worker finishes what it holds, closes, and comes back when a proxy listens again.
+    let (mut proxy, _backend, worker, mut conn) = worker_running_a_request().await;
+    conn.send(json!({
+        "type": "graceful_shutdown",
+        "reason": "proxy shutting down",
+        "drain_timeout_secs": 30,
+        "reconnect": true
+    }))
+    .await;
+    let complete = conn.expect().await;
+    assert_eq!(complete["type"], "response_complete", "{complete}");
+    assert_eq!(complete["request_id"], "r-001");
+    assert_eq!(
+        conn.recv().await,
+        None,
+        "the worker closes once its work is done"
+    );
+    let mut again = proxy.accept().await;
+    again.register().await;
     worker.stop().await;
 }
 

@@ -298,8 +298,33 @@ fn graceful_shutdown_fixture_carries_reason_and_drain_timeout() {
         GracefulShutdownMessage {
             reason: Some("maintenance".to_string()),
             drain_timeout_secs: Some(30),
+            reconnect: None,
         }
     );
+}
+
+#[test]
+fn graceful_shutdown_of_a_stopping_proxy_adds_only_the_optional_reconnect_field() {
+    let message = ServerToWorker::GracefulShutdown(GracefulShutdownMessage {
+        reason: Some("proxy shutting down".to_string()),
+        drain_timeout_secs: Some(30),
+        reconnect: Some(true),
+    });
+    let sent: Value = serde_json::from_str(&message.to_json()).unwrap();
+    assert_eq!(
+        sent,
+        json!({
+            "type": "graceful_shutdown",
+            "reason": "proxy shutting down",
+            "drain_timeout_secs": 30,
+            "reconnect": true
+        })
+    );
+    // The seeds' message (a published proxy's, or an admin's drain) has no such field.
+    let ServerToWorker::GracefulShutdown(seed) = server("graceful_shutdown") else {
+        panic!("not a graceful_shutdown")
+    };
+    assert_eq!(seed.reconnect, None);
 }
 
 #[test]

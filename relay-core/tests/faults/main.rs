@@ -17,6 +17,8 @@
 mod binary;
 #[path = "../common/inprocess.rs"]
 mod inprocess;
+#[path = "../common/netns.rs"]
+mod netns;
 // The contract suite's mock backend; the rest of its support goes unused here.
 #[allow(unused_imports)]
 #[path = "../contract/support/mod.rs"]

@@ -2,108 +2,14 @@
 //! of its own, joined to this one by a veth pair, and the link is taken down and brought back.
 //! Needs root (to create the namespace); elsewhere the scenario says why it is skipped.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use super::binary::{modelrelay, unused_port, Running, TempDir};
+use super::netns::FarSide;
 use super::support::MockBackend;
 use super::*;
-
-/// A namespace with a veth link to this one; removed on drop.
-struct FarSide {
-    ns: String,
-    host_if: String,
-    host_ip: String,
-}
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-impl FarSide {
-    /// The namespace and its link, or why they cannot be made here.
-    fn create() -> Result<FarSide, String> {
-        // Names and a /30 of our own, distinct between concurrent runs.
-        let n = (std::process::id() % 200) + 20;
-        let ns = format!("mr-faults-{n}");
-        let (host_if, far_if) = (format!("mrf{n}h"), format!("mrf{n}w"));
-        let (host_ip, far_ip) = (format!("10.213.{n}.1"), format!("10.213.{n}.2"));
-        ip(&["link", "del", &host_if]);
-        ip(&["netns", "del", &ns]);
-        if !ip(&["netns", "add", &ns]) {
-            return Err("cannot create a network namespace (needs root and iproute2)".into());
-        }
-        let side = FarSide {
-            ns: ns.clone(),
-            host_if: host_if.clone(),
-            host_ip: host_ip.clone(),
-        };
-        let steps: [&[&str]; 7] = [
-            &[
-                "link", "add", &host_if, "type", "veth", "peer", "name", &far_if,
-            ],
-            &["link", "set", &far_if, "netns", &ns],
-            &["addr", "add", &format!("{host_ip}/30"), "dev", &host_if],
-            &["link", "set", &host_if, "up"],
-            &[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{far_ip}/30"),
-                "dev",
-                &far_if,
-            ],
-            &["-n", &ns, "link", "set", &far_if, "up"],
-            &["-n", &ns, "link", "set", "lo", "up"],
-        ];
-        for step in steps {
-            if !ip(step) {
-                return Err(format!("`ip {}` failed", step.join(" ")));
-            }
-        }
-        Ok(side)
-    }
-
-    /// `command` run inside the namespace, with its arguments and environment.
-    fn command(&self, inner: &Command) -> Command {
-        let mut command = Command::new("ip");
-        command
-            .args(["netns", "exec", &self.ns])
-            .arg(inner.get_program())
-            .args(inner.get_args())
-            .stdin(Stdio::null());
-        for (key, value) in inner.get_envs() {
-            match value {
-                Some(value) => command.env(key, value),
-                None => command.env_remove(key),
-            };
-        }
-        command
-    }
-
-    fn cut(&self) {
-        assert!(ip(&["link", "set", &self.host_if, "down"]), "cut the link");
-    }
-
-    fn heal(&self) {
-        assert!(ip(&["link", "set", &self.host_if, "up"]), "heal the link");
-    }
-}
-
-impl Drop for FarSide {
-    fn drop(&mut self) {
-        ip(&["link", "del", &self.host_if]);
-        ip(&["netns", "del", &self.ns]);
-    }
-}
 
 fn slow_unary() -> Value {
     json!({"model": "m", "messages": [], "mock": {"delay_ms": 1500}})
@@ -111,7 +17,7 @@ fn slow_unary() -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_partition_between_a_worker_and_its_proxy() {
-    let far = match FarSide::create() {
+    let far = match FarSide::create("faults", 213) {
         Ok(far) => far,
         Err(why) => {
             println!("faults network_partition_between_a_worker_and_its_proxy: skipped: {why}");

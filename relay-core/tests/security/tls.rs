@@ -99,39 +99,13 @@ fn model_server() -> String {
 }
 
 fn answer_one(mut stream: TcpStream) {
-    stream.set_read_timeout(Some(WAIT)).unwrap();
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 4096];
-    // The head, then as many body bytes as it announces.
-    loop {
-        let Ok(n) = stream.read(&mut buf) else { return };
-        if n == 0 {
-            return;
-        }
-        raw.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&raw).to_string();
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let length = head
-                .lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length:")
-                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
-                })
-                .unwrap_or(0);
-            if body.len() >= length {
-                break;
-            }
-        }
+    if read_request(&mut stream).is_none() {
+        return;
     }
     let answer = format!(
         r#"{{"id":"chatcmpl-1","object":"chat.completion","model":"m1","choices":[{{"index":0,"message":{{"role":"assistant","content":"{ANSWER}"}},"finish_reason":"stop"}}]}}"#
     );
-    let response = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
-        answer.len()
-    );
-    let _ = stream.write_all(response.as_bytes());
+    write_json(&mut stream, &answer);
 }
 
 #[test]

@@ -219,7 +219,8 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
         tone: ownTone,
         proxyUrl: node.worker.proxy_url,
         name: node.worker.name,
-        lastError: node.worker.last_error,
+        // Why the last connection ended: news while it is down, history once it is back.
+        lastError: node.worker.state === 'connected' ? null : node.worker.last_error,
       },
     },
     workers,

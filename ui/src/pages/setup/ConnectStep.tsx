@@ -309,9 +309,23 @@ function JoinCodePanel() {
             <div>
               <dt>Proxy URL</dt>
               <dd>
-                <code>{info.url}</code>
+                <code data-testid="own-proxy-url">{info.url}</code>
               </dd>
             </div>
+            {info.urls && info.urls.length > 1 ? (
+              <div>
+                <dt>Also reachable at</dt>
+                <dd data-testid="own-proxy-urls">
+                  {info.urls.slice(1).map((url, i) => (
+                    <span key={url}>
+                      {i > 0 ? ', ' : null}
+                      <code>{url}</code>
+                    </span>
+                  ))}
+                  <div class="muted small">The join code carries them all; a joining box uses the first it reaches.</div>
+                </dd>
+              </div>
+            ) : null}
             {info.fingerprint ? (
               <div>
                 <dt>TLS certificate</dt>
