@@ -8,7 +8,6 @@ mod binary;
 
 use binary::*;
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command};
 use std::thread;
