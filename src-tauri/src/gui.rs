@@ -70,7 +70,9 @@ pub fn run(cli: Cli, hidden: bool) -> ExitCode {
     init_logging(cli.log_level.as_deref());
     // Every `modelrelay` flag applies (listen address, secret, worker settings, ...); the
     // roles come from the config file, where the tray's check items save them.
-    let started = relay_core::app::overrides(&cli).and_then(|overrides| {
+    let started = relay_core::app::overrides(&cli).and_then(|mut overrides| {
+        // This node's dashboard is this app's window: its webview's origins are its own.
+        overrides.desktop_app = true;
         let options = NodeOptions {
             config_path: cli.config.clone(),
             overrides,

@@ -76,7 +76,7 @@ impl Area {
 #[derive(Debug, Clone)]
 pub struct SiteGuard(Arc<Rules>);
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Rules {
     /// Host checks cover every route (the listener is on loopback).
     loopback_listener: bool,
@@ -88,6 +88,8 @@ struct Rules {
     cors_origins: Vec<String>,
     /// `cors_origins` contains `*`.
     any_origin: bool,
+    /// The desktop app's webview origins are its own (in the desktop app's node only).
+    desktop_origins: bool,
 }
 
 /// How a request's `Origin` relates to this node.
@@ -132,7 +134,16 @@ impl SiteGuard {
             any_host: allowed_hosts.iter().any(|h| h.trim() == "*"),
             any_origin: cors.iter().any(|o| o == "*"),
             cors_origins: cors.into_iter().filter(|o| o != "*").collect(),
+            desktop_origins: false,
         }))
+    }
+
+    /// The same rules, with the desktop app's webview origins treated as its own (`on`) or as
+    /// any foreign origin: only the desktop app's node grants them.
+    pub fn with_desktop_origins(self, on: bool) -> Self {
+        let mut rules = Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone());
+        rules.desktop_origins = on;
+        SiteGuard(Arc::new(rules))
     }
 
     /// This machine's names: its host name and the `.local` name mDNS answers for.
@@ -167,7 +178,7 @@ impl SiteGuard {
             return OriginKind::Foreign;
         };
         let origin = origin.trim_end_matches('/');
-        if DESKTOP_ORIGINS.contains(&origin) {
+        if self.0.desktop_origins && DESKTOP_ORIGINS.contains(&origin) {
             return OriginKind::Desktop;
         }
         let host = headers
@@ -696,8 +707,21 @@ mod tests {
     }
 
     #[test]
-    fn the_dashboard_the_desktop_app_and_non_browser_clients_may_use_the_control_api() {
+    fn the_headless_binary_treats_the_desktop_apps_origins_as_foreign() {
         let g = guard(true);
+        for origin in ["tauri://localhost", "http://tauri.localhost"] {
+            let headers = [("host", "127.0.0.1:8080"), ("origin", origin)];
+            assert_eq!(
+                refusal_code(check(&g, &request("POST", "/api/models/refresh", &headers))),
+                Some(StatusCode::FORBIDDEN),
+                "{origin}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_dashboard_the_desktop_app_and_non_browser_clients_may_use_the_control_api() {
+        let g = guard(true).with_desktop_origins(true);
         let host = ("host", "127.0.0.1:8080");
         for extra in [
             vec![("origin", "http://127.0.0.1:8080")],

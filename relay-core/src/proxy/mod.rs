@@ -109,6 +109,9 @@ pub struct ProxyConfig {
     pub allowed_hosts: Vec<String>,
     /// Web origins allowed to call `/v1` cross-origin (`cors_origins`).
     pub cors_origins: Vec<String>,
+    /// Whether the desktop app's webview origins may call the control API: only in the
+    /// desktop app's own node ([`crate::settings::Overrides::desktop_app`]).
+    pub desktop_origins: bool,
     /// `/metrics` without the admin token even where the control API needs it
     /// (`metrics_public`).
     pub metrics_public: bool,
@@ -163,6 +166,7 @@ impl ProxyConfig {
             admin_token_origin: TokenOrigin::Configured,
             allowed_hosts: Vec::new(),
             cors_origins: Vec::new(),
+            desktop_origins: false,
             metrics_public: defaults::METRICS_PUBLIC,
             tls: None,
             require_api_keys: false,
@@ -209,6 +213,7 @@ impl ProxyConfig {
             admin_token: settings.admin_token.map(AdminToken),
             allowed_hosts: settings.allowed_hosts,
             cors_origins: settings.cors_origins,
+            desktop_origins: settings.desktop_origins,
             require_api_keys: settings.require_api_keys,
             affinity: settings.affinity,
             database: match settings.database_url {
@@ -367,13 +372,15 @@ pub async fn router(
         config.admin_token.clone(),
         config.admin_token_origin.clone(),
         addr.ip().is_loopback(),
-    );
+    )
+    .with_desktop_origins(config.desktop_origins);
     let site = guard::SiteGuard::new(
         addr.ip().is_loopback(),
         &guard::SiteGuard::machine_names(),
         &config.allowed_hosts,
         &config.cors_origins,
-    );
+    )
+    .with_desktop_origins(config.desktop_origins);
     let mut info = NodeInfo::proxy_only(addr);
     if config.tls.is_some() {
         info.url = format!("https://{addr}");

@@ -433,7 +433,10 @@ async fn on_loopback_without_a_token_the_control_api_is_open() {
 
 #[tokio::test]
 async fn the_desktop_webview_may_call_the_api_cross_origin_and_other_sites_may_not() {
-    let proxy = start_proxy(test_config()).await;
+    // The desktop app's own node (it sets `desktop_app` in its overrides).
+    let mut config = test_config();
+    config.desktop_origins = true;
+    let proxy = start_proxy(config).await;
     let url = format!("{}/api/status", proxy.url());
     let preflight = http()
         .request(reqwest::Method::OPTIONS, &url)
@@ -472,6 +475,39 @@ async fn the_desktop_webview_may_call_the_api_cross_origin_and_other_sites_may_n
         .headers()
         .get("access-control-allow-origin")
         .is_none());
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_headless_binary_grants_the_desktop_apps_origins_nothing() {
+    let proxy = start_proxy(test_config()).await;
+    for path in ["/api/status", "/api/join-code"] {
+        let url = format!("{}{path}", proxy.url());
+        for origin in ["tauri://localhost", "http://tauri.localhost"] {
+            let answer = http()
+                .get(&url)
+                .header("origin", origin)
+                .send()
+                .await
+                .expect("get");
+            assert_eq!(answer.status(), 403, "{path} from {origin}");
+            assert!(answer
+                .headers()
+                .get("access-control-allow-origin")
+                .is_none());
+            let preflight = http()
+                .request(reqwest::Method::OPTIONS, &url)
+                .header("origin", origin)
+                .header("access-control-request-method", "GET")
+                .send()
+                .await
+                .expect("preflight");
+            assert!(preflight
+                .headers()
+                .get("access-control-allow-origin")
+                .is_none());
+        }
+    }
     proxy.shutdown().await;
 }
 

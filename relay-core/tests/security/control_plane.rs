@@ -21,15 +21,15 @@ const LAUNCH_ATTACK: &str =
     "[worker.model_map.x]\nstart_script = \"/usr/bin/touch\"\nargs = [\"created-by-a-web-page\"]\n";
 
 /// A zero-configuration relay with a known config file and data directory.
-struct Relay {
-    running: Running,
-    url: String,
+pub(crate) struct Relay {
+    pub(crate) running: Running,
+    pub(crate) url: String,
     data: TempDir,
     config: PathBuf,
 }
 
 impl Relay {
-    fn start(extra: impl FnOnce(&mut Command)) -> Relay {
+    pub(crate) fn start(extra: impl FnOnce(&mut Command)) -> Relay {
         let data = TempDir::new("security");
         let config = data.path().join("config.toml");
         std::fs::write(&config, USER_CONFIG).expect("write config");
@@ -53,19 +53,19 @@ impl Relay {
         self.url.trim_start_matches("http://").to_string()
     }
 
-    fn port(&self) -> String {
+    pub(crate) fn port(&self) -> String {
         self.url.rsplit(':').next().unwrap().to_string()
     }
 
-    fn secret(&self) -> String {
+    pub(crate) fn secret(&self) -> String {
         read_trimmed(&self.data.path().join("worker-secret"))
     }
 
-    fn admin_token(&self) -> String {
+    pub(crate) fn admin_token(&self) -> String {
         read_trimmed(&self.data.path().join("admin-token"))
     }
 
-    fn config_bytes(&self) -> Vec<u8> {
+    pub(crate) fn config_bytes(&self) -> Vec<u8> {
         std::fs::read(&self.config).expect("read config")
     }
 
@@ -94,7 +94,7 @@ impl Relay {
 
     /// Asserts the attack left no trace: same config bytes, no child process, no file made by
     /// the launch attack.
-    fn assert_untouched(&self, config_before: &[u8]) {
+    pub(crate) fn assert_untouched(&self, config_before: &[u8]) {
         assert_eq!(
             self.config_bytes(),
             config_before,
@@ -124,7 +124,7 @@ fn config_body(toml: &str) -> String {
     serde_json::json!({ "toml": toml }).to_string()
 }
 
-fn error_code(reply: &Reply) -> String {
+pub(crate) fn error_code(reply: &Reply) -> String {
     let body: Value =
         serde_json::from_str(&reply.body).unwrap_or_else(|e| panic!("not JSON ({e}): {reply:?}"));
     body["error"]["code"]
@@ -526,4 +526,22 @@ fn only_the_event_stream_takes_the_token_in_its_query() {
         None,
     );
     assert_eq!(header.status, 200, "{header:?}");
+}
+
+#[test]
+fn the_headless_binary_gives_the_desktop_apps_origins_no_secret() {
+    // Any program can send `Origin: tauri://localhost`; only the desktop app's own node may
+    // treat it as its window.
+    let relay = Relay::start(|_| {});
+    for origin in ["tauri://localhost", "http://tauri.localhost"] {
+        let refused = exchange(
+            "GET",
+            &format!("{}/api/join-code", relay.url),
+            &[("Origin", origin)],
+            None,
+        );
+        assert_eq!(refused.status, 403, "{origin}: {refused:?}");
+        assert!(!refused.body.contains(&relay.secret()), "{refused:?}");
+        assert_eq!(refused.header("access-control-allow-origin"), None);
+    }
 }

@@ -8,4 +8,5 @@ mod binary;
 
 mod control_plane;
 mod passthrough;
+mod reverse_proxy;
 mod tls;

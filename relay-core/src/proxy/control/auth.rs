@@ -71,11 +71,31 @@ pub struct AdminAccess {
     /// Requests refused for a missing or wrong token, for `/metrics`; shared by the clones the
     /// proxy's and the node's routes hold.
     failures: Arc<AtomicU64>,
+    /// Whether the desktop app's webview origins may call the control API cross-origin (the
+    /// desktop app's own node only).
+    desktop_origins: bool,
 }
 
 /// Origins of the desktop app's webview (Tauri serves its pages from these), the only origins
 /// allowed to call the control API cross-origin.
 pub(crate) const DESKTOP_ORIGINS: &[&str] = &["tauri://localhost", "http://tauri.localhost"];
+
+/// Headers a reverse proxy adds to say whom it forwards for. A request carrying any of them came
+/// from beyond this machine whatever socket it arrived on — a same-host nginx or Caddy connects
+/// over loopback — so it never gets loopback's trust.
+pub const FORWARDING_HEADERS: [&str; 4] = [
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-real-ip",
+];
+
+/// Whether `headers` say a proxy forwarded the request (see [`FORWARDING_HEADERS`]).
+pub fn forwarded(headers: &HeaderMap) -> bool {
+    FORWARDING_HEADERS
+        .iter()
+        .any(|name| headers.contains_key(*name))
+}
 
 /// The one control route that takes the token in its query: `EventSource` cannot set headers.
 const QUERY_TOKEN_PATH: &str = "/api/events";
@@ -94,7 +114,14 @@ impl AdminAccess {
             token: token.map(Arc::new),
             origin,
             failures: Arc::default(),
+            desktop_origins: false,
         }
+    }
+
+    /// The same rule, with the desktop app's webview origins allowed cross-origin (`on`) or not.
+    pub fn with_desktop_origins(mut self, on: bool) -> Self {
+        self.desktop_origins = on;
+        self
     }
 
     /// Requests refused so far for a missing or wrong admin token.
@@ -112,21 +139,31 @@ impl AdminAccess {
         self.required
     }
 
+    /// Whether this request must present the token: always when [`AdminAccess::required`], and
+    /// on a loopback-only node for any request a reverse proxy forwarded.
+    fn required_for(&self, headers: &HeaderMap) -> bool {
+        self.required || forwarded(headers)
+    }
+
     fn check(&self, headers: &HeaderMap, path: &str, query: Option<&str>) -> Result<(), ApiError> {
-        if !self.required {
+        if !self.required_for(headers) {
             return Ok(());
         }
         let query = (path == QUERY_TOKEN_PATH).then_some(query).flatten();
-        self.verify(
-            presented_token(headers, query),
-            "the control API needs the admin token: send `Authorization: Bearer TOKEN` (or `?token=` on /api/events)",
-        )
+        let missing = if self.required {
+            "the control API needs the admin token: send `Authorization: Bearer TOKEN` (or `?token=` on /api/events)"
+        } else {
+            "this request came through a reverse proxy (it carries Forwarded, X-Forwarded-For, \
+             X-Forwarded-Host or X-Real-IP), so it is not from this machine: the control API \
+             needs the admin token: send `Authorization: Bearer TOKEN` (or `?token=` on /api/events)"
+        };
+        self.verify(presented_token(headers, query), missing)
     }
 
     /// The same rule for `/metrics`, whose scrapers send the token as a bearer token; the
     /// refusals say how to configure one, or how to open the endpoint on purpose.
     pub fn check_metrics(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        if !self.required {
+        if !self.required_for(headers) {
             return Ok(());
         }
         self.verify(
@@ -282,7 +319,10 @@ fn percent_decode(value: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn allowed_origin(headers: &HeaderMap) -> Option<HeaderValue> {
+fn allowed_origin(access: &AdminAccess, headers: &HeaderMap) -> Option<HeaderValue> {
+    if !access.desktop_origins {
+        return None;
+    }
     let origin = headers.get(header::ORIGIN)?;
     DESKTOP_ORIGINS
         .contains(&origin.to_str().ok()?)
@@ -292,7 +332,7 @@ fn allowed_origin(headers: &HeaderMap) -> Option<HeaderValue> {
 /// Middleware on every control route: answers the desktop webview's CORS preflight, checks the
 /// admin token, and marks answers to the webview as allowed.
 pub async fn guard(State(access): State<AdminAccess>, request: Request, next: Next) -> Response {
-    let origin = allowed_origin(request.headers());
+    let origin = allowed_origin(&access, request.headers());
     if request.method() == Method::OPTIONS {
         return match origin {
             Some(origin) => crate::proxy::guard::cors_preflight(
@@ -329,6 +369,31 @@ mod tests {
             map.insert(*name, HeaderValue::from_str(value).unwrap());
         }
         map
+    }
+
+    #[test]
+    fn a_forwarded_request_to_a_loopback_node_needs_the_token() {
+        let access = AdminAccess::new(
+            Some(AdminToken("t".into())),
+            TokenOrigin::Stored("admin-token".into()),
+            true,
+        );
+        assert!(access
+            .check(&HeaderMap::new(), "/api/join-code", None)
+            .is_ok());
+        for name in FORWARDING_HEADERS {
+            let via_proxy = headers(&[(name, "203.0.113.9")]);
+            let refused = access
+                .check(&via_proxy, "/api/join-code", None)
+                .unwrap_err();
+            assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "{name}");
+            assert!(refused.message.contains("reverse proxy"), "{name}");
+            assert!(access.check_metrics(&via_proxy).is_err(), "{name}");
+            let mut with_token = via_proxy.clone();
+            with_token.insert("authorization", HeaderValue::from_static("Bearer t"));
+            assert!(access.check(&with_token, "/api/join-code", None).is_ok());
+            assert!(access.check_metrics(&with_token).is_ok());
+        }
     }
 
     #[test]
@@ -468,10 +533,17 @@ mod tests {
     }
 
     #[test]
-    fn only_desktop_origins_are_allowed_cross_origin() {
-        assert!(allowed_origin(&headers(&[("origin", "tauri://localhost")])).is_some());
-        assert!(allowed_origin(&headers(&[("origin", "https://evil.example")])).is_none());
-        assert!(allowed_origin(&HeaderMap::new()).is_none());
+    fn only_desktop_origins_are_allowed_cross_origin_and_only_by_the_desktop_apps_node() {
+        let desktop =
+            AdminAccess::new(None, TokenOrigin::Configured, true).with_desktop_origins(true);
+        let tauri = headers(&[("origin", "tauri://localhost")]);
+        assert!(allowed_origin(&desktop, &tauri).is_some());
+        assert!(
+            allowed_origin(&desktop, &headers(&[("origin", "https://evil.example")])).is_none()
+        );
+        assert!(allowed_origin(&desktop, &HeaderMap::new()).is_none());
+        let headless = AdminAccess::new(None, TokenOrigin::Configured, true);
+        assert!(allowed_origin(&headless, &tauri).is_none());
     }
 
     #[test]
