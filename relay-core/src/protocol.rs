@@ -54,6 +54,35 @@ pub fn json_string_len(text: &str) -> usize {
 /// shared worker secret could otherwise collect users' keys.
 pub const CLIENT_AUTH_HEADERS: &[&str] = &["authorization", "x-api-key"];
 
+/// Client headers carried to the worker besides [`CLIENT_AUTH_HEADERS`]: content type, the
+/// OpenAI and Anthropic version and feature headers, and the session ids a worker's model
+/// lifecycle and slot hints key on. Transport headers (user-agent, accept-encoding, ...) stay
+/// behind, as the contract says; a worker passes on no other header whatever a proxy sends.
+pub const FORWARDED_HEADERS: &[&str] = &[
+    "content-type",
+    "openai-organization",
+    "openai-project",
+    "openai-beta",
+    "anthropic-version",
+    "anthropic-beta",
+    "session-id",
+    "session_id",
+    "x-session-affinity",
+    "x-client-request-id",
+    "x-claude-code-session-id",
+];
+
+/// The backend routes a request may name (`endpoint_path`, before its query): the inference
+/// routes the proxy relays. A worker forwards nothing else unless its owner adds the route.
+pub const INFERENCE_ROUTES: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+];
+
 /// Whether a worker announcing `version` may register.
 pub fn is_accepted_protocol_version(version: Option<&str>) -> bool {
     version.is_none_or(|v| ACCEPTED_PROTOCOL_VERSIONS.contains(&v))

@@ -11,7 +11,7 @@ use std::cell::RefCell;
 
 use reqwest::Url;
 
-use crate::protocol::{HeaderMap, CLIENT_AUTH_HEADERS};
+use crate::protocol::{HeaderMap, CLIENT_AUTH_HEADERS, FORWARDED_HEADERS, INFERENCE_ROUTES};
 
 /// Why an `endpoint_path` was refused.
 pub fn check_path(path: &str) -> Result<(), String> {
@@ -41,6 +41,38 @@ pub fn check_path(path: &str) -> Result<(), String> {
         return refuse("it contains a . or .. segment");
     }
     Ok(())
+}
+
+/// Why a request for `path` is not forwarded: only the inference routes the protocol carries
+/// ([`INFERENCE_ROUTES`]) and the routes the box's owner added (`extra`, `[worker] extra_routes`)
+/// are. Anyone with the worker secret can run a proxy; without this, one could make the worker
+/// call any route of its backend (Ollama's `/api/pull`, `/api/delete`, llama-server's `/slots`).
+pub fn check_route(path: &str, extra: &[String]) -> Result<(), String> {
+    let route = path.split('?').next().unwrap_or(path);
+    let route = match route.trim_end_matches('/') {
+        "" => "/",
+        trimmed => trimmed,
+    };
+    if INFERENCE_ROUTES.contains(&route) || extra.iter().any(|r| r.trim_end_matches('/') == route) {
+        return Ok(());
+    }
+    Err(format!(
+        "endpoint_path {path:?} refused: this worker forwards only the inference routes ({}) \
+         and those its owner adds with `extra_routes` in its [worker] settings",
+        INFERENCE_ROUTES.join(", ")
+    ))
+}
+
+/// Keeps only the headers a proxy forwards ([`FORWARDED_HEADERS`] and the client's
+/// credentials, which [`strip_client_auth`] handles): whatever else a proxy sends (`cookie`,
+/// `host`, `x-forwarded-for`, ...) never reaches the backend.
+pub fn keep_forwarded_headers(headers: &mut HeaderMap) {
+    headers.retain(|name, _| {
+        FORWARDED_HEADERS
+            .iter()
+            .chain(CLIENT_AUTH_HEADERS)
+            .any(|kept| name.eq_ignore_ascii_case(kept))
+    });
 }
 
 /// The URL of `path` on the backend at `base` (whose own path, if any, is kept as a prefix).
@@ -176,6 +208,60 @@ mod tests {
                 "{path:?} joined"
             );
         }
+    }
+
+    #[test]
+    fn only_inference_routes_and_the_owners_extra_routes_are_forwarded() {
+        for path in [
+            "/v1/chat/completions",
+            "/v1/chat/completions/",
+            "/v1/messages?beta=true",
+            "/v1/messages/count_tokens",
+            "/v1/responses",
+            "/v1/embeddings",
+            "/v1/completions",
+        ] {
+            assert!(check_route(path, &[]).is_ok(), "{path}");
+        }
+        for path in [
+            "/api/pull",
+            "/api/delete",
+            "/slots",
+            "/props",
+            "/v1/models",
+            "/",
+            "/v1/chat/completions/../x",
+            "/v1/chat",
+            "/v1/responses/resp_1",
+        ] {
+            let refused = check_route(path, &[]).unwrap_err();
+            assert!(refused.contains("extra_routes"), "{path}: {refused}");
+        }
+        let extra = vec!["/api/generate".to_string()];
+        assert!(check_route("/api/generate", &extra).is_ok());
+        assert!(check_route("/api/pull", &extra).is_err());
+    }
+
+    #[test]
+    fn only_the_headers_a_proxy_forwards_reach_the_backend() {
+        let mut headers: HeaderMap = [
+            ("Content-Type", "application/json"),
+            ("anthropic-version", "2023-06-01"),
+            ("Authorization", "Bearer sk"),
+            ("cookie", "session=stolen"),
+            ("x-injected", "1"),
+            ("host", "evil.example"),
+            ("x-forwarded-for", "203.0.113.9"),
+        ]
+        .into_iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+        keep_forwarded_headers(&mut headers);
+        let names: Vec<&str> = headers.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            ["Authorization", "Content-Type", "anthropic-version"]
+        );
     }
 
     #[test]

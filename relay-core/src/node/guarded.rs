@@ -32,6 +32,8 @@ const GUARDED: &[&str] = &[
     "worker.proxy_fingerprint",
     "worker.backend_url",
     "worker.forward_client_auth",
+    // More of the backend a proxy may reach through this worker.
+    "worker.extra_routes",
     // Where a worker sends the Wake-on-LAN datagrams its proxy asks it to relay: the same.
     "worker.wake_target",
     "worker.model_map.*.start_script",

@@ -33,28 +33,9 @@ use super::upstream::UpstreamRequest;
 use super::worker_socket::serve_worker;
 use super::AppState;
 use crate::dialect::{ApiError, Dialect};
-use crate::protocol::{json_string_len, CLIENT_AUTH_HEADERS, FRAME_OVERHEAD_BYTES};
-
-/// Client headers carried to the worker: authentication, content type, the OpenAI and
-/// Anthropic version and feature headers, and the session ids a worker's model lifecycle can
-/// restart a model on. Transport headers (user-agent, accept-encoding, ...) stay behind, as the
-/// contract says.
-///
-/// The client's credentials ([`CLIENT_AUTH_HEADERS`]) are kept apart: only workers of providers
-/// that opt in get them.
-const FORWARDED_HEADERS: &[&str] = &[
-    "content-type",
-    "openai-organization",
-    "openai-project",
-    "openai-beta",
-    "anthropic-version",
-    "anthropic-beta",
-    "session-id",
-    "session_id",
-    "x-session-affinity",
-    "x-client-request-id",
-    "x-claude-code-session-id",
-];
+use crate::protocol::{
+    json_string_len, CLIENT_AUTH_HEADERS, FORWARDED_HEADERS, FRAME_OVERHEAD_BYTES,
+};
 
 /// Read buffer of each worker connection (see `worker_connect`).
 const WORKER_READ_BUFFER_BYTES: usize = 16 * 1024;

@@ -239,6 +239,9 @@ pub struct WorkerFile {
     pub models: Option<Vec<String>>,
     /// `MAX_CONCURRENCY`.
     pub max_concurrency: Option<u32>,
+    /// Backend routes forwarded besides the inference routes (e.g. `["/api/generate"]`): only
+    /// the box's owner adds them, here in the file.
+    pub extra_routes: Option<Vec<String>>,
     /// `PROVIDER_NAME` to join.
     pub provider: Option<String>,
     /// `PROTOCOL_VERSION` announced in `register`.

@@ -117,6 +117,8 @@ pub struct WorkerSettings {
     pub max_concurrent: u32,
     /// Whether clients' credentials reach the backends.
     pub forward_client_auth: bool,
+    /// Backend routes forwarded besides the inference routes (`extra_routes`).
+    pub extra_routes: Vec<String>,
     /// Sent in `register`; `None` sends none.
     pub protocol_version: Option<String>,
     /// How often the backends' model lists are re-read.
@@ -568,6 +570,7 @@ impl WorkerSettings {
                 .forward_client_auth
                 .or(w.forward_client_auth)
                 .unwrap_or(false),
+            extra_routes: w.extra_routes.clone().unwrap_or_default(),
             protocol_version: (!protocol_version.is_empty() && protocol_version != "none")
                 .then_some(protocol_version),
             model_refresh_interval: secs(w.model_refresh_secs, defaults::MODEL_REFRESH),

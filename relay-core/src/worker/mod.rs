@@ -58,6 +58,8 @@ pub struct WorkerConfig {
     pub max_concurrent: u32,
     /// Whether clients' `Authorization` and `x-api-key` reach the backends.
     pub forward_client_auth: bool,
+    /// Backend routes forwarded besides the inference routes (the owner's `extra_routes`).
+    pub extra_routes: Vec<String>,
     /// Sent in `register`; `None` sends none (legacy).
     pub protocol_version: Option<String>,
     /// How often the backends' model lists are re-read.
@@ -106,6 +108,7 @@ impl WorkerConfig {
             models: None,
             max_concurrent: defaults::MAX_CONCURRENCY,
             forward_client_auth: false,
+            extra_routes: Vec::new(),
             protocol_version: Some(BRIDGE_PROTOCOL_VERSION.to_string()),
             model_refresh_interval: defaults::MODEL_REFRESH,
             drain_timeout: defaults::DRAIN_TIMEOUT,
@@ -151,6 +154,7 @@ impl WorkerConfig {
             models: settings.models,
             max_concurrent: settings.max_concurrent,
             forward_client_auth: settings.forward_client_auth,
+            extra_routes: settings.extra_routes,
             protocol_version: settings.protocol_version,
             model_refresh_interval: settings.model_refresh_interval,
             drain_timeout: settings.drain_timeout,

@@ -514,6 +514,7 @@ impl Session<'_> {
             let _ = send(socket, &busy).await;
             return;
         }
+        endpoint::keep_forwarded_headers(&mut request.headers);
         if !self.config.forward_client_auth {
             endpoint::strip_client_auth(&mut request.headers);
         }
@@ -527,6 +528,15 @@ impl Session<'_> {
             Some(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_endpoint_path",
+                why,
+            ))
+        } else if let Err(why) =
+            endpoint::check_route(&request.endpoint_path, &self.config.extra_routes)
+        {
+            tracing::warn!(request = %request.request_id, "{why}");
+            Some(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "route_not_forwarded",
                 why,
             ))
         } else if self.draining {

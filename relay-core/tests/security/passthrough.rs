@@ -507,3 +507,81 @@ async fn a_worker_never_runs_more_requests_than_its_max_concurrency() {
     assert_eq!((answered, busy), (2, 3), "{outcomes:?}");
     assert_eq!(backend.in_flight_peak.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test]
+async fn a_rogue_proxy_reaches_only_inference_routes_and_only_with_the_forwarded_headers() {
+    let data = TempDir::new("evil-proxy-routes");
+    let proxy = FakeProxy::bind().await;
+    let backend = backend(Duration::ZERO).await;
+    let _worker = start_worker(&data, &proxy, &backend, &[]);
+    let mut socket = proxy.accept().await;
+    // Routes of the backend that are not inference: pulling or deleting a model (Ollama),
+    // the slots and their saved prompts (llama-server), anything else.
+    let injected = [
+        ("cookie", "session=x"),
+        ("x-injected", "1"),
+        ("host", "evil.example"),
+    ];
+    for (n, path) in [
+        "/api/pull",
+        "/api/delete",
+        "/slots",
+        "/v1/models/x",
+        "/admin",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let id = format!("r-{n}");
+        socket
+            .send(Message::Text(
+                request(&id, path, &injected).to_json().into(),
+            ))
+            .await
+            .unwrap();
+        let outcome = outcome(&mut socket, &id).await;
+        assert!(
+            outcome.starts_with("403 ") && outcome.contains("route_not_forwarded"),
+            "{path}: {outcome}"
+        );
+    }
+    // An inference request with the same injected headers: forwarded, without them.
+    socket
+        .send(Message::Text(
+            request(
+                "ok",
+                "/v1/chat/completions",
+                &[
+                    injected[0],
+                    injected[1],
+                    ("anthropic-version", "2023-06-01"),
+                ],
+            )
+            .to_json()
+            .into(),
+        ))
+        .await
+        .unwrap();
+    assert!(outcome(&mut socket, "ok").await.starts_with("200 "));
+    let seen = backend.seen.lock().unwrap().clone();
+    let paths: Vec<&str> = seen.iter().map(|(path, _)| path.as_str()).collect();
+    assert!(
+        paths
+            .iter()
+            .all(|p| *p == "/v1/chat/completions" || *p == "/v1/models"),
+        "the backend saw {paths:?}"
+    );
+    let (_, headers) = seen
+        .iter()
+        .find(|(path, _)| path == "/v1/chat/completions")
+        .expect("the inference request arrived");
+    assert!(
+        headers
+            .iter()
+            .all(|(name, _)| name != "cookie" && name != "x-injected"),
+        "{headers:?}"
+    );
+    assert!(headers
+        .iter()
+        .any(|(name, value)| name == "anthropic-version" && value == "2023-06-01"));
+}
