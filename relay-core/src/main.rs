@@ -12,5 +12,6 @@ relay_core::use_jemalloc!();
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     startup::init_logging(cli.log_level.as_deref(), &["relay_core", "modelrelay"]);
+    startup::raise_open_files_limit();
     startup::exit_code("modelrelay", app::run(cli).await)
 }

@@ -1,5 +1,6 @@
 //! What a program embedding the relay does once at start, the same in `modelrelay` and the
-//! desktop app: logging to stderr, jemalloc as the allocator, and the exit code of a run.
+//! desktop app: logging to stderr, the open-files limit, jemalloc as the allocator, and the exit
+//! code of a run.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -69,6 +70,44 @@ macro_rules! use_jemalloc {
         // pointer.
         pub static malloc_conf: &[u8; 60] = $crate::startup::JEMALLOC_CONF;
     };
+}
+
+/// Raises this process's soft limit on open files to its hard limit, as servers do: every
+/// client, worker and backend connection is a descriptor, and many systems start programs with a
+/// soft limit of 1,024 while allowing far more. Returns the soft limit now (`None` where there is
+/// no such limit, or it cannot be read); the proxy keeps its connection bound below it.
+// `rlim_t` is `u64` on Linux and macOS but not on every Unix: the cast says what is meant.
+#[allow(clippy::unnecessary_cast)]
+pub fn raise_open_files_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                return None;
+            }
+            if limit.rlim_cur < limit.rlim_max {
+                let raised = libc::rlimit {
+                    rlim_cur: limit.rlim_max,
+                    rlim_max: limit.rlim_max,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                    limit = raised;
+                } else {
+                    tracing::debug!("cannot raise the open-files limit above {}", limit.rlim_cur);
+                }
+            }
+        }
+        Some(limit.rlim_cur as u64)
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -645,3 +645,56 @@ fn a_headless_worker_comes_back_by_itself_when_its_proxy_restarts_with_sigterm()
     worker.terminate_cleanly();
     proxy.terminate_cleanly();
 }
+
+/// `modelrelay` started with an open-files limit of `soft` (and a hard limit of `hard`).
+#[cfg(unix)]
+fn with_open_files_limit(command: &mut Command, soft: u64, hard: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the closure only calls setrlimit, which is async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: soft as libc::rlim_t,
+                rlim_max: hard as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The soft and hard open-files limits of a running process (`/proc/PID/limits`).
+fn open_files_limits(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("an open-files line");
+    let numbers: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (numbers[0], numbers[1])
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_open_files_limit_is_raised_to_the_hard_limit_and_max_connections_fits_under_it() {
+    // A soft limit below the hard one, as many systems start services: raised at start. The
+    // hard limit is below what max_connections (20,000) needs: the bound is lowered to fit what
+    // was raised, less what other descriptors need, and the log says so.
+    let data = TempDir::new("nofile");
+    let mut command = modelrelay(data.path());
+    command.args(["serve", "--listen", "127.0.0.1:0"]);
+    with_open_files_limit(&mut command, 512, 4096);
+    let mut proxy = Running::spawn(command);
+    let url = proxy.relay_url();
+    assert_eq!(open_files_limits(proxy.child.id()), (4096, 4096));
+    eventually("the lowered bound is logged", &proxy, || {
+        proxy.stderr().contains("max_connections lowered to 3840")
+    });
+    assert_eq!(get_json(&format!("{url}/health"))["status"], "ok");
+    proxy.terminate_cleanly();
+}

@@ -78,6 +78,7 @@ pub fn init_logging(level: Option<&str>) {
         level,
         &["relay_core", "relay_desktop", "modelrelay_desktop"],
     );
+    relay_core::startup::raise_open_files_limit();
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use super::join_code::{self, JoinDetails};
 use super::{Caller, Inner, Node, NodeError};
-use crate::proxy::control::{api_error, auth, AdminAccess, ControlError};
+use crate::proxy::control::{api_error, auth, body, AdminAccess, ControlError};
 use crate::settings::edit::{self as settings, SettingsValues};
 
 /// How long "test connection" waits for the proxy.
@@ -62,6 +62,8 @@ pub fn routes(slot: NodeSlot, access: AdminAccess) -> Router {
         .route("/api/discovery", get(discover))
         .route("/api/lifecycle", get(lifecycle_status))
         .route("/api/lifecycle/{model}/{action}", post(lifecycle_action))
+        // The guard runs first (the outer layer): a refused request's body is never read.
+        .route_layer(axum::middleware::from_fn(body::deadline))
         .route_layer(from_fn_with_state(access, auth::guard))
         .with_state(slot)
 }

@@ -58,9 +58,19 @@ pub fn header_allowed(name: &str) -> bool {
     ALLOWED.contains(&name.as_str()) || ALLOWED_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
-/// The status to answer with, or why the answer is refused: a final status in 200–599.
+/// The status to answer with, or why the answer is refused: a final status in 200–299 or
+/// 400–599. A redirect is refused too: workers and upstreams do not follow them (a request, and
+/// a key, would go wherever one points), and one passed on without its `Location` says nothing.
 pub fn status(code: u16) -> Result<StatusCode, ApiError> {
     match StatusCode::from_u16(code) {
+        Ok(status) if status.is_redirection() => Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "bad_backend_answer",
+            format!(
+                "the backend answered with a redirect (HTTP {code}), which the relay does not \
+                 follow: point its URL where the redirect goes"
+            ),
+        )),
         Ok(status) if (200..=599).contains(&code) => Ok(status),
         _ => Err(ApiError::new(
             StatusCode::BAD_GATEWAY,
@@ -166,7 +176,20 @@ mod tests {
     fn only_final_statuses_pass() {
         assert_eq!(status(200).unwrap(), StatusCode::OK);
         assert_eq!(status(599).unwrap().as_u16(), 599);
-        for code in [0, 100, 101, 199, 600, 999, 1000, u16::MAX] {
+        for code in [
+            0,
+            100,
+            101,
+            199,
+            301,
+            302,
+            307,
+            308,
+            600,
+            999,
+            1000,
+            u16::MAX,
+        ] {
             let refused = status(code).unwrap_err();
             assert_eq!(refused.status, StatusCode::BAD_GATEWAY, "{code}");
         }

@@ -59,6 +59,41 @@ fn over_capacity() -> Vec<u8> {
     .into_bytes()
 }
 
+/// Descriptors kept for everything but client connections: workers' and upstreams' sockets,
+/// the database, log and data files.
+const RESERVED_DESCRIPTORS: u64 = 256;
+
+/// `max_connections`, lowered to fit the process's open-files limit: past it, `accept` fails
+/// (and keeps failing) instead of answering the 503 that tells a client to come back.
+// `rlim_t` is `u64` on Linux and macOS but not on every Unix: the casts say what is meant.
+#[allow(clippy::unnecessary_cast)]
+fn within_open_files(max_connections: usize) -> usize {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit only writes the struct passed.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+            let room = (limit.rlim_cur as u64)
+                .saturating_sub(RESERVED_DESCRIPTORS)
+                .max(1);
+            let room = usize::try_from(room).unwrap_or(usize::MAX);
+            if room < max_connections {
+                tracing::warn!(
+                    max_connections,
+                    open_files_limit = limit.rlim_cur as u64,
+                    "max_connections lowered to {room} to fit the open-files limit (raise it with \
+                     `ulimit -n` or LimitNOFILE= in the service unit)"
+                );
+                return room;
+            }
+        }
+    }
+    max_connections
+}
+
 /// Serves `app` on `listener` (over TLS with `tls`) until `stop` resolves, then stops accepting,
 /// asks every open connection to finish its current exchange (an idle keep-alive connection
 /// closes at once; a streaming answer or an upgraded WebSocket runs on) and returns when all have
@@ -73,7 +108,7 @@ pub async fn serve(
     // Connections watch `closing`; each holds a receiver, so `closed()` resolves when the last
     // connection task has ended.
     let (closing, _) = watch::channel(false);
-    let open = Arc::new(Semaphore::new(limits.max_connections));
+    let open = Arc::new(Semaphore::new(within_open_files(limits.max_connections)));
     let mut stop = std::pin::pin!(stop);
     loop {
         let accepted = tokio::select! {

@@ -148,6 +148,9 @@ impl Upstreams {
             client: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
                 .timeout(request_timeout)
+                // An API answers where it is asked. A redirect followed would carry the request
+                // (and an Anthropic `x-api-key`, which reqwest keeps across hosts) elsewhere.
+                .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .expect("a client with these options always builds"),
             capabilities,

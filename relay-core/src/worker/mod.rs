@@ -470,6 +470,9 @@ fn backend_client(max_concurrent: u32) -> reqwest::Client {
         .pool_max_idle_per_host((max_concurrent as usize).min(MAX_IDLE_BACKEND_CONNECTIONS))
         .pool_idle_timeout(BACKEND_IDLE_REUSE)
         .no_proxy()
+        // A model server answers where it is asked; a redirect would carry clients' requests
+        // (and their keys, with forward_client_auth) to wherever it points.
+        .redirect(reqwest::redirect::Policy::none())
         .tcp_nodelay(true)
         .connector_layer(ConnectLimit::new(MAX_BACKEND_CONNECTS_IN_FLIGHT))
         .build()

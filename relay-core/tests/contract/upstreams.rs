@@ -332,3 +332,48 @@ async fn an_upstream_request_ends_at_its_deadline_or_when_its_client_leaves_and_
     wait_until("the upstream saw the client leave", || cloud.dropped() == 2).await;
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_upstream_that_redirects_is_not_followed_and_its_key_goes_nowhere_else() {
+    // Where a followed redirect would land: it must see nothing, least of all the key.
+    let elsewhere = ChatOnlyBackend::start(&[]).await;
+    let target = format!("{}/v1/messages", elsewhere.url());
+    let app = axum::Router::new().fallback(move || {
+        let target = target.clone();
+        async move {
+            (
+                axum::http::StatusCode::TEMPORARY_REDIRECT,
+                [(axum::http::header::LOCATION, target)],
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let redirecting = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let proxy = proxy_with(
+        vec![upstream(
+            "claude",
+            UpstreamKind::Anthropic,
+            &redirecting,
+            &["claude-*"],
+        )],
+        None,
+    )
+    .await;
+    let (status, headers, text) = post_raw(
+        &proxy.url(),
+        "/v1/messages",
+        json!({"model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+            .to_string(),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        status, 502,
+        "a redirect is a bad answer, not passed on: {text}"
+    );
+    assert!(text.contains("does not follow"), "{text}");
+    assert!(headers.get("location").is_none(), "{headers:?}");
+    assert!(elsewhere.seen().is_empty(), "the redirect was followed");
+    proxy.shutdown().await;
+}

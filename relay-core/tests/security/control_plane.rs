@@ -545,3 +545,43 @@ fn the_headless_binary_gives_the_desktop_apps_origins_no_secret() {
         assert_eq!(refused.header("access-control-allow-origin"), None);
     }
 }
+
+#[test]
+fn a_trickled_control_body_is_cut_off_with_408_and_changes_nothing() {
+    use std::io::{Read, Write};
+    let relay = Relay::start(|_| {});
+    let before = relay.config_bytes();
+    let mut stream = std::net::TcpStream::connect(relay.host()).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("read timeout");
+    let body = config_body("[proxy]\nmax_queue_len = 7\n");
+    let head = format!(
+        "PUT /api/config HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        relay.host(),
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).expect("head");
+    // A byte a second: the body would take longer than the deadline to arrive.
+    let started = Instant::now();
+    let trickle = stream.try_clone().expect("clone");
+    let bytes = body.into_bytes();
+    let writer = thread::spawn(move || {
+        let mut trickle = trickle;
+        for byte in bytes.iter().take(15) {
+            if trickle.write_all(&[*byte]).is_err() {
+                return;
+            }
+            thread::sleep(Duration::from_secs(1));
+        }
+    });
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let took = started.elapsed();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_timeout"), "{answer}");
+    assert!(took < Duration::from_secs(14), "cut off after {took:?}");
+    let _ = writer.join();
+    relay.assert_untouched(&before);
+}

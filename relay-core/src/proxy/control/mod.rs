@@ -3,6 +3,7 @@
 
 pub mod assets;
 pub mod auth;
+pub mod body;
 pub mod status;
 
 use std::sync::Arc;
@@ -107,6 +108,8 @@ pub fn routes(access: AdminAccess) -> Router<AppState> {
         .route("/api/workers/{id}/drain", post(drain_worker))
         .route("/api/models/refresh", post(refresh_models))
         .merge(super::admin::dashboard_routes())
+        // The guard runs first (the outer layer): a refused request's body is never read.
+        .route_layer(axum::middleware::from_fn(body::deadline))
         .route_layer(from_fn_with_state(access, auth::guard))
 }
 
