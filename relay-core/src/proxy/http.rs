@@ -339,6 +339,10 @@ async fn relay(
         let prepared = responses_api::prepare(
             &state.responses,
             state.shared_responses.as_ref(),
+            identity
+                .client
+                .clone()
+                .unwrap_or_else(|| std::sync::Arc::from("")),
             body,
             state.config.max_body_bytes,
         )

@@ -18,10 +18,11 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
+use super::client_keys::ClientIdentity;
 use super::completed_event::{CompletedWatch, StreamPatcher};
 use super::response::AnswerObserver;
 use super::responses_shared::SharedResponses;
@@ -50,6 +51,7 @@ pub struct Prepared {
 pub async fn prepare(
     store: &Arc<ResponsesStore>,
     shared: Option<&SharedResponses>,
+    owner: Arc<str>,
     body: String,
     max_body_bytes: usize,
 ) -> Result<Prepared, ApiError> {
@@ -78,14 +80,14 @@ pub async fn prepare(
         let recorder = wants_storing
             .then(|| parse_request(&request).ok())
             .flatten()
-            .map(|parsed| Recorder::new(store, shared, parsed.messages, None));
+            .map(|parsed| Recorder::new(store, shared, owner, parsed.messages, None));
         return Ok(Prepared {
             body,
             recorder,
             continues: None,
         });
     };
-    let stored = lookup(store, shared, &previous)
+    let stored = lookup(store, shared, &previous, &owner)
         .await
         .ok_or_else(|| previous_not_found(&previous))?;
     let expanded = expand_with_history(&stored.conversation, &request)
@@ -109,8 +111,15 @@ pub async fn prepare(
             ),
         ));
     }
-    let recorder = wants_storing
-        .then(|| Recorder::new(store, shared, expanded.messages, Some(previous.clone())));
+    let recorder = wants_storing.then(|| {
+        Recorder::new(
+            store,
+            shared,
+            owner,
+            expanded.messages,
+            Some(previous.clone()),
+        )
+    });
     Ok(Prepared {
         body,
         recorder,
@@ -118,19 +127,31 @@ pub async fn prepare(
     })
 }
 
-/// The response stored as `id`: from memory, else from the database other proxies share (kept
-/// in memory from then on).
+/// The response stored as `id`, if it is `owner`'s: from memory, else from the database other
+/// proxies share (kept in memory from then on). Another client's is as good as none: it is not
+/// found, so nobody learns that it exists.
 async fn lookup(
     store: &Arc<ResponsesStore>,
     shared: Option<&SharedResponses>,
     id: &str,
+    owner: &str,
 ) -> Option<Arc<StoredResponse>> {
-    if let Some(stored) = store.get(id, Instant::now()) {
-        return Some(stored);
-    }
-    let stored = shared?.get(id).await?;
-    store.insert(id, stored.clone(), Instant::now());
-    Some(Arc::new(stored))
+    let stored = match store.get(id, Instant::now()) {
+        Some(stored) => stored,
+        None => {
+            let stored = shared?.get(id).await?;
+            store.insert(id, stored.clone(), Instant::now());
+            Arc::new(stored)
+        }
+    };
+    (*stored.owner == *owner).then_some(stored)
+}
+
+/// Whose a request is, for the store: its key's id, else its address (`addr:IP`).
+fn owner_of(identity: Option<&ClientIdentity>) -> Arc<str> {
+    identity
+        .and_then(|identity| identity.client.clone())
+        .unwrap_or_else(|| Arc::from(""))
 }
 
 fn previous_not_found(id: &str) -> ApiError {
@@ -152,6 +173,8 @@ fn response_not_found(id: &str) -> ApiError {
 /// Stores a request's answer once it is complete.
 pub struct Recorder {
     store: Arc<ResponsesStore>,
+    /// Whose the answer will be.
+    owner: Arc<str>,
     /// The copy other proxies read, when they share a database.
     shared: Option<SharedResponses>,
     /// The conversation the request carried (the stored history plus its own input).
@@ -166,12 +189,14 @@ impl Recorder {
     fn new(
         store: &Arc<ResponsesStore>,
         shared: Option<&SharedResponses>,
+        owner: Arc<str>,
         history: Vec<Message>,
         previous: Option<String>,
     ) -> Self {
         Recorder {
             watch: CompletedWatch::new(store.limits().max_bytes),
             store: store.clone(),
+            owner,
             shared: shared.cloned(),
             history,
             previous,
@@ -219,11 +244,13 @@ impl Recorder {
             response,
             conversation: StoredConversation { messages },
             input_len,
+            owner: self.owner.clone(),
         };
         if let Some(shared) = &self.shared {
+            // The database keeps the first row of an id too.
             shared.put(&id, &stored);
         }
-        self.store.insert(&id, stored, Instant::now());
+        self.store.insert_new(&id, stored, Instant::now());
     }
 }
 
@@ -255,19 +282,40 @@ impl AnswerObserver for Recorder {
     }
 }
 
-/// `GET /v1/responses/{id}`: the stored response object.
-pub async fn get_response(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    match lookup(&state.responses, state.shared_responses.as_ref(), &id).await {
+/// `GET /v1/responses/{id}`: the stored response object, to the client that made it.
+pub async fn get_response(
+    State(state): State<AppState>,
+    identity: Option<Extension<ClientIdentity>>,
+    Path(id): Path<String>,
+) -> Response {
+    let owner = owner_of(identity.as_ref().map(|e| &e.0));
+    match lookup(
+        &state.responses,
+        state.shared_responses.as_ref(),
+        &id,
+        &owner,
+    )
+    .await
+    {
         Some(stored) => Json(stored.response.clone()).into_response(),
         None => response_not_found(&id).into_response(Dialect::OpenAiResponses),
     }
 }
 
-/// `DELETE /v1/responses/{id}`: forgets a stored response.
-pub async fn delete_response(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    let here = state.responses.remove(&id);
+/// `DELETE /v1/responses/{id}`: forgets a stored response, for the client that made it.
+pub async fn delete_response(
+    State(state): State<AppState>,
+    identity: Option<Extension<ClientIdentity>>,
+    Path(id): Path<String>,
+) -> Response {
+    let owner = owner_of(identity.as_ref().map(|e| &e.0));
+    let mine = state
+        .responses
+        .get(&id, Instant::now())
+        .is_some_and(|stored| *stored.owner == *owner);
+    let here = mine && state.responses.remove(&id);
     let shared = match &state.shared_responses {
-        Some(shared) => shared.delete(&id).await,
+        Some(shared) => shared.delete(&id, &owner).await,
         None => false,
     };
     if here || shared {
@@ -283,10 +331,19 @@ pub async fn delete_response(State(state): State<AppState>, Path(id): Path<Strin
 /// continued, then its own input.
 pub async fn list_input_items(
     State(state): State<AppState>,
+    identity: Option<Extension<ClientIdentity>>,
     Path(id): Path<String>,
     Query(query): Query<Vec<(String, String)>>,
 ) -> Response {
-    let Some(stored) = lookup(&state.responses, state.shared_responses.as_ref(), &id).await else {
+    let owner = owner_of(identity.as_ref().map(|e| &e.0));
+    let Some(stored) = lookup(
+        &state.responses,
+        state.shared_responses.as_ref(),
+        &id,
+        &owner,
+    )
+    .await
+    else {
         return response_not_found(&id).into_response(Dialect::OpenAiResponses);
     };
     match ListQuery::parse(&query).and_then(|query| input_items_page(&stored, &id, &query)) {

@@ -42,7 +42,8 @@ impl SharedResponses {
         })
     }
 
-    /// Stores `stored` as `id`, in the background; expired and surplus rows go at the same time.
+    /// Stores `stored` as `id`, in the background, unless a row has that id already (no answer
+    /// replaces another's); expired and surplus rows go at the same time.
     pub fn put(&self, id: &str, stored: &StoredResponse) {
         let now = now_ms();
         let expires = now + self.ttl.as_millis() as i64;
@@ -50,10 +51,8 @@ impl SharedResponses {
         let statements = vec![
             (
                 "INSERT INTO responses (id, response, conversation, input_len, created_at, \
-                 expires_at) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET \
-                 response = excluded.response, conversation = excluded.conversation, \
-                 input_len = excluded.input_len, created_at = excluded.created_at, \
-                 expires_at = excluded.expires_at"
+                 expires_at, owner) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (id) DO NOTHING"
                     .to_string(),
                 vec![
                     Param::from(id),
@@ -62,6 +61,7 @@ impl SharedResponses {
                     (stored.input_len as i64).into(),
                     now.into(),
                     expires.into(),
+                    (&*stored.owner).into(),
                 ],
             ),
             (
@@ -89,10 +89,10 @@ impl SharedResponses {
         let rows = self
             .db
             .query(
-                "SELECT response, conversation, input_len FROM responses \
+                "SELECT response, conversation, input_len, owner FROM responses \
                  WHERE id = $1 AND expires_at >= $2",
                 vec![id.into(), now_ms().into()],
-                &[Kind::Text, Kind::Text, Kind::Int],
+                &[Kind::Text, Kind::Text, Kind::Int, Kind::Text],
             )
             .await
             .map_err(|error| tracing::warn!(%error, "the shared Responses store could not be read"))
@@ -107,15 +107,16 @@ impl SharedResponses {
                 messages: parsed.messages,
             },
             input_len: row.int(2).max(0) as usize,
+            owner: row.text(3).into(),
         })
     }
 
-    /// Deletes `id` everywhere; whether it existed (and had not expired).
-    pub async fn delete(&self, id: &str) -> bool {
+    /// Deletes `id` everywhere, if `owner`'s; whether it existed (and had not expired).
+    pub async fn delete(&self, id: &str, owner: &str) -> bool {
         self.db
             .execute(
-                "DELETE FROM responses WHERE id = $1 AND expires_at >= $2",
-                vec![id.into(), now_ms().into()],
+                "DELETE FROM responses WHERE id = $1 AND expires_at >= $2 AND owner = $3",
+                vec![id.into(), now_ms().into(), owner.into()],
             )
             .await
             .is_ok_and(|deleted| deleted > 0)

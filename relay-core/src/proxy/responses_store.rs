@@ -30,6 +30,10 @@ pub struct StoredResponse {
     /// it continued plus its own `input`); the rest are the answer. What
     /// `GET /v1/responses/{id}/input_items` lists.
     pub input_len: usize,
+    /// Whose it is: the client that made it ([`crate::proxy::client_keys::ClientIdentity`]'s
+    /// `client`: its key's id, or `addr:IP` without keys). Only that client reads, deletes or
+    /// continues it; anyone else is told it does not exist.
+    pub owner: Arc<str>,
 }
 
 impl StoredResponse {
@@ -189,6 +193,20 @@ impl ResponsesStore {
         true
     }
 
+    /// Stores `stored` under `id` unless an entry has that id already (a worker answering with
+    /// another request's id must not replace that request's entry); false when not stored.
+    pub fn insert_new(&self, id: &str, stored: StoredResponse, now: Instant) -> bool {
+        if self.get(id, now).is_some() {
+            tracing::warn!(
+                id,
+                "an answer carried the id of a stored response: not stored (a worker may \
+                 be trying to replace another client's response)"
+            );
+            return false;
+        }
+        self.insert(id, stored, now)
+    }
+
     /// The exchange stored under `id`, unless it expired.
     pub fn get(&self, id: &str, now: Instant) -> Option<Arc<StoredResponse>> {
         let mut inner = self.lock();
@@ -226,6 +244,7 @@ mod tests {
 
     fn exchange(text: &str) -> StoredResponse {
         StoredResponse {
+            owner: Arc::from("addr:127.0.0.1"),
             response: json!({"id": "r", "output_text": text}),
             conversation: StoredConversation {
                 messages: vec![Message {

@@ -63,6 +63,9 @@ const STEPS: &[&str] = &[
     "ALTER TABLE api_keys ADD COLUMN priority TEXT;",
     // 4: a key's weight in the queue's turns (NULL is 1).
     "ALTER TABLE api_keys ADD COLUMN weight BIGINT;",
+    // 5: whose a stored response is (a client key's id, or `addr:IP` without keys); rows from
+    // before belong to nobody who can ask for them.
+    "ALTER TABLE responses ADD COLUMN owner TEXT NOT NULL DEFAULT '';",
 ];
 
 /// The schema version this build writes.

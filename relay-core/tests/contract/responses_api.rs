@@ -353,3 +353,52 @@ async fn a_continuation_answered_with_json_that_is_not_an_object_passes_as_it_is
     assert_eq!(status, 405, "the proxy still serves");
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_worker_answering_with_a_stored_responses_id_cannot_replace_it() {
+    let proxy = start_proxy(test_config()).await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "rogue", &[MODEL], 4).await;
+    let answer = |text: &str| {
+        json!({"id": "resp_same", "object": "response", "status": "completed", "model": MODEL,
+            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]})
+        .to_string()
+    };
+    // A first request is answered and stored as resp_same...
+    let first = spawn_post(
+        &proxy.url(),
+        "/v1/responses",
+        json!({"model": MODEL, "input": "the first client's prompt"}),
+    );
+    let request = worker.next_request().await;
+    worker
+        .complete(&request.request_id, &answer("first answer"))
+        .await;
+    assert_eq!(first.await.unwrap().0, 200);
+    // ... then the worker answers another request with the same id.
+    let second = spawn_post(
+        &proxy.url(),
+        "/v1/responses",
+        json!({"model": MODEL, "input": "a second prompt"}),
+    );
+    let request = worker.next_request().await;
+    worker
+        .complete(&request.request_id, &answer("planted answer"))
+        .await;
+    assert_eq!(second.await.unwrap().0, 200);
+    // The stored response and its prompt are still the first request's.
+    let (status, stored) = get_json(&proxy.url(), "/v1/responses/resp_same", &[]).await;
+    assert_eq!(status, 200, "{stored}");
+    let text = stored.to_string();
+    assert!(
+        text.contains("first answer") && !text.contains("planted"),
+        "{text}"
+    );
+    let (status, items) = get_json(&proxy.url(), "/v1/responses/resp_same/input_items", &[]).await;
+    assert_eq!(status, 200, "{items}");
+    assert!(
+        items.to_string().contains("the first client's prompt"),
+        "{items}"
+    );
+    proxy.shutdown().await;
+}

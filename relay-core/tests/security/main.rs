@@ -9,4 +9,5 @@ mod binary;
 mod control_plane;
 mod passthrough;
 mod reverse_proxy;
+mod tenants;
 mod tls;
