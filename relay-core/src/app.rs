@@ -3,7 +3,7 @@
 
 use std::io::ErrorKind;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -295,22 +295,28 @@ impl SecretSource {
 /// secret, so everything after sees one secret. The desktop app starts its node with these too.
 pub fn overrides(cli: &Cli) -> Result<Overrides, AppError> {
     let mut overrides = cli.overrides();
-    let Some(path) = cli.proxy.worker_secret_file.clone() else {
-        return Ok(overrides);
-    };
+    if let Some(path) = &cli.proxy.worker_secret_file {
+        overrides.worker_secret = Some(secret_from_file(path, "the worker secret")?);
+    }
+    if let Some(path) = &cli.proxy.admin_token_file {
+        overrides.admin_token = Some(secret_from_file(path, "the admin token")?);
+    }
+    Ok(overrides)
+}
+
+/// The secret in the file at `path` (`what` it is, for the error), trimmed; an empty file or
+/// one that cannot be read is an error naming it.
+fn secret_from_file(path: &Path, what: &str) -> Result<String, AppError> {
     let failure = |reason: String| AppError::Secret {
-        path: path.clone(),
+        path: path.to_path_buf(),
         reason,
     };
-    let text = std::fs::read_to_string(&path).map_err(|e| failure(e.to_string()))?;
+    let text = std::fs::read_to_string(path).map_err(|e| failure(e.to_string()))?;
     let secret = text.trim();
     if secret.is_empty() {
-        return Err(failure(
-            "the file is empty: write the worker secret into it".to_string(),
-        ));
+        return Err(failure(format!("the file is empty: write {what} into it")));
     }
-    overrides.worker_secret = Some(secret.to_string());
-    Ok(overrides)
+    Ok(secret.to_string())
 }
 
 /// Runs a node (proxy and/or worker, with the dashboard) until Ctrl-C or SIGTERM.

@@ -156,6 +156,16 @@ pub struct ProxyArgs {
     )]
     pub admin_token: Option<String>,
 
+    /// File holding the admin token (keeps it off the command line and out of `ps`).
+    #[arg(
+        long,
+        env = "MODELRELAY_ADMIN_TOKEN_FILE",
+        global = true,
+        value_name = "FILE",
+        conflicts_with = "admin_token"
+    )]
+    pub admin_token_file: Option<PathBuf>,
+
     /// File holding the worker secret (keeps it off the command line and out of `ps`): the
     /// proxy's secret, and the one a worker presents.
     #[arg(

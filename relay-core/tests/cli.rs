@@ -698,3 +698,40 @@ fn the_open_files_limit_is_raised_to_the_hard_limit_and_max_connections_fits_und
     assert_eq!(get_json(&format!("{url}/health"))["status"], "ok");
     proxy.terminate_cleanly();
 }
+
+#[test]
+fn a_short_admin_token_is_refused_at_start_and_the_token_file_is_read() {
+    let data = TempDir::new("short-token");
+    let mut command = modelrelay(data.path());
+    command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("MODELRELAY_ADMIN_TOKEN", "secret");
+    let (status, _, stderr) = run_to_exit(command);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is 6 characters; use at least 20"),
+        "{stderr}"
+    );
+
+    let token = "a-token-read-from-a-file-0123";
+    let file = data.path().join("admin-token.txt");
+    std::fs::write(&file, format!("{token}\n")).expect("token file");
+    let mut command = modelrelay(data.path());
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-token-file"])
+        .arg(&file);
+    let mut proxy = Running::spawn(command);
+    let url = proxy.relay_url();
+    // Configured on purpose, it guards the control API even on loopback.
+    let (status, _) = http("GET", &format!("{url}/api/status"), None);
+    assert_eq!(status, 401);
+    let bearer = format!("Bearer {token}");
+    let reply = exchange(
+        "GET",
+        &format!("{url}/api/status"),
+        &[("authorization", &bearer)],
+        None,
+    );
+    assert_eq!(reply.status, 200, "{reply:?}");
+    proxy.terminate_cleanly();
+}

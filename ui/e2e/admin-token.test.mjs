@@ -4,7 +4,7 @@ import { cleanup, freePort, launchBrowser, startRelay } from './helpers.mjs';
 
 afterEach(cleanup);
 
-const TOKEN = 'e2e-admin-token-123';
+const TOKEN = 'e2e-admin-token-0123456';
 
 test('admin token is enforced beyond loopback and asked for by the UI', { timeout: 90_000 }, async () => {
   const port = await freePort();

@@ -95,3 +95,7 @@ pub const AFFINITY: bool = true;
 
 /// A worker keeps each conversation in one slot of its llama-server backends (slot hints).
 pub const SLOT_HINTS: bool = true;
+
+/// The shortest admin token a node accepts when one is configured: 20 characters of a random
+/// hex string are 80 bits, beyond any guessing through the failure limiter.
+pub const ADMIN_TOKEN_MIN_CHARS: usize = 20;

@@ -149,6 +149,24 @@ fn invalid(message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid(message.into())
 }
 
+/// The configured admin token, if any, when it is long enough not to be guessed: it opens the
+/// control API, `/admin` and `/metrics` from anywhere the relay is reachable.
+fn admin_token(configured: Option<&String>) -> Result<Option<String>, ConfigError> {
+    let Some(token) = configured.filter(|t| !t.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let length = token.trim().chars().count();
+    if length < defaults::ADMIN_TOKEN_MIN_CHARS {
+        return Err(invalid(format!(
+            "the admin token (MODELRELAY_ADMIN_TOKEN, --admin-token, --admin-token-file or \
+             admin_token) is {length} characters; use at least {} so it cannot be guessed, \
+             e.g. the output of `openssl rand -hex 16`",
+            defaults::ADMIN_TOKEN_MIN_CHARS
+        )));
+    }
+    Ok(Some(token.clone()))
+}
+
 impl ProxySettings {
     /// The proxy's settings from `overrides` over `file` over the defaults.
     pub fn resolve(file: &FileConfig, overrides: &Overrides) -> Result<Self, ConfigError> {
@@ -268,11 +286,7 @@ impl ProxySettings {
             default_model: p.default_model.clone(),
             upstreams: upstreams(p)?,
             fallback_upstream: p.fallback_upstream.clone(),
-            admin_token: o
-                .admin_token
-                .clone()
-                .or_else(|| p.admin_token.clone())
-                .filter(|t| !t.trim().is_empty()),
+            admin_token: admin_token(o.admin_token.as_ref().or(p.admin_token.as_ref()))?,
             require_api_keys: o.require_api_keys.or(p.require_api_keys).unwrap_or(false),
             affinity: o.affinity.or(p.affinity).unwrap_or(defaults::AFFINITY),
             database_url: database_url(o.database_url.as_ref().or(p.database_url.as_ref()))?,

@@ -23,7 +23,7 @@ async fn start_node(roles: Roles, backend: Option<&str>, listen: &str) -> (Node,
         overrides: Overrides {
             listen: Some(listen.to_string()),
             worker_secret: Some(SECRET.to_string()),
-            admin_token: (!listen.starts_with("127.")).then(|| "admin-s3cret".to_string()),
+            admin_token: (!listen.starts_with("127.")).then(|| "admin-s3cret-0123456789".to_string()),
             backend_url: Some(backend.unwrap_or("http://127.0.0.1:9").to_string()),
             worker_name: Some("node-worker".to_string()),
             ..Overrides::default()
@@ -396,13 +396,13 @@ async fn beyond_loopback_the_control_api_requires_the_admin_token() {
     let (code, body) = get_json(
         &base,
         "/api/status",
-        &[("authorization", "Bearer admin-s3cret")],
+        &[("authorization", "Bearer admin-s3cret-0123456789")],
     )
     .await;
     assert_eq!(code, 200);
     assert_eq!(body["node"]["admin_token_required"], true);
     let feed = http()
-        .get(format!("{base}/api/events?token=admin-s3cret"))
+        .get(format!("{base}/api/events?token=admin-s3cret-0123456789"))
         .send()
         .await
         .expect("feed");

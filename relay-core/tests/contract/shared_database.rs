@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use crate::postgres_server::TempPostgres;
 use crate::support::*;
 
-const ADMIN: &str = "shared-admin-token";
+const ADMIN: &str = "shared-admin-token-0123";
 
 async fn proxy_on(url: &str) -> RunningProxy {
     let mut config = test_config();

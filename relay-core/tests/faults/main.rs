@@ -188,7 +188,7 @@ fn rss_kb(pid: u32) -> i64 {
 }
 
 /// The control API's token of every proxy here (beyond loopback it guards `/api/status`).
-const ADMIN_TOKEN: &str = "faults-admin";
+const ADMIN_TOKEN: &str = "faults-admin-token-0123";
 
 /// A proxy (`modelrelay serve`) on 127.0.0.1:`port` with `env`.
 fn start_proxy(data: &TempDir, port: u16, env: &[(&str, &str)]) -> (Running, String) {
