@@ -104,7 +104,15 @@ pub struct ApiError {
     pub message: String,
     /// Sent as `Retry-After` so SDKs back off and retry.
     pub retry_after: Option<Duration>,
+    /// A wrong credential was presented (not a missing one): the answer carries
+    /// [`WrongCredential`] in its extensions, for the failure limiter around the route.
+    pub wrong_credential: bool,
 }
+
+/// In a response's extensions: the request presented a wrong credential (admin token, API key,
+/// worker secret), which the proxy's one failure limiter counts against its address.
+#[derive(Debug, Clone, Copy)]
+pub struct WrongCredential;
 
 /// The `code` with which our worker refuses a request beyond its `max_concurrent` (a proxy that
 /// over-dispatched, or one that lies): nothing reached the backend.
@@ -135,7 +143,14 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after: None,
+            wrong_credential: false,
         }
+    }
+
+    /// The same error, marked as the refusal of a wrong credential.
+    pub fn for_wrong_credential(mut self) -> Self {
+        self.wrong_credential = true;
+        self
     }
 
     /// Adds a `Retry-After` hint.
@@ -159,6 +174,9 @@ impl ApiError {
                 header::RETRY_AFTER,
                 HeaderValue::from_str(&secs.to_string()).expect("digits are a valid header"),
             );
+        }
+        if self.wrong_credential {
+            response.extensions_mut().insert(WrongCredential);
         }
         response
     }

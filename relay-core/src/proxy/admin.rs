@@ -82,8 +82,8 @@ async fn dashboard_revoke_key(
 }
 
 /// Refuses `/admin/*` without the configured token; after repeated wrong tokens from one address
-/// every token from it is refused for a while (the worker-auth limiter's rule, with a table of
-/// its own), so the token cannot be guessed at network speed.
+/// every token from it is refused for a while (the proxy's one failure limiter, shared with
+/// every other credential check), so the token cannot be guessed at network speed.
 async fn admin_guard(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -92,12 +92,12 @@ async fn admin_guard(
 ) -> Response {
     let ip = peer.ip();
     let now = Instant::now();
-    if let Err(wait) = state.admin_limiter.check(ip, now) {
+    if let Err(wait) = state.limiter.check(ip, now) {
         return ApiError::new(
             StatusCode::FORBIDDEN,
             "admin_locked_out",
             format!(
-                "too many wrong admin tokens from this address; retry in {} s",
+                "too many wrong credentials from this address; retry in {} s",
                 wait.as_secs().max(1)
             ),
         )
@@ -116,7 +116,7 @@ async fn admin_guard(
         }
         Err(error) => {
             if error.code == WRONG_ADMIN_TOKEN_CODE {
-                state.admin_limiter.record_failure(ip, now);
+                state.limiter.record_failure(ip, now);
             }
             error.into_response(Dialect::OpenAi)
         }

@@ -21,6 +21,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 
+use super::auth::FailureLimiter;
 use super::priority::client_of;
 use super::telemetry::Telemetry;
 use crate::dialect::{ApiError, Dialect};
@@ -90,12 +91,26 @@ pub struct KeyGate {
     pub keys: Arc<KeyStore>,
     pub required: bool,
     pub telemetry: Arc<Telemetry>,
+    /// The proxy's one failure limiter: wrong keys count where keys are required.
+    pub limiter: Arc<FailureLimiter>,
 }
 
 /// Middleware on the client routes: puts the [`ClientIdentity`] in the request, or refuses it
 /// (401, in the route's dialect) when keys are required and it has no valid one.
 pub async fn identify(State(gate): State<KeyGate>, mut request: Request, next: Next) -> Response {
     let headers = request.headers();
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|info| info.0.ip());
+    // Where keys are required, a key is a credential like any other: an address that sent too
+    // many wrong ones waits. (Where they are not, any placeholder a client sends is fine.)
+    if let (true, Some(ip), true) = (gate.required, peer, presented(headers).next().is_some()) {
+        if let Err(wait) = gate.limiter.check(ip, Instant::now()) {
+            let dialect = Dialect::for_path(request.uri().path());
+            return crate::proxy::control::auth::locked_out(wait).into_response(dialect);
+        }
+    }
     let mut key = None;
     for secret in presented(headers) {
         key = gate.keys.authenticate(secret).await;
@@ -103,10 +118,6 @@ pub async fn identify(State(gate): State<KeyGate>, mut request: Request, next: N
             break;
         }
     }
-    let peer = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|info| info.0.ip());
     let identity = match key {
         Some(key) => ClientIdentity {
             account: Cow::Owned(key.id.clone()),
@@ -116,6 +127,9 @@ pub async fn identify(State(gate): State<KeyGate>, mut request: Request, next: N
         None if gate.required => {
             let dialect = Dialect::for_path(request.uri().path());
             let error = if presented(headers).next().is_some() {
+                if let Some(ip) = peer {
+                    gate.limiter.record_failure(ip, Instant::now());
+                }
                 ApiError::new(
                     StatusCode::UNAUTHORIZED,
                     "invalid_api_key",

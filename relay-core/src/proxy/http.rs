@@ -705,7 +705,7 @@ async fn worker_connect(
         Err(rejection) => return not_a_websocket_upgrade(&headers, &rejection),
     };
     let now = StdInstant::now();
-    if let Err(retry_after) = state.limiter.check(peer.ip(), now) {
+    if let Err(retry_after) = state.limiter.check_worker(peer.ip(), now) {
         tracing::warn!(peer = %peer.ip(), "worker auth rate-limited");
         return ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -774,6 +774,8 @@ async fn worker_connect(
             .into_response(dialect);
     }
     state.limiter.record_success(peer.ip());
+    // While it is connected, its address stays open to workers whatever else fails there.
+    let live = state.limiter.worker_connected(peer.ip());
     // Held for the connection's life: a proxy serves at most `max_workers` at once.
     let Ok(slot) = state.worker_slots.clone().try_acquire_owned() else {
         tracing::warn!(peer = %peer.ip(), max = state.config.max_workers, "worker refused: max_workers reached");
@@ -798,7 +800,7 @@ async fn worker_connect(
         .max_frame_size(state.config.max_ws_message_bytes)
         .on_upgrade(move |socket| async move {
             serve_worker(socket, hub, provider, settings, peer.ip()).await;
-            drop(slot);
+            drop((slot, live));
         })
         .into_response()
 }

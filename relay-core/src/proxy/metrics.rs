@@ -15,9 +15,12 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use axum::extract::State;
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 
 use super::hub::Hub;
 use super::telemetry::{Histogram, CANCEL_REASONS};
@@ -28,10 +31,21 @@ use crate::dialect::Dialect;
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The route's handler.
-pub async fn scrape(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub async fn scrape(
+    State(state): State<AppState>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    headers: HeaderMap,
+) -> Response {
     if !state.config.metrics_public {
+        let peer = peer.map(|info| info.0 .0.ip());
+        let presents = headers.contains_key(header::AUTHORIZATION);
+        if let Some(refusal) = state.admin.locked_out(peer, presents) {
+            return refusal.into_response(Dialect::OpenAi);
+        }
         if let Err(refused) = state.admin.check_metrics(&headers) {
-            return refused.into_response(Dialect::OpenAi);
+            let refused = refused.into_response(Dialect::OpenAi);
+            state.admin.count_wrong_credential(peer, &refused);
+            return refused;
         }
     }
     let mut response = render(&state.hub, state.admin.failures()).into_response();

@@ -241,10 +241,8 @@ pub struct ProxyState {
     pub hub: Arc<Hub>,
     /// Configuration.
     pub config: Arc<ProxyConfig>,
-    /// Failed worker authentications.
+    /// Failed credential checks of every kind (worker secrets, admin tokens, client keys).
     pub limiter: Arc<FailureLimiter>,
-    /// Wrong admin tokens on `/admin/*`.
-    pub admin_limiter: Arc<FailureLimiter>,
     /// Per-connection worker settings.
     pub socket_settings: SocketSettings,
     /// Finished OpenAI Responses, for `previous_response_id` and `GET /v1/responses/{id}`.
@@ -368,12 +366,15 @@ pub async fn router(
             wake_target: config.wake_target,
         },
     );
+    // One limiter for every credential check: worker secrets, admin tokens, client keys.
+    let limiter = Arc::new(FailureLimiter::new(config.auth_failures.clone()));
     let admin = AdminAccess::new(
         config.admin_token.clone(),
         config.admin_token_origin.clone(),
         addr.ip().is_loopback(),
     )
-    .with_desktop_origins(config.desktop_origins);
+    .with_desktop_origins(config.desktop_origins)
+    .with_limiter(Arc::clone(&limiter));
     let site = guard::SiteGuard::new(
         addr.ip().is_loopback(),
         &guard::SiteGuard::machine_names(),
@@ -397,8 +398,7 @@ pub async fn router(
     ));
     let state: AppState = Arc::new(ProxyState {
         hub: hub.clone(),
-        limiter: Arc::new(FailureLimiter::new(config.auth_failures.clone())),
-        admin_limiter: Arc::new(FailureLimiter::new(config.auth_failures.clone())),
+        limiter: Arc::clone(&limiter),
         socket_settings: SocketSettings {
             heartbeat_interval: config.heartbeat_interval,
             heartbeat_timeout: config.heartbeat_timeout,
@@ -435,6 +435,7 @@ pub async fn router(
                 keys: Arc::clone(&state.keys),
                 required: state.config.require_api_keys,
                 telemetry: Arc::clone(state.hub.telemetry()),
+                limiter: Arc::clone(&state.limiter),
             },
             client_keys::identify,
         ))

@@ -23,7 +23,8 @@ async fn start_node(roles: Roles, backend: Option<&str>, listen: &str) -> (Node,
         overrides: Overrides {
             listen: Some(listen.to_string()),
             worker_secret: Some(SECRET.to_string()),
-            admin_token: (!listen.starts_with("127.")).then(|| "admin-s3cret-0123456789".to_string()),
+            admin_token: (!listen.starts_with("127."))
+                .then(|| "admin-s3cret-0123456789".to_string()),
             backend_url: Some(backend.unwrap_or("http://127.0.0.1:9").to_string()),
             worker_name: Some("node-worker".to_string()),
             ..Overrides::default()

@@ -196,6 +196,7 @@ async fn repeated_failed_auth_from_one_ip_is_rate_limited_with_429_and_retry_aft
         max_failures: 2,
         window: Duration::from_secs(30),
         max_tracked: 100,
+        ..FailureLimits::default()
     };
     let proxy = start_proxy(config).await;
     for attempt in 0..2 {
@@ -234,6 +235,7 @@ async fn failed_auth_rate_limit_expires_after_its_window() {
         max_failures: 1,
         window: Duration::from_millis(400),
         max_tracked: 100,
+        ..FailureLimits::default()
     };
     let proxy = start_proxy(config).await;
     let refused = try_connect(proxy.addr, "local", Some("wrong"), None).await;

@@ -7,6 +7,7 @@
 mod binary;
 
 mod control_plane;
+mod guessing;
 mod passthrough;
 mod reverse_proxy;
 mod tenants;

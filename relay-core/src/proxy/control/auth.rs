@@ -1,15 +1,17 @@
 //! Who may use the control API: the admin token, and the desktop webview's cross-origin calls.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::dialect::{ApiError, Dialect};
-use crate::proxy::auth::secrets_match;
+use crate::dialect::{ApiError, Dialect, WrongCredential};
+use crate::proxy::auth::{secrets_match, FailureLimiter};
 
 /// The admin token; its `Debug` never shows the value.
 #[derive(Clone, PartialEq, Eq)]
@@ -74,6 +76,8 @@ pub struct AdminAccess {
     /// Whether the desktop app's webview origins may call the control API cross-origin (the
     /// desktop app's own node only).
     desktop_origins: bool,
+    /// The proxy's one failure limiter, when it has one (every node's does).
+    limiter: Option<Arc<FailureLimiter>>,
 }
 
 /// Origins of the desktop app's webview (Tauri serves its pages from these), the only origins
@@ -115,6 +119,34 @@ impl AdminAccess {
             origin,
             failures: Arc::default(),
             desktop_origins: false,
+            limiter: None,
+        }
+    }
+
+    /// The same rule, counting wrong tokens in `limiter` (shared with every other credential
+    /// check of the proxy) and refusing an address it locked out.
+    pub fn with_limiter(mut self, limiter: Arc<FailureLimiter>) -> Self {
+        self.limiter = Some(limiter);
+        self
+    }
+
+    /// The limiter's refusal for a request from `peer`, when it presents a credential
+    /// (`presents`) and the limiter locked that address out.
+    pub fn locked_out(&self, peer: Option<IpAddr>, presents: bool) -> Option<ApiError> {
+        let (limiter, ip) = (self.limiter.as_ref()?, peer?);
+        if !presents {
+            return None;
+        }
+        let wait = limiter.check(ip, Instant::now()).err()?;
+        Some(locked_out(wait))
+    }
+
+    /// Counts a wrong credential from `peer` when `response` refused one.
+    pub fn count_wrong_credential(&self, peer: Option<IpAddr>, response: &Response) {
+        if let (Some(limiter), Some(ip)) = (&self.limiter, peer) {
+            if response.extensions().get::<WrongCredential>().is_some() {
+                limiter.record_failure(ip, Instant::now());
+            }
         }
     }
 
@@ -184,7 +216,8 @@ impl AdminAccess {
             (Some(expected), Some(token)) if secrets_match(&token, &expected.0) => Ok(()),
             (Some(_), Some(_)) => Err(unauthorized(
                 "wrong admin token: use the one in MODELRELAY_ADMIN_TOKEN, or the one in the admin-token file of the data directory",
-            )),
+            )
+            .for_wrong_credential()),
             (Some(_), None) => Err(unauthorized(missing)),
         };
         if verdict.is_err() {
@@ -219,7 +252,8 @@ impl AdminAccess {
                 StatusCode::FORBIDDEN,
                 ELEVATION_CODE,
                 format!("Wrong admin token. {what} needs {where_it_is}."),
-            )),
+            )
+            .for_wrong_credential()),
             None => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 ELEVATION_CODE,
@@ -266,12 +300,26 @@ impl AdminAccess {
                 StatusCode::FORBIDDEN,
                 WRONG_ADMIN_TOKEN_CODE,
                 "wrong admin token: send the one in MODELRELAY_ADMIN_TOKEN",
-            )),
+            )
+            .for_wrong_credential()),
             None => Err(forbidden(
                 "the admin API needs the admin token: send `Authorization: Bearer TOKEN`",
             )),
         }
     }
+}
+
+/// The answer to a credential from an address the limiter locked out.
+pub fn locked_out(wait: Duration) -> ApiError {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "auth_rate_limited",
+        format!(
+            "too many wrong credentials from this address; retry in {} s",
+            wait.as_secs().max(1)
+        ),
+    )
+    .retry_after(wait)
 }
 
 fn unauthorized(message: &str) -> ApiError {
@@ -343,14 +391,28 @@ pub async fn guard(State(access): State<AdminAccess>, request: Request, next: Ne
             None => StatusCode::NO_CONTENT.into_response(),
         };
     }
-    let mut response = match access.check(
-        request.headers(),
-        request.uri().path(),
-        request.uri().query(),
-    ) {
-        Ok(()) => next.run(request).await,
-        Err(error) => error.into_response(Dialect::OpenAi),
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|info| info.0.ip());
+    let query = (request.uri().path() == QUERY_TOKEN_PATH)
+        .then(|| request.uri().query())
+        .flatten();
+    let presents = presented_token(request.headers(), query).is_some();
+    let limited = access.locked_out(peer, presents);
+    let mut response = if let Some(refusal) = limited {
+        refusal.into_response(Dialect::OpenAi)
+    } else {
+        match access.check(
+            request.headers(),
+            request.uri().path(),
+            request.uri().query(),
+        ) {
+            Ok(()) => next.run(request).await,
+            Err(error) => error.into_response(Dialect::OpenAi),
+        }
     };
+    access.count_wrong_credential(peer, &response);
     if let Some(origin) = origin {
         let headers = response.headers_mut();
         headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
