@@ -537,18 +537,7 @@ fn proxy_with_a_worker(
     let url = proxy.relay_url();
     let secret = std::fs::read_to_string(data.path().join("worker-secret")).expect("secret");
     let worker_data = TempDir::new(&format!("{name}-worker"));
-    let mut command = modelrelay(worker_data.path());
-    command.args([
-        "worker",
-        "--proxy-url",
-        &url,
-        "--worker-secret",
-        secret.trim(),
-        "--backend-url",
-        &format!("http://127.0.0.1:{backend_port}"),
-        "--models",
-        "m1",
-    ]);
+    let mut command = headless_worker(worker_data.path(), &url, &secret, backend_port);
     command.args(extra);
     let worker = Running::spawn(command);
     eventually("the worker joins", &worker, || {

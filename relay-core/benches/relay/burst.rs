@@ -74,31 +74,6 @@ pub fn somaxconn() -> Option<u32> {
         .ok()
 }
 
-/// Raises this process's soft limit on open files to its hard limit (a burst holds a socket
-/// per stream); returns the soft limit in force.
-pub fn raise_open_files_limit() -> libc::rlim_t {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return 0;
-        }
-        if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: limit.rlim_max,
-                rlim_max: limit.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                limit = raised;
-            }
-        }
-    }
-    limit.rlim_cur
-}
-
 /// What one burst came to.
 #[derive(Debug, Default)]
 pub struct BurstOutcome {
@@ -288,7 +263,8 @@ fn figure(text: String) -> &'static str {
 /// The scenario's rows: `count` streams at once, direct then through the relay.
 pub async fn rows(count: usize) -> Vec<Row> {
     let scenario = "burst";
-    let limit = raise_open_files_limit();
+    // A burst holds a socket per stream.
+    let limit = relay_core::startup::raise_open_files_limit().unwrap_or(0);
     assert!(
         limit as usize > count + 256,
         "a burst of {count} streams needs more than {limit} open files"

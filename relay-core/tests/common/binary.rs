@@ -587,3 +587,26 @@ pub fn model_server(ip: &str, content: &'static str) -> u16 {
     });
     port
 }
+
+/// `modelrelay worker` (data directory `data_dir`) joining the proxy at `proxy_url` with
+/// `secret`, serving model `m1` from the model server on `backend_port`.
+pub fn headless_worker(
+    data_dir: &Path,
+    proxy_url: &str,
+    secret: &str,
+    backend_port: u16,
+) -> Command {
+    let mut command = modelrelay(data_dir);
+    command.args([
+        "worker",
+        "--proxy-url",
+        proxy_url,
+        "--worker-secret",
+        secret.trim(),
+        "--backend-url",
+        &format!("http://127.0.0.1:{backend_port}"),
+        "--models",
+        "m1",
+    ]);
+    command
+}

@@ -35,20 +35,8 @@ fn three_wrong_tokens_anywhere_lock_the_address_out_of_every_credential_check() 
     let url = proxy.relay_url();
     let secret = std::fs::read_to_string(data.path().join("worker-secret")).expect("secret");
     let worker = |name: &str, dir: &TempDir| {
-        let mut command = modelrelay(dir.path());
-        command.args([
-            "worker",
-            "--proxy-url",
-            &url,
-            "--worker-secret",
-            secret.trim(),
-            "--backend-url",
-            &format!("http://127.0.0.1:{backend}"),
-            "--models",
-            "m1",
-            "--worker-name",
-            name,
-        ]);
+        let mut command = headless_worker(dir.path(), &url, &secret, backend);
+        command.args(["--worker-name", name]);
         Running::spawn(command)
     };
     let first_dir = TempDir::new("guessing-w1");

@@ -48,18 +48,8 @@ fn one_keys_stored_responses_are_invisible_to_another_key() {
     // The model server speaks chat only: the worker's adapter answers the Responses API.
     let config = worker_data.path().join("config.toml");
     std::fs::write(&config, "[worker]\nnative_responses = false\n").expect("config");
-    let mut command = modelrelay(worker_data.path());
-    command.arg("--config").arg(&config).args([
-        "worker",
-        "--proxy-url",
-        &url,
-        "--worker-secret",
-        secret.trim(),
-        "--backend-url",
-        &format!("http://127.0.0.1:{backend}"),
-        "--models",
-        "m1",
-    ]);
+    let mut command = headless_worker(worker_data.path(), &url, &secret, backend);
+    command.arg("--config").arg(&config);
     let worker = Running::spawn(command);
     eventually("the worker joins", &worker, || {
         get_json(&format!("{url}/health"))["workers_connected"] == 1
