@@ -25,6 +25,11 @@ pub fn secrets_match(presented: &str, expected: &str) -> bool {
 pub struct FailureLimits {
     /// Failures from one address within `window` that lock it out.
     pub max_failures: u32,
+    /// Wrong client API keys from one address within `window` that lock it out. A key is 190
+    /// random bits, beyond guessing at any rate, and a household's clients often share one
+    /// address (a reverse proxy, one Open WebUI for everyone): a client left with a revoked key
+    /// should not lock the others out after three requests. Guessing is still capped.
+    pub max_key_failures: u32,
     /// The counting window, from the first failure; the first lockout ends with it, each next
     /// one (while the address keeps failing) lasts twice as long, up to [`MAX_LOCKOUT`].
     pub window: Duration,
@@ -42,6 +47,7 @@ impl Default for FailureLimits {
         // lets a corrected worker in at its next reconnect.
         FailureLimits {
             max_failures: 3,
+            max_key_failures: 20,
             window: Duration::from_secs(10),
             max_tracked: 10_000,
             max_global_failures: 100,
@@ -79,8 +85,10 @@ impl Group {
 
 #[derive(Debug, Clone, Copy)]
 struct Failures {
-    /// Failures in the current round.
+    /// Failures in the current round (worker secrets, admin tokens).
     count: u32,
+    /// Wrong client keys in the current round.
+    key_count: u32,
     /// When the current round's first failure was.
     first: Instant,
     /// Lockouts in a row (each doubles the next).
@@ -154,7 +162,7 @@ impl FailureLimiter {
             && table
                 .global_since
                 .is_some_and(|since| since + self.limits.window > now);
-        if global_over && entry.count > 0 && round_ends > now {
+        if global_over && entry.count + entry.key_count > 0 && round_ends > now {
             return Err(round_ends - now);
         }
         Ok(())
@@ -170,8 +178,17 @@ impl FailureLimiter {
         self.check(ip, now)
     }
 
-    /// Records one failed attempt from `ip`.
+    /// Records one failed attempt from `ip`: a wrong worker secret or admin token.
     pub fn record_failure(&self, ip: IpAddr, now: Instant) {
+        self.record(ip, now, false);
+    }
+
+    /// Records a wrong client API key from `ip` (see [`FailureLimits::max_key_failures`]).
+    pub fn record_key_failure(&self, ip: IpAddr, now: Instant) {
+        self.record(ip, now, true);
+    }
+
+    fn record(&self, ip: IpAddr, now: Instant, key: bool) {
         let limits = &self.limits;
         let window = limits.window;
         let mut table = self.lock();
@@ -201,6 +218,7 @@ impl FailureLimiter {
         }
         let entry = table.groups.entry(Group::of(ip)).or_insert(Failures {
             count: 0,
+            key_count: 0,
             first: now,
             strikes: 0,
             locked_until: None,
@@ -215,6 +233,7 @@ impl FailureLimiter {
                 }
                 entry.locked_until = None;
                 entry.count = 0;
+                entry.key_count = 0;
                 entry.first = now;
             }
             None if entry.first + window <= now => {
@@ -222,12 +241,17 @@ impl FailureLimiter {
                     entry.strikes = 0;
                 }
                 entry.count = 0;
+                entry.key_count = 0;
                 entry.first = now;
             }
             None => {}
         }
-        entry.count += 1;
-        if entry.count >= limits.max_failures {
+        if key {
+            entry.key_count += 1;
+        } else {
+            entry.count += 1;
+        }
+        if entry.count >= limits.max_failures || entry.key_count >= limits.max_key_failures {
             entry.strikes += 1;
             let lockout = window
                 .saturating_mul(1 << (entry.strikes - 1).min(16))
@@ -389,6 +413,21 @@ mod tests {
             "addresses that never failed pass"
         );
         assert!(limiter.check(ip(0), now + Duration::from_secs(11)).is_ok());
+    }
+
+    #[test]
+    fn wrong_client_keys_lock_an_address_out_only_past_their_own_larger_budget() {
+        let limiter = limiter(3, 10);
+        let now = Instant::now();
+        for _ in 0..19 {
+            limiter.record_key_failure(ip(9), now);
+        }
+        assert!(
+            limiter.check(ip(9), now).is_ok(),
+            "a client with a revoked key"
+        );
+        limiter.record_key_failure(ip(9), now);
+        assert!(limiter.check(ip(9), now).is_err(), "a guesser");
     }
 
     #[test]

@@ -128,7 +128,7 @@ pub async fn identify(State(gate): State<KeyGate>, mut request: Request, next: N
             let dialect = Dialect::for_path(request.uri().path());
             let error = if presented(headers).next().is_some() {
                 if let Some(ip) = peer {
-                    gate.limiter.record_failure(ip, Instant::now());
+                    gate.limiter.record_key_failure(ip, Instant::now());
                 }
                 ApiError::new(
                     StatusCode::UNAUTHORIZED,
