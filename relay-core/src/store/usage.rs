@@ -26,6 +26,15 @@ const QUEUE: usize = 65_536;
 const FLUSH_EVERY: Duration = Duration::from_millis(500);
 /// And at most this many records per transaction.
 const BATCH: usize = 2_000;
+/// Distinct model names recorded in one day at most; later ones are recorded as [`OTHER_MODEL`].
+/// Model names come from clients (an upstream takes any name), so without a bound a client
+/// inventing names would add a daily roll-up row per name. The count restarts with the
+/// process, so a restart admits at most this many more that day.
+pub const MAX_MODELS_PER_DAY: usize = 200;
+
+/// The model name usage beyond [`MAX_MODELS_PER_DAY`] is recorded under.
+pub const OTHER_MODEL: &str = "other";
+
 /// How often old rows are pruned: at start, then after the first batch stored this long after
 /// the last pruning (an idle proxy adds no rows; old ones wait for its next batch).
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
@@ -167,6 +176,10 @@ async fn write_loop(
 ) {
     prune(&db, retention).await;
     let mut pruned = tokio::time::Instant::now();
+    let mut models = DayModels::default();
+    // Raw rows now, as far as this writer knows: counted once, then kept up to date, so the
+    // bound on rows holds after every batch without counting the table each time.
+    let mut raw_rows = count_raw_rows(&db).await;
     let mut batch = Vec::new();
     let mut waiting = Vec::new();
     loop {
@@ -197,7 +210,17 @@ async fn write_loop(
             }
         };
         if !batch.is_empty() {
+            for record in &mut batch {
+                models.admit(record);
+            }
+            raw_rows += batch.len() as u64;
             store(&db, keys.as_deref(), std::mem::take(&mut batch)).await;
+            // A hundredth of slack: a proxy at its bound prunes every ~1% of new rows, not
+            // after every batch (each prune scans the index for the cut).
+            if raw_rows > retention.raw_rows + retention.raw_rows / 100 {
+                prune_by_count(&db, retention).await;
+                raw_rows = raw_rows.min(retention.raw_rows);
+            }
         }
         for done in waiting.drain(..) {
             let _ = done.send(());
@@ -337,6 +360,55 @@ fn insert_events(rows: &[UsageRecord]) -> Statement {
     (sql, params)
 }
 
+/// The model names recorded today, for [`MAX_MODELS_PER_DAY`].
+#[derive(Debug, Default)]
+struct DayModels {
+    day: String,
+    names: std::collections::HashSet<String>,
+}
+
+impl DayModels {
+    /// Records `record` under its model while the day has room for another name (or already
+    /// has this one), else under [`OTHER_MODEL`].
+    fn admit(&mut self, record: &mut UsageRecord) {
+        let day = day_of(record.at);
+        if day != self.day {
+            self.day = day;
+            self.names.clear();
+        }
+        if self.names.contains(&record.model) {
+            return;
+        }
+        if self.names.len() < MAX_MODELS_PER_DAY {
+            self.names.insert(record.model.clone());
+        } else {
+            record.model = OTHER_MODEL.to_string();
+        }
+    }
+}
+
+/// Raw usage rows in the table (0 when it cannot be read: the next batch then counts again).
+async fn count_raw_rows(db: &Database) -> u64 {
+    db.query("SELECT COUNT(*) FROM usage_events", vec![], &[Kind::Int])
+        .await
+        .ok()
+        .and_then(|rows| rows.first().map(|row| row.int(0).max(0) as u64))
+        .unwrap_or(0)
+}
+
+/// Deletes the oldest raw rows beyond `retention.raw_rows`.
+async fn prune_by_count(db: &Database, retention: UsageRetention) {
+    let statement = (
+        "DELETE FROM usage_events WHERE at <= (SELECT at FROM usage_events ORDER BY at DESC \
+         LIMIT 1 OFFSET $1)"
+            .into(),
+        vec![(retention.raw_rows as i64).into()],
+    );
+    if let Err(error) = db.transaction(vec![statement]).await {
+        tracing::warn!(%error, "usage rows beyond the bound not pruned");
+    }
+}
+
 async fn prune(db: &Database, retention: UsageRetention) {
     let now = now_ms();
     let day_ms = 86_400_000i64;
@@ -346,12 +418,6 @@ async fn prune(db: &Database, retention: UsageRetention) {
             vec![(now - i64::from(retention.raw_days) * day_ms).into()],
         ),
         (
-            "DELETE FROM usage_events WHERE at <= (SELECT at FROM usage_events ORDER BY at DESC \
-             LIMIT 1 OFFSET $1)"
-                .into(),
-            vec![(retention.raw_rows as i64).into()],
-        ),
-        (
             "DELETE FROM usage_daily WHERE day < $1".into(),
             vec![day_of(now - i64::from(retention.daily_days) * day_ms).into()],
         ),
@@ -359,6 +425,7 @@ async fn prune(db: &Database, retention: UsageRetention) {
     if let Err(error) = db.transaction(statements).await {
         tracing::warn!(%error, "old usage not pruned");
     }
+    prune_by_count(db, retention).await;
 }
 
 /// How usage is grouped.
@@ -684,6 +751,64 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(report.totals.requests, 4, "the roll-ups keep every request");
+    }
+
+    #[tokio::test]
+    async fn raw_rows_beyond_the_bound_go_after_every_batch_not_only_hourly() {
+        let db = Database::open(&DatabaseSetting::Memory).await.unwrap();
+        let retention = UsageRetention {
+            raw_rows: 5,
+            ..UsageRetention::default()
+        };
+        let log = UsageLog::start(db.clone(), None, retention);
+        let now = now_ms();
+        for round in 0..3i64 {
+            for i in 0..12 {
+                log.record(record("k", "m", Outcome::Ok, now - 100 + round * 20 + i));
+            }
+            log.flush().await;
+            assert!(
+                count_raw_rows(&db).await <= 5,
+                "round {round}: {} rows",
+                count_raw_rows(&db).await
+            );
+        }
+        let report = log
+            .query(&UsageQuery {
+                key: None,
+                model: None,
+                since: day_of(now),
+                until: day_of(now),
+                group_by: GroupBy::Day,
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            report.totals.requests, 36,
+            "the roll-ups keep every request"
+        );
+    }
+
+    #[test]
+    fn model_names_beyond_the_days_bound_are_recorded_as_other() {
+        let mut models = DayModels::default();
+        let now = now_ms();
+        let named = |name: &str, at: i64, models: &mut DayModels| {
+            let mut r = record("k", name, Outcome::Ok, at);
+            models.admit(&mut r);
+            r.model
+        };
+        for i in 0..MAX_MODELS_PER_DAY {
+            assert_eq!(named(&format!("m{i}"), now, &mut models), format!("m{i}"));
+        }
+        assert_eq!(named("one-too-many", now, &mut models), OTHER_MODEL);
+        assert_eq!(
+            named("m7", now, &mut models),
+            "m7",
+            "a name of the day stays"
+        );
+        let tomorrow = now + 86_400_000;
+        assert_eq!(named("one-too-many", tomorrow, &mut models), "one-too-many");
     }
 
     #[tokio::test]
