@@ -139,16 +139,62 @@ fn show_native(message: &Message) -> Result<(), String> {
     notify_rust::Notification::new()
         .appname(APP_NAME)
         .summary(&message.summary)
-        .body(&message.body)
+        .body(&native_body(&message.body))
         .timeout(notify_rust::Timeout::Milliseconds(6_000))
         .show()
         .map(|_| ())
         .map_err(|e| e.to_string())
 }
 
+/// `body` as the platform's notification service reads it. The freedesktop servers (Linux)
+/// read a body as markup — links, images, bold — and worker names and URLs come from other
+/// boxes, so `&`, `<` and `>` are escaped there; elsewhere a body is plain text.
+fn native_body(body: &str) -> std::borrow::Cow<'_, str> {
+    if cfg!(all(unix, not(target_os = "macos"))) {
+        escape_markup(body)
+    } else {
+        std::borrow::Cow::Borrowed(body)
+    }
+}
+
+/// `text` with the characters markup gives meaning to escaped.
+fn escape_markup(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains(['&', '<', '>']) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '&' => escaped.push_str("&amp;"),
+            '<' => escaped.push_str("&lt;"),
+            '>' => escaped.push_str("&gt;"),
+            c => escaped.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(escaped)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_name_with_markup_is_shown_as_text() {
+        let joined = message_for(&NodeEvent::WorkerJoined {
+            name: "<a href=\"https://evil.example\">click</a> & <img src=x>".into(),
+            host: "10.0.0.9".into(),
+        });
+        let shown = escape_markup(&joined.body);
+        assert_eq!(
+            shown,
+            "&lt;a href=\"https://evil.example\"&gt;click&lt;/a&gt; &amp; &lt;img src=x&gt; \
+             (10.0.0.9) is now serving models"
+        );
+        assert!(matches!(
+            escape_markup("gpu-box is now serving models"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
