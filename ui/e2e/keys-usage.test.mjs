@@ -124,8 +124,12 @@ test('a key created on the Keys page is shown once, works when keys are required
   await row.getByRole('button', { name: 'Revoke e2e-app' }).click();
   const dialog = page.getByTestId('revoke-dialog');
   await dialog.waitFor();
-  // Keyboard: focus starts on Cancel, Escape closes, and focus goes back to the Revoke button.
-  assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Cancel');
+  // Keyboard: focus starts on Cancel (moved there once the dialog has rendered), Escape closes,
+  // and focus goes back to the Revoke button.
+  await waitFor(async () => (await page.evaluate(() => document.activeElement?.textContent)) === 'Cancel', {
+    ms: 5_000,
+    what: 'focus to move to the dialog\'s Cancel button',
+  });
   await page.keyboard.press('Escape');
   await dialog.waitFor({ state: 'detached' });
   assert.equal(await page.evaluate(() => document.activeElement?.getAttribute('aria-label')), 'Revoke e2e-app');
