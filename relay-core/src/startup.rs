@@ -76,38 +76,46 @@ macro_rules! use_jemalloc {
 /// client, worker and backend connection is a descriptor, and many systems start programs with a
 /// soft limit of 1,024 while allowing far more. Returns the soft limit now (`None` where there is
 /// no such limit, or it cannot be read); the proxy keeps its connection bound below it.
-// `rlim_t` is `u64` on Linux and macOS but not on every Unix: the cast says what is meant.
-#[allow(clippy::unnecessary_cast)]
 pub fn raise_open_files_limit() -> Option<u64> {
     #[cfg(unix)]
     {
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit and setrlimit only read and write the struct passed.
-        unsafe {
-            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-                return None;
-            }
-            if limit.rlim_cur < limit.rlim_max {
-                let raised = libc::rlimit {
-                    rlim_cur: limit.rlim_max,
-                    rlim_max: limit.rlim_max,
-                };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                    limit = raised;
-                } else {
-                    tracing::debug!("cannot raise the open-files limit above {}", limit.rlim_cur);
-                }
+        let limit = open_files_rlimit()?;
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            // SAFETY: setrlimit only reads the struct passed.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+                tracing::debug!("cannot raise the open-files limit above {}", limit.rlim_cur);
             }
         }
-        Some(limit.rlim_cur as u64)
+    }
+    open_files_limit()
+}
+
+/// This process's soft limit on open files; `None` where there is none or it cannot be read.
+// `rlim_t` is `u64` on Linux and macOS but not on every Unix: the cast says what is meant.
+#[allow(clippy::unnecessary_cast)]
+pub fn open_files_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        open_files_rlimit().map(|limit| limit.rlim_cur as u64)
     }
     #[cfg(not(unix))]
     {
         None
     }
+}
+
+#[cfg(unix)]
+fn open_files_rlimit() -> Option<libc::rlimit> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct passed.
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0).then_some(limit)
 }
 
 #[cfg(test)]

@@ -309,8 +309,11 @@ async fn join(
     let mut details = json_body(body)?.details()?;
     // A code naming several addresses: keep the first this box reaches (the worker pins the
     // certificate whichever it is); if none answers now, the first, and the worker retries it.
-    if let Ok(reached) = first_reachable(&details).await {
-        details.url = reached;
+    // A single address is saved as given, unprobed, as before.
+    if details.candidates().len() > 1 {
+        if let Ok(reached) = first_reachable(&details).await {
+            details.url = reached;
+        }
     }
     let own = super::same_proxy(&details.url, &node.url());
     // Joining this node's own proxy needs no stored URL or secret: the defaults point there.

@@ -175,6 +175,12 @@ mod tests {
     }
 
     #[test]
+    fn more_backend_routes_for_a_proxy_to_reach_are_guarded() {
+        let new = "[worker]\nextra_routes = [\"/api/pull\"]\n";
+        assert_eq!(changed("", new), ["worker.extra_routes"]);
+    }
+
+    #[test]
     fn unparsable_text_counts_as_empty() {
         assert!(changed("not = [toml", "").is_empty());
     }

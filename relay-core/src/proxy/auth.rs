@@ -223,28 +223,22 @@ impl FailureLimiter {
             strikes: 0,
             locked_until: None,
         });
-        match entry.locked_until {
+        // When the last round ended (its lockout, or its window), if it did.
+        let ended = match entry.locked_until {
             // Locked: the lockout stands as it is.
             Some(until) if until > now => return,
-            Some(until) => {
-                // A lockout ended: a new round, remembering the strikes for a while.
-                if now >= until + MAX_LOCKOUT {
-                    entry.strikes = 0;
-                }
-                entry.locked_until = None;
-                entry.count = 0;
-                entry.key_count = 0;
-                entry.first = now;
+            Some(until) => Some(until),
+            None => Some(entry.first + window).filter(|end| *end <= now),
+        };
+        if let Some(ended) = ended {
+            // A new round, remembering the strikes until the address was quiet for the cap.
+            if now >= ended + MAX_LOCKOUT {
+                entry.strikes = 0;
             }
-            None if entry.first + window <= now => {
-                if now >= entry.first + window + MAX_LOCKOUT {
-                    entry.strikes = 0;
-                }
-                entry.count = 0;
-                entry.key_count = 0;
-                entry.first = now;
-            }
-            None => {}
+            entry.locked_until = None;
+            entry.count = 0;
+            entry.key_count = 0;
+            entry.first = now;
         }
         if key {
             entry.key_count += 1;

@@ -65,33 +65,22 @@ const RESERVED_DESCRIPTORS: u64 = 256;
 
 /// `max_connections`, lowered to fit the process's open-files limit: past it, `accept` fails
 /// (and keeps failing) instead of answering the 503 that tells a client to come back.
-// `rlim_t` is `u64` on Linux and macOS but not on every Unix: the casts say what is meant.
-#[allow(clippy::unnecessary_cast)]
 fn within_open_files(max_connections: usize) -> usize {
-    #[cfg(unix)]
-    {
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit only writes the struct passed.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
-            let room = (limit.rlim_cur as u64)
-                .saturating_sub(RESERVED_DESCRIPTORS)
-                .max(1);
-            let room = usize::try_from(room).unwrap_or(usize::MAX);
-            if room < max_connections {
-                tracing::warn!(
-                    max_connections,
-                    open_files_limit = limit.rlim_cur as u64,
-                    "max_connections lowered to {room} to fit the open-files limit (raise it with \
-                     `ulimit -n` or LimitNOFILE= in the service unit)"
-                );
-                return room;
-            }
-        }
+    let Some(limit) = crate::startup::open_files_limit() else {
+        return max_connections;
+    };
+    let room =
+        usize::try_from(limit.saturating_sub(RESERVED_DESCRIPTORS).max(1)).unwrap_or(usize::MAX);
+    if room >= max_connections {
+        return max_connections;
     }
-    max_connections
+    tracing::warn!(
+        max_connections,
+        open_files_limit = limit,
+        "max_connections lowered to {room} to fit the open-files limit (raise it with \
+         `ulimit -n` or LimitNOFILE= in the service unit)"
+    );
+    room
 }
 
 /// Serves `app` on `listener` (over TLS with `tls`) until `stop` resolves, then stops accepting,

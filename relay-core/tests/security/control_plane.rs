@@ -585,3 +585,21 @@ fn a_trickled_control_body_is_cut_off_with_408_and_changes_nothing() {
     let _ = writer.join();
     relay.assert_untouched(&before);
 }
+
+#[test]
+fn an_oversized_control_body_is_refused_with_413_and_changes_nothing() {
+    let relay = Relay::start(|_| {});
+    let before = relay.config_bytes();
+    // A config file just over the 2 MiB a control request may carry (just over, so the whole
+    // body is read before the refusal and no unread bytes reset the connection under it).
+    let body = config_body(&format!("# {}\n", "x".repeat(2 * 1024 * 1024 + 1024)));
+    let refused = exchange(
+        "PUT",
+        &format!("{}/api/config", relay.url),
+        &[("content-type", "application/json")],
+        Some(&body),
+    );
+    assert_eq!(refused.status, 413, "{}", refused.head);
+    assert_eq!(error_code(&refused), "body_too_large");
+    relay.assert_untouched(&before);
+}
