@@ -52,6 +52,12 @@ pub enum AppError {
     /// The proxy's TLS certificate could not be loaded or generated.
     #[error(transparent)]
     Tls(#[from] crate::tls::server::TlsError),
+    /// `modelrelay dashboard` could not make a link.
+    #[error("cannot open the dashboard: {reason}")]
+    Dashboard {
+        /// Why, and what to do.
+        reason: String,
+    },
     /// `models scan` could not read its directory.
     #[error(transparent)]
     Scan(#[from] crate::lifecycle::scan::ScanError),
@@ -84,6 +90,9 @@ pub async fn run(cli: Cli) -> Result<(), AppError> {
             .await
         }
         Some(Command::Worker) => run_worker_only(&overrides, &file()?).await,
+        Some(Command::Dashboard { print }) => {
+            crate::open_dashboard::run(&file()?, &overrides, print).await
+        }
         Some(Command::Discover { json }) => {
             run_discover(json).await;
             Ok(())
@@ -194,7 +203,19 @@ fn print_banner(node: &Node, secret_source: &SecretSource) {
     let addr = node.addr();
     let roles = node.roles();
     println!("ModelRelay is serving at {url}");
-    println!("  Dashboard:           {url}/");
+    // A one-time link only where a person reads it: stdout may be journald or `docker logs`.
+    let link = std::io::IsTerminal::is_terminal(&std::io::stdout())
+        .then(|| node.login_link(crate::proxy::control::session::BANNER_LINK_LIFETIME))
+        .flatten();
+    match link {
+        Some(link) => {
+            println!("  Dashboard:           {link}");
+            println!("                       (signs this browser in once; `modelrelay dashboard` opens it again)");
+        }
+        None => println!(
+            "  Dashboard:           {url}/   (sign in: run `modelrelay dashboard` on this machine)"
+        ),
+    }
     if roles.proxy {
         println!("  OpenAI base URL:     {url}/v1");
         println!("  Anthropic base URL:  {url}   (e.g. ANTHROPIC_BASE_URL={url})");
@@ -330,7 +351,7 @@ async fn run_node(
         config_path: cli.config.clone(),
         overrides,
         roles,
-        data_dir: None,
+        ..NodeOptions::default()
     })
     .await?;
     print_banner(&node, secret_source);

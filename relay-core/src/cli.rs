@@ -99,6 +99,13 @@ pub enum Command {
     Serve,
     /// Run a worker only: connect out to a proxy and serve a local backend.
     Worker,
+    /// Open this machine's dashboard in the browser, signed in (a one-time link made from the
+    /// admin token; the token itself is never sent).
+    Dashboard {
+        /// Print the link instead of opening a browser.
+        #[arg(long)]
+        print: bool,
+    },
     /// List model servers running on this machine and their models.
     Discover {
         /// Print JSON instead of a table.

@@ -15,6 +15,7 @@ pub mod hardware;
 pub mod lan;
 pub mod lifecycle;
 pub mod node;
+pub mod open_dashboard;
 pub mod paths;
 pub mod protocol;
 pub mod proxy;

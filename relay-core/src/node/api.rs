@@ -62,6 +62,10 @@ pub fn routes(slot: NodeSlot, access: AdminAccess) -> Router {
         .route("/api/discovery", get(discover))
         .route("/api/lifecycle", get(lifecycle_status))
         .route("/api/lifecycle/{model}/{action}", post(lifecycle_action))
+        .route(
+            "/api/start-on-login",
+            get(get_start_on_login).put(put_start_on_login),
+        )
         // The guard runs first (the outer layer): a refused request's body is never read.
         .route_layer(axum::middleware::from_fn(body::deadline))
         .route_layer(from_fn_with_state(access, auth::guard))
@@ -120,6 +124,49 @@ fn settings_view(node: &Node) -> Answer {
         "restart_required": node.restart_required(),
     }))
     .into_response())
+}
+
+/// `GET /api/start-on-login` → `{"available": bool, "enabled": bool | null, "error": ...}`.
+async fn get_start_on_login(State(slot): State<NodeSlot>) -> Answer {
+    let node = slot.node()?;
+    let Some(entry) = &node.inner.start_on_login else {
+        return Ok(Json(json!({"available": false, "enabled": null})).into_response());
+    };
+    Ok(Json(match entry.0.enabled() {
+        Ok(enabled) => json!({"available": true, "enabled": enabled}),
+        Err(error) => json!({"available": true, "enabled": null, "error": error}),
+    })
+    .into_response())
+}
+
+#[derive(Deserialize)]
+struct StartOnLoginBody {
+    enabled: bool,
+}
+
+/// `PUT /api/start-on-login {"enabled": bool}` → the state read back from the OS.
+async fn put_start_on_login(
+    State(slot): State<NodeSlot>,
+    body: Result<Json<StartOnLoginBody>, JsonRejection>,
+) -> Answer {
+    let node = slot.node()?;
+    let wanted = json_body(body)?;
+    let Some(entry) = &node.inner.start_on_login else {
+        return Err(api_error(
+            StatusCode::NOT_FOUND,
+            "start_on_login_unavailable",
+            "start on login belongs to the desktop app; this node runs without it (use your \
+             service manager, e.g. a systemd user unit)",
+        ));
+    };
+    let enabled = entry.0.set_enabled(wanted.enabled).map_err(|error| {
+        api_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "start_on_login_failed",
+            format!("the login entry could not be changed: {error}"),
+        )
+    })?;
+    Ok(Json(json!({"available": true, "enabled": enabled})).into_response())
 }
 
 async fn get_settings(State(slot): State<NodeSlot>) -> Answer {

@@ -8,6 +8,7 @@ pub mod api;
 pub mod guarded;
 pub mod join_code;
 mod saving;
+pub mod start_on_login;
 mod watchers;
 mod worker_role;
 
@@ -45,6 +46,9 @@ pub struct NodeOptions {
     pub roles: Option<Roles>,
     /// Where the worker keeps its model servers' pid files; the data directory when `None`.
     pub data_dir: Option<PathBuf>,
+    /// The embedding program's start-on-login entry, served to the dashboard (the desktop
+    /// app's); `None` elsewhere.
+    pub start_on_login: Option<start_on_login::StartOnLogin>,
 }
 
 /// What the tray shows.
@@ -148,6 +152,12 @@ struct Inner {
     restart_required: Mutex<Vec<String>>,
     announcement: Mutex<Option<lan::Announcement>>,
     background: Mutex<Vec<JoinHandle<()>>>,
+    start_on_login: Option<start_on_login::StartOnLogin>,
+}
+
+/// The data directory a node was given, or the default one.
+fn options_data_dir(given: &Option<PathBuf>) -> PathBuf {
+    given.clone().unwrap_or_else(crate::paths::data_dir)
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -246,9 +256,14 @@ impl Node {
                 restart_required: Mutex::new(Vec::new()),
                 announcement: Mutex::new(None),
                 background: Mutex::new(Vec::new()),
+                start_on_login: options.start_on_login.clone(),
             }),
         };
         slot.set(&node);
+        crate::open_dashboard::remember_url(
+            &options_data_dir(&node.inner.data_dir),
+            &node.local_url(),
+        );
         tracing::info!(addr = %addr, proxy = roles.proxy, worker = roles.worker, "node listening");
         node.apply_roles(roles, &file)?;
         node.spawn_watchers();
@@ -263,6 +278,36 @@ impl Node {
             "http"
         };
         format!("{scheme}://{}", self.inner.addr)
+    }
+
+    /// The URL a browser on this machine opens the dashboard at: [`Node::url`], with a
+    /// wildcard listen address replaced by loopback (browsers refuse `0.0.0.0`).
+    pub fn local_url(&self) -> String {
+        let mut addr = self.inner.addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr.ip() {
+                std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        let scheme = if self.inner.fingerprint.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{addr}")
+    }
+
+    /// A new one-time link that signs a browser on this machine in to the dashboard, valid for
+    /// `lifetime` (the start-up banner's, the tray's *Open dashboard*); `None` without an admin
+    /// token.
+    pub fn login_link(&self, lifetime: std::time::Duration) -> Option<String> {
+        let sessions = self.inner.access.sessions()?;
+        Some(format!(
+            "{}{}",
+            self.local_url(),
+            crate::proxy::control::sign_in::link_path(sessions, lifetime)
+        ))
     }
 
     /// The URLs other machines can join this node's proxy at, best first (never a wildcard

@@ -374,6 +374,7 @@ pub async fn router(
         addr.ip().is_loopback(),
     )
     .with_desktop_origins(config.desktop_origins)
+    .with_sessions(addr.port(), config.tls.is_some())
     .with_limiter(Arc::clone(&limiter));
     let site = guard::SiteGuard::new(
         addr.ip().is_loopback(),
@@ -442,6 +443,7 @@ pub async fn router(
         .merge(http::routes())
         .merge(admin::admin_routes(state.clone()))
         .merge(control::routes(admin.clone()))
+        .merge(control::sign_in::open_routes())
         .with_state(state)
         .merge(extra)
         .layer(site);

@@ -1,4 +1,5 @@
-//! Who may use the control API: the admin token, and the desktop webview's cross-origin calls.
+//! Who may use the control API: the admin token or a dashboard session ([`super::session`]),
+//! and the desktop webview's cross-origin calls.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,6 +11,7 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::session::Sessions;
 use crate::dialect::{ApiError, Dialect, WrongCredential};
 use crate::proxy::auth::{secrets_match, FailureLimiter};
 
@@ -66,9 +68,9 @@ pub struct AdminAccess {
     token: Option<Arc<AdminToken>>,
     /// Where it came from.
     origin: TokenOrigin,
-    /// Whether every control request must present it (the listener is reachable beyond
-    /// loopback, or a token was configured on purpose). Without that, only changes that make
-    /// the node run a program or send a secret elsewhere need it ([`AdminAccess::elevated`]).
+    /// Whether every control request must present it or a session (the listener is reachable
+    /// beyond loopback, or a token was configured on purpose). Without that, loopback may read
+    /// the live status ([`OPEN_ON_LOOPBACK`]) and nothing else.
     required: bool,
     /// Requests refused for a missing or wrong token, for `/metrics`; shared by the clones the
     /// proxy's and the node's routes hold.
@@ -78,7 +80,20 @@ pub struct AdminAccess {
     desktop_origins: bool,
     /// The proxy's one failure limiter, when it has one (every node's does).
     limiter: Option<Arc<FailureLimiter>>,
+    /// Dashboard sign-in (login links and session cookies), when there is a token to sign
+    /// sessions with.
+    sessions: Option<Arc<Sessions>>,
 }
+
+/// What a request from this machine may do without signing in: read the dashboard's live
+/// status. Everything else under `/api` reveals a secret (join code, settings, keys, usage) or
+/// changes something, and being on this machine is not a login: any local user, container or
+/// sandboxed app is on it too.
+pub const OPEN_ON_LOOPBACK: &[(Method, &str)] = &[
+    (Method::GET, "/api/status"),
+    (Method::GET, "/api/events"),
+    (Method::GET, "/api/lifecycle"),
+];
 
 /// Origins of the desktop app's webview (Tauri serves its pages from these), the only origins
 /// allowed to call the control API cross-origin.
@@ -120,7 +135,43 @@ impl AdminAccess {
             failures: Arc::default(),
             desktop_origins: false,
             limiter: None,
+            sessions: None,
         }
+    }
+
+    /// The same rule, with dashboard sessions for a node listening on `port` (over HTTPS:
+    /// `secure`), signed with its token. Without a token there is nothing to sign them with.
+    pub fn with_sessions(mut self, port: u16, secure: bool) -> Self {
+        self.sessions = self
+            .token
+            .as_ref()
+            .map(|token| Arc::new(Sessions::new(&token.0, port, secure)));
+        self
+    }
+
+    /// Dashboard sign-in, when this node has it.
+    pub fn sessions(&self) -> Option<&Arc<Sessions>> {
+        self.sessions.as_ref()
+    }
+
+    /// Whether `headers` carry a valid dashboard session cookie.
+    fn signed_in(&self, headers: &HeaderMap) -> bool {
+        self.sessions
+            .as_ref()
+            .is_some_and(|sessions| sessions.signed_in(headers))
+    }
+
+    /// Whether `token` is this node's admin token (the sign-in page's check), counting a
+    /// wrong one like any other refusal.
+    pub fn token_matches(&self, token: &str) -> bool {
+        let matches = self
+            .token
+            .as_deref()
+            .is_some_and(|expected| secrets_match(token, &expected.0));
+        if !matches {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        matches
     }
 
     /// The same rule, counting wrong tokens in `limiter` (shared with every other credential
@@ -177,17 +228,38 @@ impl AdminAccess {
         self.required || forwarded(headers)
     }
 
-    fn check(&self, headers: &HeaderMap, path: &str, query: Option<&str>) -> Result<(), ApiError> {
+    fn check(
+        &self,
+        headers: &HeaderMap,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+    ) -> Result<(), ApiError> {
         if !self.required_for(headers) {
+            // A proxy built without any token (embedded in a program, tests) has no one to
+            // sign in; every node and every binary has one.
+            let open = OPEN_ON_LOOPBACK
+                .iter()
+                .any(|(m, p)| m == method && *p == path);
+            if self.token.is_none() || open {
+                return Ok(());
+            }
+        }
+        if self.signed_in(headers) {
             return Ok(());
         }
         let query = (path == QUERY_TOKEN_PATH).then_some(query).flatten();
         let missing = if self.required {
-            "the control API needs the admin token: send `Authorization: Bearer TOKEN` (or `?token=` on /api/events)"
-        } else {
+            "the control API needs the admin token: sign in on the dashboard, or send \
+             `Authorization: Bearer TOKEN` (or `?token=` on /api/events)"
+        } else if forwarded(headers) {
             "this request came through a reverse proxy (it carries Forwarded, X-Forwarded-For, \
              X-Forwarded-Host or X-Real-IP), so it is not from this machine: the control API \
              needs the admin token: send `Authorization: Bearer TOKEN` (or `?token=` on /api/events)"
+        } else {
+            "sign in first: open the dashboard with `modelrelay dashboard` (or the tray's Open \
+             dashboard, or the link printed when the relay started), or send the admin token as \
+             `Authorization: Bearer TOKEN`"
         };
         self.verify(presented_token(headers, query), missing)
     }
@@ -227,9 +299,12 @@ impl AdminAccess {
     }
 
     /// Whether a request may make a change that runs a program or sends a secret elsewhere
-    /// (`what` names it): only with the admin token in a header, wherever the request comes
-    /// from. The refusal says where the token is.
+    /// (`what` names it): only with the admin token in a header or a dashboard session,
+    /// wherever the request comes from. The refusal says where the token is.
     pub fn elevated(&self, headers: &HeaderMap, what: &str) -> Result<(), ApiError> {
+        if self.signed_in(headers) {
+            return Ok(());
+        }
         let verdict = self.elevation(headers, what);
         if verdict.is_err() {
             self.failures.fetch_add(1, Ordering::Relaxed);
@@ -405,6 +480,7 @@ pub async fn guard(State(access): State<AdminAccess>, request: Request, next: Ne
     } else {
         match access.check(
             request.headers(),
+            request.method(),
             request.uri().path(),
             request.uri().query(),
         ) {
@@ -441,19 +517,19 @@ mod tests {
             true,
         );
         assert!(access
-            .check(&HeaderMap::new(), "/api/join-code", None)
+            .check(&HeaderMap::new(), &Method::GET, "/api/status", None)
             .is_ok());
         for name in FORWARDING_HEADERS {
             let via_proxy = headers(&[(name, "203.0.113.9")]);
             let refused = access
-                .check(&via_proxy, "/api/join-code", None)
+                .check(&via_proxy, &Method::GET, "/api/join-code", None)
                 .unwrap_err();
             assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "{name}");
             assert!(refused.message.contains("reverse proxy"), "{name}");
             assert!(access.check_metrics(&via_proxy).is_err(), "{name}");
             let mut with_token = via_proxy.clone();
             with_token.insert("authorization", HeaderValue::from_static("Bearer t"));
-            assert!(access.check(&with_token, "/api/join-code", None).is_ok());
+            assert!(access.check(&with_token, &Method::GET, "/api/join-code", None).is_ok());
             assert!(access.check_metrics(&with_token).is_ok());
         }
     }
@@ -462,7 +538,7 @@ mod tests {
     fn loopback_without_a_token_is_open() {
         let access = AdminAccess::new(None, TokenOrigin::Configured, true);
         assert!(!access.required());
-        assert!(access.check(&HeaderMap::new(), "/api/status", None).is_ok());
+        assert!(access.check(&HeaderMap::new(), &Method::GET, "/api/status", None).is_ok());
     }
 
     #[test]
@@ -473,34 +549,34 @@ mod tests {
             false,
         );
         assert!(access
-            .check(&HeaderMap::new(), "/api/status", None)
+            .check(&HeaderMap::new(), &Method::GET, "/api/status", None)
             .is_err());
         assert!(access
-            .check(
-                &headers(&[("authorization", "Bearer s3cret")]),
+            .check(&headers(&[("authorization", "Bearer s3cret")]),
+                &Method::GET,
                 "/api/status",
                 None
             )
             .is_ok());
         assert!(access
-            .check(
-                &headers(&[("x-admin-token", "s3cret")]),
+            .check(&headers(&[("x-admin-token", "s3cret")]),
+                &Method::GET,
                 "/api/status",
                 None
             )
             .is_ok());
         assert!(access
-            .check(&HeaderMap::new(), "/api/events", Some("a=1&token=s3cret"))
+            .check(&HeaderMap::new(), &Method::GET, "/api/events", Some("a=1&token=s3cret"))
             .is_ok());
         assert!(
             access
-                .check(&HeaderMap::new(), "/api/join-code", Some("token=s3cret"))
+                .check(&HeaderMap::new(), &Method::GET, "/api/join-code", Some("token=s3cret"))
                 .is_err(),
             "?token= is for the event stream only"
         );
         let wrong = access
-            .check(
-                &headers(&[("authorization", "Bearer nope")]),
+            .check(&headers(&[("authorization", "Bearer nope")]),
+                &Method::GET,
                 "/api/status",
                 None,
             )
@@ -516,8 +592,8 @@ mod tests {
     fn beyond_loopback_without_a_configured_token_everything_is_refused_with_advice() {
         let access = AdminAccess::new(None, TokenOrigin::Configured, false);
         let error = access
-            .check(
-                &headers(&[("authorization", "Bearer x")]),
+            .check(&headers(&[("authorization", "Bearer x")]),
+                &Method::GET,
                 "/api/status",
                 None,
             )
@@ -532,11 +608,35 @@ mod tests {
     }
 
     #[test]
-    fn a_generated_token_leaves_loopback_open_but_guards_elevated_changes() {
+    fn a_generated_token_leaves_only_the_status_open_on_loopback() {
         let stored = TokenOrigin::Stored("/data/admin-token".into());
-        let access = AdminAccess::new(Some(AdminToken("t0k".into())), stored, true);
+        let access = AdminAccess::new(Some(AdminToken("t0k".into())), stored, true)
+            .with_sessions(8080, false);
         assert!(!access.required());
-        assert!(access.check(&HeaderMap::new(), "/api/config", None).is_ok());
+        for (method, path) in OPEN_ON_LOOPBACK {
+            assert!(access.check(&HeaderMap::new(), method, path, None).is_ok());
+        }
+        for (method, path) in [
+            (Method::GET, "/api/join-code"),
+            (Method::GET, "/api/settings"),
+            (Method::GET, "/api/keys"),
+            (Method::PUT, "/api/config"),
+            (Method::POST, "/api/status"),
+        ] {
+            let refused = access
+                .check(&HeaderMap::new(), &method, path, None)
+                .unwrap_err();
+            assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "{method} {path}");
+            assert!(refused.message.contains("modelrelay dashboard"), "{}", refused.message);
+            let token = headers(&[("authorization", "Bearer t0k")]);
+            assert!(access.check(&token, &method, path, None).is_ok());
+        }
+        let sessions = access.sessions().unwrap();
+        let cookie = sessions.start();
+        let pair = cookie.to_str().unwrap().split(';').next().unwrap().to_string();
+        let signed_in = headers(&[("cookie", &pair)]);
+        assert!(access.check(&signed_in, &Method::PUT, "/api/config", None).is_ok());
+        assert!(access.elevated(&signed_in, "x").is_ok(), "a session is a login");
         let refused = access
             .elevated(&HeaderMap::new(), "changing worker.backend_url")
             .unwrap_err();
@@ -582,7 +682,7 @@ mod tests {
         assert!(access.elevated(&HeaderMap::new(), "x").is_err());
         let shared = access.clone();
         assert!(shared
-            .check(&HeaderMap::new(), "/api/status", None)
+            .check(&HeaderMap::new(), &Method::GET, "/api/status", None)
             .is_err());
         assert_eq!(access.failures(), 5, "clones share one count");
         assert_eq!(open.failures(), 0);

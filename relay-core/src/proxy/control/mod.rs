@@ -4,6 +4,8 @@
 pub mod assets;
 pub mod auth;
 pub mod body;
+pub mod session;
+pub mod sign_in;
 pub mod status;
 
 use std::sync::Arc;
