@@ -59,8 +59,6 @@ impl Cli {
             database_url: p.database_url.clone(),
             allowed_hosts: p.allowed_hosts.clone(),
             cors_origins: p.cors_origins.clone(),
-            // Only the desktop app sets it, after parsing the same flags.
-            desktop_app: false,
             metrics_public: p.metrics_public,
             tls_cert: p.tls_cert.clone(),
             tls_key: p.tls_key.clone(),

@@ -22,7 +22,8 @@ pub const URL_FILE: &str = "dashboard-url";
 
 /// Writes `url` to the data directory `dir`'s [`URL_FILE`] (owner-only).
 pub fn remember_url(dir: &Path, url: &str) {
-    let written = std::fs::create_dir_all(dir).and_then(|()| paths::write_private(&dir.join(URL_FILE), url));
+    let written =
+        std::fs::create_dir_all(dir).and_then(|()| paths::write_private(&dir.join(URL_FILE), url));
     if let Err(error) = written {
         tracing::warn!(%error, dir = %dir.display(), "could not note the dashboard's URL for `modelrelay dashboard`");
     }
@@ -52,14 +53,20 @@ pub async fn link(file: &FileConfig, overrides: &Overrides, dir: &Path) -> Resul
             format!("{scheme}://{}", browser_address(&settings.listen))
         }
     };
-    let parsed = reqwest::Url::parse(&base).map_err(|e| dashboard_error(format!("{base} is not a URL: {e}")))?;
+    let parsed = reqwest::Url::parse(&base)
+        .map_err(|e| dashboard_error(format!("{base} is not a URL: {e}")))?;
     let port = parsed
         .port_or_known_default()
         .ok_or_else(|| dashboard_error(format!("{base} names no port")))?;
     let token = match settings.admin_token {
         Some(token) => token,
         None => paths::stored_secret(dir, paths::ADMIN_TOKEN_FILE, false)
-            .map_err(|e| dashboard_error(format!("cannot read {}: {e}", paths::admin_token_path(dir).display())))?
+            .map_err(|e| {
+                dashboard_error(format!(
+                    "cannot read {}: {e}",
+                    paths::admin_token_path(dir).display()
+                ))
+            })?
             .ok_or_else(|| {
                 dashboard_error(format!(
                     "no admin token at {}: start the relay first (`modelrelay`), or set \
@@ -77,7 +84,11 @@ pub async fn link(file: &FileConfig, overrides: &Overrides, dir: &Path) -> Resul
 }
 
 /// Runs the command: prints the link and, unless `print_only`, opens it in the browser.
-pub async fn run(file: &FileConfig, overrides: &Overrides, print_only: bool) -> Result<(), AppError> {
+pub async fn run(
+    file: &FileConfig,
+    overrides: &Overrides,
+    print_only: bool,
+) -> Result<(), AppError> {
     let link = link(file, overrides, &paths::data_dir()).await?;
     if !link.node_answers {
         eprintln!(
@@ -96,7 +107,10 @@ pub async fn run(file: &FileConfig, overrides: &Overrides, print_only: bool) -> 
             LINK_LIFETIME.as_secs()
         ),
         Err(reason) => {
-            eprintln!("Could not open a browser ({reason}); open this link (once, within {} s):", LINK_LIFETIME.as_secs());
+            eprintln!(
+                "Could not open a browser ({reason}); open this link (once, within {} s):",
+                LINK_LIFETIME.as_secs()
+            );
             println!("{}", link.url);
         }
     }
@@ -129,9 +143,12 @@ async fn answers(url: &reqwest::Url) -> bool {
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let port = url.port_or_known_default().unwrap_or(80);
-    tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect((host, port)))
-        .await
-        .is_ok_and(|connected| connected.is_ok())
+    tokio::time::timeout(
+        Duration::from_secs(1),
+        tokio::net::TcpStream::connect((host, port)),
+    )
+    .await
+    .is_ok_and(|connected| connected.is_ok())
 }
 
 /// Opens `url` with the platform's opener.

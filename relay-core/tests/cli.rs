@@ -122,7 +122,9 @@ fn restart_reuses_the_stored_secret() {
         command.args(["serve", "--listen", "127.0.0.1:0"]);
         let mut relay = Running::spawn(command);
         let url = relay.relay_url();
-        secrets.push(get_json(&format!("{url}/api/join-code"))["secret"].to_string());
+        secrets.push(
+            owner_get_json(&format!("{url}/api/join-code"), data.path())["secret"].to_string(),
+        );
         relay.terminate_cleanly();
     }
     assert_eq!(secrets[0], secrets[1]);
@@ -549,7 +551,7 @@ fn proxy_with_a_worker(
 #[test]
 fn a_headless_worker_drained_by_its_proxy_finishes_its_request_and_exits_0_without_reconnecting() {
     let (port, arrivals) = slow_backend(Duration::from_millis(1500));
-    let (mut proxy, url, mut worker, _dirs) =
+    let (mut proxy, url, mut worker, dirs) =
         proxy_with_a_worker("drained", port, &["--worker-name", "gpu-box-1"]);
 
     // A request in flight when the proxy drains the worker.
@@ -569,7 +571,12 @@ fn a_headless_worker_drained_by_its_proxy_finishes_its_request_and_exits_0_witho
         .as_str()
         .expect("worker id")
         .to_string();
-    let (code, body) = http("POST", &format!("{url}/api/workers/{id}/drain"), Some("{}"));
+    let (code, body) = owner_http(
+        "POST",
+        &format!("{url}/api/workers/{id}/drain"),
+        dirs[0].path(),
+        Some("{}"),
+    );
     assert_eq!(code, 202, "drain accepted: {body}");
 
     // It finishes the request, closes, and the process exits 0 by itself.

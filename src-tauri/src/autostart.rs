@@ -68,7 +68,7 @@ fn launch_path() -> Result<String, String> {
         .map_err(|e| format!("cannot find the running executable: {e}"))
 }
 
-/// The start-on-login setting shared by the UI commands and the tray: one place that changes it
+/// The start-on-login setting shared by the dashboard (through the node) and the tray: one place that changes it
 /// and a watch channel that tells the tray's check item about changes made from the UI.
 #[derive(Clone)]
 pub struct LoginSetting {
@@ -102,6 +102,17 @@ impl LoginSetting {
     /// Changes as they happen, for the tray's check item.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.changed.subscribe()
+    }
+}
+
+/// The dashboard reaches the entry through the node's HTTP API (`/api/start-on-login`): the
+/// window needs no channel into the app.
+impl relay_core::node::start_on_login::LoginEntry for LoginSetting {
+    fn enabled(&self) -> Result<bool, String> {
+        self.get()
+    }
+    fn set_enabled(&self, enabled: bool) -> Result<bool, String> {
+        self.set(enabled)
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use relay_core::cli::Cli;
+use relay_core::node::start_on_login::StartOnLogin;
 use relay_core::node::{Node, NodeEvent, NodeOptions, Roles};
 use tauri::image::Image;
 use tauri::menu::{CheckMenuItem, Menu, MenuEvent, MenuItem, PredefinedMenuItem};
@@ -16,7 +17,6 @@ use tokio::sync::broadcast;
 
 use crate::autostart::{LoginItem, LoginSetting, OsLoginItem};
 use crate::clipboard::Clipboard;
-use crate::commands::{self, DesktopState, RelayInfo};
 use crate::launch::init_logging;
 use crate::notifications::{self, Message, Notifier};
 use crate::tray_state::{self, labels, TrayIconKind, TrayView};
@@ -70,12 +70,17 @@ pub fn run(cli: Cli, hidden: bool) -> ExitCode {
     init_logging(cli.log_level.as_deref());
     // Every `modelrelay` flag applies (listen address, secret, worker settings, ...); the
     // roles come from the config file, where the tray's check items save them.
-    let started = relay_core::app::overrides(&cli).and_then(|mut overrides| {
-        // This node's dashboard is this app's window: its webview's origins are its own.
-        overrides.desktop_app = true;
+    let login_item: Arc<dyn LoginItem> = match OsLoginItem::for_current_exe() {
+        Ok(item) => Arc::new(item),
+        Err(error) => Arc::new(Unavailable(error)),
+    };
+    let login = LoginSetting::new(login_item);
+    let started = relay_core::app::overrides(&cli).and_then(|overrides| {
         let options = NodeOptions {
             config_path: cli.config.clone(),
             overrides,
+            // The dashboard's start-on-login switch, served by the node like every setting.
+            start_on_login: Some(StartOnLogin(Arc::new(login.clone()))),
             ..NodeOptions::default()
         };
         tauri::async_runtime::block_on(Node::start(options))
@@ -95,17 +100,7 @@ pub fn run(cli: Cli, hidden: bool) -> ExitCode {
     // Subscribed before anything else runs, so events from the first moments (discovery finding
     // the local model servers) are not lost.
     let events = node.events();
-    let info = RelayInfo {
-        url: node.url(),
-        admin_token: node.admin_token(),
-    };
-    tracing::info!(url = %info.url, "node started; opening the tray app");
-
-    let login_item: Arc<dyn LoginItem> = match OsLoginItem::for_current_exe() {
-        Ok(item) => Arc::new(item),
-        Err(error) => Arc::new(Unavailable(error)),
-    };
-    let login = LoginSetting::new(login_item);
+    tracing::info!(url = %node.url(), "node started; opening the tray app");
     let shell = Shell {
         node: node.clone(),
         notifier: Notifier::spawn(),
@@ -114,25 +109,21 @@ pub fn run(cli: Cli, hidden: bool) -> ExitCode {
         drained: AtomicBool::new(false),
     };
 
-    let app = commands::configure(
-        tauri::Builder::default(),
-        DesktopState {
-            info,
-            login: login.clone(),
-        },
-    )
-    .manage(shell)
-    .setup(move |app| {
-        let handle = app.handle().clone();
-        build_tray(&handle, &login)?;
-        refresh_tray(&handle);
-        spawn_watchers(&handle, events, login);
-        if !hidden {
-            open_dashboard(&handle);
-        }
-        Ok(())
-    })
-    .build(tauri::generate_context!());
+    // No commands: the window shows the node's own page and talks to it over HTTP only.
+    let app = tauri::Builder::default()
+        .manage(login.clone())
+        .manage(shell)
+        .setup(move |app| {
+            let handle = app.handle().clone();
+            build_tray(&handle, &login)?;
+            refresh_tray(&handle);
+            spawn_watchers(&handle, events, login);
+            if !hidden {
+                open_dashboard(&handle);
+            }
+            Ok(())
+        })
+        .build(tauri::generate_context!());
     let app = match app {
         Ok(app) => app,
         Err(error) => {
@@ -309,9 +300,9 @@ fn copy_url(app: &AppHandle) {
 }
 
 fn toggle_login(app: &AppHandle) {
-    let state = app.state::<DesktopState>();
-    let wanted = !state.login.get().unwrap_or(false);
-    if let Err(error) = state.login.set(wanted) {
+    let login = app.state::<LoginSetting>();
+    let wanted = !login.get().unwrap_or(false);
+    if let Err(error) = login.set(wanted) {
         tracing::warn!(%error, "start on login not changed");
         app.state::<Shell>()
             .notifier
@@ -319,14 +310,16 @@ fn toggle_login(app: &AppHandle) {
     }
     // The watcher sets the mark on success; on failure undo GTK's flip here.
     if let Some(parts) = app.try_state::<TrayParts>() {
-        let _ = parts
-            .login
-            .set_checked(state.login.get().unwrap_or(!wanted));
+        let _ = parts.login.set_checked(login.get().unwrap_or(!wanted));
     }
 }
 
 /// Shows the dashboard window, creating it again if it was closed (closing destroys it, which
 /// frees the web view's memory while the app sits in the tray).
+///
+/// The window shows the node's own page, opened through a one-time login link the app mints
+/// itself: the session is an `HttpOnly` cookie in the web view, so no script of the page ever
+/// holds the admin token, and the page has no channel into the app but the node's HTTP API.
 pub fn open_dashboard(app: &AppHandle) {
     if let Some(window) = app.get_webview_window(MAIN_WINDOW) {
         let _ = window.show();
@@ -334,7 +327,18 @@ pub fn open_dashboard(app: &AppHandle) {
         let _ = window.set_focus();
         return;
     }
-    let built = WebviewWindowBuilder::new(app, MAIN_WINDOW, WebviewUrl::App("index.html".into()))
+    let node = &app.state::<Shell>().node;
+    let address = node
+        .login_link(relay_core::proxy::control::session::LINK_LIFETIME)
+        .unwrap_or_else(|| format!("{}/", node.local_url()));
+    let url = match address.parse() {
+        Ok(url) => url,
+        Err(error) => {
+            tracing::warn!(%error, %address, "dashboard window not opened");
+            return;
+        }
+    };
+    let built = WebviewWindowBuilder::new(app, MAIN_WINDOW, WebviewUrl::External(url))
         .title("ModelRelay")
         .inner_size(1100.0, 760.0)
         .min_inner_size(720.0, 480.0)

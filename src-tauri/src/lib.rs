@@ -1,16 +1,14 @@
 //! ModelRelay desktop app: a thin Tauri 2 shell around `relay-core`.
 //!
 //! - [`launch`]: the command line; `--serve` or a command runs the core headless (no GTK).
-//! - [`gui`]: the tray app; the node runs in-process and the window shows the web UI from
-//!   `ui/dist`, which talks HTTP to the node.
-//! - [`commands`]: the three commands the UI invokes (`relay_info`, start-on-login).
+//! - [`gui`]: the tray app; the node runs in-process and the window shows the node's own web UI
+//!   (signed in by a one-time link), which talks HTTP to the node and nothing else.
 //! - [`tray_state`]: node state → tray icon, tooltip, status line (pure, unit-tested).
 //! - [`notifications`], [`autostart`], [`clipboard`]: the OS integrations, each failing softly.
 //! - [`rendering`]: software rendering for GTK and WebKit, which keeps the tray app small.
 
 pub mod autostart;
 pub mod clipboard;
-pub mod commands;
 pub mod gui;
 pub mod launch;
 pub mod notifications;

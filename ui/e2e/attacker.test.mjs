@@ -112,6 +112,10 @@ test('a web page can neither read nor change the relay, cross-origin or by DNS r
     extraArgs: ['--host-resolver-rules=MAP evil.example 127.0.0.1'],
   });
 
+  // The user is signed in to the dashboard in this very browser: the session cookie is there.
+  await relay.open(page, '#/dashboard');
+  await page.locator('[data-testid="worker-row"]').first().waitFor({ timeout: 20_000 });
+
   // 1. Another origin: the attacker's page on another port.
   await page.goto(site.url);
   const crossOrigin = await page.evaluate(attack, { relay: relay.url, workerId, launch });
@@ -154,8 +158,8 @@ test('a web page can neither read nor change the relay, cross-origin or by DNS r
   assert.ok(!/models refresh requested/.test(newLog), `a refresh got through:\n${newLog}`);
   assert.ok(!/settings saved/.test(newLog), `settings were saved:\n${newLog}`);
 
-  // The dashboard itself still works on loopback with no login.
+  // The dashboard itself still works, opened the documented way.
   const { page: own } = await launchBrowser();
-  await own.goto(`${relay.url}/#/dashboard`);
+  await relay.open(own, '#/dashboard');
   await own.locator('[data-testid="worker-row"]').first().waitFor({ timeout: 20_000 });
 });

@@ -27,7 +27,7 @@ test('dashboard shows connected workers and live traffic', { timeout: 120_000 },
   const relay = await relayWithWorker(mock);
   const { page, consoleErrors } = await launchBrowser();
 
-  await page.goto(`${relay.url}/#/dashboard`);
+  await relay.open(page, '#/dashboard');
   const row = page.locator('[data-testid="worker-row"][data-worker-name="e2e-worker"]');
   await row.waitFor();
   assert.match(await row.getByTestId('worker-models').innerText(), /mock-model/);
@@ -97,7 +97,7 @@ test('draining a worker from the dashboard', { timeout: 120_000 }, async () => {
   const relay = await relayWithWorker(mock);
   const { page } = await launchBrowser();
 
-  await page.goto(`${relay.url}/#/dashboard`);
+  await relay.open(page, '#/dashboard');
   const row = page.locator('[data-testid="worker-row"][data-worker-name="e2e-worker"]');
   await row.waitFor();
 
@@ -134,7 +134,7 @@ test('dashboard shows reconnecting while the relay is away and recovers', { time
   const port = await freePort();
   const first = await startRelay({ args: ['serve'], name: 'proxy-1', listen: `127.0.0.1:${port}` });
   const { page } = await launchBrowser();
-  await page.goto(`${first.url}/#/dashboard`);
+  await first.open(page, '#/dashboard');
   await page.locator('[data-testid="connection-status"][data-state="live"]').waitFor();
   await page.evaluate(() => {
     window.__e2eMarker = 'no-reload';

@@ -23,6 +23,7 @@ async function nodeJoinedToAProxy() {
     what: 'the node worker to join the proxy',
   });
   const { page, consoleErrors } = await launchBrowser();
+  await node.open(page);
   await page.goto(`${node.url}/dashboard`);
   await waitFor(async () => (await page.getByTestId('own-worker-state').innerText()) === 'connected', {
     what: 'the own worker to show connected',
@@ -66,12 +67,12 @@ test('a worker an admin drained shows "drained by the proxy" and rejoins with on
 
   // An admin drains this worker on the proxy's dashboard: it finishes and stays away.
   const id = (await status(proxy)).workers.find((w) => w.name === 'desk-box').id;
-  const drain = await fetch(`${proxy.url}/api/workers/${id}/drain`, {
+  const drain = await proxy.api(`/api/workers/${id}/drain`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
     body: '{}',
   });
-  assert.equal(drain.status, 202, await drain.text());
+  assert.equal(drain.status, 202, JSON.stringify(drain.body));
   const drained = page.getByTestId('own-worker-drained');
   await drained.waitFor({ timeout: 20_000 });
   assert.equal(await page.getByTestId('own-worker-state').innerText(), 'drained by the proxy');

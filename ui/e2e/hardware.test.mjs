@@ -40,7 +40,7 @@ test('dashboard shows each worker box: CPU, memory, GPUs, sparklines and model s
 
   const { page, consoleErrors } = await launchBrowser();
   await page.setViewportSize({ width: 1400, height: 1000 });
-  await page.goto(`${relay.url}/#/dashboard`);
+  await relay.open(page, '#/dashboard');
   const box = page.locator('[data-testid="worker-hardware-row"][data-worker-name="gpu-box"]');
   await box.waitFor({ timeout: 20_000 });
 

@@ -236,17 +236,18 @@ export async function startRelay({
   const isWorker = args[0] === 'worker';
   const fullArgs = [...args, '--config', configPath];
   if (!isWorker) fullArgs.push('--listen', listenAddr);
+  const relayEnv = {
+    PATH: process.env.PATH,
+    HOME: dataDir,
+    XDG_CONFIG_HOME: path.join(dataDir, 'xdg-config'),
+    XDG_DATA_HOME: path.join(dataDir, 'xdg-data'),
+    MODELRELAY_DATA_DIR: dataDir,
+    LOG_LEVEL: 'info',
+    NO_COLOR: '1',
+    ...env,
+  };
   const child = spawn(RELAY_BIN, fullArgs, {
-    env: {
-      PATH: process.env.PATH,
-      HOME: dataDir,
-      XDG_CONFIG_HOME: path.join(dataDir, 'xdg-config'),
-      XDG_DATA_HOME: path.join(dataDir, 'xdg-data'),
-      MODELRELAY_DATA_DIR: dataDir,
-      LOG_LEVEL: 'info',
-      NO_COLOR: '1',
-      ...env,
-    },
+    env: relayEnv,
     stdio: ['ignore', 'pipe', 'pipe'],
     detached: true,
   });
@@ -293,10 +294,42 @@ export async function startRelay({
         await Promise.race([exitPromise, sleep(2000)]);
       }
     },
-    /** GET a JSON API route of this relay (with the admin token when given). */
+    /** The admin token: the configured one, else the one the relay stored in its data directory. */
+    ownerToken() {
+      return adminToken ?? readFileSync(path.join(dataDir, 'admin-token'), 'utf8').trim();
+    },
+    /** A one-time sign-in link, made the documented way: `modelrelay dashboard --print`. */
+    async dashboardLink() {
+      const out = await new Promise((resolve, reject) => {
+        const run = spawn(RELAY_BIN, ['dashboard', '--print', '--config', configPath], {
+          env: relayEnv,
+          stdio: ['ignore', 'pipe', 'pipe'],
+        });
+        let stdout = '';
+        let stderr = '';
+        run.stdout.on('data', (d) => (stdout += d));
+        run.stderr.on('data', (d) => (stderr += d));
+        run.on('error', reject);
+        run.on('exit', (code) =>
+          code === 0 ? resolve(stdout.trim()) : reject(new Error(`modelrelay dashboard exited ${code}: ${stderr}`)),
+        );
+      });
+      if (!out.includes('/login?code=')) throw new Error(`no sign-in link: ${out}`);
+      return out;
+    },
+    /** Open the dashboard in `page` the documented way (signed in), then at `hash` (e.g. '#/keys'). */
+    async open(page, hash = '') {
+      await page.goto(await relay.dashboardLink());
+      // The link lands on `/`, where the app picks its first page (the wizard on a first run);
+      // once it has, move within the page as a click on its navigation would.
+      if (!hash) return;
+      await page.waitForFunction(() => location.hash.startsWith('#/'));
+      await page.evaluate((h) => (location.hash = h), hash);
+    },
+    /** A JSON API route of this relay, as its owner (with the admin token). */
     async api(route, init = {}) {
       const headers = { ...(init.headers ?? {}) };
-      if (adminToken) headers.authorization = `Bearer ${adminToken}`;
+      if (!isWorker && headers.authorization === undefined) headers.authorization = `Bearer ${relay.ownerToken()}`;
       const res = await fetch(url + route, { ...init, headers, signal: AbortSignal.timeout(10_000) });
       const text = await res.text();
       let body = text;

@@ -42,7 +42,7 @@ test('a key created on the Keys page is shown once, works when keys are required
   await context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: relay.url });
 
   // The dashboard says keys are required and leads to the Keys page.
-  await page.goto(`${relay.url}/#/dashboard`);
+  await relay.open(page, '#/dashboard');
   const keysFact = page.getByTestId('node-api-keys');
   await keysFact.getByText('required', { exact: true }).waitFor();
   await keysFact.getByRole('link').click();
@@ -59,17 +59,10 @@ test('a key created on the Keys page is shown once, works when keys are required
   await page.getByRole('button', { name: 'Create key' }).click();
   await page.getByText('Concurrent requests must be at least 1').waitFor();
   await page.getByLabel('Concurrent requests (optional)').fill('');
-  // While keys are required, a key opens the relay: creating one needs the admin token even on
-  // loopback. The relay's message names the token file; the prompt retries with the token.
+  // Signed in (the documented way), a key is made without any token step.
   await page.getByLabel('Requests per minute (optional)').fill('2000000');
   await page.getByRole('button', { name: 'Create key' }).click();
-  const elevation = page.getByTestId('elevation-prompt');
-  await elevation.waitFor();
-  const tokenFile = path.join(relay.dataDir, 'admin-token');
-  assert.ok((await page.getByTestId('elevation-message').innerText()).includes(tokenFile));
-  await elevation.getByLabel('Admin token', { exact: true }).fill(readFileSync(tokenFile, 'utf8').trim());
-  await elevation.getByRole('button', { name: 'Save with token' }).click();
-  await elevation.waitFor({ state: 'detached' });
+  assert.equal(await page.getByTestId('token-prompt').count(), 0);
   // What only the relay knows (its upper bound) comes back as its own message.
   await page.getByTestId('create-key-error').getByText('`requests_per_minute` must be 1 to 1000000').waitFor();
   await page.getByLabel('Requests per minute (optional)').fill('');
@@ -154,7 +147,7 @@ test('the Usage page shows the traffic sent, per key, and exports it as CSV', { 
   const relay = await relayWithWorker(mock);
   const { page, context, consoleErrors } = await launchBrowser();
 
-  await page.goto(`${relay.url}/#/usage`);
+  await relay.open(page, '#/usage');
   await page.getByTestId('usage-empty').waitFor();
 
   await page.goto(`${relay.url}/#/keys`);
@@ -248,13 +241,13 @@ test('beyond loopback, the Keys page and the CSV export work with the admin toke
   await page.goto(`${relay.url}/#/keys`);
   await page.getByTestId('token-prompt').waitFor();
   await page.getByLabel('Admin token', { exact: true }).fill(TOKEN);
-  await page.getByRole('button', { name: 'Unlock' }).click();
+  await page.getByRole('button', { name: 'Sign in' }).click();
   await page.getByTestId('no-keys').waitFor();
   const secret = await createKey(page, 'remote-app');
   assert.equal((await chat(relay.url, { stream: false, apiKey: secret })).status, 200);
   await waitFor(async () => (await relay.api('/api/usage')).body?.totals?.requests === 1, { what: 'usage to count the request' });
 
-  // The CSV is fetched with the token (a plain link could not send it).
+  // The CSV is fetched with the session.
   await page.goto(`${relay.url}/#/usage?group_by=model`);
   await page.locator('[data-testid="usage-row"][data-group="mock-model"]').waitFor();
   const [download] = await Promise.all([page.waitForEvent('download'), page.getByRole('button', { name: 'Export CSV' }).click()]);

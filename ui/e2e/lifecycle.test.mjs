@@ -40,7 +40,7 @@ test('model lifecycle panel loads and unloads a mapped model', { timeout: 120_00
     ].join('\n'),
   });
   const { page } = await launchBrowser();
-  await page.goto(`${relay.url}/#/dashboard`);
+  await relay.open(page, '#/dashboard');
 
   const row = page.locator('[data-testid="lifecycle-row"][data-model="e2e-managed"]');
   await row.waitFor({ timeout: 20_000 });

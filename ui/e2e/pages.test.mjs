@@ -13,6 +13,8 @@ test('/dashboard and /setup open the dashboard and the setup wizard', { timeout:
   const relay = await startRelay({ args: ['serve', '--worker-secret', SECRET], name: 'proxy' });
   const { page, consoleErrors } = await launchBrowser();
 
+  await relay.open(page);
+
   await page.goto(`${relay.url}/dashboard`);
   await page.getByTestId('node-header').waitFor();
   assert.equal(await page.getByTestId('setup').count(), 0, 'not the wizard');

@@ -12,7 +12,7 @@ test('settings round-trip survives a reload and reaches the config file', { time
     config: '# written by the e2e test\n[proxy]\nmax_queue_len = 100\n',
   });
   const { page } = await launchBrowser();
-  await page.goto(`${relay.url}/#/settings`);
+  await relay.open(page, '#/settings');
 
   const maxQueue = page.getByLabel('Max queue length');
   await maxQueue.waitFor();
@@ -55,7 +55,7 @@ test('settings round-trip survives a reload and reaches the config file', { time
 test('settings show validation errors and invalid config files are refused', { timeout: 90_000 }, async () => {
   const relay = await startRelay({ args: ['serve'], name: 'proxy', config: '[proxy]\nmax_queue_len = 100\n' });
   const { page } = await launchBrowser();
-  await page.goto(`${relay.url}/#/settings`);
+  await relay.open(page, '#/settings');
   const maxQueue = page.getByLabel('Max queue length');
   await maxQueue.waitFor();
 

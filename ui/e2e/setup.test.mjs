@@ -1,6 +1,4 @@
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
-import path from 'node:path';
 import { afterEach, test } from 'node:test';
 import { chat, cleanup, launchBrowser, startMockBackend, startRelay, status, waitFor } from './helpers.mjs';
 
@@ -16,9 +14,17 @@ test('setup wizard discovers the mock backend and joins a proxy-only relay', { t
   });
   const { page } = await launchBrowser();
 
-  // First run (empty config file): the wizard opens by itself.
+  // The bare URL, as any other local process could open it: the page asks to sign in and
+  // shows nothing of the node's secrets.
   await page.goto(`${nodeA.url}/`);
+  await page.getByTestId('token-prompt').waitFor();
+  assert.equal(await page.getByRole('heading', { name: 'Set up this node' }).count(), 0);
+
+  // Opened the documented way (`modelrelay dashboard`): signed in with no token step, and on a
+  // first run (empty config file) the wizard opens by itself.
+  await nodeA.open(page);
   await page.getByRole('heading', { name: 'Set up this node' }).waitFor();
+  assert.equal(await page.getByTestId('token-prompt').count(), 0);
   assert.match(page.url(), /#\/setup$/);
 
   // Step 1: roles
@@ -49,21 +55,10 @@ test('setup wizard discovers the mock backend and joins a proxy-only relay', { t
   await page.locator('[data-testid="join-test-result"][data-ok="true"]').waitFor({ timeout: 20_000 });
   assert.match(await result.innerText(), /Connection works\./);
 
-  // Joining another proxy changes where this node's worker sends its secret: the relay asks for
-  // the admin token even on loopback, and the dialog says where the token file is.
+  // Joining changes where this node's worker sends its secret: the session is the owner's
+  // login, so it goes through with no token step.
   await page.getByRole('button', { name: 'Join', exact: true }).click();
-  const elevation = page.getByTestId('elevation-prompt');
-  await elevation.waitFor({ timeout: 20_000 });
-  const tokenFile = path.join(nodeA.dataDir, 'admin-token');
-  const said = await page.getByTestId('elevation-message').innerText();
-  assert.ok(said.includes(tokenFile), `the dialog names ${tokenFile}: ${said}`);
-  await elevation.getByLabel('Admin token', { exact: true }).fill('not-the-token');
-  await elevation.getByRole('button', { name: 'Save with token' }).click();
-  await page.getByTestId('elevation-message').getByText(/Wrong admin token/).waitFor({ timeout: 20_000 });
-  await elevation.getByLabel('Admin token', { exact: true }).fill(readFileSync(tokenFile, 'utf8').trim());
-  await elevation.getByRole('button', { name: 'Save with token' }).click();
   await page.getByTestId('join-result').waitFor({ timeout: 20_000 });
-  assert.equal(await elevation.count(), 0, 'the dialog closes once the token is accepted');
 
   // Proxy B now lists node A's worker, serving the mock's model.
   await waitFor(async () => (await status(proxyB)).workers.some((w) => w.models.includes('mock-model')), {
@@ -95,7 +90,7 @@ test('setup wizard discovers the mock backend and joins a proxy-only relay', { t
 test('setup shows this proxy\'s join code', { timeout: 90_000 }, async () => {
   const relay = await startRelay({ args: ['serve', '--worker-secret', 'code-secret'], name: 'proxy' });
   const { page } = await launchBrowser();
-  await page.goto(`${relay.url}/#/setup`);
+  await relay.open(page, '#/setup');
   await page.getByLabel('Proxy only').check();
   await page.getByRole('button', { name: 'Next' }).click();
   await page.getByTestId('setup-step-backends').waitFor();

@@ -61,6 +61,7 @@ test('the dashboard shows a sleeping box, then the box waking for a request, the
   });
 
   const { page, consoleErrors } = await launchBrowser();
+  await proxy.open(page);
   await page.goto(`${proxy.url}/dashboard`);
   await page.getByTestId('worker-row').first().waitFor();
 

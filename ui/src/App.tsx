@@ -1,7 +1,6 @@
 import { useEffect, useState } from 'preact/hooks';
-import { api, getToken, initApi, onElevationNeeded, onUnauthorized, errorMessage } from './api';
-import { ElevationPrompt } from './components/ElevationPrompt';
-import { TokenPrompt } from './components/TokenPrompt';
+import { api, initApi, onUnauthorized, errorMessage } from './api';
+import { SignIn } from './components/SignIn';
 import { Alert, Spinner } from './components/common';
 import { navigate, useRoute, type Route } from './hash';
 import { LiveContext, useLiveStatus, type Connection } from './live';
@@ -22,41 +21,16 @@ function setupDismissed(): boolean {
 export function App() {
   const [ready, setReady] = useState(false);
   const [initError, setInitError] = useState<string | null>(null);
-  const [needToken, setNeedToken] = useState(false);
-  const [hadToken, setHadToken] = useState(false);
-  // Bumped when a token is accepted: pages remount and fetch again, the feed reconnects.
+  const [needSignIn, setNeedSignIn] = useState(false);
+  // Bumped when the person signs in: pages remount and fetch again, the feed reconnects.
   const [epoch, setEpoch] = useState(0);
-  // A guarded save waiting for the admin token: the relay's message, and where the answer goes.
-  const [elevation, setElevation] = useState<{ message: string; answer: (token: string | null) => void } | null>(
-    null,
-  );
   const route = useRoute();
-
-  useEffect(
-    () =>
-      onElevationNeeded(
-        (message) =>
-          new Promise<string | null>((resolve) =>
-            setElevation({
-              message,
-              answer: (token) => {
-                setElevation(null);
-                resolve(token);
-              },
-            }),
-          ),
-      ),
-    [],
-  );
 
   useEffect(() => {
     initApi()
       .then(() => setReady(true))
       .catch((e) => setInitError(errorMessage(e)));
-    return onUnauthorized(() => {
-      setHadToken(getToken() !== null);
-      setNeedToken(true);
-    });
+    return onUnauthorized(() => setNeedSignIn(true));
   }, []);
 
   // No route in the address: first run (no config file yet) opens the setup wizard.
@@ -76,7 +50,7 @@ export function App() {
     };
   }, [ready, route, epoch]);
 
-  const live = useLiveStatus(ready && !needToken, epoch);
+  const live = useLiveStatus(ready && !needSignIn, epoch);
 
   if (initError) {
     return (
@@ -93,7 +67,7 @@ export function App() {
         <main class="page">
           <Spinner label="Starting…" />
         </main>
-      ) : needToken ? null : route === 'setup' ? (
+      ) : needSignIn ? null : route === 'setup' ? (
         <Setup key={`setup-${epoch}`} />
       ) : route === 'settings' ? (
         <Settings key={`settings-${epoch}`} />
@@ -108,19 +82,10 @@ export function App() {
           <Spinner label="Loading…" />
         </main>
       )}
-      {elevation ? (
-        <ElevationPrompt
-          key={elevation.message}
-          message={elevation.message}
-          onSubmit={(token) => elevation.answer(token)}
-          onCancel={() => elevation.answer(null)}
-        />
-      ) : null}
-      {needToken ? (
-        <TokenPrompt
-          hadToken={hadToken}
-          onAccepted={() => {
-            setNeedToken(false);
+      {needSignIn ? (
+        <SignIn
+          onSignedIn={() => {
+            setNeedSignIn(false);
             setEpoch((n) => n + 1);
           }}
         />

@@ -1,6 +1,6 @@
 // The key and usage calls against a stubbed fetch: method, path, body, and the error shape.
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
-import { ApiError, api, getToken, onElevationNeeded, onUnauthorized, setToken } from './api';
+import { ApiError, api, onUnauthorized, signIn } from './api';
 
 type Call = { url: string; init: RequestInit };
 let calls: Call[] = [];
@@ -89,7 +89,7 @@ describe('usage API', () => {
     expect(calls[0].url).toBe('/api/usage?group_by=day&format=csv');
   });
 
-  it('asks for the admin token when the CSV is refused with 401', async () => {
+  it('asks the person to sign in when the CSV is refused with 401', async () => {
     answer(401, { error: { message: 'the control API needs the admin token', type: 'authentication_error', code: null } });
     const asked = vi.fn();
     const stop = onUnauthorized(asked);
@@ -99,38 +99,24 @@ describe('usage API', () => {
   });
 });
 
-describe('a key change that needs the admin token', () => {
-  it('retries with the offered token and keeps it even when the change is refused for a field', async () => {
-    const answers = [
-      new Response(JSON.stringify({ error: { message: 'Creating an API key needs the admin token', type: 'x', code: 'admin_token_needed' } }), { status: 403 }),
-      new Response(JSON.stringify({ error: { message: '`max_concurrent` must be 1 to 100000', type: 'x', code: 'invalid_request' } }), { status: 400 }),
-    ];
-    vi.stubGlobal(
-      'fetch',
-      vi.fn(async (url: string, init: RequestInit) => {
-        calls.push({ url, init });
-        return answers.shift()!;
-      }),
-    );
-    setToken(null);
-    const stop = onElevationNeeded(async () => 'the-token');
-    const err = await api.createKey({ name: 'x', max_concurrent: 200000 }).catch((e) => e);
-    stop();
-    expect(err.message).toBe('`max_concurrent` must be 1 to 100000');
-    expect((calls[1].init.headers as Record<string, string>).Authorization).toBe('Bearer the-token');
-    expect(getToken()).toBe('the-token');
-    setToken(null);
+describe('signing in', () => {
+  it('posts the token once and sends no credential of its own afterwards (the cookie is the session)', async () => {
+    answer(200, { ok: true });
+    expect(await signIn('the-token')).toBe(true);
+    expect(calls[0].url).toBe('/api/login');
+    expect(calls[0].init.method).toBe('POST');
+    expect(JSON.parse(calls[0].init.body as string)).toEqual({ token: 'the-token' });
+    await api.keys();
+    const headers = calls[1].init.headers as Record<string, string>;
+    expect(headers.Authorization).toBeUndefined();
+    expect(calls[1].init.credentials).toBe('same-origin');
+    expect(JSON.stringify(calls[1])).not.toContain('the-token');
   });
 
-  it('does not keep a token the relay refused', async () => {
-    const refused = () =>
-      new Response(JSON.stringify({ error: { message: 'Wrong admin token', type: 'x', code: 'admin_token_needed' } }), { status: 403 });
-    vi.stubGlobal('fetch', vi.fn(async () => refused()));
-    setToken(null);
-    let offers = 0;
-    const stop = onElevationNeeded(async () => (offers++ === 0 ? 'wrong' : null));
-    await expect(api.revokeKey('key_1')).rejects.toMatchObject({ status: 403 });
-    stop();
-    expect(getToken()).toBeNull();
+  it('says false for a refused token and throws for anything else', async () => {
+    answer(401, { error: { message: 'wrong admin token', type: 'x', code: 'wrong_admin_token' } });
+    expect(await signIn('nope')).toBe(false);
+    answer(429, { error: { message: 'too many wrong credentials from this address; retry in 9 s', type: 'x', code: 'auth_rate_limited' } });
+    await expect(signIn('nope')).rejects.toMatchObject({ status: 429, message: expect.stringContaining('retry in 9 s') });
   });
 });

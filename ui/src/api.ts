@@ -1,98 +1,37 @@
-// The control API client: base URL (same origin, or the desktop app's relay), admin token,
-// JSON calls with the OpenAI error shape, and the live status feed (SSE).
+// The control API client: same-origin JSON calls with the OpenAI error shape, signing in and
+// out (the session is an HttpOnly cookie), and the live status feed (SSE).
 
 import type {
   ApiKey,
+  StartOnLoginState,
   CreatedApiKey,
   Discovery,
   JoinCodeInfo,
   JoinTestResult,
   ModelStatus,
   NewApiKey,
-  RelayInfo,
   SettingsPatch,
   SettingsResponse,
   Status,
   UsageReport,
 } from './types';
 
-export const TOKEN_KEY = 'modelrelay.adminToken';
+/** Where an earlier version kept the admin token; cleared at start (the page keeps none now). */
+const OLD_TOKEN_KEY = 'modelrelay.adminToken';
 
-interface TauriGlobal {
-  core: { invoke<T>(cmd: string, args?: Record<string, unknown>): Promise<T> };
-}
-
-declare global {
-  interface Window {
-    __TAURI__?: TauriGlobal;
-  }
-}
-
-export function tauri(): TauriGlobal | null {
-  return typeof window !== 'undefined' && window.__TAURI__?.core ? window.__TAURI__ : null;
-}
-
-export function isTauri(): boolean {
-  return tauri() !== null;
-}
-
-let baseUrl = '';
-let token: string | null = null;
 const unauthorizedListeners = new Set<() => void>();
 
-function readStoredToken(): string | null {
-  try {
-    return localStorage.getItem(TOKEN_KEY);
-  } catch {
-    return null;
-  }
-}
-
-/** Find the API: same origin in a browser; in the desktop app, ask it where its relay is. */
-export async function initApi(): Promise<void> {
-  token = readStoredToken();
-  const t = tauri();
-  if (t) {
-    const info = await t.core.invoke<RelayInfo>('relay_info');
-    baseUrl = info.url.replace(/\/+$/, '');
-    if (info.admin_token) token = info.admin_token;
-  }
-}
-
-export function apiBase(): string {
-  return baseUrl;
-}
-
-export function getToken(): string | null {
-  return token;
-}
-
-export function setToken(value: string | null): void {
-  token = value && value.trim() ? value.trim() : null;
-  try {
-    if (token) localStorage.setItem(TOKEN_KEY, token);
-    else localStorage.removeItem(TOKEN_KEY);
-  } catch {
-    /* storage may be unavailable (private mode); the token still lives in memory */
-  }
-}
-
 /**
- * Asked for the admin token when a change needs it even on loopback (it makes the node run a
- * program or send a secret elsewhere): given the relay's message (which says where the token
- * file is), resolves to the token to retry with, or null when the person cancels.
+ * Start the client. The page is always served by the node it manages (in the desktop app too),
+ * so the API is same-origin and the session cookie (HttpOnly: this script never sees it) is
+ * the only credential it sends. The page never holds the admin token.
  */
-type ElevationHandler = (message: string) => Promise<string | null>;
-let elevationHandler: ElevationHandler | null = null;
-
-/** The code of a 403 that a retry with the admin token can turn into a success. */
-export const ELEVATION_CODE = 'admin_token_needed';
-
-export function onElevationNeeded(handler: ElevationHandler): () => void {
-  elevationHandler = handler;
-  return () => {
-    if (elevationHandler === handler) elevationHandler = null;
-  };
+export async function initApi(): Promise<void> {
+  try {
+    localStorage.removeItem(OLD_TOKEN_KEY);
+  } catch {
+    /* storage may be unavailable (private mode) */
+  }
 }
 
 /** Called when any API call answers 401 (the UI then asks for the token). */
@@ -115,11 +54,6 @@ export class ApiError extends Error {
     super(message);
     this.name = 'ApiError';
   }
-}
-
-function authHeaders(tokenOverride?: string | null): Record<string, string> {
-  const t = tokenOverride === undefined ? token : tokenOverride;
-  return t ? { Authorization: `Bearer ${t}` } : {};
 }
 
 async function errorFrom(res: Response): Promise<ApiError> {
@@ -147,65 +81,59 @@ async function errorFrom(res: Response): Promise<ApiError> {
   return new ApiError(message, res.status, code, type);
 }
 
-async function send(method: string, path: string, body: unknown, tokenOverride?: string | null): Promise<Response> {
-  const headers: Record<string, string> = { Accept: 'application/json', ...authHeaders(tokenOverride) };
+async function send(method: string, path: string, body: unknown): Promise<Response> {
+  const headers: Record<string, string> = { Accept: 'application/json' };
   if (body !== undefined) headers['Content-Type'] = 'application/json';
   try {
-    return await fetch(baseUrl + path, {
+    return await fetch(path, {
       method,
       headers,
       body: body === undefined ? undefined : JSON.stringify(body),
       cache: 'no-store',
+      credentials: 'same-origin',
     });
   } catch (e) {
     throw new ApiError(`Cannot reach the relay (${(e as Error).message || 'network error'}).`, 0);
   }
 }
 
-export async function request<T>(method: string, path: string, body?: unknown): Promise<T> {
-  let res = await send(method, path, body);
-  // A guarded change: ask for the token (the message says where it is) and retry with it, as
-  // long as the person keeps offering tokens; a refused one comes back with its own message.
-  while (res.status === 403 && elevationHandler) {
-    const err = await errorFrom(res);
-    if (err.code !== ELEVATION_CODE) throw err;
-    const offered = await elevationHandler(err.message);
-    if (!offered) throw err;
-    res = await send(method, path, body, offered);
-    // Any answer but a refusal means the guard took the token: keep it, even when the change
-    // itself failed (a 400 for a bad field), so fixing the field does not ask again.
-    if (res.status !== 401 && res.status !== 403) setToken(offered);
-  }
+async function checked(res: Response): Promise<Response> {
   if (res.status === 401) {
     const err = await errorFrom(res);
     notifyUnauthorized();
     throw err;
   }
   if (!res.ok) throw await errorFrom(res);
+  return res;
+}
+
+export async function request<T>(method: string, path: string, body?: unknown): Promise<T> {
+  const res = await checked(await send(method, path, body));
   if (res.status === 204) return undefined as T;
   const text = await res.text();
   return (text ? JSON.parse(text) : undefined) as T;
 }
 
-/**
- * GET a file (e.g. the usage CSV) as a Blob. A plain link cannot carry the admin token, so the
- * download goes through fetch like every other call, with the same error handling.
- */
+/** GET a file (e.g. the usage CSV) as a Blob, with the same session and error handling. */
 export async function requestBlob(path: string): Promise<Blob> {
-  const res = await send('GET', path, undefined);
-  if (res.status === 401) {
-    const err = await errorFrom(res);
-    notifyUnauthorized();
-    throw err;
-  }
-  if (!res.ok) throw await errorFrom(res);
-  return res.blob();
+  return (await checked(await send('GET', path, undefined))).blob();
 }
 
-/** Check a token without storing it: true when the API accepts it. */
-export async function checkToken(candidate: string): Promise<boolean> {
-  const res = await fetch(baseUrl + '/api/status', { headers: authHeaders(candidate), cache: 'no-store' });
-  return res.status !== 401;
+/**
+ * Sign in with the admin token: the relay answers with the session cookie, and the token is
+ * forgotten here at once. False when the token was refused; throws when the relay said
+ * something else (e.g. too many tries).
+ */
+export async function signIn(token: string): Promise<boolean> {
+  const res = await send('POST', '/api/login', { token });
+  if (res.status === 401) return false;
+  if (!res.ok) throw await errorFrom(res);
+  return true;
+}
+
+/** End this browser's session. */
+export async function signOut(): Promise<void> {
+  await send('POST', '/api/logout', undefined);
 }
 
 export const api = {
@@ -229,26 +157,27 @@ export const api = {
   /** `query` comes from usageQuery() in lib/usage.ts (without the leading "?"). */
   usage: (query: string) => request<UsageReport>('GET', `/api/usage${query ? `?${query}` : ''}`),
   usageCsv: (query: string) => requestBlob(`/api/usage${query ? `?${query}` : ''}`),
+  startOnLogin: () => request<StartOnLoginState>('GET', '/api/start-on-login'),
+  setStartOnLogin: (enabled: boolean) => request<StartOnLoginState>('PUT', '/api/start-on-login', { enabled }),
 };
 
 export type JoinRequest = { proxy_url: string; secret: string; provider?: string; fingerprint?: string } | { code: string };
 
-/** The URL of the live feed (EventSource cannot send headers, so the token goes in the query). */
+/** The URL of the live feed (same origin: the session cookie goes with it). */
 export function eventsUrl(): string {
-  const t = token;
-  return `${baseUrl}/api/events${t ? `?token=${encodeURIComponent(t)}` : ''}`;
+  return '/api/events';
 }
 
-/** Whether the last failure of the feed was a refused token (EventSource hides the status). */
+/** Whether the last failure of the feed was a refusal (EventSource hides the status). */
 export async function probeUnauthorized(): Promise<boolean> {
   try {
-    const res = await fetch(baseUrl + '/api/status', { headers: authHeaders(), cache: 'no-store' });
+    const res = await fetch('/api/status', { cache: 'no-store', credentials: 'same-origin' });
     if (res.status === 401) {
       notifyUnauthorized();
       return true;
     }
   } catch {
-    /* unreachable: not a token problem */
+    /* unreachable: not a sign-in problem */
   }
   return false;
 }

@@ -244,9 +244,11 @@ export interface SettingsPatch {
   worker?: Partial<Omit<WorkerSettings, 'worker_secret_set'>> & { worker_secret?: string };
 }
 
-export interface RelayInfo {
-  url: string;
-  admin_token: string | null;
+/** GET/PUT /api/start-on-login: the desktop app's login entry, served by its node. */
+export interface StartOnLoginState {
+  available: boolean;
+  enabled: boolean | null;
+  error?: string;
 }
 
 /** A client API key as GET /api/keys lists it: metadata only, never the secret. */

@@ -119,7 +119,9 @@ fn collect(value: &toml::Value, path: String, found: &mut BTreeMap<String, Strin
                 collect(child, join(key), found);
             }
         }
-        toml::Value::Array(items) if !items.is_empty() && items.iter().all(toml::Value::is_table) => {
+        toml::Value::Array(items)
+            if !items.is_empty() && items.iter().all(toml::Value::is_table) =>
+        {
             for (index, child) in items.iter().enumerate() {
                 let name = child
                     .get("name")
@@ -176,8 +178,14 @@ mod tests {
 
     #[test]
     fn a_setting_not_on_the_allow_list_is_guarded() {
-        assert_eq!(changed("", "[proxy]\nsome_future_setting = 1\n"), ["proxy.some_future_setting"]);
-        assert_eq!(changed("", "[worker.model_map.x]\nport = 22\n"), ["worker.model_map.x.port"]);
+        assert_eq!(
+            changed("", "[proxy]\nsome_future_setting = 1\n"),
+            ["proxy.some_future_setting"]
+        );
+        assert_eq!(
+            changed("", "[worker.model_map.x]\nport = 22\n"),
+            ["worker.model_map.x.port"]
+        );
     }
 
     #[test]
@@ -237,7 +245,10 @@ mod tests {
                 format!("[{table}]\n{key} = 1\n")
             };
             if let Err(error) = toml::from_str::<crate::settings::FileConfig>(&text) {
-                assert!(!error.to_string().contains("unknown field"), "{pattern}: {error}");
+                assert!(
+                    !error.to_string().contains("unknown field"),
+                    "{pattern}: {error}"
+                );
             }
         }
     }

@@ -10,8 +10,9 @@
 //!   a reverse proxy; their protection is the Origin rule below). An IP literal is always
 //!   accepted: a rebinding page only ever has a host name.
 //! - **Cross-site requests** (CSRF): a page on another origin posts to us (forms and `text/plain`
-//!   posts need no preflight). A `/api` request whose `Origin` is neither the UI's own nor the
-//!   desktop app's, or that a browser marks `Sec-Fetch-Site: cross-site|same-site`, is refused,
+//!   posts need no preflight). A `/api` request whose `Origin` is not the UI's own (the desktop
+//!   app's window shows the same page), or that a browser marks `Sec-Fetch-Site:
+//!   cross-site|same-site`, is refused,
 //!   whatever its method or content type. A `/v1` request carrying a foreign `Origin` is refused
 //!   unless that origin is configured (`cors_origins`): browsers always send `Origin` on
 //!   cross-site posts, while curl and the SDKs never do, so no existing client breaks.
@@ -32,7 +33,6 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::dialect::{ApiError, Dialect};
-use crate::proxy::control::auth::DESKTOP_ORIGINS;
 
 /// The UI's Content-Security-Policy: only its own scripts, styles and API; never framed. Inline
 /// styles are allowed because the charts size themselves with `style` attributes; no inline
@@ -88,8 +88,6 @@ struct Rules {
     cors_origins: Vec<String>,
     /// `cors_origins` contains `*`.
     any_origin: bool,
-    /// The desktop app's webview origins are its own (in the desktop app's node only).
-    desktop_origins: bool,
 }
 
 /// How a request's `Origin` relates to this node.
@@ -99,8 +97,6 @@ enum OriginKind {
     Absent,
     /// The node's own origin (the UI's pages).
     Own,
-    /// The desktop app's webview.
-    Desktop,
     /// Configured in `cors_origins`.
     Configured,
     /// Anything else, `null` included.
@@ -134,16 +130,7 @@ impl SiteGuard {
             any_host: allowed_hosts.iter().any(|h| h.trim() == "*"),
             any_origin: cors.iter().any(|o| o == "*"),
             cors_origins: cors.into_iter().filter(|o| o != "*").collect(),
-            desktop_origins: false,
         }))
-    }
-
-    /// The same rules, with the desktop app's webview origins treated as its own (`on`) or as
-    /// any foreign origin: only the desktop app's node grants them.
-    pub fn with_desktop_origins(self, on: bool) -> Self {
-        let mut rules = Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone());
-        rules.desktop_origins = on;
-        SiteGuard(Arc::new(rules))
     }
 
     /// This machine's names: its host name and the `.local` name mDNS answers for.
@@ -178,9 +165,6 @@ impl SiteGuard {
             return OriginKind::Foreign;
         };
         let origin = origin.trim_end_matches('/');
-        if self.0.desktop_origins && DESKTOP_ORIGINS.contains(&origin) {
-            return OriginKind::Desktop;
-        }
         let host = headers
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
@@ -268,15 +252,15 @@ fn check(guard: &SiteGuard, request: &Request) -> Result<OriginKind, Refusal> {
     match area {
         Area::Control => {
             let foreign = match origin {
-                OriginKind::Own | OriginKind::Desktop => false,
+                OriginKind::Own => false,
                 OriginKind::Absent => marked_cross_site(headers),
                 OriginKind::Configured | OriginKind::Foreign => true,
             };
             if foreign {
                 return Err(forbidden(
                     "cross_site_request",
-                    "the control API answers only the dashboard's own pages and the desktop \
-                     app; this request came from another site"
+                    "the control API answers only the dashboard's own pages; this request \
+                     came from another site"
                         .to_string(),
                 ));
             }
@@ -707,7 +691,8 @@ mod tests {
     }
 
     #[test]
-    fn the_headless_binary_treats_the_desktop_apps_origins_as_foreign() {
+    fn the_desktop_apps_old_webview_origins_are_foreign() {
+        // The desktop window shows the node's own page now: no other origin is its own.
         let g = guard(true);
         for origin in ["tauri://localhost", "http://tauri.localhost"] {
             let headers = [("host", "127.0.0.1:8080"), ("origin", origin)];
@@ -720,13 +705,11 @@ mod tests {
     }
 
     #[test]
-    fn the_dashboard_the_desktop_app_and_non_browser_clients_may_use_the_control_api() {
-        let g = guard(true).with_desktop_origins(true);
+    fn the_dashboard_and_non_browser_clients_may_use_the_control_api() {
+        let g = guard(true);
         let host = ("host", "127.0.0.1:8080");
         for extra in [
             vec![("origin", "http://127.0.0.1:8080")],
-            vec![("origin", "tauri://localhost")],
-            vec![("origin", "http://tauri.localhost")],
             vec![("sec-fetch-site", "same-origin")],
             vec![("sec-fetch-site", "none")],
             vec![],

@@ -745,12 +745,35 @@ async fn worker_connect(
         };
         return ApiError::new(status, code, message).into_response(dialect);
     }
-    let presented = headers
+    let in_header = headers
         .get("x-worker-secret")
         .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| query.get("worker_secret").cloned())
-        .or_else(|| query.get("secret").cloned());
+        .map(str::to_string);
+    // The seeds keep the URL form for workers older than the header (ours and the published
+    // worker send the header). A worker that sends the header gets nothing from the URL form,
+    // so carrying both is refused: the secret would be in access logs for nothing.
+    let in_url = query
+        .get("worker_secret")
+        .or_else(|| query.get("secret"))
+        .cloned();
+    if in_header.is_some() && in_url.is_some() {
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "secret_in_url",
+            "the worker secret is in both the X-Worker-Secret header and the URL: send it in the \
+             header only (URLs end up in access logs)",
+        )
+        .into_response(dialect);
+    }
+    if in_header.is_none() && in_url.is_some() {
+        tracing::warn!(
+            peer = %peer.ip(),
+            provider,
+            "a worker sent its secret in the URL (the legacy form, kept for old workers): URLs \
+             end up in access logs; upgrade it to send the X-Worker-Secret header"
+        );
+    }
+    let presented = in_header.or(in_url);
     let expected = state
         .config
         .providers

@@ -109,9 +109,6 @@ pub struct ProxyConfig {
     pub allowed_hosts: Vec<String>,
     /// Web origins allowed to call `/v1` cross-origin (`cors_origins`).
     pub cors_origins: Vec<String>,
-    /// Whether the desktop app's webview origins may call the control API: only in the
-    /// desktop app's own node ([`crate::settings::Overrides::desktop_app`]).
-    pub desktop_origins: bool,
     /// `/metrics` without the admin token even where the control API needs it
     /// (`metrics_public`).
     pub metrics_public: bool,
@@ -166,7 +163,6 @@ impl ProxyConfig {
             admin_token_origin: TokenOrigin::Configured,
             allowed_hosts: Vec::new(),
             cors_origins: Vec::new(),
-            desktop_origins: false,
             metrics_public: defaults::METRICS_PUBLIC,
             tls: None,
             require_api_keys: false,
@@ -213,7 +209,6 @@ impl ProxyConfig {
             admin_token: settings.admin_token.map(AdminToken),
             allowed_hosts: settings.allowed_hosts,
             cors_origins: settings.cors_origins,
-            desktop_origins: settings.desktop_origins,
             require_api_keys: settings.require_api_keys,
             affinity: settings.affinity,
             database: match settings.database_url {
@@ -373,7 +368,6 @@ pub async fn router(
         config.admin_token_origin.clone(),
         addr.ip().is_loopback(),
     )
-    .with_desktop_origins(config.desktop_origins)
     .with_sessions(addr.port(), config.tls.is_some())
     .with_limiter(Arc::clone(&limiter));
     let site = guard::SiteGuard::new(
@@ -381,8 +375,7 @@ pub async fn router(
         &guard::SiteGuard::machine_names(),
         &config.allowed_hosts,
         &config.cors_origins,
-    )
-    .with_desktop_origins(config.desktop_origins);
+    );
     let mut info = NodeInfo::proxy_only(addr);
     if config.tls.is_some() {
         info.url = format!("https://{addr}");

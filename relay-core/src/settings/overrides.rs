@@ -29,10 +29,6 @@ pub struct Overrides {
     pub allowed_hosts: Option<Vec<String>>,
     /// `MODELRELAY_CORS_ORIGINS`.
     pub cors_origins: Option<Vec<String>>,
-    /// Set by the desktop app only (no flag or variable sets it): its webview's origins
-    /// (`tauri://localhost`, `http://tauri.localhost`) may call the control API. The headless
-    /// binary grants them nothing, so no other program can claim to be the desktop window.
-    pub desktop_app: bool,
     /// `MODELRELAY_METRICS_PUBLIC`.
     pub metrics_public: Option<bool>,
     /// `TLS_CERT`.

@@ -82,9 +82,6 @@ pub struct ProxySettings {
     pub allowed_hosts: Vec<String>,
     /// Web origins allowed to call `/v1` from a browser.
     pub cors_origins: Vec<String>,
-    /// Whether the desktop app's webview origins may call the control API (the desktop app's
-    /// own node only).
-    pub desktop_origins: bool,
     /// `/metrics` without the admin token.
     pub metrics_public: bool,
     /// Whether and how to serve TLS.
@@ -298,7 +295,6 @@ impl ProxySettings {
                 .cors_origins
                 .clone()
                 .unwrap_or_else(|| p.cors_origins.clone()),
-            desktop_origins: o.desktop_app,
             metrics_public: o
                 .metrics_public
                 .or(p.metrics_public)

@@ -445,6 +445,33 @@ pub fn dechunk(mut body: &str) -> String {
     out
 }
 
+/// `Authorization` for requests from the owner of the relay whose data directory is
+/// `data_dir`: its stored admin token (a request from this machine is not a login).
+pub fn owner_auth(data_dir: &std::path::Path) -> String {
+    let token = std::fs::read_to_string(data_dir.join("admin-token"))
+        .unwrap_or_else(|e| panic!("the admin token in {}: {e}", data_dir.display()));
+    format!("Bearer {}", token.trim())
+}
+
+/// `method url` with `body` from the owner of the relay whose data directory is `data_dir`.
+pub fn owner_http(
+    method: &str,
+    url: &str,
+    data_dir: &std::path::Path,
+    body: Option<&str>,
+) -> (u16, String) {
+    let auth = owner_auth(data_dir);
+    let reply = exchange(method, url, &[("authorization", &auth)], body);
+    (reply.status, reply.body)
+}
+
+/// [`get_json`] from the owner of the relay whose data directory is `data_dir`.
+pub fn owner_get_json(url: &str, data_dir: &std::path::Path) -> Value {
+    let (status, body) = owner_http("GET", url, data_dir, None);
+    assert_eq!(status, 200, "GET {url}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {url}: not JSON ({e}): {body}"))
+}
+
 pub fn get_json(url: &str) -> Value {
     let (status, body) = http("GET", url, None);
     assert_eq!(status, 200, "GET {url}: {body}");

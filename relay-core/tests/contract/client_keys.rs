@@ -498,22 +498,22 @@ async fn the_dashboard_api_shares_the_key_and_usage_handlers() {
 }
 
 #[tokio::test]
-async fn while_keys_are_required_making_one_from_the_open_dashboard_needs_the_admin_token() {
-    // Loopback, the token generated for the dashboard (not configured): /api is open, but a
-    // local user must not mint a way past the requirement.
+async fn making_listing_or_revoking_a_key_from_this_machine_needs_a_sign_in() {
+    // Loopback, the token generated for the dashboard (not configured): a local user without
+    // it must not mint a way past the key requirement, nor see or revoke the keys.
     let mut config = test_config();
-    config.admin_token = Some(AdminToken("generated-token".into()));
+    config.admin_token = Some(AdminToken("generated-token-0123456789".into()));
     config.admin_token_origin = TokenOrigin::Stored(std::env::temp_dir().join("admin-token"));
     config.require_api_keys = true;
     let proxy = start_proxy(config).await;
     let (status, _, refused) = post(&proxy.url(), "/api/keys", &json!({"name": "mine"})).await;
-    assert_eq!(status, 403, "{refused}");
-    assert!(refused.contains("admin_token_needed"), "{refused}");
+    assert_eq!(status, 401, "{refused}");
+    assert!(refused.contains("modelrelay dashboard"), "{refused}");
     let (status, _, made) = post_raw(
         &proxy.url(),
         "/api/keys",
         json!({"name": "mine"}).to_string(),
-        &[("authorization", "Bearer generated-token")],
+        &[("authorization", "Bearer generated-token-0123456789")],
     )
     .await;
     assert_eq!(status, 201, "{made}");
@@ -526,12 +526,19 @@ async fn while_keys_are_required_making_one_from_the_open_dashboard_needs_the_ad
         .send()
         .await
         .unwrap();
-    assert_eq!(revoke.status(), 403, "revoking too");
-    let (status, list) = get_json(&proxy.url(), "/api/keys", &[]).await;
+    assert_eq!(revoke.status(), 401, "revoking too");
+    let (status, _) = get_json(&proxy.url(), "/api/keys", &[]).await;
+    assert_eq!(status, 401, "and listing");
+    let (status, list) = get_json(
+        &proxy.url(),
+        "/api/keys",
+        &[("authorization", "Bearer generated-token-0123456789")],
+    )
+    .await;
     assert_eq!(
         (status.as_u16(), list["keys"].as_array().map(Vec::len)),
         (200, Some(1)),
-        "listing stays open"
+        "the key is still there"
     );
     proxy.shutdown().await;
 }

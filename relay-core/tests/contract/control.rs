@@ -31,10 +31,40 @@ async fn start_node(roles: Roles, backend: Option<&str>, listen: &str) -> (Node,
         },
         roles: Some(roles),
         data_dir: Some(dir.dir.clone()),
+        ..NodeOptions::default()
     })
     .await
     .expect("node starts");
+    if let Some(token) = node.admin_token() {
+        owners().insert(node.url(), token);
+    }
     (node, dir)
+}
+
+/// Admin tokens of the nodes these tests started, by base URL. The tests' settings and setup
+/// requests come from each node's owner: [`send_json`] and [`owner_auth`] give them its
+/// token, as the dashboard's session would (a request from this machine is not a login;
+/// `security/control_plane.rs` shows what one without a credential gets).
+fn owners() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<String, String>> {
+    static OWNERS: std::sync::Mutex<std::collections::BTreeMap<String, String>> =
+        std::sync::Mutex::new(std::collections::BTreeMap::new());
+    OWNERS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `Authorization` for requests to `url` from its node's owner, when a test node serves it.
+fn owner_token(url: &str) -> Option<String> {
+    owners()
+        .iter()
+        .find(|(base, _)| url.starts_with(base.as_str()))
+        .map(|(_, token)| format!("Bearer {token}"))
+}
+
+/// The owner's `Authorization` value for `node`, for [`get_json`].
+fn owner_auth(node: &Node) -> String {
+    format!(
+        "Bearer {}",
+        node.admin_token().expect("every node has a token")
+    )
 }
 
 /// A config file path in its own temp directory, removed on drop.
@@ -71,7 +101,11 @@ const PROXY_ONLY: Roles = Roles {
     worker: false,
 };
 
-async fn send_json(request: reqwest::RequestBuilder, body: &Value) -> (u16, Value) {
+async fn send_json(url: &str, request: reqwest::RequestBuilder, body: &Value) -> (u16, Value) {
+    let request = match owner_token(url) {
+        Some(token) => request.header("authorization", token),
+        None => request,
+    };
     let response = request
         .header("content-type", "application/json")
         .body(body.to_string())
@@ -84,11 +118,11 @@ async fn send_json(request: reqwest::RequestBuilder, body: &Value) -> (u16, Valu
 }
 
 async fn put_json(url: &str, body: &Value) -> (u16, Value) {
-    send_json(http().put(url), body).await
+    send_json(url, http().put(url), body).await
 }
 
 async fn post_json(url: &str, body: &Value) -> (u16, Value) {
-    send_json(http().post(url), body).await
+    send_json(url, http().post(url), body).await
 }
 
 /// Opens `/api/events` at `base` (checking it is an event stream) and reads its first status:
@@ -402,16 +436,19 @@ async fn beyond_loopback_the_control_api_requires_the_admin_token() {
     .await;
     assert_eq!(code, 200);
     assert_eq!(body["node"]["admin_token_required"], true);
-    let feed = http()
+    let in_url = http()
         .get(format!("{base}/api/events?token=admin-s3cret-0123456789"))
         .send()
         .await
         .expect("feed");
-    assert_eq!(
-        feed.status(),
-        200,
-        "EventSource passes the token in the query"
-    );
+    assert_eq!(in_url.status(), 401, "a token in a URL is not read");
+    let feed = http()
+        .get(format!("{base}/api/events"))
+        .bearer_auth("admin-s3cret-0123456789")
+        .send()
+        .await
+        .expect("feed");
+    assert_eq!(feed.status(), 200);
     drop(feed);
     // The page itself loads without the token, so it can ask for one.
     let page = http().get(format!("{base}/")).send().await.expect("page");
@@ -420,55 +457,49 @@ async fn beyond_loopback_the_control_api_requires_the_admin_token() {
 }
 
 #[tokio::test]
-async fn on_loopback_without_a_token_the_control_api_is_open() {
+async fn on_loopback_the_status_is_open_and_everything_else_needs_a_sign_in() {
     let (node, dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
-    // A token exists (generated into the data directory) for guarded changes, but plain
-    // control requests need none.
+    // The token was generated into the data directory, readable only by the node's owner.
     let stored = std::fs::read_to_string(dir.dir.join("admin-token")).expect("token stored");
     assert_eq!(node.admin_token().as_deref(), Some(stored.trim()));
     let (status, body) = get_json(&node.url(), "/api/status", &[]).await;
     assert_eq!(status, 200);
     assert_eq!(body["node"]["admin_token_required"], false, "{body}");
-    node.shutdown().await;
-}
-
-#[tokio::test]
-async fn the_desktop_webview_may_call_the_api_cross_origin_and_other_sites_may_not() {
-    // The desktop app's own node (it sets `desktop_app` in its overrides).
-    let mut config = test_config();
-    config.desktop_origins = true;
-    let proxy = start_proxy(config).await;
-    let url = format!("{}/api/status", proxy.url());
-    let preflight = http()
-        .request(reqwest::Method::OPTIONS, &url)
-        .header("origin", "tauri://localhost")
-        .header("access-control-request-method", "GET")
-        .header("access-control-request-headers", "authorization")
-        .send()
-        .await
-        .expect("preflight");
-    assert_eq!(preflight.status(), 204);
-    assert_eq!(
-        preflight.headers()["access-control-allow-origin"],
-        "tauri://localhost"
-    );
-    assert!(preflight.headers()["access-control-allow-headers"]
+    for path in ["/api/settings", "/api/join-code", "/api/keys", "/api/usage"] {
+        let (status, body) = get_json(&node.url(), path, &[]).await;
+        assert_eq!(status, 401, "{path}: {body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("modelrelay dashboard"),
+            "{body}"
+        );
+    }
+    // The documented way in: a one-time link that sets the session cookie.
+    let link = node
+        .login_link(std::time::Duration::from_secs(60))
+        .expect("a node signs its links");
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let signed_in = no_redirects.get(&link).send().await.expect("link");
+    assert_eq!(signed_in.status(), 303);
+    let cookie = signed_in.headers()["set-cookie"]
         .to_str()
         .unwrap()
-        .contains("authorization"));
-    let answer = http()
-        .get(&url)
-        .header("origin", "http://tauri.localhost")
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(
-        answer.headers()["access-control-allow-origin"],
-        "http://tauri.localhost"
+        .to_string();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
     );
-    let (_, granted) = cross_origin(&url, reqwest::Method::GET, "https://evil.example").await;
-    assert_eq!(granted, None);
-    proxy.shutdown().await;
+    let session = cookie.split(';').next().unwrap().to_string();
+    let (status, body) = get_json(&node.url(), "/api/settings", &[("cookie", &session)]).await;
+    assert_eq!(status, 200, "{body}");
+    let again = no_redirects.get(&link).send().await.expect("link");
+    assert_eq!(again.status(), 403, "a link works once");
+    node.shutdown().await;
 }
 
 /// A request to `url` from a page of `origin` (a preflight for `OPTIONS`): its status and the
@@ -489,11 +520,16 @@ async fn cross_origin(url: &str, method: reqwest::Method, origin: &str) -> (u16,
 }
 
 #[tokio::test]
-async fn the_headless_binary_grants_the_desktop_apps_origins_nothing() {
+async fn no_other_origin_is_granted_the_control_api_not_even_the_desktop_apps_old_ones() {
+    // The desktop window shows the node's own page; no origin is granted cross-origin access.
     let proxy = start_proxy(test_config()).await;
     for path in ["/api/status", "/api/join-code"] {
         let url = format!("{}{path}", proxy.url());
-        for origin in ["tauri://localhost", "http://tauri.localhost"] {
+        for origin in [
+            "tauri://localhost",
+            "http://tauri.localhost",
+            "https://evil.example",
+        ] {
             let (status, granted) = cross_origin(&url, reqwest::Method::GET, origin).await;
             assert_eq!(status, 403, "{path} from {origin}");
             assert_eq!(granted, None);
@@ -586,7 +622,12 @@ async fn settings_round_trip_keeps_comments_and_lists_what_needs_a_restart() {
     let text = dir.text();
     assert!(text.contains("# queue size\nmax_queue_len = 7"), "{text}");
     assert!(text.starts_with("# my relay"), "{text}");
-    let (_, again) = get_json(&node.url(), "/api/settings", &[]).await;
+    let (_, again) = get_json(
+        &node.url(),
+        "/api/settings",
+        &[("authorization", &owner_auth(&node))],
+    )
+    .await;
     assert_eq!(again["settings"], body["settings"]);
     assert_eq!(again["path"], dir.path.display().to_string());
     node.shutdown().await;
@@ -617,6 +658,7 @@ async fn invalid_settings_get_a_400_naming_the_field_and_nothing_is_written() {
     assert_eq!(code, 400);
     let malformed = http()
         .put(&url)
+        .header("authorization", owner_auth(&node))
         .header("content-type", "application/json")
         .body("{not json")
         .send()
@@ -835,20 +877,25 @@ async fn a_join_code_from_one_node_joins_another_nodes_worker_to_it() {
         "127.0.0.1:0",
     )
     .await;
-    let (_, code) = get_json(&hub_node.url(), "/api/join-code", &[]).await;
-    assert!(code["code"].as_str().unwrap().starts_with("mrj1."));
-    // Where this box's worker connects is a guarded setting: the join carries the box's token.
-    let unauthorised = post_json(
-        &format!("{}/api/join", box_node.url()),
-        &json!({"code": code["code"]}),
+    let (_, code) = get_json(
+        &hub_node.url(),
+        "/api/join-code",
+        &[("authorization", &owner_auth(&hub_node))],
     )
     .await;
-    assert_eq!(unauthorised.0, 403, "{}", unauthorised.1);
-    assert_eq!(unauthorised.1["error"]["code"], "admin_token_needed");
-    let (status, body) = send_json(
-        http()
-            .post(format!("{}/api/join", box_node.url()))
-            .bearer_auth(box_node.admin_token().expect("every node has a token")),
+    assert!(code["code"].as_str().unwrap().starts_with("mrj1."));
+    // Joining is a change: a request without the box's credential changes nothing.
+    let unauthorised = http()
+        .post(format!("{}/api/join", box_node.url()))
+        .header("content-type", "application/json")
+        .body(json!({"code": code["code"]}).to_string())
+        .send()
+        .await
+        .expect("response");
+    assert_eq!(unauthorised.status(), 401);
+    assert!(!box_dir.text().contains("worker_secret"));
+    let (status, body) = post_json(
+        &format!("{}/api/join", box_node.url()),
         &json!({"code": code["code"]}),
     )
     .await;
@@ -877,7 +924,12 @@ async fn a_join_code_from_one_node_joins_another_nodes_worker_to_it() {
         code, 200,
         "a request through the hub reaches the box's backend"
     );
-    let (code, body) = get_json(&box_node.url(), "/api/join-code", &[]).await;
+    let (code, body) = get_json(
+        &box_node.url(),
+        "/api/join-code",
+        &[("authorization", &owner_auth(&box_node))],
+    )
+    .await;
     assert_eq!(code, 404, "a worker-only node has nothing to join: {body}");
     box_node.shutdown().await;
     hub_node.shutdown().await;
@@ -906,7 +958,12 @@ async fn discovery_lists_local_model_servers_on_the_configured_ports() {
     let (node, _dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
     // The environment variable is read per discovery, so other tests are unaffected.
     std::env::set_var("MODELRELAY_DISCOVERY_PORTS", &port);
-    let (code, body) = get_json(&node.url(), "/api/discovery", &[]).await;
+    let (code, body) = get_json(
+        &node.url(),
+        "/api/discovery",
+        &[("authorization", &owner_auth(&node))],
+    )
+    .await;
     assert_eq!(code, 200, "{body}");
     let backends = body["backends"].as_array().unwrap();
     assert!(
@@ -944,9 +1001,14 @@ async fn worker_node_joined_to(
             worker: true,
         }),
         data_dir: Some(dir.dir.clone()),
+        ..NodeOptions::default()
     })
     .await
     .expect("node starts");
+    owners().insert(
+        node.url(),
+        node.admin_token().expect("every node has a token"),
+    );
     let mut state = node.state();
     tokio::time::timeout(WAIT, state.wait_for(|s| s.worker == WorkerState::Connected))
         .await

@@ -117,6 +117,16 @@ async fn worker_secret_in_query_string_is_accepted_for_backward_compatibility() 
 }
 
 #[tokio::test]
+async fn a_worker_sending_its_secret_in_the_header_and_the_url_is_refused() {
+    // The URL form is for workers older than the header: one that sends the header has no
+    // reason to put the secret where access logs keep it.
+    let proxy = start_proxy(test_config()).await;
+    let refused = try_connect(proxy.addr, "local", Some(SECRET), Some(SECRET)).await;
+    assert_eq!(refused.err(), Some(reqwest::StatusCode::BAD_REQUEST));
+    assert_eq!(proxy.hub.counts().0, 0, "no worker joined");
+}
+
+#[tokio::test]
 async fn wrong_worker_secret_is_refused_with_401_in_openai_error_shape() {
     let proxy = start_proxy(test_config()).await;
     let refused = try_connect(proxy.addr, "local", Some("not-the-secret"), None).await;

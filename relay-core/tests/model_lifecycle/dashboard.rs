@@ -9,16 +9,26 @@ use serde_json::Value;
 
 use crate::support::*;
 
-async fn call(method: reqwest::Method, url: String) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .request(method, url)
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .expect("response");
-    let status = response.status().as_u16();
-    let text = response.text().await.expect("body");
-    (status, serde_json::from_str(&text).expect("json"))
+/// `method url` from `node`'s owner (with its admin token: a request from this machine is not a
+/// login).
+fn call(
+    node: &Node,
+    method: reqwest::Method,
+    url: String,
+) -> impl std::future::Future<Output = (u16, Value)> + Send + 'static {
+    let token = node.admin_token().expect("every node has a token");
+    async move {
+        let response = reqwest::Client::new()
+            .request(method, url)
+            .bearer_auth(token)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .expect("response");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        (status, serde_json::from_str(&text).expect("json"))
+    }
 }
 
 /// A node (proxy + worker) whose worker maps model "a" to a fake llama-server logging to `log`,
@@ -40,6 +50,7 @@ async fn start_mapped_node(dir: &TempDir, log: &std::path::Path, port_base: u16)
         },
         roles: Some(Roles::default()),
         data_dir: Some(dir.join("data")),
+        ..NodeOptions::default()
     })
     .await
     .expect("node starts")
@@ -79,7 +90,8 @@ async fn the_dashboard_shows_mapped_models_and_loads_and_unloads_them_by_hand() 
         let node = start_mapped_node(&dir, &log, 27000).await;
         let base = node.url();
         let models = loop {
-            let (code, body) = call(reqwest::Method::GET, format!("{base}/api/lifecycle")).await;
+            let (code, body) =
+                call(&node, reqwest::Method::GET, format!("{base}/api/lifecycle")).await;
             assert_eq!(code, 200, "{body}");
             if !body["models"].as_array().unwrap().is_empty() {
                 break body["models"].clone();
@@ -91,6 +103,7 @@ async fn the_dashboard_shows_mapped_models_and_loads_and_unloads_them_by_hand() 
         assert!(starts(&log).is_empty(), "listed, not started");
 
         let (code, loaded) = call(
+            &node,
             reqwest::Method::POST,
             format!("{base}/api/lifecycle/a/load"),
         )
@@ -102,6 +115,7 @@ async fn the_dashboard_shows_mapped_models_and_loads_and_unloads_them_by_hand() 
         assert_eq!(starts(&log), [pid]);
 
         let (code, unloaded) = call(
+            &node,
             reqwest::Method::POST,
             format!("{base}/api/lifecycle/a/unload"),
         )
@@ -114,6 +128,7 @@ async fn the_dashboard_shows_mapped_models_and_loads_and_unloads_them_by_hand() 
         );
 
         let (code, _) = call(
+            &node,
             reqwest::Method::POST,
             format!("{base}/api/lifecycle/a/reboot"),
         )
@@ -143,6 +158,7 @@ async fn the_status_feed_pushes_every_lifecycle_change_of_the_own_worker() {
 
         // Loaded by hand: the feed shows it ready with its process, without anyone polling.
         let loading = tokio::spawn(call(
+            &node,
             reqwest::Method::POST,
             format!("{base}/api/lifecycle/a/load"),
         ));
@@ -152,6 +168,7 @@ async fn the_status_feed_pushes_every_lifecycle_change_of_the_own_worker() {
         assert_eq!(loading.await.expect("load").0, 200);
 
         let unloading = tokio::spawn(call(
+            &node,
             reqwest::Method::POST,
             format!("{base}/api/lifecycle/a/unload"),
         ));

@@ -54,15 +54,20 @@ RELAY_ENV = {
 URL_PATTERN = re.compile(r"ModelRelay is serving at (https?://\S+)")
 
 
-def http_get_json(url: str, timeout: float = 5.0, ca_file: Path | None = None) -> tuple[int, dict]:
-    """GET `url` without any proxy, trusting `ca_file` for https; returns (status, parsed JSON
-    body)."""
+def http_get_json(
+    url: str, timeout: float = 5.0, ca_file: Path | None = None, token: str | None = None
+) -> tuple[int, dict]:
+    """GET `url` without any proxy, trusting `ca_file` for https, with the admin `token` when
+    given; returns (status, parsed JSON body)."""
     handlers: list = [urllib.request.ProxyHandler({})]
     if ca_file is not None:
         handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=str(ca_file))))
     opener = urllib.request.build_opener(*handlers)
+    request = urllib.request.Request(url)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with opener.open(url, timeout=timeout) as response:
+        with opener.open(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read() or b"null")

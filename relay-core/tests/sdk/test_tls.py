@@ -29,7 +29,9 @@ def test_an_sdk_that_does_not_trust_the_certificate_is_refused(relay):
 def test_the_advertised_fingerprint_is_the_sha256_of_the_served_certificate(relay):
     der = ssl.PEM_cert_to_DER_cert(relay.ca_file.read_text())
     expected = "sha256:" + hashlib.sha256(der).hexdigest()
-    status, join = http_get_json(f"{relay.url}/api/join-code", ca_file=relay.ca_file)
+    # The join code reveals the worker secret: it is for the node's owner (its admin token).
+    owner = (relay.data_dir / "admin-token").read_text().strip()
+    status, join = http_get_json(f"{relay.url}/api/join-code", ca_file=relay.ca_file, token=owner)
     assert status == 200, join
     assert join["fingerprint"] == expected
     assert join["url"] == relay.url

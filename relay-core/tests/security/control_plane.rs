@@ -65,6 +65,16 @@ impl Relay {
         read_trimmed(&self.data.path().join("admin-token"))
     }
 
+    /// `Authorization` as the node's owner sends it (a request from this machine is not a
+    /// login: without it, only the live status answers).
+    pub(crate) fn owner_auth(&self) -> String {
+        format!("Bearer {}", self.admin_token())
+    }
+
+    pub(crate) fn data_dir(&self) -> &std::path::Path {
+        self.data.path()
+    }
+
     pub(crate) fn config_bytes(&self) -> Vec<u8> {
         std::fs::read(&self.config).expect("read config")
     }
@@ -147,7 +157,12 @@ fn a_rebinding_host_cannot_read_the_join_code() {
     assert_eq!(error_code(&refused), "host_not_allowed");
     assert!(!refused.body.contains(&relay.secret()), "{refused:?}");
 
-    let own = exchange("GET", &format!("{}/api/join-code", relay.url), &[], None);
+    let own = exchange(
+        "GET",
+        &format!("{}/api/join-code", relay.url),
+        &[("Authorization", &relay.owner_auth())],
+        None,
+    );
     assert_eq!(own.status, 200, "{own:?}");
     assert!(own.body.contains(&relay.secret()));
     assert_eq!(own.header("cache-control").as_deref(), Some("no-store"));
@@ -227,15 +242,13 @@ fn a_loopback_request_without_the_admin_token_cannot_add_a_program_to_the_model_
         &[],
         Some(&config_body(LAUNCH_ATTACK)),
     );
-    assert_eq!(refused.status, 403, "{refused:?}");
-    assert_eq!(error_code(&refused), "admin_token_needed");
-    let token_file = relay.data.path().join("admin-token");
+    assert_eq!(refused.status, 401, "{refused:?}");
+    assert_eq!(error_code(&refused), "admin_token_required");
     assert!(
-        refused.body.contains(&token_file.display().to_string()),
-        "the refusal says where the token is: {}",
+        refused.body.contains("modelrelay dashboard"),
+        "the refusal says how to sign in: {}",
         refused.body
     );
-    assert!(refused.body.contains("worker.model_map.x.start_script"));
     assert!(!refused.body.contains(&relay.admin_token()));
     let wrong = exchange(
         "PUT",
@@ -243,22 +256,21 @@ fn a_loopback_request_without_the_admin_token_cannot_add_a_program_to_the_model_
         &[("Authorization", "Bearer not-the-token")],
         Some(&config_body(LAUNCH_ATTACK)),
     );
-    assert_eq!(wrong.status, 403, "{wrong:?}");
+    assert_eq!(wrong.status, 401, "{wrong:?}");
     let load = exchange(
         "POST",
         &format!("{}/api/lifecycle/x/load", relay.url),
         &[],
         None,
     );
-    assert_eq!(load.status, 404, "x was never mapped: {load:?}");
+    assert_eq!(load.status, 401, "{load:?}");
     relay.assert_untouched(&before);
 
     // The same change with the token is saved: the rule guards, it does not forbid.
-    let bearer = format!("Bearer {}", relay.admin_token());
     let saved = exchange(
         "PUT",
         &format!("{}/api/config", relay.url),
-        &[("Authorization", &bearer)],
+        &[("Authorization", &relay.owner_auth())],
         Some(&config_body(&format!("{USER_CONFIG}{LAUNCH_ATTACK}"))),
     );
     assert_eq!(saved.status, 200, "{saved:?}");
@@ -278,6 +290,17 @@ fn a_loopback_request_without_the_admin_token_cannot_redirect_the_worker_or_an_u
             r#"{"worker":{"backend_url":"http://127.0.0.1:1"}}"#.to_string(),
         ),
         (
+            "PUT",
+            "/api/settings",
+            r#"{"proxy":{"aliases":{"m1":"attackers-model"},"default_model":"attackers-model"}}"#
+                .to_string(),
+        ),
+        (
+            "PUT",
+            "/api/settings",
+            r#"{"proxy":{"listen":"0.0.0.0:8080"}}"#.to_string(),
+        ),
+        (
             "POST",
             "/api/join",
             r#"{"proxy_url":"http://127.0.0.1:1","secret":"x"}"#.to_string(),
@@ -292,22 +315,25 @@ fn a_loopback_request_without_the_admin_token_cannot_redirect_the_worker_or_an_u
         (
             "PUT",
             "/api/config",
+            config_body("[proxy]\nworker_secret = \"the-attackers-secret\"\n"),
+        ),
+        (
+            "PUT",
+            "/api/config",
             config_body("[proxy]\nallowed_hosts = [\"evil.example\"]\n"),
+        ),
+        // Even a harmless setting: a request from this machine is not a login.
+        (
+            "PUT",
+            "/api/settings",
+            r#"{"proxy":{"max_queue_len":7}}"#.to_string(),
         ),
     ] {
         let reply = exchange(method, &format!("{}{path}", relay.url), &[], Some(&body));
-        assert_eq!(reply.status, 403, "{method} {path}: {reply:?}");
-        assert_eq!(error_code(&reply), "admin_token_needed", "{path}");
+        assert_eq!(reply.status, 401, "{method} {path}: {reply:?}");
+        assert_eq!(error_code(&reply), "admin_token_required", "{path}");
     }
     relay.assert_untouched(&before);
-    // What stays open on loopback: a harmless setting.
-    let saved = exchange(
-        "PUT",
-        &format!("{}/api/settings", relay.url),
-        &[],
-        Some(r#"{"proxy":{"max_queue_len":7}}"#),
-    );
-    assert_eq!(saved.status, 200, "{saved:?}");
 }
 
 #[test]
@@ -360,12 +386,16 @@ fn a_cross_site_text_plain_post_cannot_refresh_drain_or_load() {
     assert_eq!(status["workers"][0]["id"], worker.as_str(), "{status}");
     assert_ne!(status["workers"][0]["state"], "draining", "{status}");
 
-    // The dashboard's own page may.
+    // The dashboard's own page may (signed in).
     let own = format!("http://{}", relay.host());
     let reply = exchange(
         "POST",
         &format!("{}/api/models/refresh", relay.url),
-        &[("Origin", &own), ("Sec-Fetch-Site", "same-origin")],
+        &[
+            ("Origin", &own),
+            ("Sec-Fetch-Site", "same-origin"),
+            ("Authorization", &relay.owner_auth()),
+        ],
         None,
     );
     assert_eq!(reply.status, 202, "{reply:?}");
@@ -493,7 +523,12 @@ fn the_worker_secret_file_keeps_the_secret_off_the_command_line() {
         .arg(&file);
     let mut relay = Running::spawn(command);
     let url = relay.relay_url();
-    let join = exchange("GET", &format!("{url}/api/join-code"), &[], None);
+    let join = exchange(
+        "GET",
+        &format!("{url}/api/join-code"),
+        &[("Authorization", &owner_auth(data.path()))],
+        None,
+    );
     assert_eq!(join.status, 200, "{join:?}");
     let body: Value = serde_json::from_str(&join.body).unwrap();
     assert_eq!(body["secret"], "from-a-file-0123456789");
@@ -502,23 +537,26 @@ fn the_worker_secret_file_keeps_the_secret_off_the_command_line() {
 }
 
 #[test]
-fn only_the_event_stream_takes_the_token_in_its_query() {
+fn no_route_takes_the_admin_token_in_its_url() {
+    // URLs end up in access logs, browser history and Referer headers.
     let relay = Relay::start(|c| {
         c.env("MODELRELAY_ADMIN_TOKEN", "configured-token-123");
     });
-    let status = exchange(
-        "GET",
-        &format!("{}/api/status?token=configured-token-123", relay.url),
-        &[],
-        None,
-    );
-    assert_eq!(status.status, 401, "{status:?}");
+    for path in ["/api/status", "/api/join-code"] {
+        let reply = exchange(
+            "GET",
+            &format!("{}{path}?token=configured-token-123", relay.url),
+            &[],
+            None,
+        );
+        assert_eq!(reply.status, 401, "{path}: {reply:?}");
+    }
     let events = exchange_head(
         "GET",
         &format!("{}/api/events?token=configured-token-123", relay.url),
         &[],
     );
-    assert_eq!(events.status, 200, "{events:?}");
+    assert_eq!(events.status, 401, "{events:?}");
     let header = exchange(
         "GET",
         &format!("{}/api/status", relay.url),
@@ -558,8 +596,9 @@ fn a_trickled_control_body_is_cut_off_with_408_and_changes_nothing() {
     let body = config_body("[proxy]\nmax_queue_len = 7\n");
     let head = format!(
         "PUT /api/config HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n",
+         Authorization: {}\r\nContent-Length: {}\r\n\r\n",
         relay.host(),
+        relay.owner_auth(),
         body.len()
     );
     stream.write_all(head.as_bytes()).expect("head");
@@ -596,7 +635,10 @@ fn an_oversized_control_body_is_refused_with_413_and_changes_nothing() {
     let refused = exchange(
         "PUT",
         &format!("{}/api/config", relay.url),
-        &[("content-type", "application/json")],
+        &[
+            ("content-type", "application/json"),
+            ("Authorization", &relay.owner_auth()),
+        ],
         Some(&body),
     );
     assert_eq!(refused.status, 413, "{}", refused.head);

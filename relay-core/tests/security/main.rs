@@ -10,5 +10,6 @@ mod control_plane;
 mod guessing;
 mod passthrough;
 mod reverse_proxy;
+mod sign_in;
 mod tenants;
 mod tls;

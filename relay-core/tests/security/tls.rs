@@ -45,12 +45,13 @@ impl TlsProxy {
             .to_string()
     }
 
+    /// `GET path` as the node's owner (with its admin token).
     fn get(&self, path: &str) -> Value {
         let reply = https_exchange(
             "GET",
             &format!("{}{path}", self.url),
             &self.fingerprint,
-            &[],
+            &[("Authorization", &owner_auth(self.data.path()))],
             None,
         );
         assert_eq!(reply.status, 200, "GET {path}: {reply:?}");
@@ -306,7 +307,10 @@ fn the_wizards_connection_test_is_pinned_too_and_names_both_fingerprints_on_a_mi
             "POST",
             &format!("{}/api/join/test", proxy.url),
             &proxy.fingerprint,
-            &[("Origin", origin.as_str())],
+            &[
+                ("Origin", origin.as_str()),
+                ("Authorization", &owner_auth(proxy.data.path())),
+            ],
             Some(&body),
         );
         assert_eq!(reply.status, 200, "{reply:?}");

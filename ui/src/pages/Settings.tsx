@@ -1,5 +1,5 @@
 import { useEffect, useState } from 'preact/hooks';
-import { api, errorMessage, isTauri, tauri } from '../api';
+import { api, errorMessage } from '../api';
 import { Alert, Card, Field, Spinner } from '../components/common';
 import { useLive } from '../live';
 import { rolesLabel } from '../lib/viewmodel';
@@ -305,23 +305,26 @@ function AliasesEditor({
   );
 }
 
-/** Desktop app only: start ModelRelay when the user logs in. */
+/** Desktop app only (its node serves the entry): start ModelRelay when the user logs in. */
 function StartOnLogin() {
+  const [available, setAvailable] = useState(false);
   const [enabled, setEnabled] = useState<boolean | null>(null);
   const [error, setError] = useState<string | null>(null);
-  const t = tauri();
   useEffect(() => {
-    if (!t) return;
-    t.core
-      .invoke<boolean>('get_start_on_login')
-      .then(setEnabled)
-      .catch((e) => setError(errorMessage(e)));
+    api
+      .startOnLogin()
+      .then((state) => {
+        setAvailable(state.available);
+        setEnabled(state.enabled);
+        if (state.error) setError(state.error);
+      })
+      .catch(() => setAvailable(false));
   }, []);
-  if (!isTauri() || !t) return null;
+  if (!available) return null;
   const change = async (value: boolean) => {
     setError(null);
     try {
-      setEnabled(await t.core.invoke<boolean>('set_start_on_login', { enabled: value }));
+      setEnabled((await api.setStartOnLogin(value)).enabled);
     } catch (e) {
       setError(errorMessage(e));
     }

@@ -1,5 +1,4 @@
-//! Who may use the control API: the admin token or a dashboard session ([`super::session`]),
-//! and the desktop webview's cross-origin calls.
+//! Who may use the control API: the admin token or a dashboard session ([`super::session`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -75,9 +74,6 @@ pub struct AdminAccess {
     /// Requests refused for a missing or wrong token, for `/metrics`; shared by the clones the
     /// proxy's and the node's routes hold.
     failures: Arc<AtomicU64>,
-    /// Whether the desktop app's webview origins may call the control API cross-origin (the
-    /// desktop app's own node only).
-    desktop_origins: bool,
     /// The proxy's one failure limiter, when it has one (every node's does).
     limiter: Option<Arc<FailureLimiter>>,
     /// Dashboard sign-in (login links and session cookies), when there is a token to sign
@@ -94,10 +90,6 @@ pub const OPEN_ON_LOOPBACK: &[(Method, &str)] = &[
     (Method::GET, "/api/events"),
     (Method::GET, "/api/lifecycle"),
 ];
-
-/// Origins of the desktop app's webview (Tauri serves its pages from these), the only origins
-/// allowed to call the control API cross-origin.
-pub(crate) const DESKTOP_ORIGINS: &[&str] = &["tauri://localhost", "http://tauri.localhost"];
 
 /// Headers a reverse proxy adds to say whom it forwards for. A request carrying any of them came
 /// from beyond this machine whatever socket it arrived on — a same-host nginx or Caddy connects
@@ -116,9 +108,6 @@ pub fn forwarded(headers: &HeaderMap) -> bool {
         .any(|name| headers.contains_key(*name))
 }
 
-/// The one control route that takes the token in its query: `EventSource` cannot set headers.
-const QUERY_TOKEN_PATH: &str = "/api/events";
-
 /// The error code of an `/admin/*` request with a wrong token (which counts towards a lockout).
 pub const WRONG_ADMIN_TOKEN_CODE: &str = "wrong_admin_token";
 
@@ -133,7 +122,6 @@ impl AdminAccess {
             token: token.map(Arc::new),
             origin,
             failures: Arc::default(),
-            desktop_origins: false,
             limiter: None,
             sessions: None,
         }
@@ -201,12 +189,6 @@ impl AdminAccess {
         }
     }
 
-    /// The same rule, with the desktop app's webview origins allowed cross-origin (`on`) or not.
-    pub fn with_desktop_origins(mut self, on: bool) -> Self {
-        self.desktop_origins = on;
-        self
-    }
-
     /// Requests refused so far for a missing or wrong admin token.
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
@@ -228,13 +210,7 @@ impl AdminAccess {
         self.required || forwarded(headers)
     }
 
-    fn check(
-        &self,
-        headers: &HeaderMap,
-        method: &Method,
-        path: &str,
-        query: Option<&str>,
-    ) -> Result<(), ApiError> {
+    fn check(&self, headers: &HeaderMap, method: &Method, path: &str) -> Result<(), ApiError> {
         if !self.required_for(headers) {
             // A proxy built without any token (embedded in a program, tests) has no one to
             // sign in; every node and every binary has one.
@@ -248,20 +224,19 @@ impl AdminAccess {
         if self.signed_in(headers) {
             return Ok(());
         }
-        let query = (path == QUERY_TOKEN_PATH).then_some(query).flatten();
         let missing = if self.required {
             "the control API needs the admin token: sign in on the dashboard, or send \
-             `Authorization: Bearer TOKEN` (or `?token=` on /api/events)"
+             `Authorization: Bearer TOKEN`"
         } else if forwarded(headers) {
             "this request came through a reverse proxy (it carries Forwarded, X-Forwarded-For, \
              X-Forwarded-Host or X-Real-IP), so it is not from this machine: the control API \
-             needs the admin token: send `Authorization: Bearer TOKEN` (or `?token=` on /api/events)"
+             needs the admin token: send `Authorization: Bearer TOKEN`"
         } else {
             "sign in first: open the dashboard with `modelrelay dashboard` (or the tray's Open \
              dashboard, or the link printed when the relay started), or send the admin token as \
              `Authorization: Bearer TOKEN`"
         };
-        self.verify(presented_token(headers, query), missing)
+        self.verify(presented_token(headers), missing)
     }
 
     /// The same rule for `/metrics`, whose scrapers send the token as a bearer token; the
@@ -271,7 +246,7 @@ impl AdminAccess {
             return Ok(());
         }
         self.verify(
-            presented_token(headers, None),
+            presented_token(headers),
             "/metrics needs the admin token on this node: send `Authorization: Bearer TOKEN` \
              (Prometheus: `authorization: {credentials: TOKEN}` in the scrape config), or start \
              the proxy with --metrics-public (MODELRELAY_METRICS_PUBLIC=true) to let any \
@@ -321,7 +296,7 @@ impl AdminAccess {
                 format!("{what} needs the admin token, and this node has none: set MODELRELAY_ADMIN_TOKEN and restart"),
             ));
         };
-        match presented_token(headers, None) {
+        match presented_token(headers) {
             Some(token) if secrets_match(&token, &expected.0) => Ok(()),
             Some(_) => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
@@ -401,105 +376,47 @@ fn unauthorized(message: &str) -> ApiError {
     ApiError::new(StatusCode::UNAUTHORIZED, "admin_token_required", message)
 }
 
-/// The token from `Authorization: Bearer`, `X-Admin-Token`, or the `token` query parameter.
-fn presented_token(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
+/// The token from `Authorization: Bearer` or `X-Admin-Token`. Never from a URL: URLs end up in
+/// access logs, browser history and `Referer` headers (the dashboard's event stream is
+/// authorized by its session cookie).
+fn presented_token(headers: &HeaderMap) -> Option<String> {
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer ").map(str::trim));
     let header_token = headers.get("x-admin-token").and_then(|v| v.to_str().ok());
-    if let Some(token) = bearer.or(header_token) {
-        return Some(token.to_string());
-    }
-    query?
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .find(|(name, _)| *name == "token")
-        .map(|(_, value)| percent_decode(value))
+    bearer.or(header_token).map(str::to_string)
 }
 
-/// Decodes `%XX` escapes and `+` (tokens are usually plain ASCII; this covers pasted ones).
-fn percent_decode(value: &str) -> String {
-    let bytes = value.as_bytes();
-    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = (bytes[i] == b'%' && i + 2 < bytes.len())
-            .then(|| Some(hex(bytes[i + 1])? * 16 + hex(bytes[i + 2])?))
-            .flatten();
-        match (escaped, bytes[i]) {
-            (Some(byte), _) => {
-                out.push(byte);
-                i += 3;
-                continue;
-            }
-            (None, b'+') => out.push(b' '),
-            (None, other) => out.push(other),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn allowed_origin(access: &AdminAccess, headers: &HeaderMap) -> Option<HeaderValue> {
-    if !access.desktop_origins {
-        return None;
-    }
-    let origin = headers.get(header::ORIGIN)?;
-    DESKTOP_ORIGINS
-        .contains(&origin.to_str().ok()?)
-        .then(|| origin.clone())
-}
-
-/// Middleware on every control route: answers the desktop webview's CORS preflight, checks the
-/// admin token, and marks answers to the webview as allowed.
+/// Middleware on every control route: checks the admin token or the session, under the
+/// proxy's failure limiter. No origin is granted cross-origin access: the dashboard (in the
+/// desktop app too) is served by the node itself.
 pub async fn guard(State(access): State<AdminAccess>, request: Request, next: Next) -> Response {
-    let origin = allowed_origin(&access, request.headers());
     if request.method() == Method::OPTIONS {
-        return match origin {
-            Some(origin) => crate::proxy::guard::cors_preflight(
-                origin,
-                "GET, POST, PUT, DELETE, OPTIONS",
-                "authorization, content-type, x-admin-token",
-            ),
-            None => StatusCode::NO_CONTENT.into_response(),
-        };
+        return StatusCode::NO_CONTENT.into_response();
     }
     let peer = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|info| info.0.ip());
-    let query = (request.uri().path() == QUERY_TOKEN_PATH)
-        .then(|| request.uri().query())
-        .flatten();
-    let presents = presented_token(request.headers(), query).is_some();
+    let presents = presented_token(request.headers()).is_some();
     let limited = access.locked_out(peer, presents);
-    let mut response = if let Some(refusal) = limited {
+    let response = if let Some(refusal) = limited {
         refusal.into_response(Dialect::OpenAi)
     } else {
-        match access.check(
-            request.headers(),
-            request.method(),
-            request.uri().path(),
-            request.uri().query(),
-        ) {
+        match access.check(request.headers(), request.method(), request.uri().path()) {
             Ok(()) => next.run(request).await,
             Err(error) => error.into_response(Dialect::OpenAi),
         }
     };
     access.count_wrong_credential(peer, &response);
-    if let Some(origin) = origin {
-        let headers = response.headers_mut();
-        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-        headers.insert(header::VARY, HeaderValue::from_static("origin"));
-    }
     response
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderValue;
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -517,19 +434,21 @@ mod tests {
             true,
         );
         assert!(access
-            .check(&HeaderMap::new(), &Method::GET, "/api/status", None)
+            .check(&HeaderMap::new(), &Method::GET, "/api/status")
             .is_ok());
         for name in FORWARDING_HEADERS {
             let via_proxy = headers(&[(name, "203.0.113.9")]);
             let refused = access
-                .check(&via_proxy, &Method::GET, "/api/join-code", None)
+                .check(&via_proxy, &Method::GET, "/api/join-code")
                 .unwrap_err();
             assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "{name}");
             assert!(refused.message.contains("reverse proxy"), "{name}");
             assert!(access.check_metrics(&via_proxy).is_err(), "{name}");
             let mut with_token = via_proxy.clone();
             with_token.insert("authorization", HeaderValue::from_static("Bearer t"));
-            assert!(access.check(&with_token, &Method::GET, "/api/join-code", None).is_ok());
+            assert!(access
+                .check(&with_token, &Method::GET, "/api/join-code")
+                .is_ok());
             assert!(access.check_metrics(&with_token).is_ok());
         }
     }
@@ -538,7 +457,9 @@ mod tests {
     fn loopback_without_a_token_is_open() {
         let access = AdminAccess::new(None, TokenOrigin::Configured, true);
         assert!(!access.required());
-        assert!(access.check(&HeaderMap::new(), &Method::GET, "/api/status", None).is_ok());
+        assert!(access
+            .check(&HeaderMap::new(), &Method::GET, "/api/status")
+            .is_ok());
     }
 
     #[test]
@@ -549,36 +470,33 @@ mod tests {
             false,
         );
         assert!(access
-            .check(&HeaderMap::new(), &Method::GET, "/api/status", None)
+            .check(&HeaderMap::new(), &Method::GET, "/api/status")
             .is_err());
         assert!(access
-            .check(&headers(&[("authorization", "Bearer s3cret")]),
+            .check(
+                &headers(&[("authorization", "Bearer s3cret")]),
                 &Method::GET,
-                "/api/status",
-                None
+                "/api/status"
             )
             .is_ok());
         assert!(access
-            .check(&headers(&[("x-admin-token", "s3cret")]),
+            .check(
+                &headers(&[("x-admin-token", "s3cret")]),
                 &Method::GET,
-                "/api/status",
-                None
+                "/api/status"
             )
-            .is_ok());
-        assert!(access
-            .check(&HeaderMap::new(), &Method::GET, "/api/events", Some("a=1&token=s3cret"))
             .is_ok());
         assert!(
             access
-                .check(&HeaderMap::new(), &Method::GET, "/api/join-code", Some("token=s3cret"))
+                .check(&HeaderMap::new(), &Method::GET, "/api/events")
                 .is_err(),
-            "?token= is for the event stream only"
+            "no token in a URL, not even for the event stream"
         );
         let wrong = access
-            .check(&headers(&[("authorization", "Bearer nope")]),
+            .check(
+                &headers(&[("authorization", "Bearer nope")]),
                 &Method::GET,
                 "/api/status",
-                None,
             )
             .unwrap_err();
         assert!(
@@ -592,10 +510,10 @@ mod tests {
     fn beyond_loopback_without_a_configured_token_everything_is_refused_with_advice() {
         let access = AdminAccess::new(None, TokenOrigin::Configured, false);
         let error = access
-            .check(&headers(&[("authorization", "Bearer x")]),
+            .check(
+                &headers(&[("authorization", "Bearer x")]),
                 &Method::GET,
                 "/api/status",
-                None,
             )
             .unwrap_err();
         assert!(error.message.contains("MODELRELAY_ADMIN_TOKEN"));
@@ -614,7 +532,7 @@ mod tests {
             .with_sessions(8080, false);
         assert!(!access.required());
         for (method, path) in OPEN_ON_LOOPBACK {
-            assert!(access.check(&HeaderMap::new(), method, path, None).is_ok());
+            assert!(access.check(&HeaderMap::new(), method, path).is_ok());
         }
         for (method, path) in [
             (Method::GET, "/api/join-code"),
@@ -623,20 +541,33 @@ mod tests {
             (Method::PUT, "/api/config"),
             (Method::POST, "/api/status"),
         ] {
-            let refused = access
-                .check(&HeaderMap::new(), &method, path, None)
-                .unwrap_err();
+            let refused = access.check(&HeaderMap::new(), &method, path).unwrap_err();
             assert_eq!(refused.status, StatusCode::UNAUTHORIZED, "{method} {path}");
-            assert!(refused.message.contains("modelrelay dashboard"), "{}", refused.message);
+            assert!(
+                refused.message.contains("modelrelay dashboard"),
+                "{}",
+                refused.message
+            );
             let token = headers(&[("authorization", "Bearer t0k")]);
-            assert!(access.check(&token, &method, path, None).is_ok());
+            assert!(access.check(&token, &method, path).is_ok());
         }
         let sessions = access.sessions().unwrap();
         let cookie = sessions.start();
-        let pair = cookie.to_str().unwrap().split(';').next().unwrap().to_string();
+        let pair = cookie
+            .to_str()
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap()
+            .to_string();
         let signed_in = headers(&[("cookie", &pair)]);
-        assert!(access.check(&signed_in, &Method::PUT, "/api/config", None).is_ok());
-        assert!(access.elevated(&signed_in, "x").is_ok(), "a session is a login");
+        assert!(access
+            .check(&signed_in, &Method::PUT, "/api/config")
+            .is_ok());
+        assert!(
+            access.elevated(&signed_in, "x").is_ok(),
+            "a session is a login"
+        );
         let refused = access
             .elevated(&HeaderMap::new(), "changing worker.backend_url")
             .unwrap_err();
@@ -682,30 +613,10 @@ mod tests {
         assert!(access.elevated(&HeaderMap::new(), "x").is_err());
         let shared = access.clone();
         assert!(shared
-            .check(&HeaderMap::new(), &Method::GET, "/api/status", None)
+            .check(&HeaderMap::new(), &Method::GET, "/api/status")
             .is_err());
         assert_eq!(access.failures(), 5, "clones share one count");
         assert_eq!(open.failures(), 0);
-    }
-
-    #[test]
-    fn query_tokens_are_percent_decoded() {
-        assert_eq!(percent_decode("a%2Bb+c"), "a+b c");
-        assert_eq!(percent_decode("100%"), "100%");
-    }
-
-    #[test]
-    fn only_desktop_origins_are_allowed_cross_origin_and_only_by_the_desktop_apps_node() {
-        let desktop =
-            AdminAccess::new(None, TokenOrigin::Configured, true).with_desktop_origins(true);
-        let tauri = headers(&[("origin", "tauri://localhost")]);
-        assert!(allowed_origin(&desktop, &tauri).is_some());
-        assert!(
-            allowed_origin(&desktop, &headers(&[("origin", "https://evil.example")])).is_none()
-        );
-        assert!(allowed_origin(&desktop, &HeaderMap::new()).is_none());
-        let headless = AdminAccess::new(None, TokenOrigin::Configured, true);
-        assert!(allowed_origin(&headless, &tauri).is_none());
     }
 
     #[test]

@@ -75,9 +75,8 @@ impl Sessions {
     pub fn new(token: &str, port: u16, secure: bool) -> Self {
         // A key of its own for cookies, so a cookie never reveals anything about the token.
         let root = hmac::Key::new(hmac::HMAC_SHA256, token.as_bytes());
-        let derive = |purpose: &[u8]| {
-            hmac::Key::new(hmac::HMAC_SHA256, hmac::sign(&root, purpose).as_ref())
-        };
+        let derive =
+            |purpose: &[u8]| hmac::Key::new(hmac::HMAC_SHA256, hmac::sign(&root, purpose).as_ref());
         Sessions {
             key: derive(b"modelrelay dashboard session key v1"),
             link_key: derive(b"modelrelay dashboard login link key v1"),
@@ -236,8 +235,8 @@ mod tests {
 
     #[test]
     fn a_code_is_good_only_for_the_token_that_signed_it() {
-        let minted_elsewhere = Sessions::new("token-0123456789abcdef", 8080, false)
-            .mint_code(LINK_LIFETIME);
+        let minted_elsewhere =
+            Sessions::new("token-0123456789abcdef", 8080, false).mint_code(LINK_LIFETIME);
         // Another process holding the token (modelrelay dashboard) mints for the node.
         let node = Sessions::new("token-0123456789abcdef", 8080, false);
         assert!(node.redeem(&minted_elsewhere));
@@ -257,14 +256,23 @@ mod tests {
         let sessions = Sessions::new("token-0123456789abcdef", 8080, true);
         let set = sessions.start();
         let text = set.to_str().unwrap();
-        for attribute in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/", "Max-Age=604800"] {
+        for attribute in [
+            "HttpOnly",
+            "SameSite=Strict",
+            "Secure",
+            "Path=/",
+            "Max-Age=604800",
+        ] {
             assert!(text.contains(attribute), "{text}");
         }
         let pair = cookie_pair(&set);
         assert!(pair.starts_with("modelrelay_session_8080="));
         assert!(sessions.signed_in(&with_cookie(&format!("theme=dark; {pair}"))));
         let other_token = Sessions::new("another-token-0123456789", 8080, true);
-        assert!(!other_token.signed_in(&with_cookie(&pair)), "a new token ends sessions");
+        assert!(
+            !other_token.signed_in(&with_cookie(&pair)),
+            "a new token ends sessions"
+        );
         let other_port = Sessions::new("token-0123456789abcdef", 9090, true);
         assert!(!other_port.signed_in(&with_cookie(&pair)));
         assert!(!sessions.signed_in(&HeaderMap::new()));
@@ -283,7 +291,9 @@ mod tests {
         for junk in ["", "x", "%%%", &"A".repeat(4096)] {
             assert!(!sessions.signed_in(&with_cookie(&format!("{name}={junk}"))));
         }
-        assert!(!sessions.signed_in(&with_cookie(&sessions.end().to_str().unwrap().replace("; ", ";"))));
+        assert!(!sessions.signed_in(&with_cookie(
+            &sessions.end().to_str().unwrap().replace("; ", ";")
+        )));
     }
 
     #[test]

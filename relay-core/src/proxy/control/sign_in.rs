@@ -184,8 +184,10 @@ fn page(status: StatusCode, title: &str, message: &str) -> Response {
          border-radius:4px}}a{{color:#0b62d6}}</style></head><body><h1>{title}</h1>\
          <p>{message}</p><p><a href=\"/\">Open the dashboard</a></p></body></html>",
         title = escape(title),
-        message = escape(message)
-            .replace("`modelrelay dashboard`", "<code>modelrelay dashboard</code>"),
+        message = escape(message).replace(
+            "`modelrelay dashboard`",
+            "<code>modelrelay dashboard</code>"
+        ),
     );
     let mut response = (
         status,
