@@ -45,6 +45,10 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use serde_json::Value;
 
+pub mod owner;
+
+pub use owner::Owner;
+
 /// What kind of server answered.
 ///
 /// Reported so users recognise what was found, and so callers can apply
@@ -96,6 +100,19 @@ pub struct DiscoveredBackend {
     /// llama-server still loading its model is worth reporting, and its list
     /// can be fetched later with [`fetch_models`].
     pub models: Vec<String>,
+    /// Who listens on its port ([`owner`]).
+    pub owner: Owner,
+    /// The box's owner confirmed it on the dashboard (`[worker] confirmed_backends`).
+    pub confirmed: bool,
+}
+
+impl DiscoveredBackend {
+    /// Whether a worker may send it requests: a server of the user running the relay, or one
+    /// the owner confirmed. Anything else — another user's server on a well-known port — is
+    /// shown on the dashboard but never sent a prompt.
+    pub fn usable(&self) -> bool {
+        self.owner == Owner::ThisUser || self.confirmed
+    }
 }
 
 /// Where and how patiently to look.
@@ -112,6 +129,9 @@ pub struct DiscoveryOptions {
     pub timeout: Duration,
     /// Ports never to probe, e.g. the relay's own listening port.
     pub exclude_ports: Vec<u16>,
+    /// Base URLs the box's owner confirmed although another user (or nobody known) listens
+    /// there (`[worker] confirmed_backends`).
+    pub confirmed: Vec<String>,
 }
 
 impl Default for DiscoveryOptions {
@@ -121,6 +141,7 @@ impl Default for DiscoveryOptions {
             ports: WELL_KNOWN_PORTS.to_vec(),
             timeout: Duration::from_millis(800),
             exclude_ports: Vec::new(),
+            confirmed: Vec::new(),
         }
     }
 }
@@ -282,10 +303,26 @@ pub async fn discover(opts: &DiscoveryOptions) -> Vec<DiscoveredBackend> {
         }
     });
 
+    let local = matches!(
+        opts.host.trim_matches(|c| c == '[' || c == ']'),
+        "127.0.0.1" | "localhost" | "::1"
+    );
     let mut found: Vec<(u16, DiscoveredBackend)> = join_all(probes)
         .await
         .into_iter()
         .filter_map(|(port, backend)| backend.map(|b| (port, b)))
+        .map(|(port, mut backend)| {
+            backend.owner = if local {
+                owner::owner_of_port(port)
+            } else {
+                Owner::Unknown
+            };
+            backend.confirmed = opts
+                .confirmed
+                .iter()
+                .any(|url| url.trim_end_matches('/') == backend.url);
+            (port, backend)
+        })
         .collect();
     found.sort_by_key(|(port, _)| *port);
     found.into_iter().map(|(_, backend)| backend).collect()
@@ -723,7 +760,14 @@ fn contains_key(value: &Value, key: &str) -> bool {
 
 fn found(kind: BackendKind, url: String, models: Vec<String>) -> DiscoveredBackend {
     tracing::debug!(%url, kind = kind.label(), models = models.len(), "found a backend");
-    DiscoveredBackend { kind, url, models }
+    DiscoveredBackend {
+        kind,
+        url,
+        models,
+        // Settled by `discover`, which knows the port; a lone probe vouches for nobody.
+        owner: Owner::Unknown,
+        confirmed: false,
+    }
 }
 
 /// Rejects a base URL before any request, so the error quotes what the user

@@ -35,6 +35,9 @@ test('setup wizard discovers the mock backend and joins a proxy-only relay', { t
   const backend = page.locator(`[data-testid="backend-row"][data-url*=":${mock.port}"]`);
   await backend.waitFor({ timeout: 20_000 });
   assert.match(await backend.innerText(), /mock-model/);
+  // This user's own server: used, and said to be theirs.
+  assert.equal(await backend.getAttribute('data-usable'), 'true');
+  assert.match(await backend.getByTestId('backend-owner').innerText(), /yours/);
   await page.getByRole('button', { name: 'Refresh' }).click();
   await page.getByRole('button', { name: 'Refresh' }).isEnabled();
   await backend.waitFor({ timeout: 20_000 });

@@ -150,6 +150,9 @@ export const api = {
   join: (body: JoinRequest) => request<SettingsResponse>('POST', '/api/join', body),
   settings: () => request<SettingsResponse>('GET', '/api/settings'),
   saveSettings: (patch: SettingsPatch) => request<SettingsResponse>('PUT', '/api/settings', patch),
+  /** Let the worker use model servers another user runs here (the whole list is saved). */
+  confirmBackends: (urls: string[]) =>
+    request<SettingsResponse>('PUT', '/api/settings', { worker: { confirmed_backends: urls } }),
   saveConfig: (toml: string) => request<SettingsResponse>('PUT', '/api/config', { toml }),
   keys: () => request<{ keys: ApiKey[] }>('GET', '/api/keys'),
   createKey: (body: NewApiKey) => request<CreatedApiKey>('POST', '/api/keys', body),

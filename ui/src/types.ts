@@ -164,6 +164,12 @@ export interface DiscoveredBackend {
   label: string;
   url: string;
   models: string[];
+  /** Who listens on its port: this node's user, another user (uid), or nobody known. */
+  owner: { user: 'this_user' } | { user: 'other_user'; uid: number } | { user: 'unknown' };
+  /** Confirmed by the box's owner (`worker.confirmed_backends`). */
+  confirmed: boolean;
+  /** The worker sends it requests: this user's server, or a confirmed one. */
+  usable: boolean;
 }
 
 export interface DiscoveredProxy {
@@ -222,6 +228,8 @@ export interface WorkerSettings {
   backend_url: string | null;
   models: string[] | null;
   max_concurrency: number;
+  /** Other users' local model servers the owner confirmed for the worker. */
+  confirmed_backends: string[];
 }
 
 export interface SettingsValues {

@@ -287,11 +287,14 @@ fn url(port: u16) -> String {
     format!("http://127.0.0.1:{port}")
 }
 
+/// What `discover` reports for a test server of this process on `port`.
 fn backend(kind: BackendKind, port: u16, models: &[&str]) -> DiscoveredBackend {
     DiscoveredBackend {
         kind,
         url: url(port),
         models: models.iter().map(|m| m.to_string()).collect(),
+        owner: Owner::ThisUser,
+        confirmed: false,
     }
 }
 

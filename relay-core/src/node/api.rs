@@ -434,7 +434,17 @@ async fn discover(State(slot): State<NodeSlot>) -> Answer {
     let (backends, proxies) = node.discover().await;
     let backends: Vec<Value> = backends
         .iter()
-        .map(|b| json!({"kind": b.kind, "label": b.kind.label(), "url": b.url, "models": b.models}))
+        .map(|b| {
+            json!({
+                "kind": b.kind,
+                "label": b.kind.label(),
+                "url": b.url,
+                "models": b.models,
+                "owner": b.owner,
+                "confirmed": b.confirmed,
+                "usable": b.usable(),
+            })
+        })
         .collect();
     Ok(Json(json!({"backends": backends, "proxies": proxies})).into_response())
 }

@@ -25,6 +25,11 @@ impl Node {
             options.ports = ports;
         }
         options.exclude_ports.push(self.inner.addr.port());
+        // The dashboard shows which found servers the owner confirmed (the worker gets the same
+        // list from its settings).
+        if let Ok(file) = super::load(&self.inner.config_path) {
+            options.confirmed = file.worker.confirmed_backends.unwrap_or_default();
+        }
         options
     }
 

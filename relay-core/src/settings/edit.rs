@@ -42,6 +42,7 @@ pub struct WorkerValues {
     backend_url: Option<String>,
     models: Option<Vec<String>>,
     max_concurrency: u32,
+    confirmed_backends: Vec<String>,
 }
 
 impl SettingsValues {
@@ -83,6 +84,7 @@ impl SettingsValues {
                 backend_url: w.backend_url.clone(),
                 models: w.models.clone(),
                 max_concurrency: w.max_concurrency.unwrap_or(defaults::MAX_CONCURRENCY),
+                confirmed_backends: w.confirmed_backends.clone().unwrap_or_default(),
             },
         }
     }
@@ -116,6 +118,7 @@ const FIELDS: &[(&str, &str, Kind)] = &[
     ("worker", "backend_url", Kind::Text),
     ("worker", "models", Kind::TextList),
     ("worker", "max_concurrency", Kind::Count),
+    ("worker", "confirmed_backends", Kind::TextList),
 ];
 
 /// `[proxy]` settings a running node applies at once (model aliases, queue bound and

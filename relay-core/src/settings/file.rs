@@ -242,6 +242,9 @@ pub struct WorkerFile {
     /// Backend routes forwarded besides the inference routes (e.g. `["/api/generate"]`): only
     /// the box's owner adds them, here in the file.
     pub extra_routes: Option<Vec<String>>,
+    /// Model servers found on this machine that another user runs, which the box's owner
+    /// confirmed on the dashboard: discovery uses them like the owner's own.
+    pub confirmed_backends: Option<Vec<String>>,
     /// `PROVIDER_NAME` to join.
     pub provider: Option<String>,
     /// `PROTOCOL_VERSION` announced in `register`.

@@ -116,6 +116,8 @@ pub struct WorkerSettings {
     pub forward_client_auth: bool,
     /// Backend routes forwarded besides the inference routes (`extra_routes`).
     pub extra_routes: Vec<String>,
+    /// Other users' local model servers the owner confirmed (`confirmed_backends`).
+    pub confirmed_backends: Vec<String>,
     /// Sent in `register`; `None` sends none.
     pub protocol_version: Option<String>,
     /// How often the backends' model lists are re-read.
@@ -581,6 +583,7 @@ impl WorkerSettings {
                 .or(w.forward_client_auth)
                 .unwrap_or(false),
             extra_routes: w.extra_routes.clone().unwrap_or_default(),
+            confirmed_backends: w.confirmed_backends.clone().unwrap_or_default(),
             protocol_version: (!protocol_version.is_empty() && protocol_version != "none")
                 .then_some(protocol_version),
             model_refresh_interval: secs(w.model_refresh_secs, defaults::MODEL_REFRESH),

@@ -14,7 +14,9 @@ pub struct Catalog {
     /// manager even when a backend lists the same name (the map is the user's explicit choice).
     managed: Vec<String>,
     routes: Vec<(String, String)>,
-    /// Where requests for models nobody listed go (the first backend).
+    /// Where requests for models nobody listed go: the first backend the owner configured.
+    /// Never a discovered one — "first found" would hand every unknown name to whoever listens
+    /// on the lowest well-known port.
     fallback: Option<String>,
 }
 
@@ -71,18 +73,38 @@ pub async fn load(
         ..Catalog::default()
     };
     let backends: Vec<(String, Option<Vec<String>>)> = match &config.backends {
-        Backends::Fixed(urls) => urls.iter().map(|u| (u.clone(), None)).collect(),
+        Backends::Fixed(urls) => {
+            catalog.fallback = urls.first().cloned();
+            urls.iter().map(|u| (u.clone(), None)).collect()
+        }
         Backends::Discover(options) => discover(options)
             .await
             .into_iter()
+            .filter(|found| {
+                let usable = found.usable();
+                if !usable {
+                    tracing::warn!(
+                        url = %found.url,
+                        owner = ?found.owner,
+                        "a model server found on this machine belongs to another user: not used \
+                         (confirm it on the dashboard's Setup page to use it)"
+                    );
+                }
+                usable
+            })
             .map(|found| (found.url, Some(found.models)))
             .collect(),
     };
-    catalog.fallback = backends.first().map(|(url, _)| url.clone());
     if let Some(models) = &config.models {
-        if let Some(first) = &catalog.fallback.clone() {
-            for model in models {
-                catalog.add(model.clone(), first);
+        // The owner named the models: each goes to the backend listing it, else to the first
+        // (configured or usable) backend.
+        let first = backends.first().map(|(url, _)| url.clone());
+        for model in models {
+            let listing = backends
+                .iter()
+                .find(|(_, listed)| listed.as_ref().is_some_and(|l| l.contains(model)));
+            if let Some(url) = listing.map(|(url, _)| url.clone()).or(first.clone()) {
+                catalog.add(model.clone(), &url);
             }
         }
         return catalog;

@@ -140,7 +140,10 @@ impl WorkerConfig {
     ) -> Self {
         let backends = match (settings.backend_urls, discover) {
             (Some(urls), _) => Backends::Fixed(urls),
-            (None, Some(options)) => Backends::Discover(options),
+            (None, Some(mut options)) => {
+                options.confirmed = settings.confirmed_backends;
+                Backends::Discover(options)
+            }
             (None, None) if settings.lifecycle.is_some() => Backends::Fixed(Vec::new()),
             (None, None) => Backends::Fixed(vec![defaults::BACKEND_URL.to_string()]),
         };

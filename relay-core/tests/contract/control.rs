@@ -2,6 +2,7 @@
 //! token, the desktop webview's CORS, the embedded UI, and the node's settings, roles and setup.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -1149,5 +1150,81 @@ async fn a_node_keeps_its_keys_and_usage_database_in_its_own_data_directory() {
         dir.dir.join(relay_core::paths::DATABASE_FILE).exists(),
         "the SQLite file is in the node's data directory, not the user's"
     );
+    node.shutdown().await;
+}
+
+/// A login entry kept in memory, as the desktop app's would be.
+struct MemoryLoginEntry(std::sync::Mutex<bool>);
+
+impl relay_core::node::start_on_login::LoginEntry for MemoryLoginEntry {
+    fn enabled(&self) -> Result<bool, String> {
+        Ok(*self.0.lock().unwrap())
+    }
+    fn set_enabled(&self, enabled: bool) -> Result<bool, String> {
+        *self.0.lock().unwrap() = enabled;
+        Ok(enabled)
+    }
+}
+
+#[tokio::test]
+async fn the_desktop_apps_start_on_login_is_served_by_its_node_to_the_signed_in_dashboard_only() {
+    // Without an entry (the headless binary), the dashboard hides the switch.
+    let (node, _dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    let url = format!("{}/api/start-on-login", node.url());
+    let (code, body) = get_json(
+        &node.url(),
+        "/api/start-on-login",
+        &[("authorization", &owner_auth(&node))],
+    )
+    .await;
+    assert_eq!(
+        (code.as_u16(), body["available"].as_bool()),
+        (200, Some(false))
+    );
+    let (code, body) = put_json(&url, &json!({"enabled": true})).await;
+    assert_eq!(code, 404, "{body}");
+    node.shutdown().await;
+
+    // The desktop app hands its entry to the node.
+    let entry = Arc::new(MemoryLoginEntry(std::sync::Mutex::new(false)));
+    let dir = TempConfig::new();
+    let node = Node::start(NodeOptions {
+        config_path: Some(dir.path.clone()),
+        overrides: Overrides {
+            listen: Some("127.0.0.1:0".to_string()),
+            worker_secret: Some(SECRET.to_string()),
+            ..Overrides::default()
+        },
+        roles: Some(PROXY_ONLY),
+        data_dir: Some(dir.dir.clone()),
+        start_on_login: Some(relay_core::node::start_on_login::StartOnLogin(
+            entry.clone(),
+        )),
+    })
+    .await
+    .expect("node starts");
+    owners().insert(node.url(), node.admin_token().unwrap());
+    let url = format!("{}/api/start-on-login", node.url());
+    // Another local process cannot switch it.
+    let anonymous = http()
+        .put(&url)
+        .header("content-type", "application/json")
+        .body(r#"{"enabled":true}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+    assert!(!*entry.0.lock().unwrap());
+    let (code, body) = put_json(&url, &json!({"enabled": true})).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body, json!({"available": true, "enabled": true}));
+    assert!(*entry.0.lock().unwrap());
+    let (_, body) = get_json(
+        &node.url(),
+        "/api/start-on-login",
+        &[("authorization", &owner_auth(&node))],
+    )
+    .await;
+    assert_eq!(body["enabled"], true);
     node.shutdown().await;
 }

@@ -7,6 +7,7 @@
 mod binary;
 
 mod control_plane;
+mod discovery;
 mod guessing;
 mod passthrough;
 mod reverse_proxy;

@@ -20,6 +20,7 @@ const base = (): SettingsValues => ({
     backend_url: null,
     models: null,
     max_concurrency: 4,
+    confirmed_backends: [],
   },
 });
 

@@ -2,7 +2,20 @@
 import { useEffect, useState } from 'preact/hooks';
 import { api, errorMessage } from '../../api';
 import { Alert, Card, DataTable, Spinner } from '../../components/common';
-import type {Discovery, Roles} from '../../types';
+import { ConfirmDialog } from '../../components/ConfirmDialog';
+import type { DiscoveredBackend, Discovery, Roles } from '../../types';
+
+/** Who runs a found server, in words. */
+function ownerText(b: DiscoveredBackend): string {
+  switch (b.owner.user) {
+    case 'this_user':
+      return 'yours';
+    case 'other_user':
+      return `another user's (uid ${b.owner.uid})`;
+    default:
+      return 'owner unknown';
+  }
+}
 
 export function BackendsStep({
   roles,
@@ -21,6 +34,27 @@ export function BackendsStep({
 }) {
   const [loading, setLoading] = useState(false);
   const [error, setError] = useState<string | null>(null);
+  // A server another user runs, waiting for the owner's confirmation.
+  const [confirming, setConfirming] = useState<DiscoveredBackend | null>(null);
+  const [confirmBusy, setConfirmBusy] = useState(false);
+  const [confirmError, setConfirmError] = useState<string | null>(null);
+
+  const confirm = async (b: DiscoveredBackend) => {
+    setConfirmBusy(true);
+    setConfirmError(null);
+    try {
+      const settings = await api.settings();
+      const urls = new Set(settings.settings.worker.confirmed_backends ?? []);
+      urls.add(b.url);
+      await api.confirmBackends([...urls]);
+      setConfirming(null);
+      await run();
+    } catch (e) {
+      setConfirmError(errorMessage(e));
+    } finally {
+      setConfirmBusy(false);
+    }
+  };
 
   const run = async () => {
     setLoading(true);
@@ -53,8 +87,8 @@ export function BackendsStep({
         <p class="muted">This node runs no worker, so it serves none of these; they are listed for information.</p>
       ) : (
         <p class="muted">
-          The worker serves every model server found here (llama-server, Ollama, vLLM, LM Studio, llamafile). Start
-          yours, then press Refresh.
+          The worker serves the model servers you run here (llama-server, Ollama, vLLM, LM Studio, llamafile). Start
+          yours, then press Refresh. A server another user runs is listed but not used unless you confirm it.
         </p>
       )}
       {loading && !discovery ? <Spinner label="Looking for model servers and proxies…" /> : null}
@@ -66,9 +100,9 @@ export function BackendsStep({
               No model server found on the usual ports.
             </p>
           ) : (
-            <DataTable label="Discovered model servers" columns={['Server', 'URL', 'Models']}>
+            <DataTable label="Discovered model servers" columns={['Server', 'URL', 'Models', 'Runs as']}>
               {discovery.backends.map((b) => (
-                <tr key={b.url} data-testid="backend-row" data-url={b.url}>
+                <tr key={b.url} data-testid="backend-row" data-url={b.url} data-usable={String(b.usable)}>
                   <td>
                     <strong>{b.label || b.kind}</strong>
                     {b.label && b.kind && b.label !== b.kind ? <span class="muted small"> {b.kind}</span> : null}
@@ -78,6 +112,34 @@ export function BackendsStep({
                   </td>
                   <td class="models-cell">
                     {b.models.length ? b.models.map((m) => <code key={m}>{m}</code>) : <span class="muted">none</span>}
+                  </td>
+                  <td data-testid="backend-owner">
+                    {b.usable ? (
+                      <span>
+                        {ownerText(b)}
+                        {b.confirmed && b.owner.user !== 'this_user' ? <span class="muted small"> · confirmed by you</span> : null}
+                      </span>
+                    ) : (
+                      <span>
+                        <span class="badge badge-warn" title="Its listening socket is not yours: the worker sends it nothing">
+                          not used
+                        </span>{' '}
+                        <span class="muted small">{ownerText(b)}</span>{' '}
+                        {roles.worker ? (
+                          <button
+                            type="button"
+                            class="btn btn-small"
+                            onClick={() => {
+                              setConfirmError(null);
+                              setConfirming(b);
+                            }}
+                            data-testid="backend-confirm"
+                          >
+                            Use it…
+                          </button>
+                        ) : null}
+                      </span>
+                    )}
                   </td>
                 </tr>
               ))}
@@ -111,6 +173,22 @@ export function BackendsStep({
             </ul>
           )}
         </>
+      ) : null}
+      {confirming ? (
+        <ConfirmDialog
+          title="Use a server another user runs?"
+          confirmLabel="Use it"
+          busy={confirmBusy}
+          error={confirmError}
+          onConfirm={() => void confirm(confirming)}
+          onCancel={() => setConfirming(null)}
+          testid="backend-confirm-dialog"
+        >
+          <p>
+            <code>{confirming.url}</code> is {ownerText(confirming)}, not yours. Whoever runs it would read every prompt
+            this worker sends it. Use it only if you know who runs it.
+          </p>
+        </ConfirmDialog>
       ) : null}
       <div class="row-between">
         <button type="button" class="btn" onClick={onBack}>

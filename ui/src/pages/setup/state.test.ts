@@ -16,6 +16,12 @@ describe('the setup wizard state', () => {
     expect(unpinned.join.fingerprint).toBe('');
   });
 
+  it('never carries a secret typed for one proxy over to a proxy picked on the network', () => {
+    const typed = { ...initialWizard, join: { ...initialWizard.join, proxyUrl: 'http://mine:8080', secret: 's3cret' } };
+    const picked = wizard(typed, { type: 'pickProxy', url: 'http://announced:8080', fingerprint: null });
+    expect(picked.join.secret).toBe('');
+  });
+
   it('keeps a worker-only choice pending until the worker joins', () => {
     const chosen = wizard(wizard(initialWizard, { type: 'choose', choice: 'worker' }), {
       type: 'rolesChosen',

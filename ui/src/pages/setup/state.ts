@@ -89,7 +89,13 @@ export function wizard(state: WizardState, action: WizardAction): WizardState {
     case 'edit':
       return { ...state, join: { ...state.join, ...action.fields } };
     case 'pickProxy':
-      return { ...state, join: { ...state.join, proxyUrl: action.url, fingerprint: action.fingerprint ?? '' }, step: 2 };
+      // A proxy announced on the network is anyone's claim: never hand it a secret typed for
+      // another one. The person pastes the secret (or a join code) for this one.
+      return {
+        ...state,
+        join: { ...state.join, proxyUrl: action.url, secret: '', fingerprint: action.fingerprint ?? '' },
+        step: 2,
+      };
     case 'discovered':
       return { ...state, discovery: action.discovery };
     case 'joined':
