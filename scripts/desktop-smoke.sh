@@ -107,6 +107,14 @@ if [ "${1:-}" = "--inside-xvfb" ]; then
   "$magick_bin/import" -window root "$artifacts/desktop-window.png"
   sd="$("$magick_bin/convert" "$artifacts/desktop-window.png" -format '%[fx:standard_deviation]' info:)"
   echo "smoke: window rendered (window std dev $(cat "$tmp/window.sd"), screen $sd)"
+  # The window opened signed in: the app hands its web view a one-time login link (never the
+  # admin token to the page's scripts), and the node logs its use.
+  if ! wait_for 20 grep -q 'dashboard signed in with a one-time link' "$tmp/app.log"; then
+    echo "smoke: FAIL the dashboard window did not sign in with its login link" >&2
+    tail -20 "$tmp/app.log" >&2
+    exit 1
+  fi
+  echo "smoke: the window signed in with its one-time link"
 
   # The tray. trayer sits bottom-right; a click on the icon opens the menu, and GTK menus take
   # the keyboard: Down Down = "Join as worker" (the status line is disabled), Up = "Quit".

@@ -203,7 +203,7 @@ mod tests {
             .url
             .strip_prefix("http://127.0.0.1:18081/login?code=")
             .unwrap_or_else(|| panic!("{}", link.url));
-        assert!(Sessions::new(&token, 8080, false).redeem(code) == false);
+        assert!(!Sessions::new(&token, 8080, false).redeem(code));
         assert!(Sessions::new(&token, 18081, false).redeem(code));
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -499,7 +499,8 @@ async fn dispatch(
     let tracked = state
         .hub
         .telemetry()
-        .begin(accepted.request, &model_name, is_streaming, key);
+        .begin(accepted.request, &model_name, is_streaming, key)
+        .name_claimed(state.hub.serves(&model_name));
     Waiter::new(
         guard,
         AnswerSource::Hub {

@@ -262,6 +262,7 @@ impl Telemetry {
             input_tokens: 0,
             delivered: false,
             worker: None,
+            claimed: true,
         }
     }
 
@@ -463,6 +464,10 @@ pub struct TrackedRequest {
     delivered: bool,
     /// The worker that answered.
     worker: Option<Arc<str>>,
+    /// Some worker or provider claimed the model's name when the request arrived. A request
+    /// for a name nobody claims that nobody then served counts under `other` in `/metrics`
+    /// and usage: a client inventing names must not create a label or a usage row per name.
+    claimed: bool,
 }
 
 /// The status a request counts under when its client went away before the answer started:
@@ -487,6 +492,20 @@ impl TrackedRequest {
                 .tokens
                 .fetch_add(events, Ordering::Relaxed);
         }
+    }
+
+    /// Whether a worker or provider claimed the model's name on arrival (see the field).
+    pub fn name_claimed(mut self, claimed: bool) -> Self {
+        self.claimed = claimed;
+        self
+    }
+
+    /// The model name to count this request under: its own when it was claimed or served,
+    /// else none (it counts as `other`).
+    fn counted_model(&self) -> Option<&str> {
+        let served =
+            self.worker.is_some() || self.record.upstream.is_some() || self.record.ttft().is_some();
+        (self.claimed || served).then_some(self.record.model.as_str())
     }
 
     /// The answer is complete, with the backend's status and usage.
@@ -548,7 +567,10 @@ impl TrackedRequest {
         UsageRecord {
             at: unix_ms() as i64,
             key: record.key.clone(),
-            model: record.model.clone(),
+            model: self
+                .counted_model()
+                .unwrap_or(crate::store::usage::OTHER_MODEL)
+                .to_string(),
             worker: match (&self.worker, &record.upstream) {
                 (Some(worker), _) => worker.to_string(),
                 (None, Some(upstream)) => upstream.clone(),
@@ -589,7 +611,7 @@ impl Drop for TrackedRequest {
         let record = &self.record;
         let ttft = record.ttft().filter(|_| record.streaming);
         let outcome = Outcome {
-            model: Some(&record.model),
+            model: self.counted_model(),
             key: &record.key,
             status: self.status(),
             tokens: Tokens {

@@ -628,3 +628,57 @@ async fn a_worker_that_never_reports_after_done_gets_its_cancel_after_the_wait()
     );
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn names_nobody_serves_count_as_other_in_metrics_and_usage() {
+    // A client inventing names (nobody serves them; they wait in the queue, then time out)
+    // makes no label and no usage row of its own per name.
+    let proxy = start_proxy(config_with_queue_timeout(std::time::Duration::from_millis(
+        200,
+    )))
+    .await;
+    let base = proxy.url();
+    for n in 0..3 {
+        let (status, _, text) = post(
+            &base,
+            "/v1/chat/completions",
+            &json!({"model": format!("invented-{n}"), "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+        assert_eq!(status, 504, "{text}");
+    }
+    let samples = samples(&base).await;
+    assert!(
+        samples.iter().all(|s| !s
+            .labels
+            .get("model")
+            .is_some_and(|m| m.starts_with("invented"))),
+        "an invented name became a label"
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "modelrelay_requests_total",
+            &[("model", OTHER), ("key", "anonymous"), ("status", "504")]
+        ),
+        Some(3.0)
+    );
+    // Usage is written in batches: wait for the three rows to land.
+    let mut rows = Value::Null;
+    for _ in 0..100 {
+        let (_, usage) = get_json(&base, "/api/usage?group_by=model", &[]).await;
+        if usage["totals"]["requests"] == 3 {
+            rows = usage["rows"].clone();
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let groups: Vec<&str> = rows
+        .as_array()
+        .unwrap_or_else(|| panic!("usage never counted 3: {rows}"))
+        .iter()
+        .map(|r| r["group"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(groups, ["other"], "{rows}");
+    proxy.shutdown().await;
+}

@@ -92,6 +92,7 @@ async fn follow_link(State(state): State<AppState>, request: Request) -> Respons
              admin token.",
         );
     }
+    tracing::info!(peer = ?peer, "dashboard signed in with a one-time link");
     let mut response = (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
     let headers = response.headers_mut();
     headers.insert(header::SET_COOKIE, sessions.start());
