@@ -372,6 +372,19 @@ async fn workers_that_send_garbage() {
     }
 }
 
+/// The most a TCP receive buffer and a send buffer may grow to here (tcp_rmem's and
+/// tcp_wmem's maxima), or Linux's defaults when they cannot be read.
+fn socket_buffer_bytes() -> usize {
+    let max = |path: &str, default: usize| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.split_whitespace().nth(2)?.parse().ok())
+            .unwrap_or(default)
+    };
+    max("/proc/sys/net/ipv4/tcp_rmem", 6 * 1024 * 1024)
+        + max("/proc/sys/net/ipv4/tcp_wmem", 4 * 1024 * 1024)
+}
+
 /// Clients that read one byte a second while their streams run: their streams are held back at
 /// the worker (the proxy keeps a few hundred KiB of each, not the whole answer), the other
 /// clients of the same worker are served meanwhile, and when the slow ones read again they get
@@ -379,8 +392,14 @@ async fn workers_that_send_garbage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_clients_reading_a_byte_a_second() {
     const SLOW_PHASE: Duration = Duration::from_secs(6);
-    const CHUNKS: usize = 400;
     const CHUNK_BYTES: usize = 32 * 1024;
+    // More than the kernel's socket buffers on both sides of the worker can hold, or the
+    // backend writes everything into them however well the worker holds back: Linux grows a
+    // receive buffer up to tcp_rmem's maximum (32 MiB on some machines; a busy machine reaches
+    // it more often), so a fixed 12.5 MiB passed here and failed there.
+    let chunks = (socket_buffer_bytes() + 8 * 1024 * 1024)
+        .div_ceil(CHUNK_BYTES)
+        .max(400);
     let backend = MockBackend::start(&["m"]).await;
     let data = TempDir::new("faults-slow-clients");
     let (proxy, url) = start_proxy(&data, unused_port(), &[ROOMY_QUEUE]);
@@ -398,11 +417,11 @@ async fn slow_clients_reading_a_byte_a_second() {
         .parse()
         .expect("the proxy's address");
     let before = rss_kb(proxy.child.id());
-    // Half the worker's slots go to clients that read a byte a second: each asks for 12.5 MiB,
-    // more than the kernel's socket buffers on both sides of the worker hold.
+    // Half the worker's slots go to clients that read a byte a second: each asks for more than
+    // the kernel's socket buffers on both sides of the worker hold.
     let slow_count = 2 * scale();
     let big = json!({"model": "m", "stream": true, "messages": [],
-        "mock": {"chunks": CHUNKS, "chunk_bytes": CHUNK_BYTES}});
+        "mock": {"chunks": chunks, "chunk_bytes": CHUNK_BYTES}});
     let slow: Vec<_> = (0..slow_count)
         .map(|_| {
             let big = big.clone();
@@ -447,7 +466,7 @@ async fn slow_clients_reading_a_byte_a_second() {
     let streamed = backend.streamed_events();
     // Every event of the others, and every event of the slow streams were they not held back.
     let others_events = 8 * scale() / 2 * (20 + 2);
-    let all_events = slow_count * (CHUNKS + 2) + others_events;
+    let all_events = slow_count * (chunks + 2) + others_events;
     // Then the slow clients read at full speed and get everything.
     for task in slow {
         outcomes.push(match task.await.expect("the slow client's task") {
@@ -464,7 +483,7 @@ async fn slow_clients_reading_a_byte_a_second() {
         "faults slow_clients_reading_a_byte_a_second: {slow_count} slow streams of {:.1} MiB \
          read a byte a second for {} s, the others answered in {:.1} s, proxy RSS {:+.1} MB \
          meanwhile, backend events written by then {streamed} of {}",
-        (CHUNKS * CHUNK_BYTES) as f64 / 1048576.0,
+        (chunks * CHUNK_BYTES) as f64 / 1048576.0,
         SLOW_PHASE.as_secs(),
         others.as_secs_f64(),
         held as f64 / 1024.0,
@@ -479,7 +498,7 @@ async fn slow_clients_reading_a_byte_a_second() {
         streamed < all_events,
         "the backend was held back: it wrote {streamed} of {all_events} events"
     );
-    // Held back at the worker, each slow stream costs the proxy well under its 12.5 MiB.
+    // Held back at the worker, each slow stream costs the proxy well under its whole size.
     let bound_kb = (slow_count * 1024 + 6 * 1024) as i64;
     assert!(
         held < bound_kb,
