@@ -25,6 +25,8 @@ export interface NodeInfo {
   /** Some relays report whether inference needs a client API key here rather than at the top. */
   require_api_keys?: boolean;
   uptime_secs: number;
+  /** Where Claude Code's requests go now (null: they would wait for a worker). */
+  claude_code?: { model: string | null; small_model: string | null };
 }
 
 export type WorkerState = 'idle' | 'busy' | 'draining';

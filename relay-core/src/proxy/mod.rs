@@ -7,6 +7,7 @@ pub mod admin;
 pub mod affinity_key;
 pub mod aliases;
 pub mod auth;
+pub mod claude_code;
 pub mod client_keys;
 pub mod completed_event;
 pub mod control;

@@ -891,7 +891,8 @@ async fn without_aliases_a_model_no_worker_serves_waits_for_one_and_times_out_na
         300,
     )))
     .await;
-    let body = json!({"model": "claude-opus-5-5", "max_tokens": 8, "messages": []});
+    // (A Claude name would go to the model chosen for Claude Code: see claude_code.rs.)
+    let body = json!({"model": "gpt-4o", "max_tokens": 8, "messages": []});
     let (status, text) = setup.post("/v1/messages", &body, &[]).await;
     assert_eq!(status, 504, "{text}");
     let error = parse(&text);
@@ -900,7 +901,7 @@ async fn without_aliases_a_model_no_worker_serves_waits_for_one_and_times_out_na
         error["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("claude-opus-5-5"),
+            .contains("gpt-4o"),
         "{text}"
     );
     assert!(

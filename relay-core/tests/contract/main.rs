@@ -13,6 +13,7 @@ mod affinity;
 mod anthropic_upstream;
 mod backend_connections;
 mod bad_input;
+mod claude_code;
 mod client_keys;
 mod control;
 mod dispatch;

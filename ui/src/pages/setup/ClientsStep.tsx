@@ -1,5 +1,6 @@
 // Step 4: ready-made client settings for the relay URL.
 import { useMemo, useState } from 'preact/hooks';
+import { ClaudeCodeModels } from '../../components/ClaudeCodeModels';
 import { Card, CopyButton } from '../../components/common';
 import { SnippetList } from '../../components/SnippetList';
 import { buildSnippets, normalizeBaseUrl } from '../../lib/snippets';
@@ -47,6 +48,7 @@ export function ClientsStep({
       ) : (
         <p class="muted small">No model is served yet: replace MODEL with one once a worker is connected.</p>
       )}
+      {live.status?.node.roles.proxy ? <ClaudeCodeModels /> : null}
       <SnippetList snippets={snippets} />
       <div class="row-between">
         <button type="button" class="btn" onClick={onBack}>

@@ -1,0 +1,171 @@
+//! Claude Code with nothing but the URL (issue "Nothing but the URL"): its requests for Claude
+//! names nobody serves go to a model the relay chooses — the largest for the conversation, the
+//! smallest for `claude-haiku-*` side requests — at once, never after a queue timeout; an
+//! alias, `default_model` or a served Claude name wins; other names keep the seeds' queueing.
+
+use std::time::{Duration, Instant};
+
+use relay_core::proxy::aliases::ModelAliases;
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+const BIG: &str = "qwen2.5-coder-7b";
+const SMALL: &str = "llama3.2:1b";
+
+/// Claude Code's headers (see `shared/research/clients.md`).
+const CLAUDE_CODE_HEADERS: &[(&str, &str)] = &[
+    ("anthropic-version", "2023-06-01"),
+    ("anthropic-beta", "claude-code-20250219"),
+    ("x-api-key", "sk-ant-client"),
+    ("x-app", "cli"),
+];
+
+fn ask(model: &str) -> Value {
+    json!({"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// A proxy with `config`, and a worker serving `models` from a chat-only backend.
+async fn fleet(
+    config: relay_core::proxy::ProxyConfig,
+    models: &[&str],
+) -> (
+    relay_core::proxy::RunningProxy,
+    ChatOnlyBackend,
+    RunningWorker,
+) {
+    let proxy = start_proxy(config).await;
+    let backend = ChatOnlyBackend::start(models).await;
+    let worker = RunningWorker::start(&proxy, &backend.url(), None, 4);
+    let want = models.len();
+    wait_until("the worker registers its models", || {
+        proxy.hub.models().len() == want
+    })
+    .await;
+    (proxy, backend, worker)
+}
+
+#[tokio::test]
+async fn claude_code_with_nothing_but_the_url_gets_the_largest_model_and_haiku_the_smallest() {
+    let (proxy, backend, worker) = fleet(test_config(), &[BIG, SMALL]).await;
+    for (claude, served) in [
+        ("claude-opus-5-5", BIG),
+        ("claude-sonnet-4-5-20250929", BIG),
+        ("claude-haiku-4-5-20251001", SMALL),
+    ] {
+        let started = Instant::now();
+        let (status, _, text) = post_raw(
+            &proxy.url(),
+            "/v1/messages?beta=true",
+            ask(claude).to_string(),
+            CLAUDE_CODE_HEADERS,
+        )
+        .await;
+        assert_eq!(status, 200, "{claude}: {text}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{claude} waited {:?}",
+            started.elapsed()
+        );
+        let seen = backend.chat_bodies();
+        assert_eq!(seen.last().unwrap()["model"], served, "{claude}");
+    }
+    // The dashboard says where Claude Code's requests go.
+    let (_, status) = get_json(&proxy.url(), "/api/status", &[]).await;
+    assert_eq!(
+        status["node"]["claude_code"],
+        json!({"model": BIG, "small_model": SMALL}),
+        "{status}"
+    );
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_alias_a_default_model_or_a_served_claude_name_wins_over_the_choice() {
+    let mut config = test_config();
+    config.aliases = ModelAliases::new([("claude-haiku-*".to_string(), BIG.to_string())], None);
+    let (proxy, backend, worker) = fleet(config, &[BIG, SMALL, "claude-opus-5-5"]).await;
+    for (claude, served) in [
+        // The user's pick (the dashboard saves it as an alias).
+        ("claude-haiku-4-5", BIG),
+        // A worker serving the Claude name itself.
+        ("claude-opus-5-5", "claude-opus-5-5"),
+        // Nobody serves it, no alias names it: the choice (the largest model).
+        ("claude-sonnet-4-5", BIG),
+    ] {
+        let (status, _, text) = post_raw(
+            &proxy.url(),
+            "/v1/messages",
+            ask(claude).to_string(),
+            CLAUDE_CODE_HEADERS,
+        )
+        .await;
+        assert_eq!(status, 200, "{claude}: {text}");
+        assert_eq!(
+            backend.chat_bodies().last().unwrap()["model"],
+            served,
+            "{claude}"
+        );
+    }
+    worker.stop().await;
+    proxy.shutdown().await;
+
+    let mut config = test_config();
+    config.aliases = ModelAliases::new([], Some(SMALL.to_string()));
+    let (proxy, backend, worker) = fleet(config, &[BIG, SMALL]).await;
+    let (status, _, text) = post_raw(
+        &proxy.url(),
+        "/v1/messages",
+        ask("claude-opus-5-5").to_string(),
+        CLAUDE_CODE_HEADERS,
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        backend.chat_bodies()[0]["model"],
+        SMALL,
+        "default_model wins"
+    );
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn other_names_nobody_serves_still_queue_for_a_worker_to_bring_them() {
+    let (proxy, backend, worker) = fleet(
+        config_with_queue_timeout(Duration::from_millis(300)),
+        &[BIG],
+    )
+    .await;
+    let (status, _, text) = post(
+        &proxy.url(),
+        "/v1/chat/completions",
+        &json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(status, 504, "{text}");
+    assert!(text.contains("gpt-4o-mini"), "{text}");
+    assert!(backend.chat_bodies().is_empty());
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_no_chat_model_served_a_claude_request_queues_as_before() {
+    let proxy = start_proxy(config_with_queue_timeout(Duration::from_millis(300))).await;
+    let (status, _, text) = post_raw(
+        &proxy.url(),
+        "/v1/messages",
+        ask("claude-opus-5-5").to_string(),
+        CLAUDE_CODE_HEADERS,
+    )
+    .await;
+    assert_eq!(status, 504, "{text}");
+    let (_, status) = get_json(&proxy.url(), "/api/status", &[]).await;
+    assert_eq!(
+        status["node"]["claude_code"],
+        json!({"model": null, "small_model": null})
+    );
+    proxy.shutdown().await;
+}
