@@ -299,7 +299,7 @@ pub struct ProxyArgs {
     #[arg(long, env = "PROVIDER_NAME", global = true, value_name = "NAME")]
     pub provider: Option<String>,
 
-    /// Queued requests per provider before new ones get 429 [default: 100].
+    /// Queued requests per provider before new ones get 429; 0 for no limit [default: 100].
     #[arg(long, env = "MAX_QUEUE_LEN", global = true, value_name = "N")]
     pub max_queue_len: Option<usize>,
 

@@ -29,12 +29,16 @@ use crate::store::{KeyError, KeyView, NewKey};
 /// Days a usage query covers when it names no start.
 const DEFAULT_USAGE_DAYS: i64 = 30;
 
-/// `/admin/*`, behind the published admin rule.
+/// `/admin/*`, behind the published admin rule. Every field the published ModelRelay returns
+/// is there with its name and type (scripts written for it work unchanged); ours stay beside.
 pub fn admin_routes(state: AppState) -> Router<AppState> {
     Router::new()
         .route("/admin/workers", get(workers))
         .route("/admin/stats", get(stats))
-        .route("/admin/keys", get(list_keys).post(create_key))
+        .route(
+            "/admin/keys",
+            get(published_list_keys).post(published_create_key),
+        )
         .route("/admin/keys/{id}", delete(revoke_key))
         .route("/admin/usage", get(usage))
         .route_layer(from_fn_with_state(state, admin_guard))
@@ -127,24 +131,51 @@ fn api_error(error: ApiError) -> Response {
     error.into_response(Dialect::OpenAi)
 }
 
-/// `GET /admin/workers`: every connected worker, as the dashboard lists them.
+/// `GET /admin/workers`: every connected worker, as the dashboard lists them, with the
+/// published fields (`worker_id`, `worker_name`, `reported_load`, `in_flight_count`,
+/// `is_draining`) beside ours.
 async fn workers(State(state): State<AppState>) -> Response {
     let status = serde_json::to_value(status::snapshot(&state)).unwrap_or_default();
-    Json(json!({"workers": status["workers"]})).into_response()
+    let snapshots = state.hub.workers();
+    let workers: Vec<Value> = status["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|view| {
+            let mut entry = view.clone();
+            if let Some(worker) = snapshots.iter().find(|w| view["id"] == w.id.as_str()) {
+                entry["worker_id"] = json!(worker.id);
+                entry["worker_name"] = json!(worker.name);
+                // What the worker itself reports running: the proxy's requests and any other.
+                entry["reported_load"] = json!(worker.in_flight + worker.external_load);
+                entry["in_flight_count"] = json!(worker.in_flight);
+                entry["is_draining"] = json!(worker.draining);
+            }
+            entry
+        })
+        .collect();
+    Json(json!({"workers": workers})).into_response()
 }
 
 /// `GET /admin/stats`: totals since start, queues and what runs now.
 async fn stats(State(state): State<AppState>) -> Response {
     let status = serde_json::to_value(status::snapshot(&state)).unwrap_or_default();
-    let depth: u64 = status["queues"]
-        .as_array()
-        .map(|queues| queues.iter().filter_map(|q| q["depth"].as_u64()).sum())
-        .unwrap_or(0);
+    let depths: serde_json::Map<String, Value> = state
+        .hub
+        .queue_depths()
+        .into_iter()
+        .map(|(provider, depth)| (provider, json!(depth)))
+        .collect();
+    let depth: u64 = depths.values().filter_map(Value::as_u64).sum();
+    let workers = status["workers"].as_array().map_or(0, Vec::len);
     let telemetry = state.hub.telemetry();
     Json(json!({
         "uptime_secs": status["node"]["uptime_secs"],
-        "workers_connected": status["workers"].as_array().map_or(0, Vec::len),
-        "queue_depth": depth,
+        // The published names: connected workers, and the depth per provider.
+        "active_workers": workers,
+        "queue_depth": depths,
+        "workers_connected": workers,
+        "queue_depth_total": depth,
         "queues": status["queues"],
         "in_flight": status["in_flight"].as_array().map_or(0, Vec::len),
         "totals": status["totals"],
@@ -164,26 +195,66 @@ async fn list_keys(State(state): State<AppState>) -> Response {
     Json(json!({"keys": keys})).into_response()
 }
 
-async fn create_key(State(state): State<AppState>, body: axum::body::Bytes) -> Response {
-    let new: NewKey = match serde_json::from_slice(&body) {
-        Ok(new) => new,
-        Err(error) => {
-            return api_error(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                format!(
-                    "expected {{\"name\": \"…\", \"models\"?: [\"…\"], \"max_concurrent\"?: n, \
-                     \"requests_per_minute\"?: n, \"priority\"?: \"interactive\" | \"batch\", \
-                     \"weight\"?: 1-16}}: \
-                     {error}"
-                ),
-            ))
-        }
+/// A key as the published `/admin/keys` shows it: times in epoch seconds, `revoked`, and the
+/// secret as `secret` (once, on creation); our fields stay beside (`key` for the secret).
+fn published_key(view: &KeyView) -> Value {
+    let seconds = |time: &Option<String>| {
+        time.as_deref()
+            .and_then(crate::store::dates::parse_time)
+            .map(|ms| ms / 1000)
     };
-    match state.keys.create(new).await {
-        Ok(view) => (StatusCode::CREATED, Json(view)).into_response(),
-        Err(error) => api_error(key_error(error)),
+    let mut key = serde_json::to_value(view).unwrap_or_default();
+    key["created_at"] = json!(seconds(&Some(view.created_at.clone())));
+    key["last_used_at"] = json!(seconds(&view.last_used_at));
+    key["revoked_at"] = json!(seconds(&view.revoked_at));
+    key["revoked"] = json!(view.revoked_at.is_some());
+    if let Some(secret) = &view.key {
+        key["secret"] = json!(secret);
     }
+    key
+}
+
+/// `GET /admin/keys` in the published shape.
+async fn published_list_keys(State(state): State<AppState>) -> Response {
+    let keys: Vec<Value> = state
+        .keys
+        .list()
+        .iter()
+        .map(|k| published_key(&KeyView::from(&**k)))
+        .collect();
+    Json(json!({"keys": keys})).into_response()
+}
+
+/// `POST /admin/keys` in the published shape.
+async fn published_create_key(State(state): State<AppState>, body: axum::body::Bytes) -> Response {
+    match new_key(&state, &body).await {
+        Ok(view) => (StatusCode::CREATED, Json(published_key(&view))).into_response(),
+        Err(refusal) => api_error(refusal),
+    }
+}
+
+async fn create_key(State(state): State<AppState>, body: axum::body::Bytes) -> Response {
+    match new_key(&state, &body).await {
+        Ok(view) => (StatusCode::CREATED, Json(view)).into_response(),
+        Err(refusal) => api_error(refusal),
+    }
+}
+
+/// Makes the key `body` asks for.
+async fn new_key(state: &AppState, body: &[u8]) -> Result<KeyView, ApiError> {
+    let new: NewKey = serde_json::from_slice(body).map_err(|error| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!(
+                "expected {{\"name\": \"…\", \"models\"?: [\"…\"], \"max_concurrent\"?: n, \
+                 \"requests_per_minute\"?: n, \"priority\"?: \"interactive\" | \"batch\", \
+                 \"weight\"?: 1-16}}: \
+                 {error}"
+            ),
+        )
+    })?;
+    state.keys.create(new).await.map_err(key_error)
 }
 
 async fn revoke_key(State(state): State<AppState>, Path(id): Path<String>) -> Response {

@@ -446,17 +446,23 @@ impl Hub {
         let expired = inner.scheduler.expire_queued(request, Instant::now())?;
         inner.pending.remove(&request);
         inner.release_idle_capacity();
-        let sleepers = if expired.served {
-            Vec::new()
+        let (sleepers, served) = if expired.served {
+            (Vec::new(), Vec::new())
         } else {
-            inner.sleepers.gave_up(&expired.model)
+            let served = inner
+                .scheduler
+                .models()
+                .into_iter()
+                .map(|(m, _)| m)
+                .collect();
+            (inner.sleepers.gave_up(&expired.model), served)
         };
         drop(inner);
         if !sleepers.is_empty() {
             self.telemetry.touch();
         }
         tracing::warn!(request = %request_wire_id(request), model = %expired.model, served = expired.served, asleep = ?sleepers, "queue timeout");
-        Some(queue_timeout_error(&expired, &sleepers))
+        Some(queue_timeout_error(&expired, &sleepers, &served))
     }
 
     /// Whether workers may join `provider` right now.
@@ -975,8 +981,8 @@ pub fn fail_error(reason: FailReason) -> ApiError {
 
 /// The 504 for a request that waited its whole queue timeout: for which model, and whether
 /// its workers were all busy or none is connected (the runbook's "requests queue but never
-/// complete").
-fn queue_timeout_error(expired: &Expired, sleepers: &[String]) -> ApiError {
+/// complete"); for a name nobody serves, what is served (`served`) and how to map the name.
+fn queue_timeout_error(expired: &Expired, sleepers: &[String], served: &[String]) -> ApiError {
     let model = &expired.model;
     let why = if !sleepers.is_empty() {
         let names = sleepers
@@ -992,10 +998,28 @@ fn queue_timeout_error(expired: &Expired, sleepers: &[String]) -> ApiError {
         )
     } else if expired.served {
         format!("every worker serving model {model} stayed busy for the queue timeout")
-    } else {
+    } else if served.is_empty() {
         format!(
             "no connected worker serves model {model}; it waited the queue timeout for one to \
-             register or announce it (check the name and the workers' logs)"
+             register or announce it (no worker is connected: check the workers' logs)"
+        )
+    } else {
+        const SHOWN: usize = 10;
+        let mut names = served
+            .iter()
+            .take(SHOWN)
+            .map(|n| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if served.len() > SHOWN {
+            names.push_str(&format!(" and {} more", served.len() - SHOWN));
+        }
+        format!(
+            "no connected worker serves model {model}; it waited the queue timeout for one to \
+             announce it. Served now: {names}. To send {model:?} to one of them, add an alias \
+             ([proxy.aliases] {model:?} = {:?} in the config file, or on the dashboard's \
+             Settings page) or set default_model",
+            served[0]
         )
     };
     ApiError::new(

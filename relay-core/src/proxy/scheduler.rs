@@ -604,7 +604,9 @@ impl Scheduler {
             .unwrap_or_else(|| Arc::from(model));
         let picked = self.pick_worker(provider, &model, placement.affinity, now);
         let p = &self.providers[provider];
-        if picked.is_none() && p.queue.len() >= p.limits.max_queue_len {
+        // 0 is no limit, as the published relay reads it (its runbook uses it).
+        let full = p.limits.max_queue_len != 0 && p.queue.len() >= p.limits.max_queue_len;
+        if picked.is_none() && full {
             // Rough hint: a queue drains at least once per queue timeout.
             let retry_after = p
                 .limits

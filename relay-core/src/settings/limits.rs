@@ -14,7 +14,8 @@ use super::file::UpstreamKind;
 /// Per-provider limits.
 #[derive(Debug, Clone)]
 pub struct ProviderLimits {
-    /// Queued requests beyond this are refused with 429.
+    /// Queued requests beyond this are refused with 429; 0 is no limit (the published relay's
+    /// reading, which its runbook uses).
     pub max_queue_len: usize,
     /// How long a request may wait in the queue.
     pub queue_timeout: Duration,

@@ -145,7 +145,24 @@ async fn other_names_nobody_serves_still_queue_for_a_worker_to_bring_them() {
     )
     .await;
     assert_eq!(status, 504, "{text}");
-    assert!(text.contains("gpt-4o-mini"), "{text}");
+    // The wait is readable: what is served, and how to map the name.
+    let error: Value = serde_json::from_str(&text).unwrap();
+    let message = error["error"]["message"].as_str().unwrap();
+    for part in ["gpt-4o-mini", BIG, "alias", "default_model"] {
+        assert!(message.contains(part), "{part}: {message}");
+    }
+    // In the client's dialect.
+    let (status, _, text) = post_raw(
+        &proxy.url(),
+        "/v1/messages",
+        ask("gpt-4o-mini").to_string(),
+        CLAUDE_CODE_HEADERS,
+    )
+    .await;
+    assert_eq!(status, 504, "{text}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(error["type"], "error", "{text}");
+    assert!(error["error"]["message"].as_str().unwrap().contains(BIG));
     assert!(backend.chat_bodies().is_empty());
     worker.stop().await;
     proxy.shutdown().await;

@@ -134,8 +134,69 @@ async fn every_admin_route_answers_403_without_a_configured_token_or_with_a_wron
     assert!(workers["workers"].is_array());
     let (status, stats) = admin(&proxy, "GET", "/admin/stats", None).await;
     assert_eq!(status, 200);
-    assert_eq!(stats["queue_depth"], 0);
+    assert_eq!(stats["queue_depth"], json!({"local": 0}));
+    assert_eq!(stats["queue_depth_total"], 0);
     unconfigured.shutdown().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_admin_api_answers_in_the_published_relays_shapes() {
+    // Scripts written for the published ModelRelay's /admin API read these names and types.
+    let (proxy, _backend, worker) = relay(with_admin(test_config())).await;
+    let (_, workers) = admin(&proxy, "GET", "/admin/workers", None).await;
+    let entry = &workers["workers"][0];
+    for (field, is_right_type) in [
+        ("worker_id", entry["worker_id"].is_string()),
+        ("provider", entry["provider"].is_string()),
+        ("worker_name", entry["worker_name"].is_string()),
+        ("models", entry["models"].is_array()),
+        ("max_concurrent", entry["max_concurrent"].is_u64()),
+        ("reported_load", entry["reported_load"].is_u64()),
+        ("in_flight_count", entry["in_flight_count"].is_u64()),
+        ("is_draining", entry["is_draining"].is_boolean()),
+    ] {
+        assert!(is_right_type, "{field}: {entry}");
+    }
+    assert_eq!(entry["is_draining"], false);
+    let (_, stats) = admin(&proxy, "GET", "/admin/stats", None).await;
+    assert_eq!(stats["active_workers"], 1, "{stats}");
+    assert!(
+        stats["queue_depth"].is_object(),
+        "a map, provider → depth: {stats}"
+    );
+    assert_eq!(stats["queue_depth"]["local"], 0);
+
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (status, made) = admin(
+        &proxy,
+        "POST",
+        "/admin/keys",
+        Some(json!({"name": "script"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    let secret = made["secret"].as_str().expect("the secret, as `secret`");
+    assert!(secret.starts_with("mr-"));
+    assert!(made["id"].is_string() && made["prefix"].is_string());
+    let created = made["created_at"].as_u64().expect("epoch seconds");
+    assert!(created >= before && created < before + 60, "{made}");
+    assert_eq!(made["last_used_at"], Value::Null);
+    assert_eq!(made["revoked"], false);
+    let (_, list) = admin(&proxy, "GET", "/admin/keys", None).await;
+    let listed = &list["keys"][0];
+    assert_eq!(listed["id"], made["id"]);
+    assert_eq!(listed["created_at"], created);
+    assert_eq!(listed["revoked"], false);
+    assert!(listed.get("secret").is_none() && listed.get("key").is_none());
+    // The dashboard's own routes keep dates as text.
+    let bearer = format!("Bearer {ADMIN}");
+    let (_, dashboard) = get_json(&proxy.url(), "/api/keys", &[("authorization", &bearer)]).await;
+    assert!(dashboard["keys"][0]["created_at"].is_string());
+    worker.stop().await;
     proxy.shutdown().await;
 }
 
@@ -181,7 +242,8 @@ async fn a_key_s_secret_is_shown_once_and_the_list_has_metadata_only() {
     let (status, revoked) = admin(&proxy, "DELETE", &format!("/admin/keys/{id}"), None).await;
     assert_eq!((status, revoked["revoked"].as_bool()), (200, Some(true)));
     let (_, list) = admin(&proxy, "GET", "/admin/keys", None).await;
-    assert!(list["keys"][0]["revoked_at"].is_string());
+    assert!(list["keys"][0]["revoked_at"].is_u64(), "{list}");
+    assert_eq!(list["keys"][0]["revoked"], true);
     let (status, missing) = admin(&proxy, "DELETE", "/admin/keys/key_nope", None).await;
     assert_eq!(status, 404, "{missing}");
     for bad in [
@@ -460,7 +522,7 @@ async fn keys_are_stored_hashed_and_usage_outlives_a_restart() {
     // The key still works after the restart: it was kept too.
     let (_, keys) = admin(&again, "GET", "/admin/keys", None).await;
     assert_eq!(keys["keys"][0]["id"], id.as_str());
-    assert!(keys["keys"][0]["last_used_at"].is_string(), "{keys}");
+    assert!(keys["keys"][0]["last_used_at"].is_u64(), "{keys}");
     for bad in [
         "group_by=week",
         "since=yesterday",

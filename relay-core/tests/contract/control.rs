@@ -775,13 +775,14 @@ async fn model_aliases_saved_in_settings_apply_to_the_next_request_without_a_res
             wait_until("it left with its client", || hub.tracked_requests() == 0).await;
         }
     };
-    waits("claude-haiku-4-5").await;
+    // (Not a Claude name: those go to the model chosen for Claude Code; see claude_code.rs.)
+    waits("coder-small-4-5").await;
 
     let url = format!("{}/api/settings", node.url());
-    let (code, body) = put_json(&url, &json!({"proxy": {"aliases": {"claude-*": MODEL}}})).await;
+    let (code, body) = put_json(&url, &json!({"proxy": {"aliases": {"coder-*": MODEL}}})).await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["restart_required"], json!([]));
-    assert_eq!(ask("claude-haiku-4-5").await, 200);
+    assert_eq!(ask("coder-small-4-5").await, 200);
     let seen = backend.seen();
     assert_eq!(seen.last().expect("forwarded").body["model"], MODEL);
 

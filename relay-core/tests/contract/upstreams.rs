@@ -191,7 +191,7 @@ async fn a_full_queue_falls_back_to_the_named_upstream() {
     let cloud = ChatOnlyBackend::start(&[]).await;
     let local = ControlledBackend::start(&[LOCAL]).await;
     let mut config = test_config();
-    config.providers[0].limits.max_queue_len = 0;
+    config.providers[0].limits.max_queue_len = 1;
     config.upstreams = vec![upstream("cloud", UpstreamKind::OpenAi, &cloud.url(), &[])];
     config.fallback_upstream = Some("cloud".to_string());
     let proxy = start_proxy(config).await;
@@ -204,10 +204,18 @@ async fn a_full_queue_falls_back_to_the_named_upstream() {
         json!({"model": LOCAL, "messages": [], "mock": {"hang": true}}),
     );
     wait_until("the local backend is busy", || local.started() == 1).await;
+    // And the queue's one place by another.
+    let queued = spawn_post(
+        &proxy.url(),
+        "/v1/chat/completions",
+        json!({"model": LOCAL, "messages": [], "mock": {"hang": true}}),
+    );
+    wait_until("the queue is full", || proxy.hub.counts().1 == 1).await;
     let body = json!({"model": LOCAL, "messages": [{"role": "user", "content": "hi"}]});
     let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &body).await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(cloud.chat_bodies().len(), 1, "the overflow went upstream");
+    queued.abort();
     hanging.abort();
     wait_until("the cancelled request is released", || {
         proxy.hub.tracked_requests() == 0

@@ -1200,3 +1200,21 @@ fn new_conversations_go_where_homes_per_slot_are_fewest_even_when_both_workers_a
         "c catches up to one home per slot first"
     );
 }
+
+#[test]
+fn a_queue_bound_of_zero_is_no_bound_as_the_published_relay_reads_it() {
+    let mut unbounded = limits();
+    unbounded.max_queue_len = 0;
+    let mut s = Scheduler::new(vec![("local".to_string(), unbounded)]);
+    let now = Instant::now();
+    for i in 0..500 {
+        assert!(
+            matches!(
+                submit(&mut s, &format!("waiting-{}", i % 7), now),
+                Ok(Submitted::Queued { .. })
+            ),
+            "request {i}"
+        );
+    }
+    assert_eq!(s.queue_depth(), 500);
+}
