@@ -83,8 +83,6 @@ pub enum Outbound {
 /// Timing settings the hub needs.
 #[derive(Debug, Clone)]
 pub struct HubSettings {
-    /// How long a cancelled request keeps its slot waiting for the worker to confirm.
-    pub cancel_grace: Duration,
     /// How long a draining worker may take before it is closed anyway.
     pub drain_timeout: Duration,
     /// Providers whose workers get clients' credentials (`forward_client_auth`).
@@ -411,31 +409,17 @@ impl Hub {
                 })
                 .to_json();
                 inner.send(worker, Outbound::Frame(frame.into()));
+                // The slot is free for the next queued request at once, as the seeds'
+                // architecture says: a published worker never reports back after a cancel, and
+                // ours stops the request before it reads the next frame. What the worker may
+                // still send for the request is dropped.
+                let actions = inner.scheduler.release_cancelled(request);
+                inner.send(worker, Outbound::Forget(request));
+                inner.execute(actions);
                 drop(inner);
-                tracing::info!(request = %request_wire_id(request), worker = %worker_wire_id(worker), reason = reason.as_str(), "cancel sent to worker");
-                self.schedule_release(request, worker);
+                tracing::info!(request = %request_wire_id(request), worker = %worker_wire_id(worker), reason = reason.as_str(), "cancel sent to worker; its slot is free");
             }
             CancelOutcome::Nothing => {}
-        }
-    }
-
-    fn schedule_release(self: &Arc<Self>, request: RequestId, worker: WorkerId) {
-        let hub = Arc::clone(self);
-        let grace = self.settings.cancel_grace;
-        let release = move || {
-            let mut inner = hub.lock();
-            let actions = inner.scheduler.release_cancelled(request);
-            inner.send(worker, Outbound::Forget(request));
-            inner.execute(actions);
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    tokio::time::sleep(grace).await;
-                    release();
-                });
-            }
-            Err(_) => release(),
         }
     }
 

@@ -87,8 +87,6 @@ pub struct ProxyConfig {
     pub worker_write_timeout: Duration,
     /// A new connection must `register` within this.
     pub register_timeout: Duration,
-    /// A cancelled request's slot is released after this if the worker never confirms.
-    pub cancel_grace: Duration,
     /// On shutdown, in-flight requests get this long to finish.
     pub drain_timeout: Duration,
     /// Limits on failed worker authentication per IP.
@@ -153,7 +151,6 @@ impl ProxyConfig {
             heartbeat_timeout: defaults::HEARTBEAT_TIMEOUT,
             worker_write_timeout: defaults::HEARTBEAT_TIMEOUT,
             register_timeout: Duration::from_secs(10),
-            cancel_grace: defaults::CANCEL_GRACE,
             drain_timeout: defaults::DRAIN_TIMEOUT,
             auth_failures: FailureLimits::default(),
             responses_store: StoreLimits::default(),
@@ -201,7 +198,6 @@ impl ProxyConfig {
             heartbeat_timeout: settings.heartbeat_timeout,
             // A worker that cannot take a frame for as long as it may stay silent is gone.
             worker_write_timeout: settings.heartbeat_timeout,
-            cancel_grace: settings.cancel_grace,
             drain_timeout: settings.drain_timeout,
             responses_store: settings.responses_store,
             aliases: ModelAliases::new(settings.aliases, settings.default_model),
@@ -350,7 +346,6 @@ pub async fn router(
     let hub = Hub::new(
         scheduler,
         HubSettings {
-            cancel_grace: config.cancel_grace,
             drain_timeout: config.drain_timeout,
             client_auth_providers: config
                 .providers

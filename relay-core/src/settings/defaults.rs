@@ -59,8 +59,6 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(45);
 /// In-flight requests get this long to finish when a proxy or worker stops.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-/// A cancelled request keeps its worker slot this long waiting for the worker to confirm.
-pub const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
 /// How long a stored Responses answer can be continued or fetched.
 pub const RESPONSES_STORE_TTL: Duration = Duration::from_secs(3600);

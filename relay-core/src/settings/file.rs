@@ -103,7 +103,8 @@ pub struct ProxyFile {
     pub heartbeat_timeout_secs: Option<u64>,
     /// `DRAIN_TIMEOUT_SECS`.
     pub drain_timeout_secs: Option<u64>,
-    /// Seconds a cancelled request keeps its worker slot waiting for the worker to confirm.
+    /// No longer used: a cancel frees the worker's slot at once (the seeds' architecture). Still
+    /// read, so config files that set it keep loading.
     pub cancel_grace_secs: Option<u64>,
     /// Models per worker accepted at registration.
     pub max_models_per_worker: Option<usize>,

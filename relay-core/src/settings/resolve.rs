@@ -58,8 +58,6 @@ pub struct ProxySettings {
     pub heartbeat_timeout: Duration,
     /// In-flight requests get this long on shutdown.
     pub drain_timeout: Duration,
-    /// A cancelled request keeps its slot this long waiting for the worker's confirmation.
-    pub cancel_grace: Duration,
     /// Bounds of the Responses store.
     pub responses_store: StoreLimits,
     /// `[proxy.aliases]`.
@@ -279,7 +277,6 @@ impl ProxySettings {
                 o.drain_timeout_secs.or(p.drain_timeout_secs),
                 defaults::DRAIN_TIMEOUT,
             ),
-            cancel_grace: secs(p.cancel_grace_secs, defaults::CANCEL_GRACE),
             responses_store: responses_store(p),
             aliases: p.aliases.clone(),
             default_model: p.default_model.clone(),

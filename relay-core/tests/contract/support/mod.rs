@@ -34,7 +34,6 @@ pub fn test_config() -> ProxyConfig {
     config.heartbeat_interval = Duration::from_millis(200);
     config.heartbeat_timeout = Duration::from_secs(5);
     config.register_timeout = Duration::from_secs(2);
-    config.cancel_grace = Duration::from_millis(500);
     config.drain_timeout = Duration::from_secs(5);
     config
 }
