@@ -35,8 +35,14 @@ pub(super) async fn serve_native(backend: &Backend, request: BackendRequest, eve
         body,
         headers,
     } = request;
+    // Usage is counted for every request, whether or not its client asked for it.
+    let asked = is_streaming
+        .then(|| super::sse::asking_for_usage(&path, &body))
+        .flatten();
+    let hide_usage = asked.is_some();
+    let body = asked.unwrap_or(body);
     match send(backend, &path, &headers, body).await {
-        Ok(response) => deliver(response, &id, is_streaming, events).await,
+        Ok(response) => deliver_hiding(response, &id, is_streaming, hide_usage, events).await,
         Err(error) => unreachable(backend, &path, &id, &error, events).await,
     }
 }
@@ -181,11 +187,23 @@ pub(super) async fn deliver(
     is_streaming: bool,
     events: &Events,
 ) {
+    deliver_hiding(response, id, is_streaming, false, events).await
+}
+
+/// [`deliver`], keeping the usage-only events out of the stream when the relay asked for them
+/// (`hide_usage`) and not the client.
+async fn deliver_hiding(
+    response: reqwest::Response,
+    id: &str,
+    is_streaming: bool,
+    hide_usage: bool,
+    events: &Events,
+) {
     let status = response.status();
     let headers = response_headers(&response);
     let mut usage = UsageTracker::default();
     let outcome = if is_streaming && status.is_success() && is_sse(&headers) {
-        stream_body(response, &mut usage, events).await
+        stream_body(response, &mut usage, hide_usage, events).await
     } else {
         read_body(response, &mut usage).await.map(Some)
     };
@@ -216,8 +234,16 @@ pub(super) fn failed(id: &str, message: String) -> BackendEvent {
 async fn stream_body(
     response: reqwest::Response,
     usage: &mut UsageTracker,
+    hide_usage: bool,
     events: &Events,
 ) -> Result<Option<String>, String> {
+    let shown = |text: String| -> String {
+        if hide_usage {
+            super::sse::without_usage_only_events(&text).into_owned()
+        } else {
+            text
+        }
+    };
     let broke_off =
         |e: reqwest::Error| format!("the backend stream broke off: {}", error_chain(&e));
     let mut splitter = SseSplitter::default();
@@ -243,14 +269,18 @@ async fn stream_body(
         }
         if let Some(text) = splitter.ready() {
             usage.observe_events(&text);
-            if events.send(BackendEvent::Chunk(text)).await.is_err() {
+            let text = shown(text);
+            if !text.is_empty() && events.send(BackendEvent::Chunk(text)).await.is_err() {
                 return Ok(None);
             }
         }
     }
     if let Some(rest) = splitter.finish() {
         usage.observe_events(&rest);
-        let _ = events.send(BackendEvent::Chunk(rest)).await;
+        let rest = shown(rest);
+        if !rest.is_empty() {
+            let _ = events.send(BackendEvent::Chunk(rest)).await;
+        }
     }
     Ok(None)
 }

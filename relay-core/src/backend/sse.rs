@@ -79,6 +79,85 @@ fn char_boundary(bytes: &[u8]) -> usize {
     }
 }
 
+/// Whether a streamed OpenAI request (`body` for `path`) gets usage in its stream only when asked:
+/// Chat Completions and Completions report it only with `stream_options.include_usage`.
+fn reports_usage_only_when_asked(path: &str) -> bool {
+    matches!(
+        path.split('?').next().unwrap_or(path).trim_end_matches('/'),
+        "/v1/chat/completions" | "/v1/completions"
+    )
+}
+
+/// `body` asking for usage in the stream when the client did not (`Some(body)` then): the relay
+/// counts every request's tokens whatever the client asked (Open WebUI never asks), and
+/// [`without_usage_only_events`] keeps the answer the client did not ask for out of its stream.
+/// `None` leaves the body as it is (not such a request, already asking, or not JSON).
+pub fn asking_for_usage(path: &str, body: &str) -> Option<String> {
+    if !reports_usage_only_when_asked(path) {
+        return None;
+    }
+    let mut value: Value = serde_json::from_str(body).ok()?;
+    let object = value.as_object_mut()?;
+    if object.get("stream") != Some(&Value::Bool(true)) {
+        return None;
+    }
+    let options = object
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let options = options.as_object_mut()?;
+    if options.get("include_usage") == Some(&Value::Bool(true)) {
+        return None;
+    }
+    options.insert("include_usage".to_string(), Value::Bool(true));
+    Some(value.to_string())
+}
+
+/// `text` (whole SSE events) without the usage-only events (`"choices": []` with a `usage`)
+/// that [`asking_for_usage`] made the backend send.
+pub fn without_usage_only_events(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("usage") {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let usage_only = |event: &str| {
+        event.lines().filter_map(data_field).any(|data| {
+            data.contains("usage")
+                && serde_json::from_str::<Value>(data.trim()).is_ok_and(|value| {
+                    value.get("usage").is_some_and(Value::is_object)
+                        && value
+                            .get("choices")
+                            .and_then(Value::as_array)
+                            .is_some_and(Vec::is_empty)
+                })
+        })
+    };
+    let mut kept = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        let end = rest
+            .find(
+                "
+
+",
+            )
+            .map(|i| i + 2)
+            .or_else(|| {
+                rest.find(
+                    "
+
+",
+                )
+                .map(|i| i + 4)
+            })
+            .unwrap_or(rest.len());
+        let (event, after) = rest.split_at(end);
+        if !usage_only(event) {
+            kept.push_str(event);
+        }
+        rest = after;
+    }
+    std::borrow::Cow::Owned(kept)
+}
+
 /// Token usage gathered from an answer: OpenAI Chat/Completions (`usage.prompt_tokens`), OpenAI
 /// Responses (`usage.input_tokens`, also inside `response`), and Anthropic Messages
 /// (`message.usage` in `message_start`, `usage` in `message_delta`).
@@ -257,6 +336,46 @@ mod tests {
         let mut u = UsageTracker::default();
         u.observe_events("data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":4,\"total_tokens\":7}}}\n\n");
         assert_eq!(u.token_counts().and_then(|c| c.total_tokens), Some(7));
+    }
+
+    #[test]
+    fn a_streamed_chat_asks_for_usage_the_client_did_not_ask_for() {
+        let asked = asking_for_usage(
+            "/v1/chat/completions",
+            r#"{"model":"m","stream":true,"stream_options":{"x":1},"messages":[]}"#,
+        )
+        .unwrap();
+        let value: Value = serde_json::from_str(&asked).unwrap();
+        assert_eq!(value["stream_options"]["include_usage"], true);
+        assert_eq!(value["stream_options"]["x"], 1, "the client's options stay");
+        for (path, body) in [
+            (
+                "/v1/chat/completions",
+                r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
+            ),
+            ("/v1/chat/completions", r#"{"stream":false}"#),
+            ("/v1/messages", r#"{"stream":true}"#),
+            ("/v1/chat/completions", "not json"),
+        ] {
+            assert_eq!(asking_for_usage(path, body), None, "{path} {body}");
+        }
+        assert!(asking_for_usage("/v1/completions?x=1", r#"{"stream":true}"#).is_some());
+    }
+
+    #[test]
+    fn the_usage_only_event_is_kept_out_of_a_stream_that_did_not_ask() {
+        let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n\
+                      data: {\"choices\":[],\"usage\":{\"prompt_tokens\":31,\"completion_tokens\":2}}\n\n\
+                      data: [DONE]\n\n";
+        let mut usage = UsageTracker::default();
+        usage.observe_events(stream);
+        assert_eq!(usage.token_counts().unwrap().prompt_tokens, Some(31));
+        assert_eq!(
+            without_usage_only_events(stream),
+            "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\ndata: [DONE]\n\n"
+        );
+        let plain = "data: {\"choices\":[]}\n\n";
+        assert_eq!(without_usage_only_events(plain), plain);
     }
 
     #[test]

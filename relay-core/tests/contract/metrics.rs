@@ -682,3 +682,55 @@ async fn names_nobody_serves_count_as_other_in_metrics_and_usage() {
     assert_eq!(groups, ["other"], "{rows}");
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_streamed_chat_that_did_not_ask_for_usage_has_its_tokens_counted_all_the_same() {
+    // Open WebUI never sets stream_options.include_usage: its streamed chats must count.
+    let proxy = start_proxy(test_config()).await;
+    let backend = ChatOnlyBackend::start(&[MODEL]).await;
+    let worker = RunningWorker::start(&proxy, &backend.url(), None, 4);
+    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    let base = proxy.url();
+    let ask = |stream: bool| json!({"model": MODEL, "stream": stream, "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _, streamed) = post(&base, "/v1/chat/completions", &ask(true)).await;
+    assert_eq!(status, 200, "{streamed}");
+    assert!(
+        !streamed.contains("\"choices\":[]"),
+        "the usage the client did not ask for stays out of its stream: {streamed}"
+    );
+    assert!(streamed.ends_with("data: [DONE]\n\n"), "{streamed}");
+    assert_eq!(
+        backend.chat_bodies()[0]["stream_options"]["include_usage"],
+        true,
+        "the worker asked the backend for it"
+    );
+    let (status, _, _) = post(&base, "/v1/chat/completions", &ask(false)).await;
+    assert_eq!(status, 200);
+    let (input, output) = CHAT_ONLY_USAGE;
+    let samples = samples(&base).await;
+    let tokens = |name: &str| {
+        samples
+            .iter()
+            .filter(|s| s.name == name)
+            .map(|s| s.value)
+            .sum::<f64>()
+    };
+    assert_eq!(tokens("modelrelay_input_tokens_total"), 2.0 * input as f64);
+    assert_eq!(
+        tokens("modelrelay_output_tokens_total"),
+        2.0 * output as f64
+    );
+    let mut totals = Value::Null;
+    for _ in 0..100 {
+        let (_, usage) = get_json(&base, "/api/usage?group_by=model", &[]).await;
+        if usage["totals"]["requests"] == 2 {
+            totals = usage["totals"].clone();
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(totals["input_tokens"], 2 * input as u64, "{totals}");
+    assert_eq!(totals["output_tokens"], 2 * output as u64, "{totals}");
+    worker.stop().await;
+    proxy.shutdown().await;
+}

@@ -335,7 +335,8 @@ async fn streaming_request_forwards_every_chunk_in_order_and_terminates() {
     let (status, headers, body) = post(
         &proxy.url(),
         "/v1/chat/completions",
-        &json!({"model": "llama3-8b", "stream": true, "mock": {"chunks": 20}}),
+        &json!({"model": "llama3-8b", "stream": true, "stream_options": {"include_usage": true},
+                "mock": {"chunks": 20}}),
     )
     .await;
     assert_eq!(status, 200);
@@ -345,7 +346,7 @@ async fn streaming_request_forwards_every_chunk_in_order_and_terminates() {
     assert_eq!(
         data.len(),
         22,
-        "20 content chunks, a usage chunk and [DONE]: {body}"
+        "20 content chunks, the usage chunk the client asked for and [DONE]: {body}"
     );
     for (i, payload) in data.iter().take(20).enumerate() {
         assert!(
@@ -1470,9 +1471,11 @@ async fn real_worker_registers_with_a_seeds_only_proxy_and_answers_requests_and_
         }
     };
     let data = sse_data(&streamed);
-    assert_eq!(data.len(), 4, "two chunks, usage, [DONE]: {streamed}");
+    // The client did not ask for usage (no stream_options.include_usage): the worker asked the
+    // backend for it, reports it in token_counts below, and keeps it out of the stream.
+    assert_eq!(data.len(), 3, "two chunks, [DONE]: {streamed}");
     assert!(data[0].contains("tok0") && data[1].contains("tok1"));
-    assert_eq!(data[3], "[DONE]");
+    assert_eq!(data[2], "[DONE]");
     assert_eq!(complete["request_id"], "r-002");
     assert_eq!(complete["status_code"], 200);
     assert!(complete.get("body").is_none(), "{complete}");
