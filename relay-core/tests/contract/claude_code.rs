@@ -25,6 +25,22 @@ fn ask(model: &str) -> Value {
     json!({"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]})
 }
 
+/// Claude Code's request for `model` to `path`: its status and body.
+async fn as_claude_code(
+    proxy: &relay_core::proxy::RunningProxy,
+    path: &str,
+    model: &str,
+) -> (u16, String) {
+    let (status, _, text) = post_raw(
+        &proxy.url(),
+        path,
+        ask(model).to_string(),
+        CLAUDE_CODE_HEADERS,
+    )
+    .await;
+    (status.as_u16(), text)
+}
+
 /// A proxy with `config`, and a worker serving `models` from a chat-only backend.
 async fn fleet(
     config: relay_core::proxy::ProxyConfig,
@@ -54,13 +70,7 @@ async fn claude_code_with_nothing_but_the_url_gets_the_largest_model_and_haiku_t
         ("claude-haiku-4-5-20251001", SMALL),
     ] {
         let started = Instant::now();
-        let (status, _, text) = post_raw(
-            &proxy.url(),
-            "/v1/messages?beta=true",
-            ask(claude).to_string(),
-            CLAUDE_CODE_HEADERS,
-        )
-        .await;
+        let (status, text) = as_claude_code(&proxy, "/v1/messages?beta=true", claude).await;
         assert_eq!(status, 200, "{claude}: {text}");
         assert!(
             started.elapsed() < Duration::from_secs(5),
@@ -94,13 +104,7 @@ async fn an_alias_a_default_model_or_a_served_claude_name_wins_over_the_choice()
         // Nobody serves it, no alias names it: the choice (the largest model).
         ("claude-sonnet-4-5", BIG),
     ] {
-        let (status, _, text) = post_raw(
-            &proxy.url(),
-            "/v1/messages",
-            ask(claude).to_string(),
-            CLAUDE_CODE_HEADERS,
-        )
-        .await;
+        let (status, text) = as_claude_code(&proxy, "/v1/messages", claude).await;
         assert_eq!(status, 200, "{claude}: {text}");
         assert_eq!(
             backend.chat_bodies().last().unwrap()["model"],
@@ -114,13 +118,7 @@ async fn an_alias_a_default_model_or_a_served_claude_name_wins_over_the_choice()
     let mut config = test_config();
     config.aliases = ModelAliases::new([], Some(SMALL.to_string()));
     let (proxy, backend, worker) = fleet(config, &[BIG, SMALL]).await;
-    let (status, _, text) = post_raw(
-        &proxy.url(),
-        "/v1/messages",
-        ask("claude-opus-5-5").to_string(),
-        CLAUDE_CODE_HEADERS,
-    )
-    .await;
+    let (status, text) = as_claude_code(&proxy, "/v1/messages", "claude-opus-5-5").await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(
         backend.chat_bodies()[0]["model"],
@@ -152,13 +150,7 @@ async fn other_names_nobody_serves_still_queue_for_a_worker_to_bring_them() {
         assert!(message.contains(part), "{part}: {message}");
     }
     // In the client's dialect.
-    let (status, _, text) = post_raw(
-        &proxy.url(),
-        "/v1/messages",
-        ask("gpt-4o-mini").to_string(),
-        CLAUDE_CODE_HEADERS,
-    )
-    .await;
+    let (status, text) = as_claude_code(&proxy, "/v1/messages", "gpt-4o-mini").await;
     assert_eq!(status, 504, "{text}");
     let error: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(error["type"], "error", "{text}");
@@ -171,13 +163,7 @@ async fn other_names_nobody_serves_still_queue_for_a_worker_to_bring_them() {
 #[tokio::test]
 async fn with_no_chat_model_served_a_claude_request_queues_as_before() {
     let proxy = start_proxy(config_with_queue_timeout(Duration::from_millis(300))).await;
-    let (status, _, text) = post_raw(
-        &proxy.url(),
-        "/v1/messages",
-        ask("claude-opus-5-5").to_string(),
-        CLAUDE_CODE_HEADERS,
-    )
-    .await;
+    let (status, text) = as_claude_code(&proxy, "/v1/messages", "claude-opus-5-5").await;
     assert_eq!(status, 504, "{text}");
     let (_, status) = get_json(&proxy.url(), "/api/status", &[]).await;
     assert_eq!(

@@ -2,6 +2,7 @@ import { useState } from 'preact/hooks';
 import { api, errorMessage } from '../api';
 import { useLive } from '../live';
 import { Alert } from './common';
+import { ModelSelect } from './ModelSelect';
 
 /**
  * Which served models Claude Code's requests go to: the relay chooses (the largest model for the
@@ -71,26 +72,14 @@ export function ClaudeCodeModels() {
       {saved ? <p class="small muted">Saved as the aliases claude-* and claude-haiku-*.</p> : null}
       {editing ? (
         <div class="row-wrap">
-          <label class="field field-inline">
-            <span>Conversation</span>
-            <select value={model} onChange={(e) => setModel((e.target as HTMLSelectElement).value)} data-testid="claude-code-pick">
-              {served.map((m) => (
-                <option key={m} value={m}>
-                  {m}
-                </option>
-              ))}
-            </select>
-          </label>
-          <label class="field field-inline">
-            <span>Side requests (claude-haiku-*)</span>
-            <select value={small} onChange={(e) => setSmall((e.target as HTMLSelectElement).value)} data-testid="claude-code-pick-small">
-              {served.map((m) => (
-                <option key={m} value={m}>
-                  {m}
-                </option>
-              ))}
-            </select>
-          </label>
+          <ModelSelect label="Conversation" value={model} models={served} onChange={setModel} testid="claude-code-pick" />
+          <ModelSelect
+            label="Side requests (claude-haiku-*)"
+            value={small}
+            models={served}
+            onChange={setSmall}
+            testid="claude-code-pick-small"
+          />
           <button type="button" class="btn btn-primary btn-small" onClick={save} disabled={busy || !model}>
             {busy ? 'Saving…' : 'Save'}
           </button>

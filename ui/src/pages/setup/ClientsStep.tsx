@@ -1,6 +1,7 @@
 // Step 4: ready-made client settings for the relay URL.
 import { useMemo, useState } from 'preact/hooks';
 import { ClaudeCodeModels } from '../../components/ClaudeCodeModels';
+import { ModelSelect } from '../../components/ModelSelect';
 import { Card, CopyButton } from '../../components/common';
 import { SnippetList } from '../../components/SnippetList';
 import { buildSnippets, normalizeBaseUrl } from '../../lib/snippets';
@@ -35,16 +36,7 @@ export function ClientsStep({
         Relay URL: <code data-testid="client-url">{normalizeBaseUrl(base)}</code> <CopyButton text={normalizeBaseUrl(base)} label="Copy relay URL" />
       </p>
       {models.length ? (
-        <label class="field field-inline">
-          <span>Model</span>
-          <select value={chosen} onChange={(e) => setModel((e.target as HTMLSelectElement).value)}>
-            {models.map((m) => (
-              <option key={m} value={m}>
-                {m}
-              </option>
-            ))}
-          </select>
-        </label>
+        <ModelSelect label="Model" value={chosen} models={models} onChange={setModel} />
       ) : (
         <p class="muted small">No model is served yet: replace MODEL with one once a worker is connected.</p>
       )}
