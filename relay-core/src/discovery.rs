@@ -477,6 +477,64 @@ pub async fn fetch_models(
     })
 }
 
+/// The tokens one request may hold on a backend, as it says itself: per model (vLLM's
+/// `max_model_len` in `GET /v1/models`), and for every model it serves (llama-server's
+/// `default_generation_settings.n_ctx` in `GET /props`: one slot's share of `-c`). Empty when
+/// it says nothing (Ollama keeps it per request; configure `context_window` then). The time
+/// bound is the caller's.
+pub async fn fetch_context_windows(client: &reqwest::Client, base_url: &str) -> ContextWindows {
+    let base = normalize_base_url(base_url);
+    let mut windows = ContextWindows::default();
+    if check_base_url(&base).is_err() {
+        return windows;
+    }
+    let (models_url, props_url) = (format!("{base}/v1/models"), format!("{base}/props"));
+    let (models, props) = tokio::join!(get(client, &models_url), get(client, &props_url));
+    if let Some(list) = models.ok().and_then(|answer| answer.json_ok()) {
+        for entry in list["data"].as_array().into_iter().flatten() {
+            if let (Some(id), Some(tokens)) =
+                (entry["id"].as_str(), window_of(&entry["max_model_len"]))
+            {
+                windows.per_model.insert(id.to_string(), tokens);
+            }
+        }
+    }
+    let from_llama_cpp = |answer: &Answer| {
+        answer
+            .server
+            .as_deref()
+            .is_some_and(|server| server.to_ascii_lowercase().contains("llama.cpp"))
+    };
+    if let Some(props) = props.ok().filter(from_llama_cpp).and_then(|a| a.json_ok()) {
+        windows.every_model = window_of(&props["default_generation_settings"]["n_ctx"]);
+    }
+    windows
+}
+
+/// A sane context window (1 to 16 Mi tokens) from a JSON number.
+fn window_of(value: &Value) -> Option<u32> {
+    let tokens = value.as_u64()?;
+    (1..=16 * 1024 * 1024)
+        .contains(&tokens)
+        .then_some(tokens as u32)
+}
+
+/// What [`fetch_context_windows`] learned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContextWindows {
+    /// By model name.
+    pub per_model: std::collections::BTreeMap<String, u32>,
+    /// For every model of the backend (a llama-server's slot).
+    pub every_model: Option<u32>,
+}
+
+impl ContextWindows {
+    /// The window of `model`, if the backend said.
+    pub fn of(&self, model: &str) -> Option<u32> {
+        self.per_model.get(model).copied().or(self.every_model)
+    }
+}
+
 /// Most slots (`-np`) a llama-server answer is believed to have; a `/props` claiming more is
 /// not taken for llama.cpp's.
 pub const MAX_SLOTS: u32 = 256;

@@ -159,7 +159,19 @@ pub struct RegisterMessage {
         deserialize_with = "lenient_bool"
     )]
     pub sleeps_when_idle: Option<bool>,
+    /// Extension: the tokens one request may hold on this worker, per model (its backend's
+    /// context window for one request), where the worker knows it. Absent means unknown; a
+    /// value that is not such a map reads as absent.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_windows"
+    )]
+    pub context_windows: Option<ContextWindows>,
 }
+
+/// Context windows by model name (tokens), as a worker reports them.
+pub type ContextWindows = std::collections::BTreeMap<String, u32>;
 
 /// `register_ack`: the proxy's answer to `register`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -483,6 +495,13 @@ pub struct ModelsUpdateMessage {
         deserialize_with = "lenient_bool"
     )]
     pub going_to_sleep: Option<bool>,
+    /// Extension: as in `register`, for the models now served.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_windows"
+    )]
+    pub context_windows: Option<ContextWindows>,
 }
 
 /// `response_chunk`: SSE-framed bytes of a streaming answer.
@@ -542,6 +561,24 @@ pub struct ErrorMessage {
 /// An optional extension field that must never cost a peer its message: a boolean, else absent.
 fn lenient_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
     Ok(serde_json::Value::deserialize(d)?.as_bool())
+}
+
+/// Context windows that must never cost a worker its message: anything but a map of names to
+/// positive integers that fit u32 reads as absent; entries that are not such are dropped.
+fn lenient_windows<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<ContextWindows>, D::Error> {
+    let serde_json::Value::Object(map) = serde_json::Value::deserialize(d)? else {
+        return Ok(None);
+    };
+    Ok(Some(
+        map.into_iter()
+            .filter_map(|(model, tokens)| {
+                let tokens = u32::try_from(tokens.as_u64()?).ok().filter(|t| *t > 0)?;
+                Some((model, tokens))
+            })
+            .collect(),
+    ))
 }
 
 /// An optional extension string that must never cost a peer its message: any other JSON value
@@ -738,6 +775,7 @@ mod tests {
         assert_eq!(update.going_to_sleep, None);
         let asleep = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             going_to_sleep: Some(true),
+            context_windows: None,
             ..update
         });
         assert!(asleep.to_json().contains(r#""going_to_sleep":true"#));

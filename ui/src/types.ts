@@ -48,6 +48,8 @@ export interface WorkerInfo {
   hardware_history?: HardwareHistory;
   /** Its model map's models and their states (`loaded`, `starting`, `idle`, …). */
   model_states?: ModelStateReport[] | null;
+  /** Tokens one request may hold, per model, where the worker reported it. */
+  context_windows?: Record<string, number>;
 }
 
 export interface GpuReport {

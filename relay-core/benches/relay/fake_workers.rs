@@ -48,6 +48,7 @@ async fn run(port: u16, name: String) {
         current_load: Some(0),
         mac_address: None,
         sleeps_when_idle: None,
+        context_windows: None,
     });
     if socket
         .send(Message::Text(register.to_json().into()))

@@ -48,6 +48,7 @@ const HARMLESS: &[&str] = &[
     "worker.proxy_silence_timeout_secs",
     "worker.sleeps_when_idle",
     "worker.slot_hints",
+    "worker.context_window",
     "worker.mac_address",
     "worker.native_messages",
     "worker.native_responses",

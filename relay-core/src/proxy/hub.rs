@@ -664,12 +664,13 @@ impl Hub {
         models: &[String],
         load: u32,
         going_to_sleep: bool,
+        windows: Option<&crate::protocol::ContextWindows>,
     ) -> (Vec<String>, Vec<String>) {
         let mut inner = self.lock();
         let (accepted, warnings, actions) =
             inner
                 .scheduler
-                .update_models(worker, models, load, Instant::now());
+                .update_models(worker, models, load, windows, Instant::now());
         if let Some(link) = inner.links.get_mut(&worker) {
             if going_to_sleep {
                 link.sleep.announced_sleep = true;
@@ -1068,5 +1069,16 @@ fn submit_error(error: SubmitError, model: &str) -> ApiError {
             fail_error(FailReason::QueueFull).retry_after(retry_after)
         }
         SubmitError::ShuttingDown => fail_error(FailReason::ShuttingDown),
+        // Anthropic's wording, which Claude Code reads as its cue to compact the conversation;
+        // OpenAI clients get `context_length_exceeded`.
+        SubmitError::PromptTooLong { tokens, limit } => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "context_length_exceeded",
+            format!(
+                "prompt is too long: {tokens} tokens > {limit} maximum (estimated from the \
+                 request's size; {limit} is the largest context window of the workers serving \
+                 {model})"
+            ),
+        ),
     }
 }

@@ -86,6 +86,9 @@ pub struct Placement {
     /// The client's share of contended turns within its priority (a key's `weight`; 0 or 1
     /// is an even share, 3 is three turns for each of an even share's).
     pub weight: u32,
+    /// The prompt's size in tokens, estimated: sent where a worker's context window holds it
+    /// when one's does ([`Scheduler::context_limit`]).
+    pub prompt_tokens: Option<u32>,
 }
 
 /// Why a request failed inside the relay.
@@ -118,6 +121,14 @@ pub enum SubmitError {
     },
     /// The proxy is draining.
     ShuttingDown,
+    /// The prompt (about `tokens`) is far beyond the largest context window, `limit`, of the
+    /// workers serving its model (every one of which reported its window).
+    PromptTooLong {
+        /// The prompt's estimated size.
+        tokens: u32,
+        /// The largest window.
+        limit: u32,
+    },
 }
 
 /// Where a request went when it arrived.
@@ -217,6 +228,8 @@ pub struct WorkerSnapshot {
     pub max_concurrent: u32,
     /// Whether it is draining.
     pub draining: bool,
+    /// The tokens one request may hold, per model, where it reported them.
+    pub context_windows: std::collections::BTreeMap<String, u32>,
 }
 
 #[derive(Debug)]
@@ -256,9 +269,21 @@ struct Worker {
     in_flight: HashSet<RequestId>,
     external_load: u32,
     draining: bool,
+    /// The tokens one request may hold, per model, where the worker reported it.
+    windows: HashMap<Arc<str>, u32>,
 }
 
 impl Worker {
+    /// Whether a prompt of `tokens` fits its context window for `model` (an unknown window
+    /// or size fits).
+    fn fits(&self, model: &str, tokens: Option<u32>) -> bool {
+        tokens.is_none_or(|tokens| {
+            self.windows
+                .get(model)
+                .is_none_or(|window| *window >= tokens)
+        })
+    }
+
     fn load(&self) -> u32 {
         self.in_flight.len() as u32 + self.external_load
     }
@@ -435,6 +460,7 @@ impl Scheduler {
         self.next_worker += 1;
         let models: Vec<Arc<str>> = models.into_iter().map(Arc::from).collect();
         self.index_models(provider_index, worker_id, &models);
+        let windows = windows_of(&models, message.context_windows.as_ref());
         self.workers.insert(
             worker_id,
             Worker {
@@ -445,6 +471,7 @@ impl Scheduler {
                 in_flight: HashSet::new(),
                 external_load: message.current_load.unwrap_or(0),
                 draining: false,
+                windows,
             },
         );
         let mut actions = Vec::new();
@@ -496,6 +523,7 @@ impl Scheduler {
         worker: WorkerId,
         models: &[String],
         current_load: u32,
+        windows: Option<&crate::protocol::ContextWindows>,
         now: Instant,
     ) -> (Vec<String>, Vec<String>, Vec<Action>) {
         let Some(entry) = self.workers.get(&worker) else {
@@ -511,6 +539,7 @@ impl Scheduler {
         self.unindex_models(provider, worker, &old, now);
         self.index_models(provider, worker, &accepted_arcs);
         let entry = self.workers.get_mut(&worker).expect("present");
+        entry.windows = windows_of(&accepted_arcs, windows);
         entry.models = accepted_arcs;
         entry.external_load = current_load.saturating_sub(entry.in_flight.len() as u32);
         let mut actions = Vec::new();
@@ -591,6 +620,13 @@ impl Scheduler {
             return Err(SubmitError::ShuttingDown);
         }
         let provider = self.route(model, now).ok_or(SubmitError::UnknownModel)?;
+        // Refused at once only when surely too long: the size is estimated, and a backend's
+        // own tokenizer says the last word on anything closer.
+        if let (Some(tokens), Some(limit)) = (placement.prompt_tokens, self.context_limit(model)) {
+            if tokens > limit.saturating_add(limit / 2) {
+                return Err(SubmitError::PromptTooLong { tokens, limit });
+            }
+        }
         let limits = &self.providers[provider].limits;
         if !limits.enabled {
             return Err(SubmitError::ProviderDisabled);
@@ -602,7 +638,13 @@ impl Scheduler {
             .get_key_value(model)
             .map(|(k, _)| k.clone())
             .unwrap_or_else(|| Arc::from(model));
-        let picked = self.pick_worker(provider, &model, placement.affinity, now);
+        let picked = self.pick_worker(
+            provider,
+            &model,
+            placement.affinity,
+            placement.prompt_tokens,
+            now,
+        );
         let p = &self.providers[provider];
         // 0 is no limit, as the published relay reads it (its runbook uses it).
         let full = p.limits.max_queue_len != 0 && p.queue.len() >= p.limits.max_queue_len;
@@ -705,25 +747,32 @@ impl Scheduler {
         provider: usize,
         model: &str,
         affinity: Option<u64>,
+        prompt_tokens: Option<u32>,
         now: Instant,
     ) -> Option<WorkerId> {
         let p = &self.providers[provider];
         let candidates = p.model_workers.get(model)?;
+        // A worker whose window holds the prompt, when any does: a smaller one would only
+        // answer that it is too long. When none does, the backend says so itself.
+        let any_fits = candidates
+            .iter()
+            .any(|id| self.workers[id].fits(model, prompt_tokens));
+        let eligible = |w: &Worker| w.has_capacity() && (!any_fits || w.fits(model, prompt_tokens));
         let home = affinity
             .and_then(|key| self.affinity.home(key, now))
             .filter(|home| candidates.contains(home))
-            .filter(|home| self.workers.get(home).is_some_and(Worker::has_capacity));
+            .filter(|home| self.workers.get(home).is_some_and(eligible));
         if home.is_some() {
             return home;
         }
         if affinity.is_some() {
-            return self.pick_new_home(provider, model);
+            return self.pick_new_home(provider, model, &eligible);
         }
         let mut best_load = u32::MAX;
         let mut ties = 0usize;
         for id in candidates {
             let w = &self.workers[id];
-            if !w.has_capacity() {
+            if !eligible(w) {
                 continue;
             }
             match w.load().cmp(&best_load) {
@@ -743,7 +792,7 @@ impl Scheduler {
             .iter()
             .filter(|id| {
                 let w = &self.workers[*id];
-                w.has_capacity() && w.load() == best_load
+                eligible(w) && w.load() == best_load
             })
             .nth(pick)
             .copied();
@@ -756,11 +805,16 @@ impl Scheduler {
     /// the lowest id. Least-loaded alone, ties broken in turn, can put four conversations on
     /// one three-slot server and two on another, and then the four evict each other's prompts
     /// from its cache on every turn.
-    fn pick_new_home(&self, provider: usize, model: &str) -> Option<WorkerId> {
+    fn pick_new_home(
+        &self,
+        provider: usize,
+        model: &str,
+        eligible: &dyn Fn(&Worker) -> bool,
+    ) -> Option<WorkerId> {
         let candidates = self.providers[provider].model_workers.get(model)?;
         candidates
             .iter()
-            .filter(|id| self.workers[*id].has_capacity())
+            .filter(|id| eligible(&self.workers[*id]))
             .min_by_key(|id| {
                 let w = &self.workers[*id];
                 let homes = self.affinity.homes_of(**id) as u64;
@@ -768,6 +822,19 @@ impl Scheduler {
                 (PerSlot(homes, slots), w.load(), **id)
             })
             .copied()
+    }
+
+    /// The largest context window among the workers serving `model`, when every one of them
+    /// reported its own (else `None`: some window is unknown, so nothing is too long).
+    pub fn context_limit(&self, model: &str) -> Option<u32> {
+        let mut largest = None;
+        for provider in &self.providers {
+            for id in provider.model_workers.get(model).into_iter().flatten() {
+                let window = *self.workers[id].windows.get(model)?;
+                largest = largest.max(Some(window));
+            }
+        }
+        largest
     }
 
     /// Hands queued work to `worker` while it has free slots: the request whose turn it is among
@@ -953,8 +1020,8 @@ impl Scheduler {
         }
         r.requeues += 1;
         let (provider, model, queue_deadline) = (r.provider, r.model.clone(), r.queue_deadline);
-        let affinity = r.placement.affinity;
-        if let Some(next) = self.pick_worker(provider, &model, affinity, now) {
+        let (affinity, tokens) = (r.placement.affinity, r.placement.prompt_tokens);
+        if let Some(next) = self.pick_worker(provider, &model, affinity, tokens, now) {
             self.assign(request, next);
             actions.push(Action::Dispatch {
                 request,
@@ -1091,6 +1158,11 @@ impl Scheduler {
                     external_load: w.external_load,
                     max_concurrent: w.max_concurrent,
                     draining: w.draining,
+                    context_windows: w
+                        .windows
+                        .iter()
+                        .map(|(model, tokens)| (model.to_string(), *tokens))
+                        .collect(),
                 }
             })
             .collect()
@@ -1152,6 +1224,20 @@ pub fn unusable_name(name: &str) -> Option<&'static str> {
     } else {
         None
     }
+}
+
+/// The windows of `models` that `reported` names.
+fn windows_of(
+    models: &[Arc<str>],
+    reported: Option<&crate::protocol::ContextWindows>,
+) -> HashMap<Arc<str>, u32> {
+    let Some(reported) = reported else {
+        return HashMap::new();
+    };
+    models
+        .iter()
+        .filter_map(|model| Some((model.clone(), *reported.get(model.as_ref())?)))
+        .collect()
 }
 
 /// The contract's registration sanitization: trim whitespace, drop empty names, drop exact

@@ -189,7 +189,9 @@ impl Upstreams {
         match refusal {
             SubmitError::UnknownModel => self.for_unclaimed(model),
             SubmitError::QueueFull { .. } => fallback,
-            SubmitError::ProviderDisabled | SubmitError::ShuttingDown => None,
+            SubmitError::ProviderDisabled
+            | SubmitError::ShuttingDown
+            | SubmitError::PromptTooLong { .. } => None,
         }
     }
 

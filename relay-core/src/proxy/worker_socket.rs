@@ -400,6 +400,7 @@ impl Connection {
                     &update.models,
                     update.current_load,
                     going_to_sleep,
+                    update.context_windows.as_ref(),
                 );
                 tracing::info!(worker = %worker_wire_id(self.worker), ?models, going_to_sleep, "models updated");
                 for warning in warnings {

@@ -261,6 +261,9 @@ pub struct WorkerFile {
     pub sleeps_when_idle: Option<bool>,
     /// `MODELRELAY_SLOT_HINTS`: keep each conversation in one llama-server slot (`id_slot`).
     pub slot_hints: Option<bool>,
+    /// Tokens one request may hold, for backends that do not say (Ollama keeps it per request):
+    /// reported to the proxy, which routes long prompts by it.
+    pub context_window: Option<u32>,
     /// `MODELRELAY_MAC_ADDRESS`: the network card the proxy wakes (found by itself on Linux).
     pub mac_address: Option<String>,
     /// `MODELRELAY_WAKE_TARGET`: where this worker sends the Wake-on-LAN packets the proxy asks

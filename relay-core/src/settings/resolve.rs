@@ -132,6 +132,8 @@ pub struct WorkerSettings {
     pub sleeps_when_idle: bool,
     /// Conversations are kept in one llama-server slot each (`id_slot`).
     pub slot_hints: bool,
+    /// The context window of backends that do not say theirs (`context_window`).
+    pub context_window: Option<u32>,
     /// The card to wake, when configured (else found at start on Linux).
     pub mac_address: Option<MacAddress>,
     /// Where it sends the Wake-on-LAN packets the proxy asks it to relay.
@@ -601,6 +603,7 @@ impl WorkerSettings {
                 responses: w.native_responses,
             },
             sleeps_when_idle: o.sleeps_when_idle.or(w.sleeps_when_idle).unwrap_or(false),
+            context_window: w.context_window.filter(|tokens| *tokens > 0),
             slot_hints: o
                 .slot_hints
                 .or(w.slot_hints)

@@ -2,10 +2,15 @@
 //! demand), `MODELS` or the backends' own model lists, and rebuilt at each refresh so models that
 //! appear or vanish change what the worker advertises.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use futures_util::future::join_all;
 
 use super::{Backends, WorkerConfig};
-use crate::discovery::{discover, fetch_models};
+use crate::discovery::{discover, fetch_context_windows, fetch_models};
+use crate::protocol::ContextWindows;
 
 /// Models and where each is served, in advertisement order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -18,6 +23,8 @@ pub struct Catalog {
     /// Never a discovered one — "first found" would hand every unknown name to whoever listens
     /// on the lowest well-known port.
     fallback: Option<String>,
+    /// The tokens one request may hold, per advertised model, where known.
+    windows: ContextWindows,
 }
 
 /// Where a request for one model goes.
@@ -37,6 +44,11 @@ impl Catalog {
             .cloned()
             .chain(self.routes.iter().map(|(model, _)| model.clone()))
             .collect()
+    }
+
+    /// The context windows to report (`None` when none is known).
+    pub fn context_windows(&self) -> Option<ContextWindows> {
+        (!self.windows.is_empty()).then(|| self.windows.clone())
     }
 
     /// Where `model` goes: the model map, the backend listing it, or the first backend.
@@ -60,12 +72,47 @@ impl Catalog {
     }
 }
 
+/// How long a backend's context windows are believed before they are asked again: a window
+/// changes only when its server restarts with other settings, and asking costs a request (a
+/// 404 in the logs of servers that do not have `/props`).
+const WINDOWS_KEPT: Duration = Duration::from_secs(600);
+
+/// The context windows learned per backend URL, shared by every catalog refresh of a worker.
+#[derive(Debug, Clone, Default)]
+pub struct ContextWindowCache(
+    Arc<Mutex<HashMap<String, (Instant, crate::discovery::ContextWindows)>>>,
+);
+
+impl ContextWindowCache {
+    /// `url`'s windows: remembered, or asked for when unknown or stale.
+    async fn of(&self, client: &reqwest::Client, url: &str) -> crate::discovery::ContextWindows {
+        let now = Instant::now();
+        let known = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(url)
+            .filter(|(asked, _)| now.duration_since(*asked) < WINDOWS_KEPT)
+            .map(|(_, windows)| windows.clone());
+        if let Some(windows) = known {
+            return windows;
+        }
+        let windows = fetch_context_windows(client, url).await;
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(url.to_string(), (now, windows.clone()));
+        windows
+    }
+}
+
 /// Reads the current catalog: `managed` (the model map's models) and the backends' models. A
 /// backend that cannot be listed contributes no models (it is down or not ready), and the reason
 /// is logged once per refresh.
 pub async fn load(
     config: &WorkerConfig,
     client: &reqwest::Client,
+    windows: &ContextWindowCache,
     managed: Vec<String>,
 ) -> Catalog {
     let mut catalog = Catalog {
@@ -110,16 +157,20 @@ pub async fn load(
         return catalog;
     }
     let listed = join_all(backends.iter().map(|(url, known)| async move {
-        match known {
+        let models = match known {
             Some(models) => Ok(models.clone()),
             None => fetch_models(client, url).await,
-        }
+        };
+        (models, windows.of(client, url).await)
     }))
     .await;
-    for ((url, _), models) in backends.iter().zip(listed) {
+    for ((url, _), (models, windows)) in backends.iter().zip(listed) {
         match models {
             Ok(models) => {
                 for model in models {
+                    if let Some(tokens) = windows.of(&model).or(config.context_window) {
+                        catalog.windows.entry(model.clone()).or_insert(tokens);
+                    }
                     catalog.add(model, url);
                 }
             }

@@ -89,6 +89,8 @@ pub struct WorkerConfig {
     pub sleeps_when_idle: bool,
     /// Keep each conversation in one llama-server slot ([`slot_pins`]).
     pub slot_hints: bool,
+    /// The context window reported for models whose backend does not say its own.
+    pub context_window: Option<u32>,
     /// Where the Wake-on-LAN packets go that the proxy asks this worker to send for sleeping
     /// boxes on its LAN.
     pub wake_target: std::net::SocketAddr,
@@ -121,6 +123,7 @@ impl WorkerConfig {
             hardware: Some(SamplerSettings::default()),
             mac_address: None,
             sleeps_when_idle: false,
+            context_window: None,
             slot_hints: defaults::SLOT_HINTS,
             wake_target: crate::wake::DEFAULT_WAKE_TARGET
                 .parse()
@@ -170,6 +173,7 @@ impl WorkerConfig {
             hardware: Some(SamplerSettings::default()),
             mac_address: settings.mac_address.or_else(crate::wake::local_mac),
             sleeps_when_idle: settings.sleeps_when_idle,
+            context_window: settings.context_window,
             slot_hints: settings.slot_hints,
             wake_target: settings.wake_target,
         }
@@ -386,6 +390,8 @@ pub struct BackendAccess {
     pub capabilities: Capabilities,
     /// Which llama-server slot each conversation is kept in.
     pub slot_pins: SlotPins,
+    /// The context windows its backends said.
+    pub windows: catalog::ContextWindowCache,
 }
 
 impl BackendAccess {
@@ -402,6 +408,7 @@ impl BackendAccess {
                 config.model_refresh_interval,
             ),
             slot_pins: SlotPins::new(config.slot_hints),
+            windows: catalog::ContextWindowCache::default(),
         }
     }
 

@@ -101,7 +101,13 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         hardware,
         ..
     } = running;
-    let catalog = catalog::load(config, &access.client, mapped_models(lifecycle)).await;
+    let catalog = catalog::load(
+        config,
+        &access.client,
+        &access.windows,
+        mapped_models(lifecycle),
+    )
+    .await;
     let mut socket = match connect(config).await {
         Ok(socket) => socket,
         Err(reason) => return disconnected(false, reason),
@@ -115,6 +121,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         current_load: Some(0),
         mac_address: config.mac_address.map(|mac| mac.to_string()),
         sleeps_when_idle: config.sleeps_when_idle.then_some(true),
+        context_windows: catalog.context_windows(),
     });
     if let Err(error) = socket.send(Message::Text(register.to_json().into())).await {
         return disconnected(false, format!("sending register failed: {error}"));
@@ -673,10 +680,12 @@ impl Session<'_> {
             tracing::info!(?models, "backend models changed");
         }
         self.catalog = refreshed.catalog;
+        let refreshed_windows = self.catalog.context_windows();
         let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             models,
             current_load: self.active.len() as u32,
             going_to_sleep: None,
+            context_windows: refreshed_windows,
         });
         match send(socket, &update).await {
             Ok(()) => Next::Continue,
@@ -688,10 +697,11 @@ impl Session<'_> {
     fn spawn_refresh(&self, catalog_tx: &mpsc::Sender<Refreshed>, requested: bool) {
         let config = self.config.clone();
         let client = self.access.client.clone();
+        let windows = self.access.windows.clone();
         let mapped = mapped_models(self.lifecycle);
         let catalog_tx = catalog_tx.clone();
         tokio::spawn(async move {
-            let catalog = catalog::load(&config, &client, mapped).await;
+            let catalog = catalog::load(&config, &client, &windows, mapped).await;
             let _ = catalog_tx.send(Refreshed { catalog, requested }).await;
         });
     }
@@ -709,6 +719,7 @@ impl Session<'_> {
             models: Vec::new(),
             current_load: self.active.len() as u32,
             going_to_sleep: None,
+            context_windows: None,
         });
         if send(socket, &update).await.is_err() {
             return Next::End(SessionEnd::Shutdown);
@@ -729,6 +740,7 @@ impl Session<'_> {
             models: Vec::new(),
             current_load: self.active.len() as u32,
             going_to_sleep: Some(true),
+            context_windows: None,
         });
         if send(socket, &update).await.is_ok() {
             close(socket, "going to sleep").await;

@@ -387,6 +387,7 @@ async fn draining_a_worker_from_the_dashboard_closes_it_once_idle_and_keeps_it_o
                 current_load: None,
                 mac_address: None,
                 sleeps_when_idle: None,
+                context_windows: None,
             },
         ))
         .await;

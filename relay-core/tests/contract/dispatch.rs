@@ -521,6 +521,7 @@ async fn models_update_adds_a_model_at_once_and_dispatches_queued_work() {
             models: vec!["old-model".to_string(), "new-model".to_string()],
             current_load: 0,
             going_to_sleep: None,
+            context_windows: None,
         }))
         .await;
     let request = worker.next_request().await;
@@ -546,6 +547,7 @@ async fn models_update_removing_a_model_stops_routing_it_at_once() {
             models: vec!["b".to_string()],
             current_load: 0,
             going_to_sleep: None,
+            context_windows: None,
         }))
         .await;
     wait_until("the update is applied", || {

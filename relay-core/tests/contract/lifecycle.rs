@@ -128,6 +128,7 @@ async fn models_refresh_reaches_the_worker_and_its_models_update_is_applied() {
             models: vec!["m".to_string(), "m2".to_string()],
             current_load: 0,
             going_to_sleep: None,
+            context_windows: None,
         }))
         .await;
     wait_until("the refreshed list is routed", || {

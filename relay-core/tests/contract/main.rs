@@ -15,6 +15,7 @@ mod backend_connections;
 mod bad_input;
 mod claude_code;
 mod client_keys;
+mod context_windows;
 mod control;
 mod dispatch;
 mod fair_turns;

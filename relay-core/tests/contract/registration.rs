@@ -440,6 +440,7 @@ async fn models_update_is_sanitized_like_registration() {
                 models: vec![" b ".into(), "".into(), "b".into(), "c".into(), "d".into()],
                 current_load: 0,
                 going_to_sleep: None,
+                context_windows: None,
             },
         ))
         .await;

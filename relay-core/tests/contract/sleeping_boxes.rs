@@ -92,6 +92,7 @@ async fn box_goes_to_sleep(proxy: &RunningProxy, name: &str, models: &[&str]) {
             models: Vec::new(),
             current_load: 0,
             going_to_sleep: Some(true),
+            context_windows: None,
         }))
         .await;
     worker.crash();
@@ -344,6 +345,7 @@ async fn only_a_sleep_counts_a_plain_worker_leaving_or_one_drained_by_an_admin_i
             models: Vec::new(),
             current_load: 0,
             going_to_sleep: None,
+            context_windows: None,
         }))
         .await;
     wait_until("the update is applied", || {

@@ -160,7 +160,13 @@ async fn each_conversation_keeps_one_llama_server_slot_turn_after_turn() {
         assert_eq!(slot, kept, "{conversation} stays in its slot");
     }
     assert_ne!(slot_of["alpha"], slot_of["beta"], "one slot each");
-    assert_eq!(backend.props_asked(), 1, "asked once, not per request");
+    // Once for its slots and once, by the model refresh, for its context window: not per
+    // request.
+    assert_eq!(
+        backend.props_asked(),
+        2,
+        "asked twice in all, not per request"
+    );
     worker.stop().await;
     proxy.shutdown().await;
 }

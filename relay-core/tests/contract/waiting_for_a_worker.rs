@@ -64,6 +64,7 @@ async fn a_queued_request_is_dispatched_when_a_connected_worker_announces_its_mo
             models: vec!["other".into(), "just-loaded".into()],
             current_load: 0,
             going_to_sleep: None,
+            context_windows: None,
         }))
         .await;
     let request = worker.next_request().await;

@@ -980,6 +980,7 @@ async fn models_refresh_and_models_update_follow_the_seed_wire_trace() {
             models: vec![MODEL.to_string(), "codellama-13b".to_string()],
             current_load: 1,
             going_to_sleep: None,
+            context_windows: None,
         }))
         .await;
     wait_until("the proxy routes the updated list", || {

@@ -186,6 +186,7 @@ fn register_fixture_is_the_seed_registration() {
             current_load: Some(0),
             mac_address: None,
             sleeps_when_idle: None,
+            context_windows: None,
         }
     );
 }
@@ -363,6 +364,7 @@ fn absent_optional_fields_are_omitted_not_sent_as_null() {
         current_load: None,
         mac_address: None,
         sleeps_when_idle: None,
+        context_windows: None,
     }))
     .unwrap();
     assert_eq!(

@@ -70,6 +70,7 @@ impl EvilWorker {
                 current_load: Some(0),
                 mac_address: None,
                 sleeps_when_idle: None,
+                context_windows: None,
             }))
             .await;
         match worker.recv().await {

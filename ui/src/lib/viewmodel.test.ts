@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { sampleStatus } from './fixtures';
 import {
   clockFor,
+  tokensLabel,
   MAX_IN_FLIGHT_ROWS,
   rolesLabel,
   seriesData,
@@ -189,5 +190,14 @@ describe('many requests in flight', () => {
     expect(v.inFlight.length).toBe(MAX_IN_FLIGHT_ROWS);
     expect(v.inFlightTotal).toBe(MAX_IN_FLIGHT_ROWS + 50);
     expect(v.inFlight[0].id).toBe(`r-${MAX_IN_FLIGHT_ROWS + 49}`);
+  });
+});
+
+describe('context windows', () => {
+  it('are said the way people say them', () => {
+    expect(tokensLabel(4096)).toBe('4k');
+    expect(tokensLabel(131072)).toBe('128k');
+    expect(tokensLabel(1536)).toBe('1.5k');
+    expect(tokensLabel(512)).toBe('512');
   });
 });

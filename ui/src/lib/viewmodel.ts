@@ -40,6 +40,8 @@ export interface WorkerRow {
   host: string;
   provider: string;
   models: string[];
+  /** Context window per model ("32k"), where known. */
+  windows: Record<string, string>;
   modelsLabel: string;
   load: number;
   maxConcurrent: number;
@@ -151,6 +153,9 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
       host: w.host || DASH,
       provider: w.provider,
       models: w.models,
+      windows: Object.fromEntries(
+        Object.entries(w.context_windows ?? {}).map(([model, tokens]) => [model, tokensLabel(tokens)]),
+      ),
       modelsLabel: w.models.length ? w.models.join(', ') : 'none',
       load: w.load,
       maxConcurrent: w.max_concurrent,
@@ -350,4 +355,11 @@ export function toLifecycleRows(models: ModelStatus[], nowMs: number): Lifecycle
         canUnload: !stopped,
       };
     });
+}
+
+/** A context window as people say it: 4096 → "4k", 131072 → "128k", 1500 → "1.5k". */
+export function tokensLabel(tokens: number): string {
+  if (tokens < 1000) return String(tokens);
+  const k = tokens / 1024;
+  return `${Number.isInteger(k) ? k : Math.round(k * 10) / 10}k`;
 }

@@ -310,7 +310,14 @@ function WorkersCard({ workers }: { workers: WorkerRow[] }) {
               </td>
               <td>{w.host}</td>
               <td class="models-cell" data-testid="worker-models">
-                {w.models.length ? w.models.map((m) => <code key={m}>{m}</code>) : <span class="muted">none</span>}
+                {w.models.length
+                  ? w.models.map((m) => (
+                      <code key={m} title={w.windows[m] ? `context window: ${w.windows[m]} tokens per request` : undefined}>
+                        {m}
+                        {w.windows[m] ? <span class="muted small" data-testid="model-window"> · {w.windows[m]}</span> : null}
+                      </code>
+                    ))
+                  : <span class="muted">none</span>}
               </td>
               <td data-testid="worker-load">
                 <div class="load">

@@ -89,6 +89,8 @@ pub struct WorkerView {
     hardware_history: BoxHistory,
     /// The states of its model map's models (`null` without a model map or report).
     model_states: Option<Vec<ModelStateReport>>,
+    /// The tokens one request may hold, per model, where the worker reported them.
+    context_windows: std::collections::BTreeMap<String, u32>,
 }
 
 /// One served model.
@@ -192,6 +194,7 @@ pub fn snapshot(state: &AppState) -> Status {
                     .unwrap_or_default(),
                 hardware: record.as_ref().and_then(|r| r.reported.hardware.clone()),
                 model_states: record.and_then(|r| r.reported.model_states),
+                context_windows: w.context_windows.clone(),
             }
         })
         .collect();

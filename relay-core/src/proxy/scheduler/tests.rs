@@ -28,6 +28,7 @@ fn register(s: &mut Scheduler, name: &str, models: &[&str], max: u32) -> Registe
             current_load: Some(0),
             mac_address: None,
             sleeps_when_idle: None,
+            context_windows: None,
         },
     )
     .expect("registered")
@@ -431,7 +432,7 @@ fn models_update_changes_routing_at_once_and_dispatches_queued_work() {
     let now = Instant::now();
     let waiting = submit(&mut s, "new", now).unwrap();
     assert!(matches!(waiting, Submitted::Queued { .. }));
-    let (models, warnings, actions) = s.update_models(a, &["new".to_string()], 0, now);
+    let (models, warnings, actions) = s.update_models(a, &["new".to_string()], 0, None, now);
     assert_eq!(models, vec!["new"]);
     assert!(warnings.is_empty());
     assert_eq!(
@@ -1051,7 +1052,7 @@ proptest::proptest! {
                 }
                 Event::UpdateModels { worker, models } => {
                     let names: Vec<String> = models.iter().map(|m| MODELS[*m].to_string()).collect();
-                    s.update_models(pick(&workers, worker), &names, 0, now);
+                    s.update_models(pick(&workers, worker), &names, 0, None, now);
                 }
                 Event::UpdateLoad { worker, load } => {
                     s.update_load(pick(&workers, worker), load);

@@ -83,6 +83,7 @@ impl ScriptedWorker {
             current_load: Some(0),
             mac_address: None,
             sleeps_when_idle: None,
+            context_windows: None,
         }))
         .await;
         match self.recv().await {
@@ -411,6 +412,7 @@ pub fn register_message(
         current_load,
         mac_address: None,
         sleeps_when_idle: None,
+        context_windows: None,
     }
 }
 

@@ -1,0 +1,186 @@
+//! Context windows are known and respected (issue "Nothing but the URL"): a worker learns its
+//! backend's window (llama-server's `/props`, vLLM's `max_model_len`, or `context_window` in its
+//! settings) and reports it (an extension field of `register` and `models_update`); the proxy
+//! sends a long prompt to a worker whose window holds it, and refuses one far beyond every
+//! window at once, in the shape Claude Code compacts on.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use axum::http::header;
+use axum::routing::get;
+use axum::{Json, Router};
+use relay_core::protocol::{RegisterMessage, ServerToWorker, WorkerToServer};
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+/// A scripted worker serving `m` whose window for it is `window` (unknown with `None`).
+async fn worker_with_window(
+    proxy: &relay_core::proxy::RunningProxy,
+    name: &str,
+    window: Option<u32>,
+) -> ScriptedWorker {
+    let mut worker = ScriptedWorker::connect(proxy.addr).await;
+    worker
+        .send(&WorkerToServer::Register(RegisterMessage {
+            worker_name: name.to_string(),
+            models: vec!["m".to_string()],
+            max_concurrent: 4,
+            protocol_version: Some("1".to_string()),
+            current_load: Some(0),
+            mac_address: None,
+            sleeps_when_idle: None,
+            context_windows: window.map(|tokens| BTreeMap::from([("m".to_string(), tokens)])),
+        }))
+        .await;
+    match worker.recv().await {
+        ServerToWorker::RegisterAck(_) => worker,
+        other => panic!("expected register_ack, got {other:?}"),
+    }
+}
+
+/// A chat request whose body is about `tokens` × 4 bytes.
+fn prompt_of(tokens: usize) -> Value {
+    json!({"model": "m", "max_tokens": 8,
+           "messages": [{"role": "user", "content": "x".repeat(tokens * 4)}]})
+}
+
+#[tokio::test]
+async fn a_long_prompt_goes_to_the_worker_whose_window_holds_it() {
+    let proxy = start_proxy(test_config()).await;
+    let mut small = worker_with_window(&proxy, "small", Some(1_000)).await;
+    let mut large = worker_with_window(&proxy, "large", Some(8_000)).await;
+    wait_until("both workers joined", || proxy.hub.counts().0 == 2).await;
+    for _ in 0..3 {
+        let client = spawn_post(&proxy.url(), "/v1/chat/completions", prompt_of(3_000));
+        let request = large.next_request().await;
+        large.complete(&request.request_id, r#"{"ok":true}"#).await;
+        assert_eq!(answer_of(client).await.0, 200);
+    }
+    // Short prompts go to either.
+    let client = spawn_post(&proxy.url(), "/v1/chat/completions", prompt_of(10));
+    let (which, request) = next_request_on_either(&mut small, &mut large).await;
+    if which == 0 {
+        small.complete(&request.request_id, r#"{"ok":true}"#).await;
+    } else {
+        large.complete(&request.request_id, r#"{"ok":true}"#).await;
+    }
+    assert_eq!(answer_of(client).await.0, 200);
+    // The dashboard shows each worker's window.
+    let (_, status) = get_json(&proxy.url(), "/api/status", &[]).await;
+    let windows: Vec<Value> = status["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["context_windows"]["m"].clone())
+        .collect();
+    assert_eq!(windows, [json!(1_000), json!(8_000)], "{status}");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_prompt_far_beyond_every_window_is_refused_at_once_in_claude_codes_shape() {
+    let proxy = start_proxy(test_config()).await;
+    let _small = worker_with_window(&proxy, "small", Some(1_000)).await;
+    let _large = worker_with_window(&proxy, "large", Some(8_000)).await;
+    wait_until("both workers joined", || proxy.hub.counts().0 == 2).await;
+    let started = Instant::now();
+    let (status, _, text) = post_raw(
+        &proxy.url(),
+        "/v1/messages",
+        prompt_of(20_000).to_string(),
+        &[("anthropic-version", "2023-06-01")],
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(status, 400, "{text}");
+    assert!(took < Duration::from_millis(50), "refused after {took:?}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("prompt is too long: ") && message.contains("> 8000 maximum"),
+        "{message}"
+    );
+    let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &prompt_of(20_000)).await;
+    assert_eq!(status, 400);
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(error["error"]["code"], "context_length_exceeded", "{text}");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_worker_whose_window_is_unknown_takes_what_no_known_window_holds() {
+    let proxy = start_proxy(test_config()).await;
+    let _small = worker_with_window(&proxy, "small", Some(1_000)).await;
+    let mut unknown = worker_with_window(&proxy, "unknown", None).await;
+    wait_until("both workers joined", || proxy.hub.counts().0 == 2).await;
+    let client = spawn_post(&proxy.url(), "/v1/chat/completions", prompt_of(20_000));
+    let request = unknown.next_request().await;
+    unknown
+        .complete(&request.request_id, r#"{"ok":true}"#)
+        .await;
+    assert_eq!(
+        answer_of(client).await.0,
+        200,
+        "not refused: a window is unknown"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_real_worker_learns_windows_from_llama_server_props_and_vllm_model_cards() {
+    // One backend like llama-server (/props, Server: llama.cpp), one like vLLM (max_model_len).
+    let llama = Router::new()
+        .route(
+            "/v1/models",
+            get(|| async {
+                Json(json!({"object": "list", "data": [{"id": "llama-model", "object": "model"}]}))
+            }),
+        )
+        .route(
+            "/props",
+            get(|| async {
+                (
+                    [(header::SERVER, "llama.cpp")],
+                    Json(json!({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1})),
+                )
+            }),
+        );
+    let vllm = Router::new().route(
+        "/v1/models",
+        get(|| async {
+            Json(json!({"object": "list", "data": [
+                {"id": "vllm-model", "object": "model", "owned_by": "vllm", "max_model_len": 32768}]}))
+        }),
+    );
+    let (llama_addr, llama_task) = serve_app(llama, "127.0.0.1:0".parse().unwrap()).await;
+    let (vllm_addr, vllm_task) = serve_app(vllm, "127.0.0.1:0".parse().unwrap()).await;
+    let proxy = start_proxy(test_config()).await;
+    let mut config = relay_core::worker::WorkerConfig::new(
+        &proxy.url(),
+        SECRET,
+        &format!("http://{llama_addr}"),
+    );
+    config.backends = relay_core::worker::Backends::Fixed(vec![
+        format!("http://{llama_addr}"),
+        format!("http://{vllm_addr}"),
+    ]);
+    let worker = RunningWorker::start_with(config);
+    wait_until("the worker registers both models", || {
+        proxy.hub.models().len() == 2
+    })
+    .await;
+    let (_, status) = get_json(&proxy.url(), "/api/status", &[]).await;
+    assert_eq!(
+        status["workers"][0]["context_windows"],
+        json!({"llama-model": 4096, "vllm-model": 32768}),
+        "{status}"
+    );
+    worker.stop().await;
+    proxy.shutdown().await;
+    llama_task.abort();
+    vllm_task.abort();
+}
