@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import anthropic
 import pytest
 
@@ -61,13 +63,26 @@ def test_models_list_in_anthropic_shape(client):
 
 
 def test_a_model_no_worker_serves_times_out_in_the_queue_with_a_504_naming_it(client):
+    # (A Claude name would be answered by the served model: the next test.)
     with pytest.raises(anthropic.InternalServerError) as caught:
-        client.messages.create(model="claude-no-such-model", max_tokens=16, messages=MESSAGES)
+        client.messages.create(model="no-such-model", max_tokens=16, messages=MESSAGES)
     assert caught.value.status_code == 504
     body = caught.value.body
     assert body["type"] == "error"
     assert body["error"]["type"] == "timeout_error"
-    assert "claude-no-such-model" in body["error"]["message"]
+    assert "no-such-model" in body["error"]["message"]
+    assert CHAT_MODEL in body["error"]["message"], "the 504 says what is served"
+
+
+def test_a_claude_name_nobody_serves_is_answered_by_the_served_model_at_once(client, seen):
+    """Claude Code with nothing but the URL: the Claude name it asks for goes to the chat model
+    the relay chooses, with no queue timeout first."""
+    started = time.monotonic()
+    message = client.messages.create(model="claude-opus-5-5", max_tokens=16, messages=MESSAGES)
+    assert time.monotonic() - started < 5
+    assert message.content
+    forwarded = [r for r in seen() if r["path"] in ("/v1/messages", "/v1/chat/completions")]
+    assert forwarded[-1]["body"]["model"] == CHAT_MODEL
 
 
 def test_relay_forwards_the_sdk_version_headers_and_keeps_its_credentials(client, seen):

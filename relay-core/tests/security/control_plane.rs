@@ -537,6 +537,38 @@ fn the_worker_secret_file_keeps_the_secret_off_the_command_line() {
 }
 
 #[test]
+fn a_worker_sending_its_secret_in_the_url_and_the_header_is_refused() {
+    // Our worker and the published one send the header; the seeds keep the URL form for older
+    // workers. One that sends both only puts the secret where access logs keep it.
+    let relay = Relay::start(|_| {});
+    let secret = relay.secret();
+    let upgrade = |path: &str, header: Option<&str>| {
+        let mut headers = vec![
+            ("Connection", "Upgrade"),
+            ("Upgrade", "websocket"),
+            ("Sec-WebSocket-Version", "13"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ];
+        if let Some(secret) = header {
+            headers.push(("X-Worker-Secret", secret));
+        }
+        exchange_head("GET", &format!("{}{path}", relay.url), &headers).status
+    };
+    let in_url = format!("/v1/worker/connect?provider=local&secret={secret}");
+    assert_eq!(upgrade(&in_url, Some(&secret)), 400, "both: refused");
+    assert_eq!(
+        upgrade("/v1/worker/connect?provider=local", Some(&secret)),
+        101,
+        "the header alone"
+    );
+    assert_eq!(
+        upgrade(&in_url, None),
+        101,
+        "the legacy URL form alone, as the seeds keep it"
+    );
+}
+
+#[test]
 fn no_route_takes_the_admin_token_in_its_url() {
     // URLs end up in access logs, browser history and Referer headers.
     let relay = Relay::start(|c| {
