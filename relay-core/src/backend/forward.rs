@@ -42,6 +42,22 @@ pub(super) async fn serve_native(backend: &Backend, request: BackendRequest, eve
     let hide_usage = asked.is_some();
     let body = asked.unwrap_or(body);
     match send(backend, &path, &headers, body).await {
+        Ok(response) if response.status() == reqwest::StatusCode::BAD_REQUEST => {
+            // A prompt beyond the backend's window is answered in the client's dialect, in the
+            // words Claude Code compacts on; any other refusal passes as the backend said it.
+            let headers = response_headers(&response);
+            let mut usage = UsageTracker::default();
+            let last = match read_body(response, &mut usage).await {
+                Ok(text) => match answer::context_overflow(StatusCode::BAD_REQUEST, &text) {
+                    Some((tokens, window)) => {
+                        answer::prompt_too_long(Dialect::for_path(&path), tokens, window)
+                    }
+                    None => answer::complete(StatusCode::BAD_REQUEST, headers, Some(text), None),
+                },
+                Err(message) => failed(&id, message),
+            };
+            let _ = events.send(last).await;
+        }
         Ok(response) => deliver_hiding(response, &id, is_streaming, hide_usage, events).await,
         Err(error) => unreachable(backend, &path, &id, &error, events).await,
     }

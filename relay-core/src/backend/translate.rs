@@ -230,6 +230,9 @@ async fn complete_translated(
                 )
             }
         }
+    } else if let Some((tokens, window)) = answer::context_overflow(status, &text) {
+        tracing::info!(request = %id, tokens, window, "prompt longer than the backend's context window");
+        return send_last(events, answer::prompt_too_long(dialect, tokens, window)).await;
     } else {
         tracing::warn!(request = %id, status = status.as_u16(), "backend error status");
         (

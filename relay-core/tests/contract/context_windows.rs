@@ -184,3 +184,54 @@ async fn the_real_worker_learns_windows_from_llama_server_props_and_vllm_model_c
     llama_task.abort();
     vllm_task.abort();
 }
+
+#[tokio::test]
+async fn a_backends_own_context_refusal_reaches_the_client_in_claude_codes_words() {
+    // llama-server's own refusal, for a prompt between the window and what the proxy refuses
+    // by itself: its tokenizer has the last word.
+    let refusal = r#"{"error":{"code":400,"message":"request (9412 tokens) exceeds the available context size (8192 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9412,"n_ctx":8192}}"#;
+    let backend = Router::new()
+        .route(
+            "/v1/models",
+            get(|| async {
+                Json(json!({"object": "list", "data": [{"id": "m", "object": "model"}]}))
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(move || async move {
+                (
+                    axum::http::StatusCode::BAD_REQUEST,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    refusal,
+                )
+            }),
+        );
+    let (addr, task) = serve_app(backend, "127.0.0.1:0".parse().unwrap()).await;
+    let proxy = start_proxy(test_config()).await;
+    let worker = RunningWorker::start(&proxy, &format!("http://{addr}"), None, 2);
+    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    // Anthropic Messages, translated for this chat-only backend.
+    let (status, _, text) = post_raw(
+        &proxy.url(),
+        "/v1/messages",
+        prompt_of(10).to_string(),
+        &[("anthropic-version", "2023-06-01")],
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{text}");
+    assert_eq!(
+        error["error"]["message"],
+        "prompt is too long: 9412 tokens > 8192 maximum"
+    );
+    // Chat Completions, passed through natively.
+    let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &prompt_of(10)).await;
+    assert_eq!(status, 400);
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(error["error"]["code"], "context_length_exceeded", "{text}");
+    worker.stop().await;
+    proxy.shutdown().await;
+    task.abort();
+}
