@@ -87,6 +87,13 @@ pub fn affinity_key(headers: &HeaderMap, hints: &BodyFields<'_>) -> Option<u64> 
     session_key(headers, hints).or_else(|| prefix_key(hints))
 }
 
+/// The key of a side request of a conversation (Claude Code's `claude-haiku-*` titles and
+/// summaries carry the main conversation's session id): its own prompt's prefix, never the
+/// session, so it takes another slot or box than the one holding the conversation's prompt.
+pub fn side_request_key(hints: &BodyFields<'_>) -> Option<u64> {
+    prefix_key(hints)
+}
+
 /// Whether `headers` name a session: the key then does not depend on the body.
 pub fn has_session_header(headers: &HeaderMap) -> bool {
     session_header(headers).is_some()

@@ -21,7 +21,9 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::affinity_key::{affinity_key, has_session_header, key_of_body, BodyFields};
+use super::affinity_key::{
+    affinity_key, has_session_header, key_of_body, side_request_key, BodyFields,
+};
 use super::auth::secrets_match;
 use super::client_keys::{self, ClientIdentity};
 use super::hub::RequestSpec;
@@ -206,10 +208,18 @@ async fn read_request(
         }
     };
     let is_streaming = matches!(sniffed.stream, Some(Value::Bool(true)));
-    let affinity = wants_affinity
-        .then(|| affinity_key(headers, &sniffed))
-        .flatten();
-    let session_header = affinity.is_some() && has_session_header(headers);
+    // Claude Code's side requests (titles, summaries) ask for its small model with the main
+    // conversation's session id: keyed by their own prompt, they leave its slot alone.
+    let side_request =
+        super::claude_code::is_claude(&model) && super::claude_code::is_small(&model);
+    let affinity = if side_request {
+        wants_affinity.then(|| side_request_key(&sniffed)).flatten()
+    } else {
+        wants_affinity
+            .then(|| affinity_key(headers, &sniffed))
+            .flatten()
+    };
+    let session_header = !side_request && affinity.is_some() && has_session_header(headers);
     drop(sniffed);
     let body = String::from_utf8(bytes.into())
         .map_err(|_| bad_request("invalid_json", "request body is not valid UTF-8"))?;

@@ -172,3 +172,43 @@ async fn with_no_chat_model_served_a_claude_request_queues_as_before() {
     );
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn side_requests_keep_out_of_the_slot_of_their_conversation() {
+    // Claude Code sends its titles and summaries to claude-haiku-* with the main
+    // conversation's session id; keyed by the session they would take its slot (and evict
+    // its prompt from the cache). Here both names go to one model, on one worker.
+    let mut config = test_config();
+    config.aliases = ModelAliases::new([("claude-*".to_string(), "m".to_string())], None);
+    let proxy = start_proxy(config).await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "w", &["m"], 4).await;
+    let session = [("x-claude-code-session-id", "5e55-10n")];
+    let mut keys = Vec::new();
+    for (model, text) in [
+        ("claude-opus-5-5", "let us write a parser"),
+        (
+            "claude-haiku-4-5",
+            "Write a 5-word title for: let us write a parser",
+        ),
+        ("claude-opus-5-5", "now add tests"),
+    ] {
+        let body = json!({"model": model, "max_tokens": 8,
+                          "messages": [{"role": "user", "content": text}]});
+        let url = proxy.url();
+        let client = tokio::spawn(async move {
+            post_raw(&url, "/v1/messages", body.to_string(), &session).await
+        });
+        let request = worker.next_request().await;
+        keys.push(request.conversation.clone().expect("an affinity key"));
+        worker
+            .complete(&request.request_id, r#"{"type":"message","content":[]}"#)
+            .await;
+        let _ = client.await;
+    }
+    assert_eq!(
+        keys[0], keys[2],
+        "the conversation keeps its key (its session)"
+    );
+    assert_ne!(keys[1], keys[0], "the side request has its own");
+    proxy.shutdown().await;
+}
