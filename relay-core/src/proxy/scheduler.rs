@@ -847,7 +847,38 @@ impl Scheduler {
             if !w.has_capacity() {
                 return;
             }
-            let next = self.providers[w.provider].queue.take_next(&w.models);
+            // A queued prompt this worker's window cannot hold waits for one that can, when
+            // one serving its model does: per model, the largest prompt some worker holds
+            // (`None`: a window is unknown, so any).
+            let ceilings: HashMap<&Arc<str>, Option<u32>> = w
+                .models
+                .iter()
+                .map(|model| {
+                    let serving = self.providers[w.provider].model_workers.get(model);
+                    let largest = serving
+                        .into_iter()
+                        .flatten()
+                        .map(|id| self.workers[id].windows.get(model).copied())
+                        .try_fold(0, |largest, window| Some(largest.max(window?)));
+                    (model, largest)
+                })
+                .collect();
+            let requests = &self.requests;
+            let accept = |request: RequestId| {
+                let Some(r) = requests.get(&request) else {
+                    return true;
+                };
+                let tokens = r.placement.prompt_tokens;
+                let held_elsewhere = ceilings
+                    .get(&r.model)
+                    .copied()
+                    .flatten()
+                    .is_none_or(|largest| tokens.is_some_and(|t| t <= largest));
+                w.fits(&r.model, tokens) || !held_elsewhere
+            };
+            let next = self.providers[w.provider]
+                .queue
+                .take_next_where(&w.models, &accept);
             let Some(request) = next else {
                 return;
             };

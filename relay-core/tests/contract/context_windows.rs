@@ -21,12 +21,22 @@ async fn worker_with_window(
     name: &str,
     window: Option<u32>,
 ) -> ScriptedWorker {
+    worker_with_window_and_slots(proxy, name, window, 4).await
+}
+
+/// [`worker_with_window`] with `slots` requests at once.
+async fn worker_with_window_and_slots(
+    proxy: &relay_core::proxy::RunningProxy,
+    name: &str,
+    window: Option<u32>,
+    slots: u32,
+) -> ScriptedWorker {
     let mut worker = ScriptedWorker::connect(proxy.addr).await;
     worker
         .send(&WorkerToServer::Register(RegisterMessage {
             worker_name: name.to_string(),
             models: vec!["m".to_string()],
-            max_concurrent: 4,
+            max_concurrent: slots,
             protocol_version: Some("1".to_string()),
             current_load: Some(0),
             mac_address: None,
@@ -234,4 +244,45 @@ async fn a_backends_own_context_refusal_reaches_the_client_in_claude_codes_words
     worker.stop().await;
     proxy.shutdown().await;
     task.abort();
+}
+
+#[tokio::test]
+async fn a_queued_long_prompt_waits_for_a_window_that_holds_it_while_short_ones_pass() {
+    let proxy = start_proxy(test_config()).await;
+    let mut small = worker_with_window_and_slots(&proxy, "small", Some(1_000), 1).await;
+    let mut large = worker_with_window_and_slots(&proxy, "large", Some(8_000), 1).await;
+    wait_until("both workers joined", || proxy.hub.counts().0 == 2).await;
+    // Both busy: a long prompt on the large worker (the only one holding it), a short one on
+    // the small worker.
+    let first_long = spawn_post(&proxy.url(), "/v1/chat/completions", prompt_of(3_000));
+    let on_large = large.next_request().await;
+    let first_short = spawn_post(&proxy.url(), "/v1/chat/completions", prompt_of(10));
+    let on_small = small.next_request().await;
+    // Another long prompt queues first, a short one behind it.
+    let long = spawn_post(&proxy.url(), "/v1/chat/completions", prompt_of(3_000));
+    wait_until("the long prompt waits", || proxy.hub.counts().1 == 1).await;
+    let short = spawn_post(&proxy.url(), "/v1/chat/completions", prompt_of(20));
+    wait_until("both wait", || proxy.hub.counts().1 == 2).await;
+    // The small worker frees up: it takes the short prompt, not the long one ahead of it.
+    small.complete(&on_small.request_id, r#"{"ok":true}"#).await;
+    assert_eq!(answer_of(first_short).await.0, 200);
+    let next = small.next_request().await;
+    assert!(
+        next.body.len() < 1_000,
+        "the small worker got the short prompt"
+    );
+    small.complete(&next.request_id, r#"{"ok":true}"#).await;
+    assert_eq!(answer_of(short).await.0, 200);
+    assert_eq!(proxy.hub.counts().1, 1, "the long prompt still waits");
+    // The large one frees up: the long prompt goes there.
+    large.complete(&on_large.request_id, r#"{"ok":true}"#).await;
+    assert_eq!(answer_of(first_long).await.0, 200);
+    let next = large.next_request().await;
+    assert!(
+        next.body.len() > 10_000,
+        "the large worker got the long prompt"
+    );
+    large.complete(&next.request_id, r#"{"ok":true}"#).await;
+    assert_eq!(answer_of(long).await.0, 200);
+    proxy.shutdown().await;
 }

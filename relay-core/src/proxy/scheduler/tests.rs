@@ -1219,3 +1219,71 @@ fn a_queue_bound_of_zero_is_no_bound_as_the_published_relay_reads_it() {
     }
     assert_eq!(s.queue_depth(), 500);
 }
+
+#[test]
+fn a_queued_prompt_waits_for_a_worker_whose_window_holds_it() {
+    let mut s = Scheduler::new(vec![("local".to_string(), limits())]);
+    let windowed = |s: &mut Scheduler, name: &str, window: u32| {
+        s.register_worker(
+            "local",
+            &RegisterMessage {
+                worker_name: name.to_string(),
+                models: vec!["m".to_string()],
+                max_concurrent: 1,
+                protocol_version: None,
+                current_load: None,
+                mac_address: None,
+                sleeps_when_idle: None,
+                context_windows: Some(std::collections::BTreeMap::from([(
+                    "m".to_string(),
+                    window,
+                )])),
+            },
+        )
+        .expect("registered")
+        .worker
+    };
+    let small = windowed(&mut s, "small", 1_000);
+    let large = windowed(&mut s, "large", 8_000);
+    let now = Instant::now();
+    let sized = |tokens: u32| Placement {
+        prompt_tokens: Some(tokens),
+        ..Placement::default()
+    };
+    assert_eq!(
+        dispatched_to(s.submit(1, "m", sized(3_000), now).unwrap()),
+        large
+    );
+    assert_eq!(
+        dispatched_to(s.submit(2, "m", sized(10), now).unwrap()),
+        small
+    );
+    assert!(matches!(
+        s.submit(3, "m", sized(3_000), now),
+        Ok(Submitted::Queued { .. })
+    ));
+    assert!(matches!(
+        s.submit(4, "m", sized(20), now),
+        Ok(Submitted::Queued { .. })
+    ));
+    let mut actions = Vec::new();
+    assert!(s.finish(small, 2, &mut actions));
+    assert_eq!(
+        actions,
+        [Action::Dispatch {
+            request: 4,
+            worker: small
+        }],
+        "the short one"
+    );
+    let mut actions = Vec::new();
+    assert!(s.finish(large, 1, &mut actions));
+    assert_eq!(
+        actions,
+        [Action::Dispatch {
+            request: 3,
+            worker: large
+        }],
+        "the long one"
+    );
+}

@@ -208,9 +208,21 @@ impl Turns {
     }
 
     /// Takes the request a freed slot of a worker serving `models` gets, counting the turn.
+    #[cfg(test)]
     pub fn take_next(&mut self, models: &[Arc<str>]) -> Option<RequestId> {
-        let interactive = self.interactive.candidate(models);
-        let batch = self.batch.candidate(models);
+        self.take_next_where(models, &|_| true)
+    }
+
+    /// [`Turns::take_next`] among the requests `accept` takes: in a FIFO whose head it refuses,
+    /// the first request it takes goes ahead of the head this once (a prompt too long for
+    /// this worker waits for one that holds it, and does not hold up its client's others).
+    pub fn take_next_where(
+        &mut self,
+        models: &[Arc<str>],
+        accept: &dyn Fn(RequestId) -> bool,
+    ) -> Option<RequestId> {
+        let interactive = self.interactive.candidate(models, accept);
+        let batch = self.batch.candidate(models, accept);
         let (priority, chosen) = match (interactive, batch) {
             (None, None) => return None,
             (Some(i), None) => (Priority::Interactive, i),
@@ -322,7 +334,11 @@ impl Class {
 
     /// The client whose turn it is among those waiting for one of `models`, with its oldest such
     /// request: fewest turns first, then the older request.
-    fn candidate(&self, models: &[Arc<str>]) -> Option<Candidate> {
+    fn candidate(
+        &self,
+        models: &[Arc<str>],
+        accept: &dyn Fn(RequestId) -> bool,
+    ) -> Option<Candidate> {
         if self.len == 0 {
             return None;
         }
@@ -331,7 +347,9 @@ impl Class {
             let Some((model, (request, queued_at))) = models
                 .iter()
                 .filter_map(|m| {
-                    let (id, at) = queue.by_model.get(m)?.first_key_value()?;
+                    // The FIFO's first request `accept` takes: its head, unless a worker's
+                    // context window cannot hold that one (then the next it can).
+                    let (id, at) = queue.by_model.get(m)?.iter().find(|(id, _)| accept(**id))?;
                     Some((m, (*id, *at)))
                 })
                 .min_by_key(|(_, (id, _))| *id)
