@@ -850,9 +850,12 @@ impl Scheduler {
             // A queued prompt this worker's window cannot hold waits for one that can, when
             // one serving its model does: per model, the largest prompt some worker holds
             // (`None`: a window is unknown, so any).
+            // Only models this worker knows a window for can refuse anything: a worker that
+            // reported none (the usual case) pays nothing here.
             let ceilings: HashMap<&Arc<str>, Option<u32>> = w
                 .models
                 .iter()
+                .filter(|model| w.windows.contains_key(*model))
                 .map(|model| {
                     let serving = self.providers[w.provider].model_workers.get(model);
                     let largest = serving
@@ -869,12 +872,15 @@ impl Scheduler {
                     return true;
                 };
                 let tokens = r.placement.prompt_tokens;
+                if w.fits(&r.model, tokens) {
+                    return true;
+                }
                 let held_elsewhere = ceilings
                     .get(&r.model)
                     .copied()
                     .flatten()
                     .is_none_or(|largest| tokens.is_some_and(|t| t <= largest));
-                w.fits(&r.model, tokens) || !held_elsewhere
+                !held_elsewhere
             };
             let next = self.providers[w.provider]
                 .queue
