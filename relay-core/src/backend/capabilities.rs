@@ -30,6 +30,9 @@ pub enum Route {
     Responses,
     /// `POST /v1/messages/count_tokens` (estimated when not native).
     CountTokens,
+    /// `POST /tokenize` (vLLM's, with chat messages): how a translated `count_tokens` counts
+    /// with the backend's own tokenizer.
+    Tokenize,
 }
 
 impl Route {
@@ -39,6 +42,7 @@ impl Route {
             Route::Messages => "/v1/messages",
             Route::Responses => "/v1/responses",
             Route::CountTokens => "/v1/messages/count_tokens",
+            Route::Tokenize => "/tokenize",
         }
     }
 }
@@ -64,6 +68,7 @@ impl NativeOverrides {
             // Forced native messages still fall back to the estimate on a 404: servers that
             // have `/v1/messages` do not all have `count_tokens`.
             Route::CountTokens => self.messages.filter(|native| !native),
+            Route::Tokenize => None,
         }
     }
 }

@@ -44,6 +44,60 @@ pub fn route_of(path: &str) -> Option<Route> {
     }
 }
 
+/// How long counting with the backend's tokenizer may take before the estimate answers.
+const TOKENIZE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The input tokens of an Anthropic Messages `body` as the backend's own tokenizer counts them
+/// (vLLM's `POST /tokenize` with the chat messages and tools), or `None` where it has no such
+/// route (learned once per probe period) or does not answer in time.
+async fn count_with_tokenizer(
+    backend: &Backend,
+    request: &BackendRequest,
+    body: &Value,
+) -> Option<u64> {
+    if backend
+        .capabilities
+        .support(&backend.base_url, Route::Tokenize)
+        == Support::Translated
+    {
+        return None;
+    }
+    let chat = adapter::to_chat_request(ClientApi::AnthropicMessages, body).ok()?;
+    let mut ask = json!({
+        "model": chat.get("model"),
+        "messages": chat.get("messages"),
+        "add_generation_prompt": true,
+    });
+    if let Some(tools) = chat.get("tools") {
+        ask["tools"] = tools.clone();
+    }
+    let headers = chat_headers(&request.headers);
+    let sent = send(backend, Route::Tokenize.path(), &headers, ask.to_string());
+    let response = tokio::time::timeout(TOKENIZE_TIMEOUT, sent)
+        .await
+        .ok()?
+        .ok()?;
+    let status = response.status();
+    let text = tokio::time::timeout(TOKENIZE_TIMEOUT, response.text())
+        .await
+        .ok()?
+        .ok()?;
+    if super::route_missing(status, &text) {
+        backend
+            .capabilities
+            .learn(&backend.base_url, Route::Tokenize, false);
+        return None;
+    }
+    let count = serde_json::from_str::<Value>(&text)
+        .ok()?
+        .get("count")?
+        .as_u64()?;
+    backend
+        .capabilities
+        .learn(&backend.base_url, Route::Tokenize, true);
+    Some(count)
+}
+
 /// Serves `request` for `route`: passed through, probed, or translated.
 pub(super) async fn serve(
     backend: &Backend,
@@ -108,12 +162,21 @@ async fn serve_translated(
     let api = match route {
         Route::Messages => ClientApi::AnthropicMessages,
         Route::Responses => ClientApi::OpenAiResponses,
+        // Never a client's route (`route_of` does not name it).
+        Route::Tokenize => return,
         Route::CountTokens => {
-            let answer = match count_tokens::estimate(&body) {
-                Ok(tokens) => {
+            // The backend's own tokenizer where it has one; else the estimate, which says so.
+            let answer = match count_with_tokenizer(backend, &request, &body).await {
+                Some(tokens) => {
                     answer::json(StatusCode::OK, json!({"input_tokens": tokens}).to_string())
                 }
-                Err(error) => rejection(&request.id, dialect, &error),
+                None => match count_tokens::estimate(&body) {
+                    Ok(tokens) => answer::json(
+                        StatusCode::OK,
+                        json!({"input_tokens": tokens, "estimated": true}).to_string(),
+                    ),
+                    Err(error) => rejection(&request.id, dialect, &error),
+                },
             };
             return send_last(events, answer).await;
         }

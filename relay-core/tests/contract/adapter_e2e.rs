@@ -528,18 +528,18 @@ async fn count_tokens_is_estimated_when_the_backend_cannot_count() {
         )
         .await;
     assert_eq!(status, 200, "{text}");
-    // Characters / 4, rounded up: 4 + 8 + (2 + 2 + 2) = 18 -> 5.
-    assert_eq!(parse(&text), json!({"input_tokens": 5}));
+    // Characters / 4, rounded up: 4 + 8 + (2 + 2 + 2) = 18 -> 5; and it says it estimated.
+    assert_eq!(parse(&text), json!({"input_tokens": 5, "estimated": true}));
     assert_eq!(
         setup.backend.paths(),
-        ["/v1/messages/count_tokens?beta=true"],
-        "probed once (a 404), then estimated"
+        ["/v1/messages/count_tokens?beta=true", "/tokenize"],
+        "probed once (a 404), asked for its tokenizer once (a 404), then estimated"
     );
     let (status, _) = setup
         .post("/v1/messages/count_tokens", &body, CLAUDE_CODE_HEADERS)
         .await;
     assert_eq!(status, 200);
-    assert_eq!(setup.backend.paths().len(), 1, "no second probe");
+    assert_eq!(setup.backend.paths().len(), 2, "no second probe");
     let audio =
         json!({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "audio"}]}]});
     let (status, text) = setup
@@ -563,10 +563,10 @@ async fn count_tokens_is_not_probed_once_messages_are_known_to_need_translation(
     let count = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]});
     let (status, text) = setup.post("/v1/messages/count_tokens", &count, &[]).await;
     assert_eq!(status, 200, "{text}");
-    assert_eq!(parse(&text), json!({"input_tokens": 1}));
+    assert_eq!(parse(&text), json!({"input_tokens": 1, "estimated": true}));
     assert_eq!(
         setup.backend.paths(),
-        ["/v1/messages", "/v1/chat/completions"]
+        ["/v1/messages", "/v1/chat/completions", "/tokenize"]
     );
     setup.stop().await;
 }

@@ -286,3 +286,61 @@ async fn a_queued_long_prompt_waits_for_a_window_that_holds_it_while_short_ones_
     assert_eq!(answer_of(long).await.0, 200);
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn count_tokens_counts_with_the_backends_own_tokenizer_where_it_has_one() {
+    // vLLM has no /v1/messages/count_tokens but tokenizes chat messages at /tokenize.
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let seen = asked.clone();
+    let backend = Router::new()
+        .route(
+            "/v1/models",
+            get(|| async {
+                Json(json!({"object": "list", "data": [{"id": "m", "object": "model"}]}))
+            }),
+        )
+        .route(
+            "/tokenize",
+            axum::routing::post(move |Json(body): Json<Value>| {
+                let seen = seen.clone();
+                async move {
+                    seen.lock().unwrap().push(body);
+                    Json(json!({"count": 42, "max_model_len": 8192, "tokens": []}))
+                }
+            }),
+        );
+    let (addr, task) = serve_app(backend, "127.0.0.1:0".parse().unwrap()).await;
+    let proxy = start_proxy(test_config()).await;
+    let worker = RunningWorker::start(&proxy, &format!("http://{addr}"), None, 2);
+    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    let count = json!({"model": "m", "system": "be brief",
+                       "messages": [{"role": "user", "content": "hi"}],
+                       "tools": [{"name": "t", "description": "d", "input_schema": {"type": "object"}}]});
+    let (status, _, text) = post_raw(
+        &proxy.url(),
+        "/v1/messages/count_tokens",
+        count.to_string(),
+        &[("anthropic-version", "2023-06-01")],
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        json!({"input_tokens": 42})
+    );
+    let asked = asked.lock().unwrap();
+    assert_eq!(asked[0]["model"], "m");
+    assert_eq!(asked[0]["add_generation_prompt"], true);
+    assert_eq!(
+        asked[0]["messages"][0]["role"], "system",
+        "the system prompt is counted"
+    );
+    assert_eq!(
+        asked[0]["tools"][0]["function"]["name"], "t",
+        "and the tools"
+    );
+    drop(asked);
+    worker.stop().await;
+    proxy.shutdown().await;
+    task.abort();
+}
