@@ -328,7 +328,7 @@ async fn count_tokens_counts_with_the_backends_own_tokenizer_where_it_has_one() 
         serde_json::from_str::<Value>(&text).unwrap(),
         json!({"input_tokens": 42})
     );
-    let asked = asked.lock().unwrap();
+    let asked = asked.lock().unwrap().clone();
     assert_eq!(asked[0]["model"], "m");
     assert_eq!(asked[0]["add_generation_prompt"], true);
     assert_eq!(
@@ -339,7 +339,6 @@ async fn count_tokens_counts_with_the_backends_own_tokenizer_where_it_has_one() 
         asked[0]["tools"][0]["function"]["name"], "t",
         "and the tools"
     );
-    drop(asked);
     worker.stop().await;
     proxy.shutdown().await;
     task.abort();
