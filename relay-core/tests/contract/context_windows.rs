@@ -50,6 +50,32 @@ async fn worker_with_window_and_slots(
     }
 }
 
+/// `GET /v1/models` listing `model`, the start of every mock backend here.
+fn listing(model: &'static str) -> Router {
+    Router::new().route(
+        "/v1/models",
+        get(move || async move {
+            Json(json!({"object": "list", "data": [{"id": model, "object": "model"}]}))
+        }),
+    )
+}
+
+/// A proxy and a real worker in front of `backend` (which lists one model); the backend's
+/// task, to abort at the end.
+async fn real_worker_for(
+    backend: Router,
+) -> (
+    relay_core::proxy::RunningProxy,
+    RunningWorker,
+    tokio::task::JoinHandle<()>,
+) {
+    let (addr, task) = serve_app(backend, "127.0.0.1:0".parse().unwrap()).await;
+    let proxy = start_proxy(test_config()).await;
+    let worker = RunningWorker::start(&proxy, &format!("http://{addr}"), None, 2);
+    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    (proxy, worker, task)
+}
+
 /// A chat request whose body is about `tokens` × 4 bytes.
 fn prompt_of(tokens: usize) -> Value {
     json!({"model": "m", "max_tokens": 8,
@@ -143,22 +169,15 @@ async fn a_worker_whose_window_is_unknown_takes_what_no_known_window_holds() {
 #[tokio::test]
 async fn the_real_worker_learns_windows_from_llama_server_props_and_vllm_model_cards() {
     // One backend like llama-server (/props, Server: llama.cpp), one like vLLM (max_model_len).
-    let llama = Router::new()
-        .route(
-            "/v1/models",
-            get(|| async {
-                Json(json!({"object": "list", "data": [{"id": "llama-model", "object": "model"}]}))
-            }),
-        )
-        .route(
-            "/props",
-            get(|| async {
-                (
-                    [(header::SERVER, "llama.cpp")],
-                    Json(json!({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1})),
-                )
-            }),
-        );
+    let llama = listing("llama-model").route(
+        "/props",
+        get(|| async {
+            (
+                [(header::SERVER, "llama.cpp")],
+                Json(json!({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1})),
+            )
+        }),
+    );
     let vllm = Router::new().route(
         "/v1/models",
         get(|| async {
@@ -200,27 +219,17 @@ async fn a_backends_own_context_refusal_reaches_the_client_in_claude_codes_words
     // llama-server's own refusal, for a prompt between the window and what the proxy refuses
     // by itself: its tokenizer has the last word.
     let refusal = r#"{"error":{"code":400,"message":"request (9412 tokens) exceeds the available context size (8192 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9412,"n_ctx":8192}}"#;
-    let backend = Router::new()
-        .route(
-            "/v1/models",
-            get(|| async {
-                Json(json!({"object": "list", "data": [{"id": "m", "object": "model"}]}))
-            }),
-        )
-        .route(
-            "/v1/chat/completions",
-            axum::routing::post(move || async move {
-                (
-                    axum::http::StatusCode::BAD_REQUEST,
-                    [(header::CONTENT_TYPE, "application/json")],
-                    refusal,
-                )
-            }),
-        );
-    let (addr, task) = serve_app(backend, "127.0.0.1:0".parse().unwrap()).await;
-    let proxy = start_proxy(test_config()).await;
-    let worker = RunningWorker::start(&proxy, &format!("http://{addr}"), None, 2);
-    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    let backend = listing("m").route(
+        "/v1/chat/completions",
+        axum::routing::post(move || async move {
+            (
+                axum::http::StatusCode::BAD_REQUEST,
+                [(header::CONTENT_TYPE, "application/json")],
+                refusal,
+            )
+        }),
+    );
+    let (proxy, worker, task) = real_worker_for(backend).await;
     // Anthropic Messages, translated for this chat-only backend.
     let (status, _, text) = post_raw(
         &proxy.url(),
@@ -292,27 +301,17 @@ async fn count_tokens_counts_with_the_backends_own_tokenizer_where_it_has_one() 
     // vLLM has no /v1/messages/count_tokens but tokenizes chat messages at /tokenize.
     let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
     let seen = asked.clone();
-    let backend = Router::new()
-        .route(
-            "/v1/models",
-            get(|| async {
-                Json(json!({"object": "list", "data": [{"id": "m", "object": "model"}]}))
-            }),
-        )
-        .route(
-            "/tokenize",
-            axum::routing::post(move |Json(body): Json<Value>| {
-                let seen = seen.clone();
-                async move {
-                    seen.lock().unwrap().push(body);
-                    Json(json!({"count": 42, "max_model_len": 8192, "tokens": []}))
-                }
-            }),
-        );
-    let (addr, task) = serve_app(backend, "127.0.0.1:0".parse().unwrap()).await;
-    let proxy = start_proxy(test_config()).await;
-    let worker = RunningWorker::start(&proxy, &format!("http://{addr}"), None, 2);
-    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    let backend = listing("m").route(
+        "/tokenize",
+        axum::routing::post(move |Json(body): Json<Value>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(body);
+                Json(json!({"count": 42, "max_model_len": 8192, "tokens": []}))
+            }
+        }),
+    );
+    let (proxy, worker, task) = real_worker_for(backend).await;
     let count = json!({"model": "m", "system": "be brief",
                        "messages": [{"role": "user", "content": "hi"}],
                        "tools": [{"name": "t", "description": "d", "input_schema": {"type": "object"}}]});
