@@ -358,8 +358,11 @@ fn quit(app: &AppHandle) {
     if let Some(parts) = app.try_state::<TrayParts>() {
         let _ = parts.status.set_text(labels::QUITTING);
     }
+    // Destroyed now, while the event loop runs, not torn down at exit: the window shows the
+    // node's own page, which loses its server as the node drains, and WebKitGTK tearing a web
+    // view down inside the process's exit once crashed the app (exit 139 in the smoke test).
     for window in app.webview_windows().values() {
-        let _ = window.hide();
+        let _ = window.destroy();
     }
     let node = shell.node.clone();
     let app = app.clone();
