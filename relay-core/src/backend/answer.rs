@@ -82,6 +82,23 @@ fn number_after(text: &str, marker: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// A backend's whole answer (`body`), passed on as it is — except a refusal of a prompt longer
+/// than its context window, which is answered in the client's `dialect` in the words Claude
+/// Code compacts on ([`prompt_too_long`]). Every whole answer a worker passes on goes through
+/// here, whichever way the request reached the backend.
+pub fn passed_on(
+    dialect: Dialect,
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+    token_counts: Option<TokenCounts>,
+) -> BackendEvent {
+    match context_overflow(status, &body) {
+        Some((tokens, window)) => prompt_too_long(dialect, tokens, window),
+        None => complete(status, headers, Some(body), token_counts),
+    }
+}
+
 /// The client's answer to a prompt longer than the window: Anthropic's wording, which Claude
 /// Code answers by compacting the conversation; `context_length_exceeded` for OpenAI clients.
 pub fn prompt_too_long(dialect: Dialect, tokens: u64, window: u64) -> BackendEvent {

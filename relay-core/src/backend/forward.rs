@@ -42,23 +42,9 @@ pub(super) async fn serve_native(backend: &Backend, request: BackendRequest, eve
     let hide_usage = asked.is_some();
     let body = asked.unwrap_or(body);
     match send(backend, &path, &headers, body).await {
-        Ok(response) if response.status() == reqwest::StatusCode::BAD_REQUEST => {
-            // A prompt beyond the backend's window is answered in the client's dialect, in the
-            // words Claude Code compacts on; any other refusal passes as the backend said it.
-            let headers = response_headers(&response);
-            let mut usage = UsageTracker::default();
-            let last = match read_body(response, &mut usage).await {
-                Ok(text) => match answer::context_overflow(StatusCode::BAD_REQUEST, &text) {
-                    Some((tokens, window)) => {
-                        answer::prompt_too_long(Dialect::for_path(&path), tokens, window)
-                    }
-                    None => answer::complete(StatusCode::BAD_REQUEST, headers, Some(text), None),
-                },
-                Err(message) => failed(&id, message),
-            };
-            let _ = events.send(last).await;
+        Ok(response) => {
+            deliver_hiding(response, &id, &path, is_streaming, hide_usage, events).await
         }
-        Ok(response) => deliver_hiding(response, &id, is_streaming, hide_usage, events).await,
         Err(error) => unreachable(backend, &path, &id, &error, events).await,
     }
 }
@@ -196,14 +182,16 @@ pub(super) fn is_sse(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
-/// Reports the backend's answer as it is: a stream as chunks, anything else as one body.
+/// Reports the backend's answer to a request for `path`: a stream as chunks, anything else as
+/// one body ([`answer::passed_on`]).
 pub(super) async fn deliver(
     response: reqwest::Response,
     id: &str,
+    path: &str,
     is_streaming: bool,
     events: &Events,
 ) {
-    deliver_hiding(response, id, is_streaming, false, events).await
+    deliver_hiding(response, id, path, is_streaming, false, events).await
 }
 
 /// [`deliver`], keeping the usage-only events out of the stream when the relay asked for them
@@ -211,6 +199,7 @@ pub(super) async fn deliver(
 async fn deliver_hiding(
     response: reqwest::Response,
     id: &str,
+    path: &str,
     is_streaming: bool,
     hide_usage: bool,
     events: &Events,
@@ -228,7 +217,13 @@ async fn deliver_hiding(
             if !status.is_success() {
                 tracing::warn!(request = %id, status = status.as_u16(), "backend error status");
             }
-            answer::complete(status, headers, body, usage.token_counts())
+            let counts = usage.token_counts();
+            match body {
+                Some(body) => {
+                    answer::passed_on(Dialect::for_path(path), status, headers, body, counts)
+                }
+                None => answer::complete(status, headers, None, counts),
+            }
         }
         Err(message) => failed(id, message),
     };
@@ -255,7 +250,7 @@ async fn stream_body(
 ) -> Result<Option<String>, String> {
     let shown = |text: String| -> String {
         if hide_usage {
-            super::sse::without_usage_only_events(&text).into_owned()
+            super::sse::without_usage_only_events(text)
         } else {
             text
         }

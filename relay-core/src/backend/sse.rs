@@ -113,10 +113,11 @@ pub fn asking_for_usage(path: &str, body: &str) -> Option<String> {
 }
 
 /// `text` (whole SSE events) without the usage-only events (`"choices": []` with a `usage`)
-/// that [`asking_for_usage`] made the backend send.
-pub fn without_usage_only_events(text: &str) -> std::borrow::Cow<'_, str> {
+/// that [`asking_for_usage`] made the backend send; a chunk without any is returned as it is
+/// (no copy: every chunk of such a stream passes here).
+pub fn without_usage_only_events(text: String) -> String {
     if !text.contains("usage") {
-        return std::borrow::Cow::Borrowed(text);
+        return text;
     }
     let usage_only = |event: &str| {
         event.lines().filter_map(data_field).any(|data| {
@@ -131,7 +132,7 @@ pub fn without_usage_only_events(text: &str) -> std::borrow::Cow<'_, str> {
         })
     };
     let mut kept = String::with_capacity(text.len());
-    let mut rest = text;
+    let mut rest = text.as_str();
     while !rest.is_empty() {
         let end = rest
             .find(
@@ -155,7 +156,7 @@ pub fn without_usage_only_events(text: &str) -> std::borrow::Cow<'_, str> {
         }
         rest = after;
     }
-    std::borrow::Cow::Owned(kept)
+    kept
 }
 
 /// Token usage gathered from an answer: OpenAI Chat/Completions (`usage.prompt_tokens`), OpenAI
@@ -371,11 +372,11 @@ mod tests {
         usage.observe_events(stream);
         assert_eq!(usage.token_counts().unwrap().prompt_tokens, Some(31));
         assert_eq!(
-            without_usage_only_events(stream),
+            without_usage_only_events(stream.to_string()),
             "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\ndata: [DONE]\n\n"
         );
         let plain = "data: {\"choices\":[]}\n\n";
-        assert_eq!(without_usage_only_events(plain), plain);
+        assert_eq!(without_usage_only_events(plain.to_string()), plain);
     }
 
     #[test]

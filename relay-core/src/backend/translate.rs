@@ -30,7 +30,7 @@ use super::{Backend, BackendEvent, BackendRequest, Events};
 use crate::adapter::{
     self, canonical::Usage, AdapterError, BackendApi, ClientApi, StreamTranslator,
 };
-use crate::dialect::Dialect;
+use crate::dialect::{ApiError, Dialect};
 use crate::protocol::{HeaderMap, TokenCounts};
 
 /// The translatable route of a request path (query string allowed), if any.
@@ -125,7 +125,7 @@ async fn probe(backend: &Backend, request: BackendRequest, route: Route, events:
     let headers = response_headers(&response);
     if is_sse(&headers) {
         learn(true);
-        return deliver(response, id, request.is_streaming, events).await;
+        return deliver(response, id, path, request.is_streaming, events).await;
     }
     let mut usage = UsageTracker::default();
     let body = match read_body(response, &mut usage).await {
@@ -137,8 +137,9 @@ async fn probe(backend: &Backend, request: BackendRequest, route: Route, events:
         return serve_translated(backend, request, route, events).await;
     }
     learn(true);
-    let complete = answer::complete(status, headers, Some(body), usage.token_counts());
-    send_last(events, complete).await;
+    let dialect = Dialect::for_path(path);
+    let answer = answer::passed_on(dialect, status, headers, body, usage.token_counts());
+    send_last(events, answer).await;
 }
 
 /// Sends a request's final event (the receiver may have left: then nobody waits for it).
@@ -162,8 +163,15 @@ async fn serve_translated(
     let api = match route {
         Route::Messages => ClientApi::AnthropicMessages,
         Route::Responses => ClientApi::OpenAiResponses,
-        // Never a client's route (`route_of` does not name it).
-        Route::Tokenize => return,
+        // Never a client's route (`route_of` does not name it); answered all the same.
+        Route::Tokenize => {
+            let refusal = ApiError::new(
+                StatusCode::NOT_FOUND,
+                "route_not_translated",
+                format!("{} is not a route the worker translates", request.path),
+            );
+            return send_last(events, answer::error(dialect, &refusal)).await;
+        }
         Route::CountTokens => {
             // The backend's own tokenizer where it has one; else the estimate, which says so.
             let answer = match count_with_tokenizer(backend, &request, &body).await {

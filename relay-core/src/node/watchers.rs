@@ -25,17 +25,17 @@ impl Node {
             options.ports = ports;
         }
         options.exclude_ports.push(self.inner.addr.port());
-        // The dashboard shows which found servers the owner confirmed (the worker gets the same
-        // list from its settings).
-        if let Ok(file) = super::load(&self.inner.config_path) {
-            options.confirmed = file.worker.confirmed_backends.unwrap_or_default();
-        }
         options
     }
 
-    /// Local backends and LAN proxies, looked for at the same time.
+    /// Local backends and LAN proxies, looked for at the same time, for the dashboard.
     pub async fn discover(&self) -> (Vec<DiscoveredBackend>, Vec<lan::LanProxy>) {
-        let options = self.discovery_options();
+        let mut options = self.discovery_options();
+        // Which found servers the owner confirmed, as the file says now (the worker gets the
+        // same list from its settings; the background scan needs none).
+        if let Ok(file) = super::load(&self.inner.config_path) {
+            options.confirmed = file.worker.confirmed_backends.unwrap_or_default();
+        }
         let own = self.url();
         let (backends, mut proxies) = tokio::join!(
             discovery::discover(&options),

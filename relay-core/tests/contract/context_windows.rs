@@ -219,40 +219,49 @@ async fn a_backends_own_context_refusal_reaches_the_client_in_claude_codes_words
     // llama-server's own refusal, for a prompt between the window and what the proxy refuses
     // by itself: its tokenizer has the last word.
     let refusal = r#"{"error":{"code":400,"message":"request (9412 tokens) exceeds the available context size (8192 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":9412,"n_ctx":8192}}"#;
-    let backend = listing("m").route(
-        "/v1/chat/completions",
-        axum::routing::post(move || async move {
-            (
-                axum::http::StatusCode::BAD_REQUEST,
-                [(header::CONTENT_TYPE, "application/json")],
-                refusal,
+    let refuse = move || async move {
+        (
+            axum::http::StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "application/json")],
+            refusal,
+        )
+    };
+    let in_claude_codes_words = |text: &str| {
+        let error: Value = serde_json::from_str(text).unwrap();
+        assert_eq!(error["type"], "error", "{text}");
+        assert_eq!(error["error"]["type"], "invalid_request_error", "{text}");
+        assert_eq!(
+            error["error"]["message"],
+            "prompt is too long: 9412 tokens > 8192 maximum"
+        );
+    };
+    // A chat-only backend: Anthropic Messages are translated, Chat Completions pass through.
+    let chat_only = listing("m").route("/v1/chat/completions", axum::routing::post(refuse));
+    // A backend with its own /v1/messages (llama-server's): probed, then passed through.
+    let native = listing("m")
+        .route("/v1/chat/completions", axum::routing::post(refuse))
+        .route("/v1/messages", axum::routing::post(refuse));
+    for (backend, messages_asked) in [(chat_only, 1), (native, 2)] {
+        let (proxy, worker, task) = real_worker_for(backend).await;
+        for _ in 0..messages_asked {
+            let (status, _, text) = post_raw(
+                &proxy.url(),
+                "/v1/messages",
+                prompt_of(10).to_string(),
+                &[("anthropic-version", "2023-06-01")],
             )
-        }),
-    );
-    let (proxy, worker, task) = real_worker_for(backend).await;
-    // Anthropic Messages, translated for this chat-only backend.
-    let (status, _, text) = post_raw(
-        &proxy.url(),
-        "/v1/messages",
-        prompt_of(10).to_string(),
-        &[("anthropic-version", "2023-06-01")],
-    )
-    .await;
-    assert_eq!(status, 400, "{text}");
-    let error: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(error["error"]["type"], "invalid_request_error", "{text}");
-    assert_eq!(
-        error["error"]["message"],
-        "prompt is too long: 9412 tokens > 8192 maximum"
-    );
-    // Chat Completions, passed through natively.
-    let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &prompt_of(10)).await;
-    assert_eq!(status, 400);
-    let error: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(error["error"]["code"], "context_length_exceeded", "{text}");
-    worker.stop().await;
-    proxy.shutdown().await;
-    task.abort();
+            .await;
+            assert_eq!(status, 400, "{text}");
+            in_claude_codes_words(&text);
+        }
+        let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &prompt_of(10)).await;
+        assert_eq!(status, 400);
+        let error: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(error["error"]["code"], "context_length_exceeded", "{text}");
+        worker.stop().await;
+        proxy.shutdown().await;
+        task.abort();
+    }
 }
 
 #[tokio::test]

@@ -96,10 +96,10 @@ impl Sessions {
     /// Spends `code`: true when it was signed for this node, has not expired and was not spent.
     pub fn redeem(&self, code: &str) -> bool {
         let now = unix_secs(SystemTime::now());
-        let Some(nonce) = verified(&self.link_key, code, now, &self.port.to_be_bytes()) else {
+        let Some((nonce, expiry)) = verified(&self.link_key, code, now, &self.port.to_be_bytes())
+        else {
             return false;
         };
-        let expiry = now.max(expiry_of(code).unwrap_or(now));
         let mut spent = self.spent.lock().unwrap_or_else(|p| p.into_inner());
         spent.retain(|(_, until)| *until >= now);
         if spent.iter().any(|(known, _)| *known == nonce) || spent.len() >= MAX_SPENT {
@@ -170,9 +170,14 @@ fn tag(key: &hmac::Key, value: &[u8], bound: &[u8]) -> hmac::Tag {
     context.sign()
 }
 
-/// The nonce of `text` when it is a value [`signed`] with `key` and `bound` that expires
-/// after `now`.
-fn verified(key: &hmac::Key, text: &str, now: u64, bound: &[u8]) -> Option<[u8; NONCE_BYTES]> {
+/// The nonce and expiry of `text` when it is a value [`signed`] with `key` and `bound` that
+/// expires after `now`.
+fn verified(
+    key: &hmac::Key,
+    text: &str,
+    now: u64,
+    bound: &[u8],
+) -> Option<([u8; NONCE_BYTES], u64)> {
     let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
     if bytes.len() != SIGNED_BYTES {
         return None;
@@ -182,13 +187,7 @@ fn verified(key: &hmac::Key, text: &str, now: u64, bound: &[u8]) -> Option<[u8; 
     signed_part.extend_from_slice(bound);
     hmac::verify(key, &signed_part, tag).ok()?;
     let expiry = u64::from_be_bytes(value[..8].try_into().ok()?);
-    (expiry > now).then(|| value[8..].try_into().expect("16 bytes"))
-}
-
-/// The expiry written in a signed value (read after it was verified).
-fn expiry_of(text: &str) -> Option<u64> {
-    let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
-    Some(u64::from_be_bytes(bytes.get(..8)?.try_into().ok()?))
+    (expiry > now).then(|| (value[8..].try_into().expect("16 bytes"), expiry))
 }
 
 fn unix_secs(time: SystemTime) -> u64 {
