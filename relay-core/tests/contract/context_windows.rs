@@ -1,8 +1,8 @@
 //! Context windows are known and respected (issue "Nothing but the URL"): a worker learns its
-//! backend's window (llama-server's `/props`, vLLM's `max_model_len`, or `context_window` in its
-//! settings) and reports it (an extension field of `register` and `models_update`); the proxy
-//! sends a long prompt to a worker whose window holds it, and refuses one far beyond every
-//! window at once, in the shape Claude Code compacts on.
+//! backend's window (llama-server's `/props`, vLLM's `max_model_len`, Ollama's `/api/ps` and
+//! `/api/show`, or `context_window` in its settings) and reports it (an extension field of
+//! `register` and `models_update`); the proxy sends a long prompt to a worker whose window holds
+//! it, and refuses one far beyond every window at once, in the shape Claude Code compacts on.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -167,7 +167,7 @@ async fn a_worker_whose_window_is_unknown_takes_what_no_known_window_holds() {
 }
 
 #[tokio::test]
-async fn the_real_worker_learns_windows_from_llama_server_props_and_vllm_model_cards() {
+async fn the_real_worker_learns_windows_from_llama_server_vllm_and_ollama() {
     // One backend like llama-server (/props, Server: llama.cpp), one like vLLM (max_model_len).
     let llama = listing("llama-model").route(
         "/props",
@@ -185,8 +185,45 @@ async fn the_real_worker_learns_windows_from_llama_server_props_and_vllm_model_c
                 {"id": "vllm-model", "object": "model", "owned_by": "vllm", "max_model_len": 32768}]}))
         }),
     );
+    // One like Ollama: a loaded model in /api/ps, the others described by POST /api/show (a
+    // `num_ctx` parameter, or only the architecture's maximum).
+    let ollama = Router::new()
+        .route(
+            "/v1/models",
+            get(|| async {
+                Json(json!({"object": "list", "data": [
+                    {"id": "loaded:7b", "object": "model", "owned_by": "library"},
+                    {"id": "tuned:3b", "object": "model", "owned_by": "library"},
+                    {"id": "plain:1b", "object": "model", "owned_by": "library"}]}))
+            }),
+        )
+        .route(
+            "/api/ps",
+            get(|| async {
+                Json(
+                    json!({"models": [{"name": "loaded:7b", "model": "loaded:7b",
+                    "context_length": 8192, "size_vram": 1}]}),
+                )
+            }),
+        )
+        .route(
+            "/api/show",
+            axum::routing::post(|Json(asked): Json<Value>| async move {
+                match asked["model"].as_str() {
+                    Some("tuned:3b") => Json(json!({
+                        "parameters": "stop \"<|im_end|>\"\nnum_ctx 16384\ntemperature 0.7",
+                        "model_info": {"qwen2.context_length": 32768}})),
+                    Some("plain:1b") => Json(json!({
+                        "parameters": "temperature 1",
+                        "model_info": {"general.architecture": "llama",
+                                       "llama.context_length": 131072}})),
+                    _ => Json(json!({"error": "loaded models are read from /api/ps"})),
+                }
+            }),
+        );
     let (llama_addr, llama_task) = serve_app(llama, "127.0.0.1:0".parse().unwrap()).await;
     let (vllm_addr, vllm_task) = serve_app(vllm, "127.0.0.1:0".parse().unwrap()).await;
+    let (ollama_addr, ollama_task) = serve_app(ollama, "127.0.0.1:0".parse().unwrap()).await;
     let proxy = start_proxy(test_config()).await;
     let mut config = relay_core::worker::WorkerConfig::new(
         &proxy.url(),
@@ -196,22 +233,25 @@ async fn the_real_worker_learns_windows_from_llama_server_props_and_vllm_model_c
     config.backends = relay_core::worker::Backends::Fixed(vec![
         format!("http://{llama_addr}"),
         format!("http://{vllm_addr}"),
+        format!("http://{ollama_addr}"),
     ]);
     let worker = RunningWorker::start_with(config);
-    wait_until("the worker registers both models", || {
-        proxy.hub.models().len() == 2
+    wait_until("the worker registers all five models", || {
+        proxy.hub.models().len() == 5
     })
     .await;
     let (_, status) = get_json(&proxy.url(), "/api/status", &[]).await;
     assert_eq!(
         status["workers"][0]["context_windows"],
-        json!({"llama-model": 4096, "vllm-model": 32768}),
+        json!({"llama-model": 4096, "vllm-model": 32768,
+               "loaded:7b": 8192, "tuned:3b": 16384, "plain:1b": 131072}),
         "{status}"
     );
     worker.stop().await;
     proxy.shutdown().await;
     llama_task.abort();
     vllm_task.abort();
+    ollama_task.abort();
 }
 
 #[tokio::test]
