@@ -57,6 +57,7 @@ struct Shell {
 struct TrayParts {
     tray: TrayIcon,
     status: MenuItem<tauri::Wry>,
+    claude_code: MenuItem<tauri::Wry>,
     proxy: CheckMenuItem<tauri::Wry>,
     worker: CheckMenuItem<tauri::Wry>,
     login: CheckMenuItem<tauri::Wry>,
@@ -165,6 +166,8 @@ impl LoginItem for Unavailable {
 
 fn build_tray(app: &AppHandle, login: &LoginSetting) -> tauri::Result<()> {
     let status = MenuItem::with_id(app, "status", "Starting…", false, None::<&str>)?;
+    // Enabled: clicking it opens the dashboard, where the model is picked.
+    let claude_code = MenuItem::with_id(app, "claude", "Claude Code", true, None::<&str>)?;
     let proxy = CheckMenuItem::with_id(app, "proxy", labels::RUN_PROXY, true, false, None::<&str>)?;
     let worker = CheckMenuItem::with_id(
         app,
@@ -189,6 +192,7 @@ fn build_tray(app: &AppHandle, login: &LoginSetting) -> tauri::Result<()> {
         app,
         &[
             &status,
+            &claude_code,
             &PredefinedMenuItem::separator(app)?,
             &proxy,
             &worker,
@@ -210,6 +214,7 @@ fn build_tray(app: &AppHandle, login: &LoginSetting) -> tauri::Result<()> {
     app.manage(TrayParts {
         tray,
         status,
+        claude_code,
         proxy,
         worker,
         login: login_item,
@@ -222,7 +227,7 @@ fn on_menu_event(app: &AppHandle, event: MenuEvent) {
     match event.id.as_ref() {
         "proxy" => toggle_role(app, |roles| roles.proxy = !roles.proxy),
         "worker" => toggle_role(app, |roles| roles.worker = !roles.worker),
-        "open" => open_dashboard(app),
+        "open" | "claude" => open_dashboard(app),
         "copy" => copy_url(app),
         "login" => toggle_login(app),
         "quit" => quit(app),
@@ -259,6 +264,7 @@ fn apply_view(parts: &TrayParts, view: &TrayView) {
     // Errors here mean the tray is gone (no tray host): nothing to show it on anyway.
     let _ = parts.tray.set_tooltip(Some(&view.tooltip));
     let _ = parts.status.set_text(&view.status_line);
+    let _ = parts.claude_code.set_text(&view.claude_code_line);
     let _ = parts.proxy.set_checked(view.proxy_checked);
     let _ = parts.worker.set_checked(view.worker_checked);
 }

@@ -49,7 +49,13 @@ pub struct TrayView {
     pub proxy_checked: bool,
     /// Check mark of "Join as worker".
     pub worker_checked: bool,
+    /// The menu line naming the model Claude Code uses here (clicking it opens the dashboard,
+    /// where it is picked).
+    pub claude_code_line: String,
 }
+
+/// Longest model name shown in the Claude Code line (the menu does not wrap).
+const MAX_MODEL_CHARS: usize = 40;
 
 /// Longest error text shown in the menu; GTK menus do not wrap, so a long message would make the
 /// whole menu as wide as the screen. The notification carries the full text.
@@ -81,6 +87,16 @@ pub fn view(state: &NodeState, url: &str) -> TrayView {
         status_line,
         proxy_checked: state.roles.proxy,
         worker_checked: state.roles.worker,
+        claude_code_line: claude_code_line(state),
+    }
+}
+
+/// `Claude Code uses MODEL`, or why it uses none here.
+fn claude_code_line(state: &NodeState) -> String {
+    match (&state.claude_code_model, state.roles.proxy) {
+        (_, false) => "Claude Code: this box runs no proxy".to_string(),
+        (Some(model), true) => format!("Claude Code uses {}", truncate(model, MAX_MODEL_CHARS)),
+        (None, true) => "Claude Code: waiting for a chat model".to_string(),
     }
 }
 
@@ -190,6 +206,7 @@ mod tests {
             workers_connected: workers,
             error: None,
             hardware: None,
+            claude_code_model: None,
         }
     }
 
@@ -333,5 +350,27 @@ mod tests {
         assert_eq!(labels::COPY_URL, "Copy relay URL");
         assert_eq!(labels::START_ON_LOGIN, "Start on login");
         assert_eq!(labels::QUIT, "Quit");
+    }
+
+    #[test]
+    fn the_menu_names_the_model_claude_code_uses() {
+        let mut s = state(true, false, WorkerState::Off, 1);
+        assert_eq!(
+            view(&s, "http://127.0.0.1:8080").claude_code_line,
+            "Claude Code: waiting for a chat model"
+        );
+        s.claude_code_model = Some("qwen2.5-coder-32b-instruct-q4_k_m".to_string());
+        assert_eq!(
+            view(&s, "http://127.0.0.1:8080").claude_code_line,
+            "Claude Code uses qwen2.5-coder-32b-instruct-q4_k_m"
+        );
+        s.claude_code_model = Some("x".repeat(80));
+        let line = view(&s, "http://127.0.0.1:8080").claude_code_line;
+        assert!(line.ends_with('…') && line.chars().count() < 60, "{line}");
+        s.roles.proxy = false;
+        assert_eq!(
+            view(&s, "http://127.0.0.1:8080").claude_code_line,
+            "Claude Code: this box runs no proxy"
+        );
     }
 }

@@ -64,6 +64,8 @@ pub struct NodeState {
     pub error: Option<String>,
     /// This box's CPU, memory and GPUs, while the node's worker samples them.
     pub hardware: Option<crate::protocol::HardwareReport>,
+    /// The model Claude Code's conversation goes to on this node's proxy, when one would answer.
+    pub claude_code_model: Option<String>,
 }
 
 /// What the desktop notifies about.
@@ -251,6 +253,7 @@ impl Node {
                     workers_connected: 0,
                     error: None,
                     hardware: None,
+                    claude_code_model: None,
                 }),
                 events: broadcast::channel(64).0,
                 restart_required: Mutex::new(Vec::new()),

@@ -108,6 +108,7 @@ impl Node {
                 self.inner.hub.set_limits(&provider.name, provider.limits);
             }
             tracing::info!("model aliases and queue limits applied");
+            self.publish();
         }
         {
             let mut pending = locked(&self.inner.restart_required);

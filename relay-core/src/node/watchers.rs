@@ -64,6 +64,9 @@ impl Node {
         });
         let info = self.inner.info.borrow().clone();
         let workers_connected = self.inner.hub.counts().0;
+        let claude_code_model = locked(&self.inner.proxy)
+            .as_ref()
+            .and_then(|proxy| proxy.names.claude_code().model);
         let error = match info.worker.state {
             WorkerState::Disconnected => info
                 .worker
@@ -79,6 +82,7 @@ impl Node {
                 workers_connected,
                 error,
                 hardware: info.worker.hardware.clone(),
+                claude_code_model,
             };
             let changed = *state != next;
             if changed {
@@ -120,7 +124,7 @@ impl Node {
         }
     }
 
-    /// Watches the hub for workers joining and leaving, and (while anyone listens for events)
+    /// Watches the hub for workers joining, leaving and changing models, and (while anyone listens for events)
     /// this machine for model servers appearing and going.
     pub(super) fn spawn_watchers(&self) {
         let node = self.clone();

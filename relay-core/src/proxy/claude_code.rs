@@ -10,6 +10,80 @@
 //! An alias (the dashboard writes `claude-*` and `claude-haiku-*` when the user picks), a
 //! `default_model` or a served name always wins; any other name keeps the seeds' queueing.
 
+use std::sync::Arc;
+
+use super::aliases::LiveAliases;
+use super::hub::Hub;
+use super::upstream::Upstreams;
+
+/// Where model names go now, read live from the proxy's workers, aliases and upstreams: the
+/// one mapping the client routes, the dashboard and the tray all use.
+#[derive(Clone)]
+pub struct NameRoutes {
+    hub: Arc<Hub>,
+    aliases: Arc<LiveAliases>,
+    upstreams: Arc<Upstreams>,
+}
+
+/// The served models Claude Code's requests go to now; `None` while such a request would wait
+/// for a worker.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct ClaudeCodeUses {
+    /// For the conversation.
+    pub model: Option<String>,
+    /// For its `claude-haiku-*` side requests.
+    pub small_model: Option<String>,
+}
+
+impl NameRoutes {
+    /// Claude names Claude Code sends, one per kind of request.
+    const CONVERSATION: &'static str = "claude-sonnet-4-5";
+    const SIDE_REQUESTS: &'static str = "claude-haiku-4-5";
+
+    /// The lookup over the proxy's live state.
+    pub fn new(hub: Arc<Hub>, aliases: Arc<LiveAliases>, upstreams: Arc<Upstreams>) -> Self {
+        NameRoutes {
+            hub,
+            aliases,
+            upstreams,
+        }
+    }
+
+    /// The served model a request for `model` goes to: by `[proxy.aliases]` and
+    /// `default_model`, else, for a Claude name nobody claims, the model chosen for Claude
+    /// Code; `None` keeps `model`.
+    pub fn mapped(&self, model: &str) -> Option<String> {
+        let aliases = self.aliases.current();
+        let served = |m: &str| self.hub.serves(m);
+        if !aliases.is_empty() {
+            if let Some(target) = aliases.resolve(model, served) {
+                return Some(target.to_string());
+            }
+        }
+        if !is_claude(model) || served(model) || self.upstreams.for_unclaimed(model).is_some() {
+            return None;
+        }
+        let models = self.hub.models();
+        let choice = choose(models.iter().map(|(name, _)| name.as_str()))?;
+        Some(pick(&choice, model).to_string())
+    }
+
+    /// What Claude Code's requests go to now (an alias, `default_model`, a served or upstream
+    /// Claude name, or the model the relay chose).
+    pub fn claude_code(&self) -> ClaudeCodeUses {
+        let goes_to = |name: &str| {
+            self.mapped(name).or_else(|| {
+                let served = self.hub.serves(name) || self.upstreams.for_unclaimed(name).is_some();
+                served.then(|| name.to_string())
+            })
+        };
+        ClaudeCodeUses {
+            model: goes_to(Self::CONVERSATION),
+            small_model: goes_to(Self::SIDE_REQUESTS),
+        }
+    }
+}
+
 /// Whether `model` is a name Claude Code asks for.
 pub fn is_claude(model: &str) -> bool {
     let lower = model.to_ascii_lowercase();

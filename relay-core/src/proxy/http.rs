@@ -554,36 +554,14 @@ async fn serve_upstream(
     .await
 }
 
-/// The served model a request for `model` goes to: by `[proxy.aliases]` and `default_model`,
-/// else, for a Claude name nobody claims, the model chosen for Claude Code
-/// ([`super::claude_code`]); `None` keeps `model`.
-pub(crate) fn mapped_model(state: &AppState, model: &str) -> Option<String> {
-    let aliases = state.aliases.current();
-    let served = |m: &str| state.hub.serves(m);
-    if !aliases.is_empty() {
-        if let Some(target) = aliases.resolve(model, served) {
-            return Some(target.to_string());
-        }
-    }
-    if !super::claude_code::is_claude(model)
-        || served(model)
-        || state.upstreams.for_unclaimed(model).is_some()
-    {
-        return None;
-    }
-    let models = state.hub.models();
-    let choice = super::claude_code::choose(models.iter().map(|(name, _)| name.as_str()))?;
-    Some(super::claude_code::pick(&choice, model).to_string())
-}
-
-/// The model (and body) after [`mapped_model`]; untouched when the name needs no mapping. The
+/// The model (and body) after [`super::claude_code::NameRoutes::mapped`]; untouched when the name needs no mapping. The
 /// body is re-serialized only when rewritten.
 fn apply_aliases(
     state: &AppState,
     model: String,
     body: String,
 ) -> Result<(String, String), ApiError> {
-    let Some(target) = mapped_model(state, &model) else {
+    let Some(target) = state.names.mapped(&model) else {
         return Ok((model, body));
     };
     let mut value: Value = serde_json::from_str(&body)

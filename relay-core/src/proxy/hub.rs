@@ -684,6 +684,7 @@ impl Hub {
         inner.execute(actions);
         drop(inner);
         self.telemetry.touch();
+        self.telemetry.models_changed();
         (accepted, warnings)
     }
 

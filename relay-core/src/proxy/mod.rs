@@ -250,6 +250,8 @@ pub struct ProxyState {
     pub closing: Arc<watch::Sender<bool>>,
     /// `[proxy.aliases]` and `default_model` as they apply now (settings change them live).
     pub aliases: Arc<LiveAliases>,
+    /// Where model names go now (aliases, Claude Code's names).
+    pub names: claude_code::NameRoutes,
     /// Who may use the control API.
     pub admin: AdminAccess,
     /// One permit per worker connection ([`ProxyConfig::max_workers`]).
@@ -278,6 +280,8 @@ pub struct RunningProxy {
     closing: Arc<watch::Sender<bool>>,
     /// The model aliases in force: replace them to change `[proxy.aliases]` live.
     pub aliases: Arc<LiveAliases>,
+    /// Where model names go now (the tray's "Claude Code uses" line).
+    pub names: claude_code::NameRoutes,
     usage: UsageLog,
     /// Who may use the control API (and `/metrics`).
     pub admin: AdminAccess,
@@ -298,6 +302,8 @@ pub struct Built {
     pub closing: Arc<watch::Sender<bool>>,
     /// The model aliases in force, replaceable while the proxy runs.
     pub aliases: Arc<LiveAliases>,
+    /// Where model names go now.
+    pub names: claude_code::NameRoutes,
     /// Where finished requests are accounted (flushed on shutdown).
     pub usage: UsageLog,
     /// Who may use the control API (and `/metrics`).
@@ -386,6 +392,13 @@ pub async fn router(
             .max_request_bytes_in_flight
             .min(Semaphore::MAX_PERMITS),
     ));
+    let upstreams = Arc::new(Upstreams::new(
+        config.upstreams.clone(),
+        config.fallback_upstream.as_deref(),
+        config.providers[0].limits.request_timeout,
+        config.max_stream_bytes,
+    ));
+    let names = claude_code::NameRoutes::new(hub.clone(), aliases.clone(), upstreams.clone());
     let state: AppState = Arc::new(ProxyState {
         hub: hub.clone(),
         limiter: Arc::clone(&limiter),
@@ -399,16 +412,12 @@ pub async fn router(
         },
         responses: Arc::new(ResponsesStore::new(config.responses_store)),
         shared_responses,
-        upstreams: Arc::new(Upstreams::new(
-            config.upstreams.clone(),
-            config.fallback_upstream.as_deref(),
-            config.providers[0].limits.request_timeout,
-            config.max_stream_bytes,
-        )),
+        upstreams: Arc::clone(&upstreams),
         config: Arc::new(config),
         node: node.clone(),
         closing: closing.clone(),
         aliases: aliases.clone(),
+        names: names.clone(),
         admin: admin.clone(),
         worker_slots,
         event_slots,
@@ -442,6 +451,7 @@ pub async fn router(
         node,
         closing,
         aliases,
+        names,
         usage,
         admin,
     })
@@ -469,6 +479,7 @@ pub async fn start_with(
         node,
         closing,
         aliases,
+        names,
         usage,
         admin,
     } = router(config, addr, extra).await?;
@@ -484,6 +495,7 @@ pub async fn start_with(
         node,
         closing,
         aliases,
+        names,
         usage,
         admin,
         drain_timeout,

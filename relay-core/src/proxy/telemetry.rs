@@ -371,8 +371,14 @@ impl Telemetry {
         self.roster.send_modify(|n| *n += 1);
     }
 
-    /// Changes whenever a worker joins or leaves (then read [`Telemetry::worker`] and the hub's
-    /// workers): waiting on it costs nothing while the roster stays the same.
+    /// A worker's models changed (`models_update`): what a name goes to may have too.
+    pub fn models_changed(&self) {
+        self.roster.send_modify(|n| *n += 1);
+    }
+
+    /// Changes whenever a worker joins or leaves or changes its models (then read
+    /// [`Telemetry::worker`] and the hub's workers): waiting on it costs nothing while the roster
+    /// stays the same.
     pub fn roster_changes(&self) -> watch::Receiver<u64> {
         self.roster.subscribe()
     }

@@ -1230,3 +1230,48 @@ async fn the_desktop_apps_start_on_login_is_served_by_its_node_to_the_signed_in_
     assert_eq!(body["enabled"], true);
     node.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_tray_state_names_the_model_claude_code_uses_and_follows_models_and_aliases() {
+    use relay_core::protocol::{ModelsUpdateMessage, WorkerToServer};
+    let (node, _dir) = start_node(PROXY_ONLY, None, "127.0.0.1:0").await;
+    let mut state = node.state();
+    let follows = |state: &mut tokio::sync::watch::Receiver<relay_core::node::NodeState>,
+                   model: &'static str| {
+        let mut state = state.clone();
+        async move {
+            tokio::time::timeout(
+                WAIT,
+                state.wait_for(|s| s.claude_code_model.as_deref() == Some(model)),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("the tray state names {model}"))
+            .expect("state");
+        }
+    };
+    assert_eq!(state.borrow_and_update().claude_code_model, None);
+    let addr = node.url().trim_start_matches("http://").parse().unwrap();
+    let (mut worker, _) = ScriptedWorker::join(addr, "gpu-box", &["qwen2.5-7b"], 1).await;
+    follows(&mut state, "qwen2.5-7b").await;
+    // A larger model arriving by models_update (no worker joins or leaves) is seen too.
+    worker
+        .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            models: vec!["qwen2.5-7b".to_string(), "qwen2.5-32b".to_string()],
+            current_load: 0,
+            going_to_sleep: None,
+            context_windows: None,
+        }))
+        .await;
+    follows(&mut state, "qwen2.5-32b").await;
+    // The user's pick (an alias saved in settings) wins, at once.
+    let url = format!("{}/api/settings", node.url());
+    let (code, body) = put_json(
+        &url,
+        &json!({"proxy": {"aliases": {"claude-*": "qwen2.5-7b"}}}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    follows(&mut state, "qwen2.5-7b").await;
+    drop(worker);
+    node.shutdown().await;
+}

@@ -38,36 +38,7 @@ pub struct NodeStatus {
     /// Seconds since start.
     pub uptime_secs: u64,
     /// Where Claude Code's requests go now.
-    pub claude_code: ClaudeCodeView,
-}
-
-/// What Claude Code's requests go to now (an alias, `default_model`, a served Claude name, or
-/// the model the relay chose): `model` for the conversation, `small_model` for its
-/// `claude-haiku-*` side requests; `null` while such a request would wait for a worker.
-#[derive(Debug, Serialize)]
-pub struct ClaudeCodeView {
-    model: Option<String>,
-    small_model: Option<String>,
-}
-
-impl ClaudeCodeView {
-    /// Claude names Claude Code sends, one per kind of request.
-    const CONVERSATION: &'static str = "claude-sonnet-4-5";
-    const SIDE_REQUESTS: &'static str = "claude-haiku-4-5";
-
-    fn of(state: &AppState) -> Self {
-        let goes_to = |name: &str| {
-            crate::proxy::http::mapped_model(state, name).or_else(|| {
-                let served =
-                    state.hub.serves(name) || state.upstreams.for_unclaimed(name).is_some();
-                served.then(|| name.to_string())
-            })
-        };
-        ClaudeCodeView {
-            model: goes_to(Self::CONVERSATION),
-            small_model: goes_to(Self::SIDE_REQUESTS),
-        }
-    }
+    pub claude_code: crate::proxy::claude_code::ClaudeCodeUses,
 }
 
 /// One connected worker.
@@ -262,7 +233,7 @@ pub fn snapshot(state: &AppState) -> Status {
             admin_token_required: state.admin.required(),
             require_api_keys: state.config.require_api_keys,
             uptime_secs: hub.uptime().as_secs(),
-            claude_code: ClaudeCodeView::of(state),
+            claude_code: state.names.claude_code(),
         },
         workers,
         models,
