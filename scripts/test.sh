@@ -6,7 +6,8 @@
 #   2. the official OpenAI and Anthropic Python SDKs (and curl) against the real `modelrelay`;
 #   3. the supply chain: every npm lockfile entry carries its registry integrity;
 #   4. the web UI: its unit tests, a check that the embedded build (ui/dist) matches its sources,
-#      and end-to-end tests in a real Chromium against real relays and workers.
+#      and end-to-end tests in a real Chromium against real relays and workers (the real Open
+#      WebUI among them, when scripts/real-clients.sh has cached it; CI does).
 # Missing system packages are installed first (scripts/install-deps.sh); Python and npm packages
 # are installed on first run into .venv and node_modules, and reused later.
 set -euo pipefail

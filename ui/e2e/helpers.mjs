@@ -118,10 +118,15 @@ export async function waitFor(check, { ms = 15_000, interval = 100, what = 'cond
 
 /**
  * A mock OpenAI-compatible backend: GET /v1/models, POST /v1/chat/completions (JSON, or SSE
- * chunks with `chunkDelayMs` between them when `stream: true`).
+ * chunks with `chunkDelayMs` between them when `stream: true`). Every request is kept in
+ * `state.seen` ({ body, at, closedEarlyAt }: when its client went away before the end). With
+ * `usageWhenAsked`, a stream carries usage only when `stream_options.include_usage` asks, in
+ * its own last chunk, as OpenAI and llama-server do; prompt tokens are then the words of the
+ * messages, so a test can tell what was counted. `reply(body)` may give the text of a
+ * non-streamed answer (the default is a fixed sentence).
  */
-export async function startMockBackend({ model = 'mock-model', chunks = 20, chunkDelayMs = 100 } = {}) {
-  const state = { requests: 0, chunkDelayMs, chunks };
+export async function startMockBackend({ model = 'mock-model', chunks = 20, chunkDelayMs = 100, usageWhenAsked = false, reply = null } = {}) {
+  const state = { requests: 0, chunkDelayMs, chunks, seen: [] };
   const sockets = new Set();
   const server = createServer(async (req, res) => {
     const url = new URL(req.url, 'http://x');
@@ -144,10 +149,16 @@ export async function startMockBackend({ model = 'mock-model', chunks = 20, chun
       }
       const id = `chatcmpl-mock-${state.requests}`;
       const created = Math.floor(Date.now() / 1000);
+      const seen = { body: parsed, at: Date.now(), closedEarlyAt: null };
+      state.seen.push(seen);
+      const promptTokens = usageWhenAsked ? wordsOf(parsed.messages) : 5;
       if (parsed.stream) {
         res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
         let closed = false;
-        res.on('close', () => (closed = true));
+        res.on('close', () => {
+          if (!res.writableFinished) seen.closedEarlyAt = Date.now();
+          closed = true;
+        });
         for (let i = 0; i < state.chunks && !closed; i++) {
           const chunk = {
             id,
@@ -160,15 +171,20 @@ export async function startMockBackend({ model = 'mock-model', chunks = 20, chun
           await sleep(state.chunkDelayMs);
         }
         if (!closed) {
+          const usage = { prompt_tokens: promptTokens, completion_tokens: state.chunks, total_tokens: promptTokens + state.chunks };
           const last = {
             id,
             object: 'chat.completion.chunk',
             created,
             model: parsed.model ?? model,
             choices: [{ index: 0, delta: {}, finish_reason: 'stop' }],
-            usage: { prompt_tokens: 5, completion_tokens: state.chunks, total_tokens: 5 + state.chunks },
           };
+          if (!usageWhenAsked) last.usage = usage;
           res.write(`data: ${JSON.stringify(last)}\n\n`);
+          if (usageWhenAsked && parsed.stream_options?.include_usage) {
+            const usageChunk = { id, object: 'chat.completion.chunk', created, model: parsed.model ?? model, choices: [], usage };
+            res.write(`data: ${JSON.stringify(usageChunk)}\n\n`);
+          }
           res.write('data: [DONE]\n\n');
           res.end();
         }
@@ -181,8 +197,8 @@ export async function startMockBackend({ model = 'mock-model', chunks = 20, chun
           object: 'chat.completion',
           created,
           model: parsed.model ?? model,
-          choices: [{ index: 0, message: { role: 'assistant', content: 'Hello from the mock.' }, finish_reason: 'stop' }],
-          usage: { prompt_tokens: 5, completion_tokens: 4, total_tokens: 9 },
+          choices: [{ index: 0, message: { role: 'assistant', content: reply?.(parsed) ?? 'Hello from the mock.' }, finish_reason: 'stop' }],
+          usage: { prompt_tokens: promptTokens, completion_tokens: 4, total_tokens: promptTokens + 4 },
         }),
       );
       return;
@@ -211,6 +227,16 @@ export async function startMockBackend({ model = 'mock-model', chunks = 20, chun
   };
   defer(mock.close);
   return mock;
+}
+
+/** The words of chat messages' text: the mock's token count. */
+function wordsOf(messages = []) {
+  let words = 0;
+  for (const message of messages) {
+    const parts = typeof message.content === 'string' ? [message.content] : (message.content ?? []).map((p) => p.text ?? '');
+    for (const text of parts) words += text.split(/\s+/).filter(Boolean).length;
+  }
+  return words;
 }
 
 /**

@@ -48,8 +48,10 @@ pub fn route_of(path: &str) -> Option<Route> {
 const TOKENIZE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The input tokens of an Anthropic Messages `body` as the backend's own tokenizer counts them
-/// (vLLM's `POST /tokenize` with the chat messages and tools), or `None` where it has no such
-/// route (learned once per probe period) or does not answer in time.
+/// — vLLM's `POST /tokenize` with the chat messages and tools; llama-server's `/tokenize` takes
+/// text only, so there the chat is rendered with the model's own template (`/apply-template`)
+/// and that text counted — or `None` where it has no such route (learned once per probe
+/// period) or does not answer in time.
 async fn count_with_tokenizer(
     backend: &Backend,
     request: &BackendRequest,
@@ -72,7 +74,59 @@ async fn count_with_tokenizer(
         ask["tools"] = tools.clone();
     }
     let headers = chat_headers(&request.headers);
-    let sent = send(backend, Route::Tokenize.path(), &headers, ask.to_string());
+    let learn = |known| {
+        backend
+            .capabilities
+            .learn(&backend.base_url, Route::Tokenize, known)
+    };
+    let counted = match ask_tokenizer(backend, Route::Tokenize.path(), &headers, &ask).await? {
+        TokenizerAnswer::Missing => {
+            learn(false);
+            return None;
+        }
+        TokenizerAnswer::Json(counted) => counted,
+    };
+    if let Some(count) = counted.get("count").and_then(Value::as_u64) {
+        learn(true);
+        return Some(count);
+    }
+    // A tokenizer of text (llama-server's answers `{"tokens": []}` to messages).
+    counted.get("tokens")?.as_array()?;
+    ask.as_object_mut()?.remove("add_generation_prompt");
+    let TokenizerAnswer::Json(rendered) =
+        ask_tokenizer(backend, "/apply-template", &headers, &ask).await?
+    else {
+        learn(false);
+        return None;
+    };
+    let text = json!({ "content": rendered.get("prompt")?.as_str()? });
+    let TokenizerAnswer::Json(tokens) =
+        ask_tokenizer(backend, Route::Tokenize.path(), &headers, &text).await?
+    else {
+        return None;
+    };
+    let count = tokens.get("tokens")?.as_array()?.len() as u64;
+    learn(true);
+    Some(count)
+}
+
+/// What a backend's tokenizer route answered.
+enum TokenizerAnswer {
+    /// The route does not exist there.
+    Missing,
+    /// A JSON answer.
+    Json(Value),
+}
+
+/// Posts `ask` to the backend's `path` within [`TOKENIZE_TIMEOUT`]; `None` on a transport
+/// failure, a timeout, an error status or an answer that is not JSON.
+async fn ask_tokenizer(
+    backend: &Backend,
+    path: &str,
+    headers: &HeaderMap,
+    ask: &Value,
+) -> Option<TokenizerAnswer> {
+    let sent = send(backend, path, headers, ask.to_string());
     let response = tokio::time::timeout(TOKENIZE_TIMEOUT, sent)
         .await
         .ok()?
@@ -83,19 +137,12 @@ async fn count_with_tokenizer(
         .ok()?
         .ok()?;
     if super::route_missing(status, &text) {
-        backend
-            .capabilities
-            .learn(&backend.base_url, Route::Tokenize, false);
+        return Some(TokenizerAnswer::Missing);
+    }
+    if !status.is_success() {
         return None;
     }
-    let count = serde_json::from_str::<Value>(&text)
-        .ok()?
-        .get("count")?
-        .as_u64()?;
-    backend
-        .capabilities
-        .learn(&backend.base_url, Route::Tokenize, true);
-    Some(count)
+    serde_json::from_str(&text).ok().map(TokenizerAnswer::Json)
 }
 
 /// Serves `request` for `route`: passed through, probed, or translated.

@@ -391,3 +391,53 @@ async fn count_tokens_counts_with_the_backends_own_tokenizer_where_it_has_one() 
     proxy.shutdown().await;
     task.abort();
 }
+
+#[tokio::test]
+async fn count_tokens_renders_the_chat_with_llama_servers_template_and_counts_that_text() {
+    // llama-server: /tokenize takes text (messages get `{"tokens": []}`), /apply-template
+    // renders a chat with the model's template (generation prompt included).
+    let backend = listing("m")
+        .route(
+            "/tokenize",
+            axum::routing::post(|Json(body): Json<Value>| async move {
+                let words = body["content"].as_str().map_or(0, |t| t.split(' ').count());
+                Json(json!({"tokens": vec![7; words]}))
+            }),
+        )
+        .route(
+            "/apply-template",
+            axum::routing::post(|Json(body): Json<Value>| async move {
+                let mut prompt = String::new();
+                for message in body["messages"].as_array().unwrap() {
+                    prompt.push_str(&format!(
+                        "<{}> {} ",
+                        message["role"].as_str().unwrap(),
+                        message["content"].as_str().unwrap()
+                    ));
+                }
+                let tools = body["tools"].as_array().map_or(0, Vec::len);
+                prompt.push_str(&format!("tools {tools} <assistant>"));
+                Json(json!({ "prompt": prompt }))
+            }),
+        );
+    let (proxy, worker, task) = real_worker_for(backend).await;
+    let count = json!({"model": "m", "system": "be brief",
+                       "messages": [{"role": "user", "content": "hi there"}],
+                       "tools": [{"name": "t", "description": "d", "input_schema": {"type": "object"}}]});
+    let (status, _, text) = post_raw(
+        &proxy.url(),
+        "/v1/messages/count_tokens",
+        count.to_string(),
+        &[("anthropic-version", "2023-06-01")],
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    // "<system> be brief <user> hi there tools 1 <assistant>": 9 words.
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        json!({"input_tokens": 9})
+    );
+    worker.stop().await;
+    proxy.shutdown().await;
+    task.abort();
+}

@@ -407,8 +407,9 @@ impl ChatOnlyBackend {
             .route("/v1/models", routing::get(chat_only_models))
             .route("/v1/chat/completions", routing::post(chat_only_chat))
             // The worker asks every backend for its context window now and then (llama-server
-            // answers here); not a request these tests follow.
+            // answers at /props, Ollama at /api/ps); not requests these tests follow.
             .route("/props", routing::get(|| async { StatusCode::NOT_FOUND }))
+            .route("/api/ps", routing::get(|| async { StatusCode::NOT_FOUND }))
             .fallback(chat_only_missing)
             .with_state(state.clone());
         let (addr, task) = serve_app(app, "127.0.0.1:0".parse().expect("address")).await;
