@@ -2,60 +2,27 @@
 //! weights), through a real proxy and the real worker: lazy start, requests through the relay,
 //! idle unload, switching between two models, orphan cleanup after the worker is SIGKILLed.
 //!
-//! The server and the model are built by `../shared/tools/realstack/setup.sh` into `$REALSTACK`
-//! (default `~/.cache/modelrelay-realstack`): `bin/llama-server` and
-//! `models/tiny-random-llama.gguf`. Building takes 12–25 minutes, so these tests never build it:
-//! without them every test here prints why it is skipped and passes.
+//! The server and the model are built once by `scripts/real-clients.sh` (see
+//! `common/realstack.rs`); without them every test here prints why it is skipped and passes.
 
 #[path = "common/inprocess.rs"]
 mod inprocess;
+#[path = "common/realstack.rs"]
+mod realstack;
 #[path = "model_lifecycle/relay.rs"]
 mod relay;
 #[path = "model_lifecycle/support.rs"]
 mod support;
 
-use std::io::Write;
-use std::path::PathBuf;
 use std::time::Duration;
 
+use realstack::Stack;
 use relay::*;
 use serde_json::{json, Value};
 use support::{alive, config, gone_within, TempDir};
 
 /// Bound on each test: a real server takes a second or two to start; a busy box more.
 const BOUND: Duration = Duration::from_secs(180);
-
-/// The built llama-server and model.
-struct Stack {
-    llama_server: PathBuf,
-    model: PathBuf,
-}
-
-/// The stack, or `None` after printing why the test is skipped.
-fn stack(test: &str) -> Option<Stack> {
-    let root = std::env::var_os("REALSTACK")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/modelrelay-realstack"))
-        })
-        .unwrap_or_else(|| PathBuf::from(".cache/modelrelay-realstack"));
-    let stack = Stack {
-        llama_server: root.join("bin/llama-server"),
-        model: root.join("models/tiny-random-llama.gguf"),
-    };
-    if stack.llama_server.is_file() && stack.model.is_file() {
-        return Some(stack);
-    }
-    // Straight to stderr, past the test harness's capture, so the skip is visible.
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED {test}: no real llama-server stack in {} (needs bin/llama-server and \
-         models/tiny-random-llama.gguf; build them once with ../shared/tools/realstack/setup.sh, \
-         12-25 minutes, or point $REALSTACK at a built stack)",
-        root.display()
-    );
-    None
-}
 
 impl Stack {
     /// A model-map entry running the tiny model as `name` (small context, short answers, one
@@ -122,9 +89,10 @@ async fn ask(url: &str, model: &str) -> Answer {
 
 #[tokio::test]
 async fn real_llama_server_starts_on_the_first_request_and_answers_through_the_relay() {
-    let Some(stack) =
-        stack("real_llama_server_starts_on_the_first_request_and_answers_through_the_relay")
-    else {
+    let Some(stack) = realstack::stack(
+        "real_llama_server_starts_on_the_first_request_and_answers_through_the_relay",
+        false,
+    ) else {
         return;
     };
     bounded(async {
@@ -160,7 +128,10 @@ async fn real_llama_server_starts_on_the_first_request_and_answers_through_the_r
 
 #[tokio::test]
 async fn real_llama_server_is_unloaded_when_idle_and_started_again() {
-    let Some(stack) = stack("real_llama_server_is_unloaded_when_idle_and_started_again") else {
+    let Some(stack) = realstack::stack(
+        "real_llama_server_is_unloaded_when_idle_and_started_again",
+        false,
+    ) else {
         return;
     };
     bounded(async {
@@ -198,7 +169,7 @@ async fn real_llama_server_is_unloaded_when_idle_and_started_again() {
 
 #[tokio::test]
 async fn real_models_switch_when_only_one_fits() {
-    let Some(stack) = stack("real_models_switch_when_only_one_fits") else {
+    let Some(stack) = realstack::stack("real_models_switch_when_only_one_fits", false) else {
         return;
     };
     bounded(async {
@@ -227,9 +198,10 @@ async fn real_models_switch_when_only_one_fits() {
 
 #[tokio::test]
 async fn a_real_llama_server_orphaned_by_a_sigkilled_worker_is_killed_by_the_next_worker() {
-    let Some(stack) =
-        stack("a_real_llama_server_orphaned_by_a_sigkilled_worker_is_killed_by_the_next_worker")
-    else {
+    let Some(stack) = realstack::stack(
+        "a_real_llama_server_orphaned_by_a_sigkilled_worker_is_killed_by_the_next_worker",
+        false,
+    ) else {
         return;
     };
     bounded(async {
