@@ -73,6 +73,13 @@ describe('toDashboardView', () => {
     expect(view.inFlight[0]).toMatchObject({ worker: 'queued', ttft: '—', tokensPerSec: '—' });
   });
 
+  it('says when a waiting request asked for a name no worker serves', () => {
+    const status = sampleStatus();
+    status.in_flight[1] = { ...status.in_flight[1], model: 'claude-opus-5-5' };
+    const waiting = toDashboardView(status, NOW).inFlight.find((r) => r.id === 'r-18');
+    expect(waiting).toMatchObject({ model: 'claude-opus-5-5', worker: 'no worker serves this name yet', state: 'queued' });
+  });
+
   it('sums queues and formats totals', () => {
     expect(view.queueDepthTotal).toBe(2);
     expect(view.totals).toEqual({ requests: '10', errors: '1', tokens: '1,234', errorRate: '10%' });

@@ -188,6 +188,9 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
 
   const queues = status.queues.map((q) => ({ provider: q.provider, depth: q.depth }));
 
+  // A request waiting for a name nobody serves waits for a worker to bring it (models_update)
+  // until its queue timeout: say so, with the name it asked for beside it.
+  const servedNow = new Set(status.models.filter((m) => m.workers.length > 0).map((m) => m.name));
   const inFlight: InFlightRow[] = [...status.in_flight]
     .sort((a, b) => b.age_ms - a.age_ms || a.id.localeCompare(b.id))
     .slice(0, MAX_IN_FLIGHT_ROWS)
@@ -195,7 +198,7 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
       id: r.id,
       model: r.model,
       provider: r.provider,
-      worker: r.worker == null ? 'queued' : nameOf(r.worker),
+      worker: r.worker != null ? nameOf(r.worker) : servedNow.has(r.model) ? 'queued' : 'no worker serves this name yet',
       state: r.state,
       streaming: r.streaming,
       age: formatDuration(r.age_ms),
