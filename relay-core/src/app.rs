@@ -1,11 +1,8 @@
 //! What the `modelrelay` command runs: proxy and worker together (the zero-config default), the
 //! proxy alone, a worker alone, or discovery. The desktop app calls the same functions.
 
-use std::io::ErrorKind;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::cli::{Cli, Command, ModelsCommand};
@@ -15,9 +12,6 @@ use crate::paths;
 use crate::settings::{self, ConfigError, FileConfig, Overrides, WorkerSettings};
 use crate::worker::{self, WorkerConfig};
 
-/// How many ports after the default one are tried when it is taken.
-const PORT_SEARCH: u16 = 20;
-
 /// A failure that stops the command, with a message that says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -25,27 +19,14 @@ pub enum AppError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// The listen address could not be used.
-    #[error("cannot listen on {address}: {reason}")]
-    Listen {
-        /// The address.
-        address: String,
-        /// Why, and what to do.
-        reason: String,
-    },
-    /// The proxy could not start on its listener (its database, most likely).
-    #[error("the proxy could not start: {reason}")]
-    ProxyStart {
-        /// Why, and what to do.
-        reason: String,
-    },
+    #[error(transparent)]
+    Listen(#[from] crate::listen::ListenError),
     /// The worker secret could not be stored or read.
-    #[error("worker secret file {path}: {reason}")]
-    Secret {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
+    #[error(transparent)]
+    Secret(#[from] paths::SecretError),
+    /// The node could not start or apply its settings.
+    #[error(transparent)]
+    Node(#[from] crate::node::NodeError),
     /// A worker has no secret to present.
     #[error("no worker secret: pass --worker-secret (or set WORKER_SECRET) to the secret the proxy printed when it started")]
     MissingSecret,
@@ -53,11 +34,8 @@ pub enum AppError {
     #[error(transparent)]
     Tls(#[from] crate::tls::server::TlsError),
     /// `modelrelay dashboard` could not make a link.
-    #[error("cannot open the dashboard: {reason}")]
-    Dashboard {
-        /// Why, and what to do.
-        reason: String,
-    },
+    #[error(transparent)]
+    Dashboard(#[from] crate::open_dashboard::DashboardError),
     /// `models scan` could not read its directory.
     #[error(transparent)]
     Scan(#[from] crate::lifecycle::scan::ScanError),
@@ -91,7 +69,7 @@ pub async fn run(cli: Cli) -> Result<(), AppError> {
         }
         Some(Command::Worker) => run_worker_only(&overrides, &file()?).await,
         Some(Command::Dashboard { print }) => {
-            crate::open_dashboard::run(&file()?, &overrides, print).await
+            Ok(crate::open_dashboard::run(&file()?, &overrides, print).await?)
         }
         Some(Command::Discover { json }) => {
             run_discover(json).await;
@@ -108,92 +86,6 @@ pub async fn run(cli: Cli) -> Result<(), AppError> {
             Ok(())
         }
     }
-}
-
-/// The stored worker secret, created on first use with 32 random characters (owner-only file).
-pub fn stored_secret(create: bool) -> Result<Option<String>, AppError> {
-    let dir = paths::data_dir();
-    paths::stored_secret(&dir, paths::WORKER_SECRET_FILE, create).map_err(|e| AppError::Secret {
-        path: dir.join(paths::WORKER_SECRET_FILE),
-        reason: e.to_string(),
-    })
-}
-
-/// The admin token of the control API stored in the data directory `dir`, created on first use
-/// like the worker secret.
-pub fn stored_admin_token(dir: &std::path::Path) -> Result<String, AppError> {
-    paths::stored_secret(dir, paths::ADMIN_TOKEN_FILE, true)
-        .map(|token| token.expect("created when missing"))
-        .map_err(|e| AppError::Secret {
-            path: dir.join(paths::ADMIN_TOKEN_FILE),
-            reason: e.to_string(),
-        })
-}
-
-/// The proxy's secret: the configured one (flag, environment or file), or the stored one
-/// (generated on first run).
-pub(crate) fn proxy_secret(configured: Option<&String>) -> Result<String, AppError> {
-    if let Some(secret) = configured {
-        return Ok(secret.clone());
-    }
-    Ok(stored_secret(true)?.expect("created when missing"))
-}
-
-/// Connections the kernel may hold for the relay before it accepts them (capped by the
-/// kernel's `net.core.somaxconn`, 4,096 on current Linux). tokio and the standard library
-/// listen with 128: a burst of more clients connecting at once than that overflows the queue,
-/// the kernel drops their SYNs, and each waits a second for its SYN to be sent again
-/// (BENCHMARKS.md, "burst").
-pub const LISTEN_BACKLOG: u32 = 1024;
-
-/// Listens on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR` on Unix, as
-/// `TcpListener::bind` sets it, so a restarted relay rebinds its port at once).
-pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    #[cfg(unix)]
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(LISTEN_BACKLOG)
-}
-
-/// Binds the listen address. The default address moves to the next free port when taken (a
-/// llama-server often holds 8080); an explicit one that is taken is an error.
-pub async fn bind(address: &str, explicit: bool) -> Result<TcpListener, AppError> {
-    let parsed: SocketAddr = address.parse().map_err(|e| AppError::Listen {
-        address: address.to_string(),
-        reason: format!("not an IP:port address ({e}); example: 0.0.0.0:8080"),
-    })?;
-    let in_use = |addr: SocketAddr| AppError::Listen {
-        address: addr.to_string(),
-        reason: "the port is in use; choose another with --listen or LISTEN_ADDR".to_string(),
-    };
-    match listen(parsed) {
-        Ok(listener) => return Ok(listener),
-        Err(e) if e.kind() == ErrorKind::AddrInUse && !explicit => {}
-        Err(e) if e.kind() == ErrorKind::AddrInUse => return Err(in_use(parsed)),
-        Err(e) => {
-            return Err(AppError::Listen {
-                address: address.to_string(),
-                reason: e.to_string(),
-            })
-        }
-    }
-    for offset in 1..=PORT_SEARCH {
-        let candidate = SocketAddr::new(parsed.ip(), parsed.port().saturating_add(offset));
-        if let Ok(listener) = listen(candidate) {
-            println!(
-                "Port {} is in use (probably a model server); serving on port {} instead.",
-                parsed.port(),
-                candidate.port()
-            );
-            return Ok(listener);
-        }
-    }
-    Err(in_use(parsed))
 }
 
 /// The start-up banner. It names where the secrets are instead of printing them: stdout ends up
@@ -328,9 +220,11 @@ pub fn overrides(cli: &Cli) -> Result<Overrides, AppError> {
 /// The secret in the file at `path` (`what` it is, for the error), trimmed; an empty file or
 /// one that cannot be read is an error naming it.
 fn secret_from_file(path: &Path, what: &str) -> Result<String, AppError> {
-    let failure = |reason: String| AppError::Secret {
-        path: path.to_path_buf(),
-        reason,
+    let failure = |reason: String| {
+        AppError::Secret(paths::SecretError {
+            path: path.to_path_buf(),
+            reason,
+        })
     };
     let text = std::fs::read_to_string(path).map_err(|e| failure(e.to_string()))?;
     let secret = text.trim();
@@ -365,7 +259,7 @@ async fn run_worker_only(overrides: &Overrides, file: &FileConfig) -> Result<(),
     let secret = match settings.worker_secret.clone() {
         Some(secret) => secret,
         // On the proxy's own machine the stored secret is the right one.
-        None => stored_secret(false)?.ok_or(AppError::MissingSecret)?,
+        None => paths::worker_secret(false)?.ok_or(AppError::MissingSecret)?,
     };
     let proxy_url = settings
         .proxy_url
@@ -460,33 +354,5 @@ mod tests {
         let error = overrides(&cli).unwrap_err().to_string();
         assert!(error.contains("empty"), "{error}");
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// Connects nobody accepts yet complete only while the listen queue has room; beyond it the
-    /// kernel drops the SYN and the connect waits a second to send it again.
-    #[tokio::test]
-    async fn the_listener_holds_a_burst_of_connects_far_beyond_the_default_128() {
-        let listener = bind("127.0.0.1:0", true).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let connects: Vec<_> = (0..400)
-            .map(|_| {
-                tokio::spawn(tokio::time::timeout(
-                    std::time::Duration::from_millis(800),
-                    tokio::net::TcpStream::connect(addr),
-                ))
-            })
-            .collect();
-        let mut connected = Vec::new();
-        for connect in connects {
-            if let Ok(Ok(Ok(stream))) = connect.await {
-                connected.push(stream);
-            }
-        }
-        assert_eq!(
-            connected.len(),
-            400,
-            "connects left waiting for a SYN resend"
-        );
-        drop(listener);
     }
 }

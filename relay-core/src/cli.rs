@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::fingerprint::Fingerprint;
 use crate::settings::Overrides;
-use crate::tls::Fingerprint;
 
 /// ModelRelay: one OpenAI- and Anthropic-compatible endpoint for all your GPU boxes.
 ///

@@ -46,7 +46,7 @@ pub struct LanProxy {
     /// The SHA-256 fingerprint of the proxy's TLS certificate (TXT `fingerprint`): join it
     /// pinned to this. Only as trustworthy as the LAN it came from; the join code from the
     /// proxy's own dashboard is the authoritative copy.
-    pub fingerprint: Option<crate::tls::Fingerprint>,
+    pub fingerprint: Option<crate::fingerprint::Fingerprint>,
 }
 
 /// What went wrong while announcing a proxy on the LAN.
@@ -208,7 +208,7 @@ pub fn announce(
     name: &str,
     port: u16,
     provider: &str,
-    fingerprint: Option<crate::tls::Fingerprint>,
+    fingerprint: Option<crate::fingerprint::Fingerprint>,
 ) -> Result<Announcement, LanError> {
     announce_in(Scope::LAN, name, port, provider, fingerprint)
 }
@@ -218,7 +218,7 @@ fn announce_in(
     name: &str,
     port: u16,
     provider: &str,
-    fingerprint: Option<crate::tls::Fingerprint>,
+    fingerprint: Option<crate::fingerprint::Fingerprint>,
 ) -> Result<Announcement, LanError> {
     validate_instance_name(name)?;
     if port == 0 {
@@ -251,7 +251,7 @@ fn service_info(
     mdns_host: &str,
     port: u16,
     provider: &str,
-    fingerprint: Option<crate::tls::Fingerprint>,
+    fingerprint: Option<crate::fingerprint::Fingerprint>,
 ) -> Result<ServiceInfo, LanError> {
     let fingerprint = fingerprint.map(|f| f.to_string());
     let mut txt = vec![
@@ -686,7 +686,7 @@ mod tests {
 
     #[test]
     fn a_tls_proxy_is_found_with_https_and_its_fingerprint() {
-        let fingerprint = crate::tls::Fingerprint::of_der(b"certificate");
+        let fingerprint = crate::fingerprint::Fingerprint::of_der(b"certificate");
         let info = service_info("studio", "studio.local.", 9000, "p", Some(fingerprint)).unwrap();
         assert_eq!(info.get_property_val_str("scheme"), Some("https"));
         let text = fingerprint.to_string();

@@ -10,11 +10,18 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::app::AppError;
 use crate::paths;
 use crate::proxy::control::session::{Sessions, LINK_LIFETIME};
 use crate::proxy::control::sign_in::link_path;
 use crate::settings::{FileConfig, Overrides, ProxySettings, TlsSetting};
+
+/// `modelrelay dashboard` could not make a link.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot open the dashboard: {reason}")]
+pub struct DashboardError {
+    /// Why, and what to do.
+    pub reason: String,
+}
 
 /// The file in the data directory where a running node writes the URL a browser on this
 /// machine opens its dashboard at.
@@ -40,8 +47,13 @@ pub struct Link {
 
 /// Mints a login link for the node configured by `file` and `overrides`, whose data directory
 /// is `dir`.
-pub async fn link(file: &FileConfig, overrides: &Overrides, dir: &Path) -> Result<Link, AppError> {
-    let settings = ProxySettings::resolve(file, overrides)?;
+pub async fn link(
+    file: &FileConfig,
+    overrides: &Overrides,
+    dir: &Path,
+) -> Result<Link, DashboardError> {
+    let settings =
+        ProxySettings::resolve(file, overrides).map_err(|e| dashboard_error(e.to_string()))?;
     let base = match std::fs::read_to_string(dir.join(URL_FILE)) {
         Ok(text) if !text.trim().is_empty() => text.trim().trim_end_matches('/').to_string(),
         _ => {
@@ -88,7 +100,7 @@ pub async fn run(
     file: &FileConfig,
     overrides: &Overrides,
     print_only: bool,
-) -> Result<(), AppError> {
+) -> Result<(), DashboardError> {
     let link = link(file, overrides, &paths::data_dir()).await?;
     if !link.node_answers {
         eprintln!(
@@ -117,8 +129,8 @@ pub async fn run(
     Ok(())
 }
 
-fn dashboard_error(reason: String) -> AppError {
-    AppError::Dashboard { reason }
+fn dashboard_error(reason: String) -> DashboardError {
+    DashboardError { reason }
 }
 
 /// `listen` as a browser on this machine reaches it: a wildcard address becomes loopback.

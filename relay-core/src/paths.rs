@@ -55,6 +55,46 @@ pub fn stored_secret(dir: &Path, name: &str, create: bool) -> std::io::Result<Op
     Ok(Some(secret))
 }
 
+/// A secret file could not be read or created.
+#[derive(Debug, thiserror::Error)]
+#[error("worker secret file {path}: {reason}")]
+pub struct SecretError {
+    /// The file.
+    pub path: PathBuf,
+    /// Why.
+    pub reason: String,
+}
+
+/// The stored worker secret (in the data directory), created on first use with 32 random
+/// characters (owner-only file) when `create`.
+pub fn worker_secret(create: bool) -> Result<Option<String>, SecretError> {
+    let dir = data_dir();
+    stored_secret(&dir, WORKER_SECRET_FILE, create).map_err(|e| SecretError {
+        path: dir.join(WORKER_SECRET_FILE),
+        reason: e.to_string(),
+    })
+}
+
+/// The admin token of the control API stored in the data directory `dir`, created on first use
+/// like the worker secret.
+pub fn admin_token(dir: &Path) -> Result<String, SecretError> {
+    stored_secret(dir, ADMIN_TOKEN_FILE, true)
+        .map(|token| token.expect("created when missing"))
+        .map_err(|e| SecretError {
+            path: dir.join(ADMIN_TOKEN_FILE),
+            reason: e.to_string(),
+        })
+}
+
+/// The proxy's worker secret: the configured one (flag, environment or file), or the stored
+/// one (generated on first run).
+pub fn proxy_secret(configured: Option<&String>) -> Result<String, SecretError> {
+    if let Some(secret) = configured {
+        return Ok(secret.clone());
+    }
+    Ok(worker_secret(true)?.expect("created when missing"))
+}
+
 /// Writes `text` to `path`, readable and writable by its owner only (elsewhere than Unix, with
 /// the directory's default permissions).
 pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {

@@ -84,7 +84,7 @@ pub fn run(cli: Cli, hidden: bool) -> ExitCode {
             start_on_login: Some(StartOnLogin(Arc::new(login.clone()))),
             ..NodeOptions::default()
         };
-        tauri::async_runtime::block_on(Node::start(options))
+        tauri::async_runtime::block_on(Node::start(options)).map_err(Into::into)
     });
     let node = match started {
         Ok(node) => node,

@@ -133,19 +133,10 @@ pub fn chat_request_for(request: &canonical::Request) -> Value {
 }
 
 /// The client's non-streaming answer, from the backend's complete chat-completions answer to
-/// `request` (the client's original body, needed for the model name and Responses echo fields).
-/// Ids are freshly minted; see [`from_chat_response_with`] for fixed ones.
+/// `request` (the client's original body, needed for the model name and Responses echo fields),
+/// with the client-facing ids and timestamp given by `identity`.
 ///
 /// An error here means the backend's answer was not a chat completion (a 502, not a 400).
-pub fn from_chat_response(
-    api: ClientApi,
-    request: &Value,
-    chat_response: &Value,
-) -> Result<Value, AdapterError> {
-    from_chat_response_with(api, request, chat_response, &Identity::fresh())
-}
-
-/// [`from_chat_response`] with the client-facing ids and timestamp given by `identity`.
 pub fn from_chat_response_with(
     api: ClientApi,
     request: &Value,
@@ -171,18 +162,9 @@ pub fn from_chat_response_with(
 }
 
 /// The client's non-streaming answer from a `backend`'s complete answer to `request` (the
-/// client's original body), with fresh ids. An answer already in the client's form is returned
-/// unchanged. An error means the backend's answer was not what its API returns (a 502).
-pub fn from_backend_response(
-    backend: BackendApi,
-    api: ClientApi,
-    request: &Value,
-    answer: &Value,
-) -> Result<Value, AdapterError> {
-    from_backend_response_with(backend, api, request, answer, &Identity::fresh())
-}
-
-/// [`from_backend_response`] with the client-facing ids and timestamp given by `identity`.
+/// client's original body), with the client-facing ids and timestamp given by `identity`. An
+/// answer already in the client's form is returned unchanged. An error means the backend's
+/// answer was not what its API returns (a 502).
 pub fn from_backend_response_with(
     backend: BackendApi,
     api: ClientApi,
@@ -222,12 +204,9 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// A new random id, created now.
-    pub fn fresh() -> Self {
-        let created = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+    /// A new random id, created at `created` (Unix seconds: the caller reads the clock, so the
+    /// translation stays a function of its arguments).
+    pub fn minted(created: u64) -> Self {
         Identity {
             id: format!(
                 "{:016x}{:08x}",

@@ -44,6 +44,14 @@ pub fn route_of(path: &str) -> Option<Route> {
     }
 }
 
+/// Client-facing ids for a translated answer, created now.
+fn minted_now() -> adapter::Identity {
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    adapter::Identity::minted(created)
+}
+
 /// How long counting with the backend's tokenizer may take before the estimate answers.
 const TOKENIZE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -333,8 +341,14 @@ async fn complete_translated(
         let translated = serde_json::from_str::<Value>(&text)
             .map_err(|e| e.to_string())
             .and_then(|answer| {
-                adapter::from_backend_response(target.backend, target.api, &target.body, &answer)
-                    .map_err(|e| e.to_string())
+                adapter::from_backend_response_with(
+                    target.backend,
+                    target.api,
+                    &target.body,
+                    &answer,
+                    &minted_now(),
+                )
+                .map_err(|e| e.to_string())
             });
         match translated {
             Ok(answer) => (status, answer.to_string()),
@@ -376,7 +390,12 @@ async fn stream_translated(
     id: &str,
     events: &Events,
 ) {
-    let mut translator = StreamTranslator::for_backend(target.backend, target.api, &target.body);
+    let mut translator = StreamTranslator::for_backend_with_identity(
+        target.backend,
+        target.api,
+        &target.body,
+        minted_now(),
+    );
     let mut splitter = SseSplitter::default();
     let mut body = response.bytes_stream();
     let send_text = |text: String| async move {

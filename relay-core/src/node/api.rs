@@ -238,7 +238,7 @@ impl JoinRequest {
         let fingerprint = self
             .fingerprint
             .filter(|f| !f.trim().is_empty())
-            .map(|f| f.parse::<crate::tls::Fingerprint>())
+            .map(|f| f.parse::<crate::fingerprint::Fingerprint>())
             .transpose()
             .map_err(|e| invalid(format!("`fingerprint`: {e}")))?;
         Ok(JoinDetails {
@@ -387,10 +387,7 @@ async fn join(
 /// The dashboard's "rejoin": a fresh worker after its proxy drained the last one.
 async fn rejoin_worker(State(slot): State<NodeSlot>) -> Answer {
     let node = slot.node()?;
-    let started = node
-        .rejoin_worker()
-        .await
-        .map_err(|e| node_error(e.into()))?;
+    let started = node.rejoin_worker().await.map_err(node_error)?;
     if !started {
         return Err(api_error(
             StatusCode::CONFLICT,

@@ -24,7 +24,7 @@ pub struct JoinDetails {
     /// The SHA-256 fingerprint of the proxy's certificate: the worker connects over `wss://` and
     /// trusts that certificate only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fingerprint: Option<crate::tls::Fingerprint>,
+    pub fingerprint: Option<crate::fingerprint::Fingerprint>,
     /// Every URL the proxy may be reached at, best first (`url` is the first): its LAN
     /// addresses and its `HOST.local` name. A joining box uses the first that answers.
     /// Optional, so older codes (and older decoders) go on working with `url` alone.
@@ -109,7 +109,7 @@ mod tests {
     fn a_code_carries_the_certificate_fingerprint_when_there_is_one() {
         let pinned = JoinDetails {
             url: "https://192.168.1.20:8080".into(),
-            fingerprint: Some(crate::tls::Fingerprint::of_der(b"certificate")),
+            fingerprint: Some(crate::fingerprint::Fingerprint::of_der(b"certificate")),
             ..details()
         };
         let code = encode(&pinned);

@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
-use crate::app::{self, AppError};
 use crate::dialect::ApiError;
 use crate::lan;
 use crate::proxy::aliases::LiveAliases;
@@ -116,9 +115,27 @@ pub enum NodeError {
         /// The I/O error.
         source: std::io::Error,
     },
-    /// The node could not apply the settings.
+    /// The settings are not valid (they were read or saved).
     #[error(transparent)]
-    App(#[from] AppError),
+    Config(#[from] crate::settings::ConfigError),
+    /// The listen address could not be used.
+    #[error(transparent)]
+    Listen(#[from] crate::listen::ListenError),
+    /// A secret could not be stored or read.
+    #[error(transparent)]
+    Secret(#[from] crate::paths::SecretError),
+    /// The proxy's TLS certificate could not be loaded or generated.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::server::TlsError),
+    /// The proxy could not start on its listener (its database, most likely).
+    #[error("the proxy could not start: {reason}")]
+    ProxyStart {
+        /// Why, and what to do.
+        reason: String,
+    },
+    /// The worker role has no secret to present.
+    #[error("no worker secret: pass --worker-secret (or set WORKER_SECRET) to the secret the proxy printed when it started")]
+    MissingSecret,
     /// The change needs the admin token, and the request did not carry it; nothing was saved.
     #[error("{}", .0.message)]
     Forbidden(ApiError),
@@ -136,7 +153,7 @@ struct Inner {
     data_dir: Option<PathBuf>,
     addr: SocketAddr,
     /// The certificate's fingerprint when the proxy serves TLS (then the node's URL is https).
-    fingerprint: Option<crate::tls::Fingerprint>,
+    fingerprint: Option<crate::fingerprint::Fingerprint>,
     secret: String,
     provider: String,
     admin_token: Option<String>,
@@ -169,7 +186,7 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Node {
     /// Binds, starts the proxy (dashboard, API and client routes) and the worker if its role is
     /// on.
-    pub async fn start(options: NodeOptions) -> Result<Node, AppError> {
+    pub async fn start(options: NodeOptions) -> Result<Node, NodeError> {
         let config_path = options
             .config_path
             .clone()
@@ -182,12 +199,14 @@ impl Node {
         });
         let proxy_settings = ProxySettings::resolve(&file, &options.overrides)?;
         let address = proxy_settings.listen.clone();
-        let listener = app::bind(&address, proxy_settings.listen_explicit).await?;
-        let addr = listener.local_addr().map_err(|e| AppError::Listen {
-            address: address.clone(),
-            reason: e.to_string(),
-        })?;
-        let secret = app::proxy_secret(proxy_settings.worker_secret.as_ref())?;
+        let listener = crate::listen::bind(&address, proxy_settings.listen_explicit).await?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| crate::listen::ListenError {
+                address: address.clone(),
+                reason: e.to_string(),
+            })?;
+        let secret = crate::paths::proxy_secret(proxy_settings.worker_secret.as_ref())?;
         let tls_setting = proxy_settings.tls.clone();
         let mut proxy_config = proxy::ProxyConfig::from_settings(proxy_settings, secret.clone());
         proxy_config.tls = crate::tls::ServerTls::for_setting(
@@ -213,7 +232,7 @@ impl Node {
                 .data_dir
                 .clone()
                 .unwrap_or_else(crate::paths::data_dir);
-            proxy_config.admin_token = Some(AdminToken(app::stored_admin_token(&dir)?));
+            proxy_config.admin_token = Some(AdminToken(crate::paths::admin_token(&dir)?));
             proxy_config.admin_token_origin =
                 TokenOrigin::Stored(crate::paths::admin_token_path(&dir));
         }
@@ -224,7 +243,7 @@ impl Node {
             api::routes(slot.clone(), access.clone())
         })
         .await
-        .map_err(|e| AppError::ProxyStart {
+        .map_err(|e| NodeError::ProxyStart {
             reason: e.to_string(),
         })?;
         // The proxy's own rule: one token check, one failure count for every control route.
@@ -320,7 +339,7 @@ impl Node {
     }
 
     /// The SHA-256 fingerprint of the certificate the proxy serves, when it serves TLS.
-    pub fn fingerprint(&self) -> Option<crate::tls::Fingerprint> {
+    pub fn fingerprint(&self) -> Option<crate::fingerprint::Fingerprint> {
         self.inner.fingerprint
     }
 
@@ -403,7 +422,7 @@ impl Node {
 }
 
 /// Loads the node's config file; a missing one is empty.
-fn load(path: &std::path::Path) -> Result<FileConfig, AppError> {
+fn load(path: &std::path::Path) -> Result<FileConfig, NodeError> {
     if path.exists() {
         Ok(settings::load_file(Some(path))?)
     } else {

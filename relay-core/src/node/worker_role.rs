@@ -6,8 +6,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{locked, same_proxy, Node, Roles, WorkerState};
-use crate::app::AppError;
+use super::{locked, same_proxy, Node, NodeError, Roles, WorkerState};
 use crate::proxy::control::OwnWorker;
 use crate::settings::{FileConfig, WorkerSettings};
 use crate::worker::report::{ConnectionState, WorkerReport};
@@ -22,7 +21,7 @@ pub(super) struct RunningWorker {
 }
 
 impl Node {
-    pub(super) fn apply_roles(&self, roles: Roles, file: &FileConfig) -> Result<(), AppError> {
+    pub(super) fn apply_roles(&self, roles: Roles, file: &FileConfig) -> Result<(), NodeError> {
         *locked(&self.inner.roles) = roles;
         self.inner.hub.set_serving(roles.proxy);
         self.update_announcement(roles.proxy);
@@ -37,7 +36,7 @@ impl Node {
         Ok(())
     }
 
-    pub(super) fn start_worker(&self, file: &FileConfig) -> Result<(), AppError> {
+    pub(super) fn start_worker(&self, file: &FileConfig) -> Result<(), NodeError> {
         let own_url = self.url();
         let settings = WorkerSettings::resolve(file, &self.inner.overrides)?;
         let proxy_url = settings
@@ -51,7 +50,7 @@ impl Node {
             settings
                 .worker_secret
                 .clone()
-                .ok_or(AppError::MissingSecret)?
+                .ok_or(NodeError::MissingSecret)?
         };
         let mut config = WorkerConfig::from_settings(
             settings,
@@ -86,7 +85,7 @@ impl Node {
 
     /// Starts a fresh worker with the settings saved now, after its proxy drained the last one
     /// (the dashboard's one-click rejoin). False when the worker role is off.
-    pub async fn rejoin_worker(&self) -> Result<bool, AppError> {
+    pub async fn rejoin_worker(&self) -> Result<bool, NodeError> {
         let _one_at_a_time = self.inner.apply.lock().await;
         if !self.roles().worker {
             return Ok(false);

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::fingerprint::Fingerprint;
 use crate::lifecycle::config::{LifecycleFile, ModelFile};
-use crate::tls::Fingerprint;
 
 /// `--tls` / `MODELRELAY_TLS` / `[proxy] tls`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use super::file::TlsMode;
-use crate::tls::Fingerprint;
+use crate::fingerprint::Fingerprint;
 
 /// Settings given by flags or environment variables; `None` leaves the layer below in charge.
 #[derive(Debug, Clone, Default)]

@@ -15,9 +15,9 @@ use super::limits::{
 };
 use super::overrides::Overrides;
 use super::{defaults, ConfigError};
+use crate::fingerprint::Fingerprint;
 use crate::lifecycle::{LifecycleConfig, LifecycleSection};
 use crate::protocol::BRIDGE_PROTOCOL_VERSION;
-use crate::tls::Fingerprint;
 use crate::wake::MacAddress;
 
 /// The proxy's settings, resolved.

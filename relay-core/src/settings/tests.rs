@@ -282,14 +282,14 @@ fn tls_comes_from_overrides_over_the_file_and_conflicts_are_named() {
 
 #[test]
 fn the_worker_pin_comes_from_the_file_or_the_override() {
-    let fingerprint = crate::tls::Fingerprint::of_der(b"cert");
+    let fingerprint = crate::fingerprint::Fingerprint::of_der(b"cert");
     let file = parse_file(&format!(
         "[worker]\nproxy_fingerprint = \"{fingerprint}\"\n"
     ))
     .unwrap();
     let worker = WorkerSettings::resolve(&file, &Overrides::default()).unwrap();
     assert_eq!(worker.proxy_fingerprint, Some(fingerprint));
-    let other = crate::tls::Fingerprint::of_der(b"other");
+    let other = crate::fingerprint::Fingerprint::of_der(b"other");
     let overrides = Overrides {
         proxy_fingerprint: Some(other),
         ..Overrides::default()

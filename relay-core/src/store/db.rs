@@ -169,9 +169,9 @@ struct Postgres {
 }
 
 impl Database {
-    /// Opens (creating when missing) the database `setting` names and brings its schema up to
-    /// date.
-    pub async fn open(setting: &DatabaseSetting) -> Result<Database, DbError> {
+    /// Connects to (creating when missing) the database `setting` names, its schema as found;
+    /// [`Database::open`] (in `migrations`) also brings the schema up to date.
+    pub(super) async fn connect(setting: &DatabaseSetting) -> Result<Database, DbError> {
         let backend = match setting {
             DatabaseSetting::Sqlite(path) => Backend::Sqlite(open_sqlite(Some(path))?),
             DatabaseSetting::Memory => Backend::Sqlite(open_sqlite(None)?),
@@ -185,11 +185,9 @@ impl Database {
                 Backend::Postgres(Box::new(pg))
             }
         };
-        let database = Database {
+        Ok(Database {
             backend: Arc::new(backend),
-        };
-        super::migrations::migrate(&database).await?;
-        Ok(database)
+        })
     }
 
     /// Whether other proxies may share it (PostgreSQL): what this proxy caches must then be read

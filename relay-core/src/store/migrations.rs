@@ -4,7 +4,17 @@
 //! transaction as the row that records it, so a failed step leaves nothing half done; on
 //! PostgreSQL an advisory lock keeps two proxies starting together from both applying it.
 
-use super::db::{Database, DbError, Kind};
+use super::db::{Database, DatabaseSetting, DbError, Kind};
+
+impl Database {
+    /// Opens (creating when missing) the database `setting` names and brings its schema up to
+    /// date. (Here rather than in `db`, which runs statements and knows no schema.)
+    pub async fn open(setting: &DatabaseSetting) -> Result<Database, DbError> {
+        let database = Database::connect(setting).await?;
+        migrate(&database).await?;
+        Ok(database)
+    }
+}
 
 /// The steps, oldest first; a step's number is its place here, from 1.
 const STEPS: &[&str] = &[
@@ -130,7 +140,6 @@ async fn apply_missing(db: &Database) -> Result<(), DbError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::db::DatabaseSetting;
 
     #[tokio::test]
     async fn opening_twice_applies_each_step_once() {

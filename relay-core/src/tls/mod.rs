@@ -1,14 +1,12 @@
 //! TLS for LAN joins without a certificate authority: the proxy serves its own certificate
-//! ([`server`]), everyone shows its SHA-256 fingerprint ([`fingerprint`]), and a worker given the
-//! fingerprint trusts that certificate and no other ([`pinned`]).
+//! ([`server`]), everyone shows its SHA-256 fingerprint ([`crate::fingerprint`]), and a worker
+//! given the fingerprint trusts that certificate and no other ([`pinned`]).
 
-pub mod fingerprint;
 pub mod pinned;
 pub mod server;
 
 use std::sync::Arc;
 
-pub use fingerprint::Fingerprint;
 pub use server::{ServerTls, TlsSetting};
 
 /// The crypto provider, named rather than taken from the process default: ring, the one reqwest

@@ -14,7 +14,7 @@ use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, OtherError, SignatureScheme};
 
-use super::fingerprint::Fingerprint;
+use crate::fingerprint::Fingerprint;
 
 /// The server presented another certificate than the pinned one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -11,7 +11,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
-use super::fingerprint::Fingerprint;
+use crate::fingerprint::Fingerprint;
 
 /// Where a generated certificate and its key live, under the data directory.
 pub const SELF_SIGNED_DIR: &str = "tls";

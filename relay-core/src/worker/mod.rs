@@ -43,7 +43,7 @@ pub struct WorkerConfig {
     /// The proxy's certificate fingerprint: with one, the worker connects over `wss://` and
     /// trusts that certificate only (no CA, no host name check); without, `https://` proxies are
     /// checked against the public CAs and `http://` ones are plain.
-    pub proxy_fingerprint: Option<crate::tls::Fingerprint>,
+    pub proxy_fingerprint: Option<crate::fingerprint::Fingerprint>,
     /// The provider's worker secret.
     pub secret: String,
     /// The provider to join.
@@ -522,7 +522,7 @@ pub type Socket =
 /// checks the public CAs as any HTTPS client does.
 pub async fn dial(
     request: tokio_tungstenite::tungstenite::handshake::client::Request,
-    pin: Option<crate::tls::Fingerprint>,
+    pin: Option<crate::fingerprint::Fingerprint>,
     config: Option<tokio_tungstenite::tungstenite::protocol::WebSocketConfig>,
 ) -> Result<Socket, tokio_tungstenite::tungstenite::Error> {
     let connector =

@@ -15,7 +15,8 @@ use std::path::PathBuf;
 use engine::{corpus, fixtures, fuzz, hash, Budget, Rng};
 use relay_core::adapter::sse::LineBuffer;
 use relay_core::adapter::{
-    from_backend_response, to_backend_request, BackendApi, ClientApi, StreamTranslator,
+    from_backend_response_with, to_backend_request, BackendApi, ClientApi, Identity,
+    StreamTranslator,
 };
 use relay_core::backend::sse::{SseSplitter, UsageTracker};
 use relay_core::node::join_code;
@@ -156,7 +157,13 @@ fn fuzz_adapter_requests_and_answers() {
                         // The same value as a backend's answer to a plain request.
                         let request =
                             serde_json::json!({"model": "m", "messages": [], "input": "hi"});
-                        let _ = from_backend_response(backend, api, &request, body);
+                        let _ = from_backend_response_with(
+                            backend,
+                            api,
+                            &request,
+                            body,
+                            &Identity::minted(0),
+                        );
                     }
                 }
             }
@@ -173,7 +180,12 @@ fn fuzz_adapter_streams() {
         let request = serde_json::json!({"model": "m", "stream": true, "input": "hi"});
         for backend in BACKENDS {
             for api in CLIENTS {
-                let mut translator = StreamTranslator::for_backend(backend, api, &request);
+                let mut translator = StreamTranslator::for_backend_with_identity(
+                    backend,
+                    api,
+                    &request,
+                    Identity::minted(0),
+                );
                 for piece in text.split_inclusive(['\n', '}']) {
                     let _ = translator.push(piece);
                 }

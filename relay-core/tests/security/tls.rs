@@ -274,7 +274,7 @@ fn given_certificate_files_are_served_and_their_fingerprint_shown() {
     let key = data.path().join("mine.key");
     std::fs::write(&cert, certificate.pem()).unwrap();
     std::fs::write(&key, key_pair.serialize_pem()).unwrap();
-    let expected = relay_core::tls::Fingerprint::of_der(certificate.der()).to_string();
+    let expected = relay_core::fingerprint::Fingerprint::of_der(certificate.der()).to_string();
 
     let mut command = modelrelay(data.path());
     command

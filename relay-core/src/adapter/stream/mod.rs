@@ -142,22 +142,13 @@ pub struct StreamTranslator {
 impl StreamTranslator {
     /// A translator of a chat backend's stream for a client of `api` that sent `request` (its
     /// original body: the model name and, for Responses, the echoed settings come from it), with
-    /// freshly minted ids.
-    pub fn new(api: ClientApi, request: &Value) -> Self {
-        Self::with_identity(api, request, Identity::fresh())
-    }
-
-    /// [`new`](Self::new) with the client-facing ids given by `identity`.
+    /// the client-facing ids given by `identity`.
     pub fn with_identity(api: ClientApi, request: &Value, identity: Identity) -> Self {
         Self::for_backend_with_identity(BackendApi::OpenAiChat, api, request, identity)
     }
 
-    /// A translator of a `backend`'s stream for a client of `api`, with fresh ids.
-    pub fn for_backend(backend: BackendApi, api: ClientApi, request: &Value) -> Self {
-        Self::for_backend_with_identity(backend, api, request, Identity::fresh())
-    }
-
-    /// [`for_backend`](Self::for_backend) with the client-facing ids given by `identity`.
+    /// A translator of a `backend`'s stream for a client of `api`, with the client-facing ids
+    /// given by `identity`.
     pub fn for_backend_with_identity(
         backend: BackendApi,
         api: ClientApi,

@@ -378,7 +378,7 @@ mod tests {
             ),
         ];
         for (item, part, delta) in cases {
-            let mut writer = ResponsesWriter::new(Identity::fresh(), json!({"model": "m"}));
+            let mut writer = ResponsesWriter::new(Identity::minted(0), json!({"model": "m"}));
             let mut ignored = String::new();
             writer.start(&mut ignored);
             writer.open(item, part, &mut ignored);

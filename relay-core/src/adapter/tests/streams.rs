@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use super::{check_recorded_streams, events, files, fixtures, identity, translate_pieces, Event};
 use crate::adapter::canonical::Usage;
 use crate::adapter::openai_responses::{build_response, StoredConversation};
-use crate::adapter::{openai_chat, ClientApi, StreamTranslator};
+use crate::adapter::{openai_chat, ClientApi, Identity, StreamTranslator};
 
 const APIS: [(ClientApi, &str); 3] = [
     (ClientApi::OpenAiChat, "chat"),
@@ -312,7 +312,7 @@ fn other_dialects_have_no_canonical_answer_and_a_failed_stream_has_none_either()
 fn fresh_translators_mint_distinct_ids() {
     let api = ClientApi::AnthropicMessages;
     let start = |_| {
-        let mut t = StreamTranslator::new(api, &request(api));
+        let mut t = StreamTranslator::with_identity(api, &request(api), Identity::minted(0));
         events(&t.push("data: {\"choices\":[]}\n\n"))[0].1["message"]["id"].clone()
     };
     let (a, b) = (start(0), start(1));

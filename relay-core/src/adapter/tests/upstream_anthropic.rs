@@ -9,7 +9,8 @@ use super::streams::{check_chat, check_responses};
 use super::{by_char, check_recorded_streams, events, fixtures, identity, translate_pieces, Event};
 use crate::adapter::canonical::Usage;
 use crate::adapter::{
-    from_backend_response_with, to_backend_request, BackendApi, ClientApi, StreamTranslator,
+    from_backend_response_with, to_backend_request, BackendApi, ClientApi, Identity,
+    StreamTranslator,
 };
 
 const APIS: [(ClientApi, &str); 2] = [
@@ -125,7 +126,12 @@ fn anthropic_usage_is_reported_with_cached_tokens_counted_as_input() {
             .expect("transcript");
     for (api, name) in APIS {
         let backend = BackendApi::AnthropicMessages;
-        let mut translator = StreamTranslator::for_backend(backend, api, &request(api));
+        let mut translator = StreamTranslator::for_backend_with_identity(
+            backend,
+            api,
+            &request(api),
+            Identity::minted(0),
+        );
         translator.push(&input);
         assert_eq!(
             translator.usage(),
@@ -255,7 +261,12 @@ fn an_anthropic_stream_for_an_anthropic_client_is_passed_through_verbatim() {
         .expect("transcript");
     let backend = BackendApi::AnthropicMessages;
     let api = ClientApi::AnthropicMessages;
-    let mut translator = StreamTranslator::for_backend(backend, api, &json!({"model": "m"}));
+    let mut translator = StreamTranslator::for_backend_with_identity(
+        backend,
+        api,
+        &json!({"model": "m"}),
+        Identity::minted(0),
+    );
     let out: String = by_char(&input)
         .into_iter()
         .map(|p| translator.push(p))
