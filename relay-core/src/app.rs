@@ -97,7 +97,7 @@ fn print_banner(node: &Node, secret_source: &SecretSource) {
     println!("ModelRelay is serving at {url}");
     // A one-time link only where a person reads it: stdout may be journald or `docker logs`.
     let link = std::io::IsTerminal::is_terminal(&std::io::stdout())
-        .then(|| node.login_link(crate::proxy::control::session::BANNER_LINK_LIFETIME))
+        .then(|| node.login_link(crate::proxy::access::session::BANNER_LINK_LIFETIME))
         .flatten();
     match link {
         Some(link) => {

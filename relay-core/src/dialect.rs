@@ -5,6 +5,7 @@
 //! relay itself produces goes through [`ApiError`], so each failure is mapped to a status and a
 //! body exactly once.
 
+use crate::endpoint::Endpoint;
 use std::time::Duration;
 
 use axum::http::{header, HeaderValue, StatusCode};
@@ -24,12 +25,16 @@ pub enum Dialect {
 }
 
 impl Dialect {
-    /// The dialect of a request path (query string allowed).
+    /// The dialect of a request path (query string allowed), by its [`Endpoint`].
     pub fn for_path(path: &str) -> Dialect {
-        let path = path.split('?').next().unwrap_or(path);
-        if path.starts_with("/v1/messages") {
+        Dialect::of(Endpoint::of(path))
+    }
+
+    /// The dialect of `endpoint`; OpenAI's for any route the relay does not know.
+    pub fn of(endpoint: Endpoint) -> Dialect {
+        if endpoint.is_anthropic() {
             Dialect::Anthropic
-        } else if path.starts_with("/v1/responses") {
+        } else if endpoint.is_responses() {
             Dialect::OpenAiResponses
         } else {
             Dialect::OpenAi

@@ -11,6 +11,7 @@ pub mod backend;
 pub mod cli;
 pub mod dialect;
 pub mod discovery;
+pub mod endpoint;
 pub mod fingerprint;
 pub mod hardware;
 pub mod lan;

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::paths;
-use crate::proxy::control::session::{Sessions, LINK_LIFETIME};
-use crate::proxy::control::sign_in::link_path;
+use crate::proxy::access::session::{Sessions, LINK_LIFETIME};
+use crate::proxy::access::sign_in::link_path;
 use crate::settings::{FileConfig, Overrides, ProxySettings, TlsSetting};
 
 /// `modelrelay dashboard` could not make a link.

@@ -72,17 +72,6 @@ pub const FORWARDED_HEADERS: &[&str] = &[
     "x-claude-code-session-id",
 ];
 
-/// The backend routes a request may name (`endpoint_path`, before its query): the inference
-/// routes the proxy relays. A worker forwards nothing else unless its owner adds the route.
-pub const INFERENCE_ROUTES: &[&str] = &[
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/embeddings",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-    "/v1/responses",
-];
-
 /// Whether a worker announcing `version` may register.
 pub fn is_accepted_protocol_version(version: Option<&str>) -> bool {
     version.is_none_or(|v| ACCEPTED_PROTOCOL_VERSIONS.contains(&v))

@@ -335,7 +335,7 @@ pub fn open_dashboard(app: &AppHandle) {
     }
     let node = &app.state::<Shell>().node;
     let address = node
-        .login_link(relay_core::proxy::control::session::LINK_LIFETIME)
+        .login_link(relay_core::proxy::access::session::LINK_LIFETIME)
         .unwrap_or_else(|| format!("{}/", node.local_url()));
     let url = match address.parse() {
         Ok(url) => url,

@@ -22,6 +22,7 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
+use crate::endpoint::Endpoint;
 use serde_json::{json, Value};
 
 pub use error::AdapterError;
@@ -57,16 +58,16 @@ impl BackendApi {
     }
 }
 
-/// The generation API of a request path (a query string is allowed: Claude Code sends
-/// `/v1/messages?beta=true`). `None` for everything the adapter does not translate: other routes,
-/// and sub-resources such as `/v1/messages/count_tokens` or `/v1/responses/{id}`.
-pub fn client_api_for_path(path: &str) -> Option<ClientApi> {
-    let path = path.split('?').next().unwrap_or(path);
-    match path.trim_end_matches('/') {
-        "/v1/chat/completions" => Some(ClientApi::OpenAiChat),
-        "/v1/messages" => Some(ClientApi::AnthropicMessages),
-        "/v1/responses" => Some(ClientApi::OpenAiResponses),
-        _ => None,
+impl ClientApi {
+    /// The generation API of an endpoint; `None` for everything the adapter does not translate:
+    /// other routes, and sub-resources such as `count_tokens` or a stored response.
+    pub fn of(endpoint: Endpoint) -> Option<ClientApi> {
+        match endpoint {
+            Endpoint::ChatCompletions => Some(ClientApi::OpenAiChat),
+            Endpoint::Messages => Some(ClientApi::AnthropicMessages),
+            Endpoint::Responses => Some(ClientApi::OpenAiResponses),
+            _ => None,
+        }
     }
 }
 

@@ -11,7 +11,8 @@ use std::cell::RefCell;
 
 use reqwest::Url;
 
-use crate::protocol::{HeaderMap, CLIENT_AUTH_HEADERS, FORWARDED_HEADERS, INFERENCE_ROUTES};
+use crate::endpoint::Endpoint;
+use crate::protocol::{HeaderMap, CLIENT_AUTH_HEADERS, FORWARDED_HEADERS};
 
 /// Why an `endpoint_path` was refused.
 pub fn check_path(path: &str) -> Result<(), String> {
@@ -44,7 +45,7 @@ pub fn check_path(path: &str) -> Result<(), String> {
 }
 
 /// Why a request for `path` is not forwarded: only the inference routes the protocol carries
-/// ([`INFERENCE_ROUTES`]) and the routes the box's owner added (`extra`, `[worker] extra_routes`)
+/// ([`Endpoint::INFERENCE`]) and the routes the box's owner added (`extra`, `[worker] extra_routes`)
 /// are. Anyone with the worker secret can run a proxy; without this, one could make the worker
 /// call any route of its backend (Ollama's `/api/pull`, `/api/delete`, llama-server's `/slots`).
 pub fn check_route(path: &str, extra: &[String]) -> Result<(), String> {
@@ -53,13 +54,18 @@ pub fn check_route(path: &str, extra: &[String]) -> Result<(), String> {
         "" => "/",
         trimmed => trimmed,
     };
-    if INFERENCE_ROUTES.contains(&route) || extra.iter().any(|r| r.trim_end_matches('/') == route) {
+    if Endpoint::of(route).is_inference() || extra.iter().any(|r| r.trim_end_matches('/') == route)
+    {
         return Ok(());
     }
     Err(format!(
         "endpoint_path {path:?} refused: this worker forwards only the inference routes ({}) \
          and those its owner adds with `extra_routes` in its [worker] settings",
-        INFERENCE_ROUTES.join(", ")
+        Endpoint::INFERENCE
+            .iter()
+            .filter_map(|e| e.path())
+            .collect::<Vec<_>>()
+            .join(", ")
     ))
 }
 

@@ -82,10 +82,7 @@ fn char_boundary(bytes: &[u8]) -> usize {
 /// Whether a streamed OpenAI request (`body` for `path`) gets usage in its stream only when asked:
 /// Chat Completions and Completions report it only with `stream_options.include_usage`.
 fn reports_usage_only_when_asked(path: &str) -> bool {
-    matches!(
-        path.split('?').next().unwrap_or(path).trim_end_matches('/'),
-        "/v1/chat/completions" | "/v1/completions"
-    )
+    crate::endpoint::Endpoint::of(path).streams_usage_only_when_asked()
 }
 
 /// `body` asking for usage in the stream when the client did not (`Some(body)` then): the relay

@@ -31,15 +31,15 @@ use crate::adapter::{
     self, canonical::Usage, AdapterError, BackendApi, ClientApi, StreamTranslator,
 };
 use crate::dialect::{ApiError, Dialect};
+use crate::endpoint::Endpoint;
 use crate::protocol::{HeaderMap, TokenCounts};
 
 /// The translatable route of a request path (query string allowed), if any.
 pub fn route_of(path: &str) -> Option<Route> {
-    let path = path.split('?').next().unwrap_or(path).trim_end_matches('/');
-    match path {
-        "/v1/messages" => Some(Route::Messages),
-        "/v1/responses" => Some(Route::Responses),
-        "/v1/messages/count_tokens" => Some(Route::CountTokens),
+    match Endpoint::of(path) {
+        Endpoint::Messages => Some(Route::Messages),
+        Endpoint::Responses => Some(Route::Responses),
+        Endpoint::CountTokens => Some(Route::CountTokens),
         _ => None,
     }
 }
@@ -260,7 +260,7 @@ pub(super) async fn serve_from_anthropic(
     request: BackendRequest,
     events: &Events,
 ) {
-    let api = match adapter::client_api_for_path(&request.path) {
+    let api = match ClientApi::of(Endpoint::of(&request.path)) {
         Some(api @ (ClientApi::OpenAiChat | ClientApi::OpenAiResponses)) => api,
         _ => return serve_native(backend, request, events).await,
     };

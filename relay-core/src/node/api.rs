@@ -18,7 +18,10 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use super::join_code::{self, JoinDetails};
 use super::{Caller, Inner, Node, NodeError};
-use crate::proxy::control::{api_error, auth, body, AdminAccess, ControlError};
+use crate::proxy::access::admin as auth;
+use crate::proxy::access::admin::AdminAccess;
+use crate::proxy::edge::answers::{api_error, ControlError};
+use crate::proxy::edge::control_body as body;
 use crate::settings::edit::{self as settings, SettingsValues};
 
 /// How long "test connection" waits for the proxy.

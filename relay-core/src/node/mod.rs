@@ -23,15 +23,16 @@ use tokio::task::JoinHandle;
 
 use crate::dialect::ApiError;
 use crate::lan;
-use crate::proxy::aliases::LiveAliases;
-use crate::proxy::control::{AdminAccess, AdminToken, SharedNodeInfo, TokenOrigin};
-use crate::proxy::hub::Hub;
+use crate::proxy::access::admin::{AdminAccess, AdminToken, TokenOrigin};
+use crate::proxy::dispatch::hub::Hub;
+use crate::proxy::observation::control::SharedNodeInfo;
+use crate::proxy::serving::aliases::LiveAliases;
 use crate::proxy::{self, RunningProxy};
 use crate::settings::{self, FileConfig, Overrides, ProxySettings};
 use crate::worker::report::WorkerReport;
 use worker_role::RunningWorker;
 
-pub use crate::proxy::control::{OwnWorkerState as WorkerState, Roles};
+pub use crate::proxy::observation::control::{OwnWorkerState as WorkerState, Roles};
 
 /// How to start a node.
 #[derive(Debug, Clone, Default)]
@@ -328,7 +329,7 @@ impl Node {
         Some(format!(
             "{}{}",
             self.local_url(),
-            crate::proxy::control::sign_in::link_path(sessions, lifetime)
+            crate::proxy::access::sign_in::link_path(sessions, lifetime)
         ))
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{locked, same_proxy, Node, NodeEvent, NodeState, WorkerState};
 use crate::discovery::{self, DiscoveredBackend, DiscoveryOptions};
 use crate::lan;
-use crate::proxy::control::OwnWorker;
+use crate::proxy::observation::control::OwnWorker;
 
 /// How often local backends are looked for, while someone listens for node events (the tray's
 /// "model server found" notifications): each scan is a few loopback connects.

@@ -7,7 +7,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::{locked, same_proxy, Node, NodeError, Roles, WorkerState};
-use crate::proxy::control::OwnWorker;
+use crate::proxy::observation::control::OwnWorker;
 use crate::settings::{FileConfig, WorkerSettings};
 use crate::worker::report::{ConnectionState, WorkerReport};
 use crate::worker::{self, Backends, WorkerConfig};

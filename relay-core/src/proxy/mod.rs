@@ -3,31 +3,11 @@
 //! [`start`] binds nothing itself: it serves on a listener the caller bound, so tests use
 //! `127.0.0.1:0` and the command can pick the next free port. [`RunningProxy::shutdown`] drains.
 
-pub mod admin;
-pub mod affinity_key;
-pub mod aliases;
-pub mod auth;
-pub mod claude_code;
-pub mod client_keys;
-pub mod completed_event;
-pub mod control;
-pub mod guard;
-pub mod http;
-pub mod hub;
-pub mod metrics;
-mod passthrough;
-pub mod priority;
-pub mod response;
-pub mod responses_api;
-pub mod responses_shared;
-pub mod responses_store;
-pub mod scheduler;
-pub mod serve;
-pub mod sleepers;
-mod stream_pause;
-pub mod telemetry;
-pub mod upstream;
-pub mod worker_socket;
+pub mod access;
+pub mod dispatch;
+pub mod edge;
+pub mod observation;
+pub mod serving;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,16 +20,17 @@ use tokio::task::JoinHandle;
 use crate::settings::{defaults, ProxySettings};
 use crate::store::usage::{UsageLog, UsageRetention};
 use crate::store::{Database, DatabaseSetting, KeyStore};
-use aliases::{LiveAliases, ModelAliases};
-use auth::{FailureLimiter, FailureLimits};
-use client_keys::KeyLimits;
-use control::{AdminAccess, AdminToken, NodeInfo, SharedNodeInfo, TokenOrigin};
-use hub::{Hub, HubSettings};
-use responses_shared::SharedResponses;
-use responses_store::{ResponsesStore, StoreLimits};
-use scheduler::{ProviderLimits, Scheduler};
-use upstream::{UpstreamConfig, Upstreams};
-use worker_socket::SocketSettings;
+use access::admin::{AdminAccess, AdminToken, TokenOrigin};
+use access::client_keys::KeyLimits;
+use access::credentials::{FailureLimiter, FailureLimits};
+use dispatch::hub::{Hub, HubSettings};
+use dispatch::scheduler::{ProviderLimits, Scheduler};
+use dispatch::worker_socket::SocketSettings;
+use observation::control::{NodeInfo, SharedNodeInfo};
+use serving::aliases::{LiveAliases, ModelAliases};
+use serving::responses_shared::SharedResponses;
+use serving::responses_store::{ResponsesStore, StoreLimits};
+use serving::upstream::{UpstreamConfig, Upstreams};
 
 pub use crate::settings::ProviderConfig;
 
@@ -61,7 +42,7 @@ pub struct ProxyConfig {
     /// Largest accepted request body (413 beyond).
     pub max_body_bytes: usize,
     /// Open connections and the request-head deadline (see `serve.rs`).
-    pub connections: serve::ConnectionLimits,
+    pub connections: edge::serve::ConnectionLimits,
     /// Largest streamed answer before it is ended with an SSE error.
     pub max_stream_bytes: u64,
     /// Stream bytes that may wait for a slow client, per request (then the stream ends).
@@ -138,7 +119,7 @@ impl ProxyConfig {
                 forward_client_auth: false,
             }],
             max_body_bytes: defaults::MAX_BODY_BYTES,
-            connections: serve::ConnectionLimits::default(),
+            connections: edge::serve::ConnectionLimits::default(),
             max_stream_bytes: defaults::MAX_STREAM_BYTES,
             max_buffered_stream_bytes: defaults::MAX_BUFFERED_STREAM_BYTES,
             max_workers: defaults::MAX_WORKERS,
@@ -251,7 +232,7 @@ pub struct ProxyState {
     /// `[proxy.aliases]` and `default_model` as they apply now (settings change them live).
     pub aliases: Arc<LiveAliases>,
     /// Where model names go now (aliases, Claude Code's names).
-    pub names: claude_code::NameRoutes,
+    pub names: serving::claude_code::NameRoutes,
     /// Who may use the control API.
     pub admin: AdminAccess,
     /// One permit per worker connection ([`ProxyConfig::max_workers`]).
@@ -281,7 +262,7 @@ pub struct RunningProxy {
     /// The model aliases in force: replace them to change `[proxy.aliases]` live.
     pub aliases: Arc<LiveAliases>,
     /// Where model names go now (the tray's "Claude Code uses" line).
-    pub names: claude_code::NameRoutes,
+    pub names: serving::claude_code::NameRoutes,
     usage: UsageLog,
     /// Who may use the control API (and `/metrics`).
     pub admin: AdminAccess,
@@ -303,7 +284,7 @@ pub struct Built {
     /// The model aliases in force, replaceable while the proxy runs.
     pub aliases: Arc<LiveAliases>,
     /// Where model names go now.
-    pub names: claude_code::NameRoutes,
+    pub names: serving::claude_code::NameRoutes,
     /// Where finished requests are accounted (flushed on shutdown).
     pub usage: UsageLog,
     /// Who may use the control API (and `/metrics`).
@@ -372,9 +353,9 @@ pub async fn router(
     )
     .with_sessions(addr.port(), config.tls.is_some())
     .with_limiter(Arc::clone(&limiter));
-    let site = guard::SiteGuard::new(
+    let site = edge::guard::SiteGuard::new(
         addr.ip().is_loopback(),
-        &guard::SiteGuard::machine_names(),
+        &edge::guard::SiteGuard::machine_names(),
         &config.allowed_hosts,
         &config.cors_origins,
     );
@@ -398,7 +379,8 @@ pub async fn router(
         config.providers[0].limits.request_timeout,
         config.max_stream_bytes,
     ));
-    let names = claude_code::NameRoutes::new(hub.clone(), aliases.clone(), upstreams.clone());
+    let names =
+        serving::claude_code::NameRoutes::new(hub.clone(), aliases.clone(), upstreams.clone());
     let state: AppState = Arc::new(ProxyState {
         hub: hub.clone(),
         limiter: Arc::clone(&limiter),
@@ -428,20 +410,22 @@ pub async fn router(
     });
     hub.telemetry().account_usage_in(usage.clone());
     let extra = extra(&admin);
-    let app = http::client_routes()
+    let app = serving::routes::client_routes()
         .route_layer(axum::middleware::from_fn_with_state(
-            client_keys::KeyGate {
+            access::client_keys::KeyGate {
                 keys: Arc::clone(&state.keys),
                 required: state.config.require_api_keys,
                 telemetry: Arc::clone(state.hub.telemetry()),
                 limiter: Arc::clone(&state.limiter),
             },
-            client_keys::identify,
+            access::client_keys::identify,
         ))
-        .merge(http::routes())
-        .merge(admin::admin_routes(state.clone()))
-        .merge(control::routes(admin.clone()))
-        .merge(control::sign_in::open_routes())
+        .merge(serving::routes::routes())
+        .merge(access::worker_connect::routes())
+        .merge(observation::pages::routes())
+        .merge(observation::admin::admin_routes(state.clone()))
+        .merge(observation::control::routes(admin.clone()))
+        .merge(access::sign_in::open_routes())
         .with_state(state)
         .merge(extra)
         .layer(site);
@@ -483,9 +467,9 @@ pub async fn start_with(
         usage,
         admin,
     } = router(config, addr, extra).await?;
-    control::spawn_sampler(&hub);
+    observation::control::spawn_sampler(&hub);
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve::serve(listener, app, tls, connections, async {
+    let task = tokio::spawn(edge::serve::serve(listener, app, tls, connections, async {
         let _ = stopped.await;
     }));
     Ok(RunningProxy {

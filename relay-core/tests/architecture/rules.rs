@@ -10,6 +10,8 @@ use crate::model::{top_level, within, CrateModel, Reference};
 pub enum Rule {
     /// The module imports nothing else of the crate.
     SelfContained(&'static str),
+    /// The module imports nothing else of the crate but the second.
+    SelfContainedBut(&'static str, &'static str),
     /// The first module never imports the second.
     Never(&'static str, &'static str),
     /// The first module reaches the second only through the third (a module inside it).
@@ -28,6 +30,9 @@ impl Rule {
     pub fn sentence(&self) -> String {
         match self {
             Rule::SelfContained(m) => format!("`{m}` imports nothing else of the crate"),
+            Rule::SelfContainedBut(m, but) => {
+                format!("`{m}` imports nothing else of the crate but `{but}`")
+            }
             Rule::Never(a, b) => format!("`{a}` never imports `{b}`"),
             Rule::OnlyThrough(a, b, via) => format!("`{a}` reaches `{b}` only through `{via}`"),
             Rule::Pure(m) => format!(
@@ -43,7 +48,7 @@ impl Rule {
     pub fn names(&self) -> Vec<&'static str> {
         match *self {
             Rule::SelfContained(m) | Rule::Pure(m) | Rule::NoWebFramework(m) => vec![m],
-            Rule::Never(a, b) => vec![a, b],
+            Rule::Never(a, b) | Rule::SelfContainedBut(a, b) => vec![a, b],
             Rule::OnlyThrough(a, b, via) => vec![a, b, via],
         }
     }
@@ -77,7 +82,11 @@ const IMPURE_PREFIXES: &[&str] = &[
     "std::thread",
     "std::env",
     "std::fs",
-    "std::net",
+    // Addresses are data; sockets are not.
+    "std::net::TcpStream",
+    "std::net::TcpListener",
+    "std::net::UdpSocket",
+    "std::net::ToSocketAddrs",
     "std::process",
     "reqwest",
     "hyper",
@@ -135,6 +144,12 @@ pub fn check(model: &CrateModel, rules: &[Rule]) -> Vec<Violation> {
             let breaks = match (*rule, &target) {
                 (Rule::SelfContained(m), Some(target)) => {
                     within(&reference.from, m) && !target.is_empty() && !within(target, m)
+                }
+                (Rule::SelfContainedBut(m, but), Some(target)) => {
+                    within(&reference.from, m)
+                        && !target.is_empty()
+                        && !within(target, m)
+                        && !within(target, but)
                 }
                 (Rule::Never(a, b), Some(target)) => {
                     within(&reference.from, a) && !within(&reference.from, b) && within(target, b)

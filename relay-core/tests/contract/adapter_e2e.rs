@@ -822,7 +822,7 @@ async fn a_continuation_is_served_by_whichever_worker_is_left() {
 
 fn aliased_config() -> ProxyConfig {
     let mut config = test_config();
-    config.aliases = relay_core::proxy::aliases::ModelAliases::new(
+    config.aliases = relay_core::proxy::serving::aliases::ModelAliases::new(
         [("claude-*".to_string(), MODEL.to_string())],
         Some(MODEL.to_string()),
     );

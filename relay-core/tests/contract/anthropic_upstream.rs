@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::{routing, Json, Router};
-use relay_core::proxy::upstream::{UpstreamConfig, UpstreamKind};
+use relay_core::proxy::serving::upstream::{UpstreamConfig, UpstreamKind};
 use relay_core::proxy::RunningProxy;
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;

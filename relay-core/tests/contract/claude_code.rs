@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use relay_core::proxy::aliases::ModelAliases;
+use relay_core::proxy::serving::aliases::ModelAliases;
 use serde_json::{json, Value};
 
 use crate::support::*;

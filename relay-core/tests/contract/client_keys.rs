@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use relay_core::proxy::control::{AdminToken, TokenOrigin};
+use relay_core::proxy::access::admin::{AdminToken, TokenOrigin};
 use relay_core::proxy::ProxyConfig;
 use relay_core::store::DatabaseSetting;
 use serde_json::{json, Value};

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use relay_core::protocol::{CancelReason, ModelsUpdateMessage, PongMessage, WorkerToServer};
-use relay_core::proxy::scheduler::ProviderLimits;
+use relay_core::proxy::dispatch::scheduler::ProviderLimits;
 use relay_core::proxy::ProxyConfig;
 use serde_json::{json, Value};
 

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use relay_core::proxy::control::{AdminToken, TokenOrigin};
-use relay_core::proxy::scheduler::BATCH_AGEING_TURNS;
+use relay_core::proxy::access::admin::{AdminToken, TokenOrigin};
+use relay_core::proxy::dispatch::scheduler::BATCH_AGEING_TURNS;
 use relay_core::proxy::{ProxyConfig, RunningProxy};
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use relay_core::protocol::{ModelsUpdateMessage, PongMessage, ServerToWorker, WorkerToServer};
-use relay_core::proxy::scheduler::ProviderLimits;
+use relay_core::proxy::dispatch::scheduler::ProviderLimits;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 

@@ -6,9 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use relay_core::protocol::{ResponseCompleteMessage, TokenCounts, WorkerToServer};
-use relay_core::proxy::control::AdminToken;
-use relay_core::proxy::telemetry::{MAX_MODEL_LABELS, OTHER};
-use relay_core::proxy::upstream::{UpstreamConfig, UpstreamKind};
+use relay_core::proxy::access::admin::AdminToken;
+use relay_core::proxy::dispatch::telemetry::{MAX_MODEL_LABELS, OTHER};
+use relay_core::proxy::serving::upstream::{UpstreamConfig, UpstreamKind};
 use relay_core::proxy::ProxyConfig;
 use serde_json::{json, Value};
 

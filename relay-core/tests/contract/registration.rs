@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use relay_core::proxy::auth::FailureLimits;
-use relay_core::proxy::scheduler::ProviderLimits;
+use relay_core::proxy::access::credentials::FailureLimits;
+use relay_core::proxy::dispatch::scheduler::ProviderLimits;
 use relay_core::proxy::{ProviderConfig, ProxyConfig};
 use serde_json::{json, Value};
 

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use relay_core::proxy::control::{AdminToken, TokenOrigin};
+use relay_core::proxy::access::admin::{AdminToken, TokenOrigin};
 use relay_core::proxy::RunningProxy;
 use relay_core::store::DatabaseSetting;
 use serde_json::{json, Value};

@@ -1,7 +1,7 @@
 //! Upstream providers (issue 3, cloud mode): HTTP APIs the proxy calls itself for models no
 //! worker serves, or when a model's queue is full. Mock backends stand in for the cloud.
 
-use relay_core::proxy::upstream::{UpstreamConfig, UpstreamKind};
+use relay_core::proxy::serving::upstream::{UpstreamConfig, UpstreamKind};
 use relay_core::proxy::{ProxyConfig, RunningProxy};
 use serde_json::{json, Value};
 

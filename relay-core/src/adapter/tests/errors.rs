@@ -5,9 +5,7 @@ use serde_json::{json, Value};
 
 use super::identity;
 use crate::adapter::openai_responses::{expand_with_history, StoredConversation};
-use crate::adapter::{
-    client_api_for_path, from_chat_response_with, openai_chat, to_chat_request, ClientApi,
-};
+use crate::adapter::{from_chat_response_with, openai_chat, to_chat_request, ClientApi};
 
 fn anthropic(messages: Value) -> Value {
     json!({"model": "m", "max_tokens": 10, "messages": messages})
@@ -279,6 +277,10 @@ fn paths_choose_the_client_api() {
         ("/v1/embeddings", None),
         ("/v1/models", None),
     ] {
-        assert_eq!(client_api_for_path(path), api, "{path}");
+        assert_eq!(
+            ClientApi::of(crate::endpoint::Endpoint::of(path)),
+            api,
+            "{path}"
+        );
     }
 }

@@ -6,15 +6,7 @@
 /// completion routes and its own `/completion`. Its `/v1/messages` and `/v1/responses` convert
 /// the body and drop members they do not know, so a hint there would be lost.
 pub fn takes_slot_hint(path: &str) -> bool {
-    let path = path.split_once('?').map_or(path, |(path, _)| path);
-    matches!(
-        path,
-        "/v1/chat/completions"
-            | "/chat/completions"
-            | "/v1/completions"
-            | "/completions"
-            | "/completion"
-    )
+    crate::endpoint::Endpoint::of(path).takes_slot_hint()
 }
 
 /// `body` with `"id_slot":slot` (and `"cache_prompt":true` unless it names `cache_prompt`)

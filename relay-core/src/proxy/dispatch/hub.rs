@@ -1,0 +1,1091 @@
+//! The hub joins the [`Scheduler`] to the sockets: it holds the lock around the scheduler, the
+//! pending requests' payloads and answer channels, and each worker connection's outbound channel,
+//! and it carries out the scheduler's [`Action`]s. Nothing here waits on I/O while holding the
+//! lock: sends go into unbounded channels that the socket tasks drain.
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::extract::ws::Utf8Bytes;
+use axum::http::StatusCode;
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::proxy::dispatch::scheduler::{
+    parse_worker_wire_id, request_wire_id, unusable_name, worker_wire_id, Action, AffinityCounts,
+    CancelOutcome, Expired, ProviderLimits, RegisterError, Scheduler, WorkerId, WorkerSnapshot,
+};
+use crate::proxy::dispatch::sleepers::{Card, Sleeper, SleeperLimits, Sleepers, WakeOrder};
+
+// The hub is dispatch's one door for the client routes (ARCHITECTURE.md): what they name of
+// dispatch — a request's placement and id, why it was refused or failed, what the dashboard
+// records of it — they name here.
+use crate::dialect::ApiError;
+use crate::protocol::{
+    CancelMessage, CancelReason, GracefulShutdownMessage, HeaderMap, ModelsRefreshMessage,
+    PingMessage, RegisterAck, RegisterMessage, RequestMessage, ResponseCompleteMessage,
+    ServerToWorker, BRIDGE_PROTOCOL_VERSION,
+};
+pub use crate::proxy::dispatch::scheduler::{
+    FailReason, Placement, RequestId, SubmitError, Submitted,
+};
+pub use crate::proxy::dispatch::telemetry::{Telemetry, TrackedRequest};
+
+/// What a waiting client hears about its request.
+///
+/// The rare variants are boxed: the answer channel allocates slots in blocks sized by the largest
+/// variant, and thousands of open streams each hold one such block.
+#[derive(Debug)]
+pub enum ResponseEvent {
+    /// SSE bytes of a streaming answer, in order.
+    Chunk(Bytes),
+    /// The end: final status, headers and (for non-streaming answers) the body, and the name
+    /// of the worker that answered (`None` for an upstream's answer).
+    Complete(Box<ResponseCompleteMessage>, Option<Arc<str>>),
+    /// The relay gave up on the request.
+    Failed(Box<ApiError>),
+    /// The worker died before any byte was sent; the request waits in the queue again.
+    Requeued {
+        /// The new queue deadline.
+        queue_deadline: Instant,
+    },
+}
+
+/// Sender half of a request's answer channel.
+pub type EventSender = mpsc::UnboundedSender<ResponseEvent>;
+
+/// A request's stream bytes sent into its answer channel and not yet taken out by the client's
+/// side: the worker's connection adds, the waiter subtracts, and beyond
+/// `max_buffered_stream_bytes` the stream is ended (the channel itself is unbounded, so that one
+/// slow client never holds up the other streams of the same worker).
+pub type WaitingBytes = Arc<AtomicUsize>;
+
+/// What a worker connection's task is asked to do.
+#[derive(Debug)]
+pub enum Outbound {
+    /// Write this frame as is.
+    Frame(Utf8Bytes),
+    /// Start routing answers for `request` to `events`, then write its `request` frame.
+    Dispatch {
+        /// The request.
+        request: RequestId,
+        /// Its pre-serialized `request` message.
+        frame: Utf8Bytes,
+        /// Where its answer goes.
+        events: EventSender,
+        /// Its stream bytes not yet taken by the client's side.
+        waiting: WaitingBytes,
+    },
+    /// Stop routing answers for a cancelled request whose worker never confirmed the end.
+    Forget(RequestId),
+    /// Close the connection with this reason.
+    Close(String),
+}
+
+/// Timing settings the hub needs.
+#[derive(Debug, Clone)]
+pub struct HubSettings {
+    /// How long a draining worker may take before it is closed anyway.
+    pub drain_timeout: Duration,
+    /// Providers whose workers get clients' credentials (`forward_client_auth`).
+    pub client_auth_providers: Vec<String>,
+    /// How sleeping boxes are remembered and how often one is sent a packet.
+    pub sleepers: SleeperLimits,
+    /// Where Wake-on-LAN packets go.
+    pub wake_target: std::net::SocketAddr,
+}
+
+/// How a worker's connection ended, which decides whether its box is taken for asleep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Departure {
+    /// The worker closed it (close frame, end of stream, connection error).
+    WorkerClosed,
+    /// It went silent past the heartbeat timeout: what a box that suspends without a word
+    /// looks like.
+    HeartbeatLost,
+    /// The proxy closed it (drain, role off, a stalled writer, shutdown).
+    ProxyClosed,
+}
+
+struct Pending {
+    frame: Utf8Bytes,
+    /// The same frame with the client's credentials, for workers of providers that opt in;
+    /// built only when some provider does and the client sent any.
+    frame_with_auth: Option<Utf8Bytes>,
+    events: EventSender,
+    waiting: WaitingBytes,
+}
+
+struct WorkerLink {
+    outbound: mpsc::UnboundedSender<Outbound>,
+    /// Its provider passes clients' credentials on.
+    forwards_client_auth: bool,
+    /// What is needed to remember its box if it goes to sleep.
+    sleep: SleepInfo,
+}
+
+/// A connected worker's box, as far as sleeping goes.
+struct SleepInfo {
+    name: String,
+    provider: String,
+    mac: Option<crate::wake::MacAddress>,
+    /// The address its connection comes from.
+    address: IpAddr,
+    /// It registered with `sleeps_when_idle`.
+    sleeps_when_idle: bool,
+    /// The models it serves now (as accepted), or served before its `going_to_sleep` notice.
+    models: Vec<String>,
+    /// It sent `going_to_sleep`: its leaving is a sleep, whatever the way it ends.
+    announced_sleep: bool,
+}
+
+struct Inner {
+    scheduler: Scheduler,
+    pending: HashMap<RequestId, Pending>,
+    links: HashMap<WorkerId, WorkerLink>,
+    /// Names of workers an admin drained: they may not rejoin until the proxy restarts (a
+    /// service manager restarts a headless worker that exited after its drain, which would
+    /// otherwise undo it; the published worker may reconnect too).
+    drained_names: HashSet<String>,
+    /// Boxes that went to sleep: their models stay listed and claimed, and requests for them
+    /// wake them.
+    sleepers: Sleepers,
+    telemetry: Arc<Telemetry>,
+}
+
+/// Shared proxy state; one per proxy, behind an `Arc`.
+pub struct Hub {
+    inner: Mutex<Inner>,
+    next_request: AtomicU64,
+    settings: HubSettings,
+    started: Instant,
+    telemetry: Arc<Telemetry>,
+    /// False while the node's proxy role is off: clients and workers are turned away.
+    serving: AtomicBool,
+}
+
+/// A request accepted by [`Hub::submit`].
+pub struct Accepted {
+    /// Its id.
+    pub request: RequestId,
+    /// Where it went.
+    pub submitted: Submitted,
+    /// The end of its life, fixed at arrival and kept across requeues.
+    pub deadline: Instant,
+    /// Its answer.
+    pub events: mpsc::UnboundedReceiver<ResponseEvent>,
+    /// Its stream bytes waiting in `events`.
+    pub waiting: WaitingBytes,
+}
+
+/// A worker accepted by [`Hub::register_worker`].
+pub struct Joined {
+    /// Its id.
+    pub worker: WorkerId,
+    /// The `register_ack` to send.
+    pub ack: RegisterAck,
+    /// Frames and dispatches for its connection task to write.
+    pub outbound: mpsc::UnboundedReceiver<Outbound>,
+}
+
+/// What one client request carries to a worker.
+pub struct RequestSpec {
+    /// The requested model.
+    pub model: String,
+    /// Backend path, query string included.
+    pub endpoint_path: String,
+    /// Whether the client asked for a stream.
+    pub is_streaming: bool,
+    /// The body, untouched.
+    pub body: String,
+    /// Forwarded headers, without the client's credentials.
+    pub headers: HeaderMap,
+    /// The client's credentials ([`crate::protocol::CLIENT_AUTH_HEADERS`]): sent only to workers
+    /// of providers that opt in.
+    pub client_auth: HeaderMap,
+    /// Conversation, client and priority, for the scheduler.
+    pub placement: Placement,
+}
+
+impl Hub {
+    /// A hub around `scheduler`.
+    pub fn new(scheduler: Scheduler, settings: HubSettings) -> Arc<Hub> {
+        let telemetry = Arc::new(Telemetry::default());
+        Arc::new(Hub {
+            inner: Mutex::new(Inner {
+                scheduler,
+                pending: HashMap::new(),
+                links: HashMap::new(),
+                drained_names: HashSet::new(),
+                sleepers: Sleepers::new(settings.sleepers),
+                telemetry: Arc::clone(&telemetry),
+            }),
+            next_request: AtomicU64::new(1),
+            settings,
+            started: Instant::now(),
+            telemetry,
+            serving: AtomicBool::new(true),
+        })
+    }
+
+    /// Applies new limits to `provider` from now on (see [`Scheduler::set_limits`]).
+    pub fn set_limits(&self, provider: &str, limits: ProviderLimits) -> bool {
+        self.lock().scheduler.set_limits(provider, limits)
+    }
+
+    /// Whether the proxy role is on.
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::Relaxed)
+    }
+
+    /// Turns the proxy role on or off; turning it off closes every worker connection (their
+    /// running requests are requeued or failed as on any disconnect).
+    pub fn set_serving(&self, serving: bool) {
+        if self.serving.swap(serving, Ordering::Relaxed) && !serving {
+            self.close_all_workers("the proxy role was turned off on this node");
+        }
+        self.telemetry.touch();
+    }
+
+    /// What the dashboard sees: worker hosts and heartbeats, request progress, totals, series.
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // The scheduler does no I/O and is tested not to panic, and to stay consistent, under any
+        // sequence of events (`any_sequence_of_events_keeps_the_state_consistent_…`); were a
+        // panic to happen anyway, serving on is better than refusing every request after it.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Seconds since the hub started.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Accepts a client request: dispatches it, queues it, or refuses it.
+    pub fn submit(&self, spec: RequestSpec) -> Result<Accepted, Refused> {
+        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
+        // Serialize once, outside the lock; requeues resend the same frame.
+        let wire = ServerToWorker::Request(RequestMessage {
+            request_id: request_wire_id(request),
+            model: spec.model.clone(),
+            endpoint_path: spec.endpoint_path,
+            is_streaming: spec.is_streaming,
+            body: spec.body,
+            headers: spec.headers,
+            conversation: spec.placement.affinity.map(RequestMessage::conversation_of),
+        });
+        let frame = Utf8Bytes::from(wire.to_json());
+        // A second frame only on the opt-in path, so the default one costs nothing more.
+        let frame_with_auth = match wire {
+            ServerToWorker::Request(mut message)
+                if !self.settings.client_auth_providers.is_empty()
+                    && !spec.client_auth.is_empty() =>
+            {
+                message.headers.extend(spec.client_auth);
+                Some(Utf8Bytes::from(ServerToWorker::Request(message).to_json()))
+            }
+            _ => None,
+        };
+        let (events, receiver) = mpsc::unbounded_channel();
+        let waiting = WaitingBytes::default();
+        let mut inner = self.lock();
+        let now = Instant::now();
+        inner.forget_old_sleepers(now);
+        let submitted = match inner
+            .scheduler
+            .submit(request, &spec.model, spec.placement, now)
+        {
+            Ok(submitted) => submitted,
+            Err(error) => {
+                drop(inner);
+                return Err(Refused {
+                    error: submit_error(error.clone(), &spec.model),
+                    reason: error,
+                });
+            }
+        };
+        let deadline = inner
+            .scheduler
+            .request_deadline(request)
+            .expect("a submitted request is tracked");
+        inner.pending.insert(
+            request,
+            Pending {
+                frame,
+                frame_with_auth,
+                events,
+                waiting: waiting.clone(),
+            },
+        );
+        match submitted {
+            Submitted::Dispatched { worker, .. } => {
+                inner.execute(vec![Action::Dispatch { request, worker }]);
+            }
+            Submitted::Queued { .. } => {
+                tracing::debug!(request = %request_wire_id(request), model = %spec.model, "request queued");
+                if !inner.scheduler.is_served(&spec.model) {
+                    let orders = inner.sleepers.wake_for(&spec.model, now, unix_ms());
+                    if !orders.is_empty() {
+                        inner.relay_wake_packets(&orders);
+                        drop(inner);
+                        self.telemetry.touch();
+                        self.send_wake_packets(orders);
+                    }
+                }
+            }
+        }
+        Ok(Accepted {
+            request,
+            submitted,
+            deadline,
+            events: receiver,
+            waiting,
+        })
+    }
+
+    /// Sends the magic packets off the lock, in a task (the hub does no I/O itself).
+    fn send_wake_packets(&self, orders: Vec<WakeOrder>) {
+        let target = self.settings.wake_target;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            for order in orders {
+                match crate::wake::send_magic_packet(order.mac, target).await {
+                    Ok(()) => {
+                        tracing::info!(name = %order.name, mac = %order.mac, %target, "Wake-on-LAN packet sent")
+                    }
+                    Err(error) => {
+                        tracing::warn!(name = %order.name, mac = %order.mac, %target, "Wake-on-LAN packet not sent: {error}")
+                    }
+                }
+            }
+        });
+    }
+
+    /// The name worker `worker` registered with (as the scheduler keeps it, cleaned).
+    pub fn worker_name(&self, worker: WorkerId) -> Option<String> {
+        self.lock()
+            .scheduler
+            .worker_name(worker)
+            .map(str::to_string)
+    }
+
+    /// Starts tracking a request that an upstream serves instead of a worker, so the dashboard
+    /// and the metrics count it like any other (its id comes from the same sequence).
+    pub fn track_upstream(
+        &self,
+        model: &str,
+        streaming: bool,
+        upstream: &str,
+        key: Cow<'static, str>,
+    ) -> TrackedRequest {
+        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
+        self.telemetry
+            .begin_via(request, model, streaming, Some(upstream), key)
+    }
+
+    /// The client is gone or timed out: unqueue the request, or tell its worker to stop and hold
+    /// the worker's slot until it confirms or the grace period ends.
+    pub fn cancel(self: &Arc<Self>, request: RequestId, reason: CancelReason) {
+        let mut inner = self.lock();
+        let outcome = inner.scheduler.cancel(request);
+        if outcome != CancelOutcome::Nothing {
+            self.telemetry.cancelled(reason);
+        }
+        match outcome {
+            CancelOutcome::RemovedFromQueue => {
+                inner.pending.remove(&request);
+                tracing::info!(request = %request_wire_id(request), reason = reason.as_str(), "queued request cancelled");
+            }
+            CancelOutcome::SendCancel { worker } => {
+                inner.pending.remove(&request);
+                let frame = ServerToWorker::Cancel(CancelMessage {
+                    request_id: request_wire_id(request),
+                    reason,
+                })
+                .to_json();
+                inner.send(worker, Outbound::Frame(frame.into()));
+                // The slot is free for the next queued request at once, as the seeds'
+                // architecture says: a published worker never reports back after a cancel, and
+                // ours stops the request before it reads the next frame. What the worker may
+                // still send for the request is dropped.
+                let actions = inner.scheduler.release_cancelled(request);
+                inner.send(worker, Outbound::Forget(request));
+                inner.execute(actions);
+                drop(inner);
+                tracing::info!(request = %request_wire_id(request), worker = %worker_wire_id(worker), reason = reason.as_str(), "cancel sent to worker; its slot is free");
+            }
+            CancelOutcome::Nothing => {}
+        }
+    }
+
+    /// The waiter's queue deadline passed: if the request was still queued it is gone now, and
+    /// this is the 504 to answer, naming the model it waited for.
+    pub fn expire_queued(&self, request: RequestId) -> Option<ApiError> {
+        let mut inner = self.lock();
+        let expired = inner.scheduler.expire_queued(request, Instant::now())?;
+        inner.pending.remove(&request);
+        inner.release_idle_capacity();
+        let (sleepers, served) = if expired.served {
+            (Vec::new(), Vec::new())
+        } else {
+            let served = inner
+                .scheduler
+                .models()
+                .into_iter()
+                .map(|(m, _)| m)
+                .collect();
+            (inner.sleepers.gave_up(&expired.model), served)
+        };
+        drop(inner);
+        if !sleepers.is_empty() {
+            self.telemetry.touch();
+        }
+        tracing::warn!(request = %request_wire_id(request), model = %expired.model, served = expired.served, asleep = ?sleepers, "queue timeout");
+        Some(queue_timeout_error(&expired, &sleepers, &served))
+    }
+
+    /// Whether workers may join `provider` right now.
+    pub fn check_provider(&self, provider: &str) -> Result<(), RegisterError> {
+        self.lock().scheduler.check_provider(provider)
+    }
+
+    /// A worker sent `register`.
+    pub fn register_worker(
+        &self,
+        provider: &str,
+        message: &RegisterMessage,
+        address: IpAddr,
+    ) -> Result<Joined, RegisterError> {
+        let (outbound, receiver) = mpsc::unbounded_channel();
+        let mut inner = self.lock();
+        if inner.drained_names.contains(&message.worker_name) {
+            return Err(RegisterError::Drained);
+        }
+        let mut registered = inner.scheduler.register_worker(provider, message)?;
+        let mac = match message
+            .mac_address
+            .as_deref()
+            .map(str::parse::<crate::wake::MacAddress>)
+        {
+            None => None,
+            Some(Ok(mac)) => Some(mac),
+            Some(Err(error)) => {
+                registered.warnings.push(format!(
+                    "mac_address ignored ({error}): this box cannot be woken by Wake-on-LAN"
+                ));
+                None
+            }
+        };
+        // The name as the scheduler cleaned it: what the dashboard shows, bounded in length.
+        let name = inner
+            .scheduler
+            .worker_name(registered.worker)
+            .unwrap_or_default()
+            .to_string();
+        let woke = inner.sleepers.woke(&name, mac);
+        if !woke.is_empty() {
+            inner.sync_asleep();
+            log_woke(&woke, &name);
+        }
+        let sleep = SleepInfo {
+            name,
+            provider: provider.to_string(),
+            mac,
+            address,
+            sleeps_when_idle: message.sleeps_when_idle == Some(true),
+            models: registered.models.clone(),
+            announced_sleep: false,
+        };
+        let forwards_client_auth = self
+            .settings
+            .client_auth_providers
+            .iter()
+            .any(|p| p == provider);
+        inner.links.insert(
+            registered.worker,
+            WorkerLink {
+                outbound,
+                forwards_client_auth,
+                sleep,
+            },
+        );
+        inner.execute(registered.actions);
+        Ok(Joined {
+            worker: registered.worker,
+            ack: RegisterAck {
+                worker_id: worker_wire_id(registered.worker),
+                models: registered.models,
+                warnings: registered.warnings,
+                protocol_version: Some(
+                    message
+                        .protocol_version
+                        .clone()
+                        .unwrap_or_else(|| BRIDGE_PROTOCOL_VERSION.to_string()),
+                ),
+            },
+            outbound: receiver,
+        })
+    }
+
+    /// A worker connection ended: requeue or fail what it was running.
+    pub fn worker_gone(&self, worker: WorkerId) {
+        self.worker_left(worker, Departure::ProxyClosed);
+    }
+
+    /// A worker connection ended this way: requeue or fail what it was running, and remember
+    /// its box as asleep if it said it was going to sleep, or it sleeps when idle and left on
+    /// its own (closed or went silent) with models to serve. An admin-drained worker never is.
+    pub fn worker_left(&self, worker: WorkerId, departure: Departure) {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        if let Some(link) = inner.links.remove(&worker) {
+            let info = link.sleep;
+            let asleep = info.announced_sleep
+                || (info.sleeps_when_idle && departure != Departure::ProxyClosed);
+            if asleep && !inner.drained_names.contains(&info.name) {
+                let remembered = inner.sleepers.fell_asleep(
+                    &info.name,
+                    &info.provider,
+                    Card {
+                        mac: info.mac,
+                        address: Some(info.address),
+                    },
+                    info.models.clone(),
+                    now,
+                    unix_ms(),
+                );
+                if remembered {
+                    inner.sync_asleep();
+                    tracing::info!(worker = %worker_wire_id(worker), name = %info.name, models = ?info.models, mac = ?info.mac.map(|m| m.to_string()), "box asleep: its models stay listed and wake it");
+                }
+            }
+        }
+        let actions = inner.scheduler.worker_gone(worker, now);
+        inner.execute(actions);
+        drop(inner);
+        self.telemetry.worker_left(&worker_wire_id(worker));
+    }
+
+    /// An admin drains a connected worker (by wire id): no new work; it is closed once idle and
+    /// refused if it rejoins under the same name. False if no such worker is connected.
+    pub fn drain_worker(&self, wire_id: &str) -> bool {
+        let Some(id) = parse_worker_wire_id(wire_id) else {
+            return false;
+        };
+        let mut inner = self.lock();
+        let Some(name) = inner.scheduler.worker_name(id).map(str::to_string) else {
+            return false;
+        };
+        inner.drained_names.insert(name.clone());
+        // Told first, so the worker finishes its requests and stays away (a `graceful_shutdown`
+        // without `reconnect` is the seeds' drain; the name check stops one that is restarted).
+        let frame = ServerToWorker::GracefulShutdown(GracefulShutdownMessage {
+            reason: Some(
+                "drained by an admin of the proxy; it may rejoin after the proxy restarts"
+                    .to_string(),
+            ),
+            drain_timeout_secs: Some(self.settings.drain_timeout.as_secs()),
+            reconnect: None,
+        })
+        .to_json();
+        inner.send(id, Outbound::Frame(frame.into()));
+        let actions = inner.scheduler.drain_worker(id);
+        inner.execute(actions);
+        drop(inner);
+        tracing::info!(worker = wire_id, name, "worker drained by an admin");
+        self.telemetry.touch();
+        true
+    }
+
+    /// For each request, where it is: `None` untracked, `Some(None)` queued, `Some(Some(id))`
+    /// running on the worker with that wire id.
+    pub fn assignments(&self, requests: &[RequestId]) -> Vec<Option<Option<String>>> {
+        let inner = self.lock();
+        requests
+            .iter()
+            .map(|r| {
+                inner
+                    .scheduler
+                    .assignment(*r)
+                    .map(|w| w.map(worker_wire_id))
+            })
+            .collect()
+    }
+
+    /// The worker finished `request`; false if it was not running there (duplicate or stray).
+    pub fn finish(&self, worker: WorkerId, request: RequestId) -> bool {
+        let mut inner = self.lock();
+        let mut actions = Vec::new();
+        let known = inner.scheduler.finish(worker, request, &mut actions);
+        if known {
+            inner.pending.remove(&request);
+        }
+        inner.execute(actions);
+        inner.release_idle_capacity();
+        known
+    }
+
+    /// The worker's attempt at `request` failed retryably before any output: requeue it (or fail
+    /// it if it may not be). False if it was not running on that worker.
+    pub fn retry(&self, worker: WorkerId, request: RequestId) -> bool {
+        let mut inner = self.lock();
+        let mut actions = Vec::new();
+        let known = inner
+            .scheduler
+            .retry(worker, request, Instant::now(), &mut actions);
+        inner.execute(actions);
+        known
+    }
+
+    /// The first byte of `request`'s answer went to its client: it may no longer be requeued.
+    pub fn mark_started(&self, request: RequestId) {
+        self.lock().scheduler.mark_started(request);
+    }
+
+    /// A worker reported its load.
+    pub fn update_load(&self, worker: WorkerId, load: u32) {
+        let mut inner = self.lock();
+        let actions = inner.scheduler.update_load(worker, load);
+        inner.execute(actions);
+        drop(inner);
+        self.telemetry.touch();
+    }
+
+    /// A worker sent `models_update`; returns the accepted models and warnings. With
+    /// `going_to_sleep` the models it served until now are kept for its box's sleep.
+    pub fn update_models(
+        &self,
+        worker: WorkerId,
+        models: &[String],
+        load: u32,
+        going_to_sleep: bool,
+        windows: Option<&crate::protocol::ContextWindows>,
+    ) -> (Vec<String>, Vec<String>) {
+        let mut inner = self.lock();
+        let (accepted, warnings, actions) =
+            inner
+                .scheduler
+                .update_models(worker, models, load, windows, Instant::now());
+        if let Some(link) = inner.links.get_mut(&worker) {
+            if going_to_sleep {
+                link.sleep.announced_sleep = true;
+                if !accepted.is_empty() {
+                    link.sleep.models = accepted.clone();
+                }
+            } else {
+                link.sleep.models = accepted.clone();
+            }
+        }
+        inner.execute(actions);
+        drop(inner);
+        self.telemetry.touch();
+        self.telemetry.models_changed();
+        (accepted, warnings)
+    }
+
+    /// Asks every worker to re-read its backend's models; returns how many were asked.
+    pub fn refresh_models(&self, reason: &str) -> usize {
+        let frame: Utf8Bytes = ServerToWorker::ModelsRefresh(ModelsRefreshMessage {
+            reason: Some(reason.to_string()),
+        })
+        .to_json()
+        .into();
+        let inner = self.lock();
+        for link in inner.links.values() {
+            let _ = link.outbound.send(Outbound::Frame(frame.clone()));
+        }
+        inner.links.len()
+    }
+
+    /// Starts the proxy's drain: refuse new work, fail queued requests, and send
+    /// `graceful_shutdown` to every worker, saying the proxy stops rather than sending them
+    /// away (`reconnect`), so ours come back by themselves when it is up again. Returns how many
+    /// requests are still running.
+    pub fn begin_shutdown(&self, reason: &str) -> usize {
+        let frame: Utf8Bytes = ServerToWorker::GracefulShutdown(GracefulShutdownMessage {
+            reason: Some(reason.to_string()),
+            drain_timeout_secs: Some(self.settings.drain_timeout.as_secs()),
+            reconnect: Some(true),
+        })
+        .to_json()
+        .into();
+        let mut inner = self.lock();
+        let (actions, workers) = inner.scheduler.begin_shutdown();
+        for worker in workers {
+            inner.send(worker, Outbound::Frame(frame.clone()));
+        }
+        inner.execute(actions);
+        tracing::info!("graceful shutdown: draining workers");
+        inner.scheduler.in_flight_count()
+    }
+
+    /// Closes every worker connection; what they were running fails or is requeued as usual.
+    pub fn close_all_workers(&self, reason: &str) {
+        let inner = self.lock();
+        for link in inner.links.values() {
+            let _ = link.outbound.send(Outbound::Close(reason.to_string()));
+        }
+    }
+
+    /// Requests still running on workers.
+    pub fn in_flight(&self) -> usize {
+        self.lock().scheduler.in_flight_count()
+    }
+
+    /// Connected workers and queued requests, for `/health`.
+    pub fn counts(&self) -> (usize, usize) {
+        let inner = self.lock();
+        (
+            inner.scheduler.worker_count(),
+            inner.scheduler.queue_depth(),
+        )
+    }
+
+    /// Requests the hub still tracks; zero when idle (used to check nothing leaks).
+    pub fn tracked_requests(&self) -> usize {
+        let inner = self.lock();
+        inner.scheduler.tracked_requests().max(inner.pending.len())
+    }
+
+    /// Whether the workers claim `model` now: one serves it, a provider lists it, or its last
+    /// worker left moments ago. Aliases and upstreams take only models nobody claims; any other
+    /// model still queues for a worker to announce it.
+    pub fn serves(&self, model: &str) -> bool {
+        self.lock().scheduler.is_claimed(model, Instant::now())
+    }
+
+    /// Routable models with their providers: the connected workers', then those only
+    /// sleeping boxes serve (a request for them wakes a box).
+    pub fn models(&self) -> Vec<(String, String)> {
+        let mut inner = self.lock();
+        inner.forget_old_sleepers(Instant::now());
+        let mut models = inner.scheduler.models();
+        for (provider, model) in inner.sleepers.models() {
+            if !models.iter().any(|(listed, _)| *listed == model) {
+                models.push((model, provider));
+            }
+        }
+        models.sort();
+        models
+    }
+
+    /// The sleeping boxes, oldest sleeper first.
+    pub fn sleepers(&self) -> Vec<Sleeper> {
+        let mut inner = self.lock();
+        inner.forget_old_sleepers(Instant::now());
+        inner.sleepers.boxes().to_vec()
+    }
+
+    /// Every connected worker.
+    pub fn workers(&self) -> Vec<WorkerSnapshot> {
+        self.lock().scheduler.workers()
+    }
+
+    /// Queue depth per provider.
+    pub fn queue_depths(&self) -> Vec<(String, usize)> {
+        self.lock().scheduler.queue_depths()
+    }
+
+    /// Conversation affinity placements so far (see [`Scheduler::affinity_counts`]). Counted
+    /// inside the scheduler, under the lock every placement already takes, so the hot path pays
+    /// three plain increments and no atomics.
+    pub fn affinity_counts(&self) -> AffinityCounts {
+        self.lock().scheduler.affinity_counts()
+    }
+}
+
+/// Maps that grew past this many slots are shrunk once they empty.
+const IDLE_SHRINK_THRESHOLD: usize = 1024;
+
+/// Connected workers on one sleeping box's LAN that relay its magic packet at most: a proxy
+/// elsewhere (a VPS) cannot broadcast onto that LAN, and one or two senders there suffice.
+const MAX_WAKE_RELAYS: usize = 2;
+
+impl Inner {
+    /// Asks up to [`MAX_WAKE_RELAYS`] connected workers on each box's LAN (by the address
+    /// their connections come from, see [`crate::wake::same_lan`]) to send its magic packet
+    /// too, in an extension field of `ping` that workers without it ignore.
+    fn relay_wake_packets(&self, orders: &[WakeOrder]) {
+        let mut asked: HashMap<WorkerId, Vec<String>> = HashMap::new();
+        for order in orders {
+            let Some(address) = order.address else {
+                continue;
+            };
+            let relays = self
+                .links
+                .iter()
+                .filter(|(_, link)| crate::wake::same_lan(link.sleep.address, address))
+                .take(MAX_WAKE_RELAYS);
+            for (worker, _) in relays {
+                asked
+                    .entry(*worker)
+                    .or_default()
+                    .push(order.mac.to_string());
+            }
+        }
+        for (worker, macs) in asked {
+            tracing::info!(worker = %worker_wire_id(worker), cards = ?macs, "asking a worker on the sleeping box's LAN to send its Wake-on-LAN packet");
+            let ping = ServerToWorker::Ping(PingMessage {
+                timestamp_unix_ms: None,
+                paused_requests: None,
+                wake_macs: Some(macs),
+            });
+            if let Some(link) = self.links.get(&worker) {
+                let _ = link
+                    .outbound
+                    .send(Outbound::Frame(Utf8Bytes::from(ping.to_json())));
+            }
+        }
+    }
+
+    /// Tells the scheduler which models sleeping boxes serve, so requests for them queue at
+    /// their provider (and aliases and upstreams leave them alone).
+    fn sync_asleep(&mut self) {
+        let models = self.sleepers.models();
+        self.scheduler.set_asleep(&models);
+    }
+
+    fn forget_old_sleepers(&mut self, now: Instant) {
+        if self.sleepers.forget_expired(now) {
+            self.sync_asleep();
+        }
+    }
+    /// After a burst, give back the capacity the request maps grew to: a proxy idle after
+    /// 10,000 streams should use the memory of an idle proxy.
+    fn release_idle_capacity(&mut self) {
+        if self.pending.is_empty() && self.pending.capacity() > IDLE_SHRINK_THRESHOLD {
+            self.pending.shrink_to_fit();
+            self.scheduler.shrink_if_idle();
+        }
+    }
+
+    fn send(&self, worker: WorkerId, message: Outbound) {
+        if let Some(link) = self.links.get(&worker) {
+            // A closed channel means the connection task is exiting; it will call worker_gone,
+            // which requeues whatever this message was about.
+            let _ = link.outbound.send(message);
+        }
+    }
+
+    fn execute(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Dispatch { request, worker } => {
+                    let Some(pending) = self.pending.get(&request) else {
+                        continue;
+                    };
+                    tracing::debug!(request = %request_wire_id(request), worker = %worker_wire_id(worker), "request dispatched");
+                    self.telemetry.touch();
+                    let with_auth = self
+                        .links
+                        .get(&worker)
+                        .is_some_and(|link| link.forwards_client_auth);
+                    let frame = match (&pending.frame_with_auth, with_auth) {
+                        (Some(frame), true) => frame.clone(),
+                        _ => pending.frame.clone(),
+                    };
+                    self.send(
+                        worker,
+                        Outbound::Dispatch {
+                            request,
+                            frame,
+                            events: pending.events.clone(),
+                            waiting: pending.waiting.clone(),
+                        },
+                    );
+                }
+                Action::Requeued {
+                    request,
+                    queue_deadline,
+                } => {
+                    tracing::info!(request = %request_wire_id(request), "request requeued");
+                    self.telemetry.requeued();
+                    if let Some(pending) = self.pending.get(&request) {
+                        let _ = pending
+                            .events
+                            .send(ResponseEvent::Requeued { queue_deadline });
+                    }
+                }
+                Action::Fail { request, reason } => {
+                    if reason == FailReason::RequeueExhausted {
+                        tracing::warn!(request = %request_wire_id(request), "requeue exhausted");
+                    }
+                    if let Some(pending) = self.pending.remove(&request) {
+                        let _ = pending
+                            .events
+                            .send(ResponseEvent::Failed(Box::new(fail_error(reason))));
+                    }
+                }
+                Action::CloseDrained { worker } => {
+                    tracing::info!(worker = %worker_wire_id(worker), "worker drained");
+                    self.telemetry.touch();
+                    self.send(worker, Outbound::Close("worker drained".to_string()));
+                }
+            }
+        }
+    }
+}
+
+/// The client-facing error for a request the relay could not serve.
+pub fn fail_error(reason: FailReason) -> ApiError {
+    match reason {
+        FailReason::QueueFull => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "queue_full",
+            // The seed's stable client message first; then what an operator needs.
+            "Service temporarily at capacity, please retry (queue full: the requests waiting \
+             for a worker are at max_queue_len)",
+        ),
+        FailReason::RequestTimeout => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "request_timeout",
+            "request timeout: the worker did not finish within the request timeout",
+        ),
+        FailReason::RequeueExhausted => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "requeue_exhausted",
+            "requeue attempts exhausted: the workers serving this request failed or disconnected 3 times",
+        ),
+        FailReason::WorkerLostMidStream => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "worker_disconnected",
+            "the worker serving this request disconnected mid-response; retry the request",
+        ),
+        FailReason::ShuttingDown => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the relay is shutting down; retry shortly",
+        )
+        .retry_after(Duration::from_secs(5)),
+    }
+}
+
+/// The 504 for a request that waited its whole queue timeout: for which model, and whether
+/// its workers were all busy or none is connected (the runbook's "requests queue but never
+/// complete"); for a name nobody serves, what is served (`served`) and how to map the name.
+fn queue_timeout_error(expired: &Expired, sleepers: &[String], served: &[String]) -> ApiError {
+    let model = &expired.model;
+    let why = if !sleepers.is_empty() {
+        let names = sleepers
+            .iter()
+            .map(|n| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let noun = if sleepers.len() == 1 { "box" } else { "boxes" };
+        format!(
+            "model {model} is served only by the sleeping {noun} {names}, which did not wake \
+             within the queue timeout (a Wake-on-LAN packet was sent; check that Wake-on-LAN is \
+             enabled in its firmware and on its network card)"
+        )
+    } else if expired.served {
+        format!("every worker serving model {model} stayed busy for the queue timeout")
+    } else if served.is_empty() {
+        format!(
+            "no connected worker serves model {model}; it waited the queue timeout for one to \
+             register or announce it (no worker is connected: check the workers' logs)"
+        )
+    } else {
+        const SHOWN: usize = 10;
+        let mut names = served
+            .iter()
+            .take(SHOWN)
+            .map(|n| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if served.len() > SHOWN {
+            names.push_str(&format!(" and {} more", served.len() - SHOWN));
+        }
+        format!(
+            "no connected worker serves model {model}; it waited the queue timeout for one to \
+             announce it. Served now: {names}. To send {model:?} to one of them, add an alias \
+             ([proxy.aliases] {model:?} = {:?} in the config file, or on the dashboard's \
+             Settings page) or set default_model",
+            served[0]
+        )
+    };
+    ApiError::new(
+        StatusCode::GATEWAY_TIMEOUT,
+        "queue_timeout",
+        format!("queue timeout: no worker available within deadline: {why}"),
+    )
+}
+
+fn log_woke(woke: &[Sleeper], name: &str) {
+    for sleeper in woke {
+        match sleeper.waking {
+            Some(attempt) => {
+                tracing::info!(name, packets = attempt.packets, "woken box reconnected")
+            }
+            None => tracing::info!(name, "sleeping box reconnected"),
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A request the hub did not take: why (for routing it elsewhere, e.g. to an upstream), and the
+/// answer to give the client otherwise.
+#[derive(Debug)]
+pub struct Refused {
+    /// Why, as the scheduler said.
+    pub reason: SubmitError,
+    /// The client's answer in its dialect-independent form.
+    pub error: ApiError,
+}
+
+fn submit_error(error: SubmitError, model: &str) -> ApiError {
+    match error {
+        // Any name a worker could advertise waits in a queue for one (walkthrough §7): only
+        // these are refused.
+        SubmitError::UnknownModel => {
+            let hint = match unusable_name(model) {
+                Some(why) => format!("no worker can advertise a model name {why}"),
+                None => "this proxy has no provider".to_string(),
+            };
+            // A hostile name is echoed only in part.
+            let shown: String = model.chars().take(80).collect();
+            let ellipsis = if shown.len() < model.len() { "…" } else { "" };
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!("no provider for model {shown:?}{ellipsis}: {hint}"),
+            )
+        }
+        SubmitError::ProviderDisabled => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "provider_disabled",
+            "Provider is currently disabled",
+        ),
+        SubmitError::QueueFull { retry_after } => {
+            tracing::warn!(model, "queue full");
+            fail_error(FailReason::QueueFull).retry_after(retry_after)
+        }
+        SubmitError::ShuttingDown => fail_error(FailReason::ShuttingDown),
+        // Anthropic's wording, which Claude Code reads as its cue to compact the conversation;
+        // OpenAI clients get `context_length_exceeded`.
+        SubmitError::PromptTooLong { tokens, limit } => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "context_length_exceeded",
+            format!(
+                "prompt is too long: {tokens} tokens > {limit} maximum (estimated from the \
+                 request's size; {limit} is the largest context window of the workers serving \
+                 {model})"
+            ),
+        ),
+    }
+}

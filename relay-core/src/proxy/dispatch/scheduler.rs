@@ -1,0 +1,1360 @@
+//! Registry, queues and dispatch as a plain state machine: no I/O, no tokio, time as an input.
+//!
+//! Events come in as method calls (a worker registered, a request arrived, a request finished, a
+//! worker left); decisions come out as [`Action`]s that the async layer ([`crate::proxy::dispatch::hub`]) carries
+//! out. Every rule of the behavior contract is a small unit test at the bottom of this file.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::protocol::RegisterMessage;
+
+mod turns;
+
+pub use crate::affinity::{AffinityCounts, Outcome as AffinityOutcome};
+
+/// Conversation → the worker that served it last.
+pub type AffinityTable = crate::affinity::AffinityTable<WorkerId>;
+pub use turns::BATCH_AGEING_TURNS;
+use turns::{Seat, Turns};
+
+/// Id of one worker connection.
+pub type WorkerId = u64;
+/// Id of one client request, allocated by the caller in arrival order; it doubles as the FIFO
+/// sequence number, so ids must grow.
+pub type RequestId = u64;
+
+/// A request is put back in the queue at most this many times after its worker dies.
+pub const MAX_REQUEUE_COUNT: u32 = 3;
+
+pub use crate::settings::ProviderLimits;
+
+/// What the async layer must do after an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send the request to the worker (capacity is already reserved).
+    Dispatch {
+        /// The request.
+        request: RequestId,
+        /// The worker that has reserved a slot for it.
+        worker: WorkerId,
+    },
+    /// The request went back to the queue; its waiter's queue deadline is now `queue_deadline`.
+    Requeued {
+        /// The request.
+        request: RequestId,
+        /// When it gives up waiting.
+        queue_deadline: Instant,
+    },
+    /// Answer the client with this failure.
+    Fail {
+        /// The request.
+        request: RequestId,
+        /// Why it failed.
+        reason: FailReason,
+    },
+    /// Close a drained worker's connection: it has nothing left in flight.
+    CloseDrained {
+        /// The worker.
+        worker: WorkerId,
+    },
+}
+
+/// Interactive work goes before batch work when both wait for the same slots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Work nobody watches as it happens (agents, evaluations, bulk jobs).
+    Batch,
+    /// A person is waiting for the answer.
+    #[default]
+    Interactive,
+}
+
+/// What, besides its model, the scheduler weighs when it places a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The conversation this request continues (an explicit session id, or a hash of the
+    /// prompt's leading part): it prefers the worker that served that conversation last, whose
+    /// backend still holds the prompt in its cache.
+    pub affinity: Option<u64>,
+    /// Who asks (a client key's id; `None` without a key): under contention the queue takes
+    /// turns between clients, so one client's flood does not starve another.
+    pub client: Option<Arc<str>>,
+    /// Interactive before batch.
+    pub priority: Priority,
+    /// The client's share of contended turns within its priority (a key's `weight`; 0 or 1
+    /// is an even share, 3 is three turns for each of an even share's).
+    pub weight: u32,
+    /// The prompt's size in tokens, estimated: sent where a worker's context window holds it
+    /// when one's does ([`Scheduler::context_limit`]).
+    pub prompt_tokens: Option<u32>,
+}
+
+/// Why a request failed inside the relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailReason {
+    /// The provider's queue is at its bound.
+    QueueFull,
+    /// The request outlived its request timeout.
+    RequestTimeout,
+    /// Its workers died [`MAX_REQUEUE_COUNT`] times.
+    RequeueExhausted,
+    /// The worker died after part of the answer had reached the client.
+    WorkerLostMidStream,
+    /// The proxy is shutting down.
+    ShuttingDown,
+}
+
+/// Why a request was refused at the door.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitError {
+    /// No worker could ever serve this model name (longer than [`MAX_NAME_BYTES`], control
+    /// characters), or the proxy has no provider at all.
+    UnknownModel,
+    /// The provider serving the model is disabled.
+    ProviderDisabled,
+    /// The queue is full; retry after this long.
+    QueueFull {
+        /// A hint for the `Retry-After` header.
+        retry_after: Duration,
+    },
+    /// The proxy is draining.
+    ShuttingDown,
+    /// The prompt (about `tokens`) is far beyond the largest context window, `limit`, of the
+    /// workers serving its model (every one of which reported its window).
+    PromptTooLong {
+        /// The prompt's estimated size.
+        tokens: u32,
+        /// The largest window.
+        limit: u32,
+    },
+}
+
+/// Where a request went when it arrived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Submitted {
+    /// Straight to a worker.
+    Dispatched {
+        /// Its id.
+        request: RequestId,
+        /// The worker.
+        worker: WorkerId,
+    },
+    /// Into the queue, waiting until `queue_deadline` at most.
+    Queued {
+        /// Its id.
+        request: RequestId,
+        /// When it gives up waiting.
+        queue_deadline: Instant,
+    },
+}
+
+impl Submitted {
+    /// The id of the submitted request.
+    pub fn request(&self) -> RequestId {
+        match self {
+            Submitted::Dispatched { request, .. } | Submitted::Queued { request, .. } => *request,
+        }
+    }
+}
+
+/// What cancelling a request amounted to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// It was still queued and is gone now.
+    RemovedFromQueue,
+    /// It is running on this worker: send `cancel` and hold its slot until the worker confirms
+    /// or the grace period ends.
+    SendCancel {
+        /// The worker running it.
+        worker: WorkerId,
+    },
+    /// Already finished, already cancelled, or never known.
+    Nothing,
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegisterError {
+    /// No such provider.
+    UnknownProvider,
+    /// The provider is disabled.
+    ProviderDisabled,
+    /// The proxy is draining.
+    ShuttingDown,
+    /// An admin drained a worker of this name; it may not rejoin until the proxy restarts.
+    Drained,
+}
+
+/// A request that waited in the queue until its deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expired {
+    /// The model it asked for.
+    pub model: Arc<str>,
+    /// Whether some connected worker serves that model (they were all busy), or none does.
+    pub served: bool,
+}
+
+/// A registration the proxy accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    /// The new worker's id.
+    pub worker: WorkerId,
+    /// The sanitized models it will be routed.
+    pub models: Vec<String>,
+    /// What sanitization changed.
+    pub warnings: Vec<String>,
+    /// Queued requests handed to it at once.
+    pub actions: Vec<Action>,
+}
+
+/// A snapshot of one worker, for `/health`, admin views and the dashboard.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WorkerSnapshot {
+    /// The wire id (`w-N`).
+    pub id: String,
+    /// Provider it joined.
+    pub provider: String,
+    /// Its name.
+    pub name: String,
+    /// Its sanitized models.
+    pub models: Vec<String>,
+    /// Requests the proxy has running on it.
+    pub in_flight: u32,
+    /// Load the worker last reported that the proxy did not send it.
+    pub external_load: u32,
+    /// Its capacity.
+    pub max_concurrent: u32,
+    /// Whether it is draining.
+    pub draining: bool,
+    /// The tokens one request may hold, per model, where it reported them.
+    pub context_windows: std::collections::BTreeMap<String, u32>,
+}
+
+#[derive(Debug)]
+struct Provider {
+    name: String,
+    limits: ProviderLimits,
+    /// Queued requests, by priority, client and model, in arrival order (request ids grow
+    /// with arrival): who a freed slot serves next is [`Turns`]' decision.
+    queue: Turns,
+    /// Workers serving each model: the routing index.
+    model_workers: HashMap<Arc<str>, Vec<WorkerId>>,
+    /// Models whose last worker left recently: requests for them queue instead of 404ing while
+    /// the worker restarts.
+    lingering: HashMap<Arc<str>, Instant>,
+    /// Models of boxes that went to sleep on this provider: requests for them queue here while
+    /// the hub wakes a box (see `sleepers.rs`).
+    asleep: HashSet<Arc<str>>,
+    round_robin: usize,
+}
+
+impl Provider {
+    /// It lists `model`, `model`'s last worker left it less than a queue timeout ago, or a
+    /// sleeping box of it serves `model`.
+    fn claims(&self, model: &str, now: Instant) -> bool {
+        self.limits.models.iter().any(|m| m == model)
+            || self.lingering.get(model).is_some_and(|until| *until > now)
+            || self.asleep.contains(model)
+    }
+}
+
+#[derive(Debug)]
+struct Worker {
+    provider: usize,
+    name: String,
+    models: Vec<Arc<str>>,
+    max_concurrent: u32,
+    in_flight: HashSet<RequestId>,
+    external_load: u32,
+    draining: bool,
+    /// The tokens one request may hold, per model, where the worker reported it.
+    windows: HashMap<Arc<str>, u32>,
+}
+
+impl Worker {
+    /// Whether a prompt of `tokens` fits its context window for `model` (an unknown window
+    /// or size fits).
+    fn fits(&self, model: &str, tokens: Option<u32>) -> bool {
+        tokens.is_none_or(|tokens| {
+            self.windows
+                .get(model)
+                .is_none_or(|window| *window >= tokens)
+        })
+    }
+
+    fn load(&self) -> u32 {
+        self.in_flight.len() as u32 + self.external_load
+    }
+
+    fn has_capacity(&self) -> bool {
+        !self.draining && self.load() < self.max_concurrent
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting in its provider's queue until the request's `queue_deadline`.
+    Queued,
+    Assigned {
+        worker: WorkerId,
+    },
+    Cancelling {
+        worker: WorkerId,
+    },
+}
+
+#[derive(Debug)]
+struct Request {
+    provider: usize,
+    model: Arc<str>,
+    deadline: Instant,
+    /// When it stops waiting for a worker, fixed at arrival: a requeue keeps it (the contract:
+    /// "keyed by original queue time so requeue does not grant infinite timeout extensions").
+    queue_deadline: Instant,
+    requeues: u32,
+    /// When it arrived: the time its conversation's home is recorded at.
+    arrived: Instant,
+    /// What placement weighs besides the model.
+    placement: Placement,
+    /// Some byte of the answer reached the client: never requeue it.
+    started: bool,
+    phase: Phase,
+}
+
+impl Request {
+    /// Where it waits while queued.
+    fn seat(&self) -> Seat<'_> {
+        Seat {
+            model: &self.model,
+            client: &self.placement.client,
+            priority: self.placement.priority,
+            weight: self.placement.weight,
+        }
+    }
+}
+
+/// A ratio `homes / slots`, compared exactly (cross-multiplied, no rounding): 1/2 equals 2/4.
+#[derive(Debug, Clone, Copy)]
+struct PerSlot(u64, u64);
+
+impl PartialEq for PerSlot {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for PerSlot {}
+
+impl PartialOrd for PerSlot {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for PerSlot {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.0 * other.1).cmp(&(other.0 * self.1))
+    }
+}
+
+/// The proxy's routing state.
+#[derive(Debug)]
+pub struct Scheduler {
+    providers: Vec<Provider>,
+    workers: HashMap<WorkerId, Worker>,
+    requests: HashMap<RequestId, Request>,
+    /// Each conversation's home worker.
+    affinity: AffinityTable,
+    next_worker: WorkerId,
+    shutting_down: bool,
+}
+
+impl Scheduler {
+    /// A scheduler with these providers, in priority order (the first that serves a model wins).
+    pub fn new(providers: Vec<(String, ProviderLimits)>) -> Self {
+        Scheduler {
+            providers: providers
+                .into_iter()
+                .map(|(name, limits)| Provider {
+                    name,
+                    limits,
+                    queue: Turns::default(),
+                    model_workers: HashMap::new(),
+                    lingering: HashMap::new(),
+                    asleep: HashSet::new(),
+                    round_robin: 0,
+                })
+                .collect(),
+            workers: HashMap::new(),
+            requests: HashMap::new(),
+            affinity: AffinityTable::default(),
+            next_worker: 1,
+            shutting_down: false,
+        }
+    }
+
+    /// Replaces `provider`'s limits while it runs (settings saved on the dashboard): later
+    /// arrivals get them, requests already queued keep the deadlines they were given. False
+    /// for a provider this scheduler does not have (new providers need a restart).
+    pub fn set_limits(&mut self, provider: &str, limits: ProviderLimits) -> bool {
+        match self.provider_index(provider) {
+            Some(index) => {
+                self.providers[index].limits = limits;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn provider_index(&self, name: &str) -> Option<usize> {
+        self.providers.iter().position(|p| p.name == name)
+    }
+
+    /// Whether workers may join `provider` (it exists and is enabled).
+    pub fn check_provider(&self, provider: &str) -> Result<(), RegisterError> {
+        let index = self
+            .provider_index(provider)
+            .ok_or(RegisterError::UnknownProvider)?;
+        if !self.providers[index].limits.enabled {
+            return Err(RegisterError::ProviderDisabled);
+        }
+        if self.shutting_down {
+            return Err(RegisterError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    /// A worker sent `register`: sanitize, add it to routing, and hand it queued work.
+    pub fn register_worker(
+        &mut self,
+        provider: &str,
+        message: &RegisterMessage,
+    ) -> Result<Registered, RegisterError> {
+        self.check_provider(provider)?;
+        let provider_index = self.provider_index(provider).expect("checked above");
+        let limit = self.providers[provider_index].limits.max_models_per_worker;
+        let (models, mut warnings) = sanitize_models(&message.models, limit);
+        let max_concurrent = if message.max_concurrent == 0 {
+            warnings.push("max_concurrent 0 is not usable; treated as 1".to_string());
+            1
+        } else {
+            message.max_concurrent
+        };
+        let name = worker_display_name(&message.worker_name, &mut warnings);
+        if models.is_empty() {
+            warnings.push(
+                "no usable model advertised: nothing is routed to this worker until it sends \
+                 models_update"
+                    .to_string(),
+            );
+        }
+        if self.workers.values().any(|w| w.name == name) {
+            warnings.push(format!(
+                "another connected worker is also named \"{name}\"; logs and the dashboard tell \
+                 them apart only by id (give each machine its own name)"
+            ));
+        }
+        let worker_id = self.next_worker;
+        self.next_worker += 1;
+        let models: Vec<Arc<str>> = models.into_iter().map(Arc::from).collect();
+        self.index_models(provider_index, worker_id, &models);
+        let windows = windows_of(&models, message.context_windows.as_ref());
+        self.workers.insert(
+            worker_id,
+            Worker {
+                provider: provider_index,
+                name,
+                models: models.clone(),
+                max_concurrent,
+                in_flight: HashSet::new(),
+                external_load: message.current_load.unwrap_or(0),
+                draining: false,
+                windows,
+            },
+        );
+        let mut actions = Vec::new();
+        self.fill_worker(worker_id, &mut actions);
+        Ok(Registered {
+            worker: worker_id,
+            models: models.iter().map(|m| m.to_string()).collect(),
+            warnings,
+            actions,
+        })
+    }
+
+    fn index_models(&mut self, provider: usize, worker: WorkerId, models: &[Arc<str>]) {
+        let p = &mut self.providers[provider];
+        for model in models {
+            p.lingering.remove(model);
+            p.model_workers
+                .entry(model.clone())
+                .or_default()
+                .push(worker);
+        }
+    }
+
+    fn unindex_models(
+        &mut self,
+        provider: usize,
+        worker: WorkerId,
+        models: &[Arc<str>],
+        now: Instant,
+    ) {
+        let p = &mut self.providers[provider];
+        let linger_until = now + p.limits.queue_timeout;
+        for model in models {
+            if let Some(list) = p.model_workers.get_mut(model) {
+                list.retain(|w| *w != worker);
+                if list.is_empty() {
+                    p.model_workers.remove(model);
+                    p.lingering.insert(model.clone(), linger_until);
+                }
+            }
+        }
+        p.lingering.retain(|_, until| *until > now);
+    }
+
+    /// A worker sent `models_update`: replace its models and hand it newly compatible work.
+    /// Returns the sanitized list, warnings and actions.
+    pub fn update_models(
+        &mut self,
+        worker: WorkerId,
+        models: &[String],
+        current_load: u32,
+        windows: Option<&crate::protocol::ContextWindows>,
+        now: Instant,
+    ) -> (Vec<String>, Vec<String>, Vec<Action>) {
+        let Some(entry) = self.workers.get(&worker) else {
+            return (Vec::new(), Vec::new(), Vec::new());
+        };
+        let provider = entry.provider;
+        let old = entry.models.clone();
+        let (accepted, warnings) = sanitize_models(
+            models,
+            self.providers[provider].limits.max_models_per_worker,
+        );
+        let accepted_arcs: Vec<Arc<str>> = accepted.iter().map(|m| Arc::from(m.as_str())).collect();
+        self.unindex_models(provider, worker, &old, now);
+        self.index_models(provider, worker, &accepted_arcs);
+        let entry = self.workers.get_mut(&worker).expect("present");
+        entry.windows = windows_of(&accepted_arcs, windows);
+        entry.models = accepted_arcs;
+        entry.external_load = current_load.saturating_sub(entry.in_flight.len() as u32);
+        let mut actions = Vec::new();
+        self.fill_worker(worker, &mut actions);
+        (accepted, warnings, actions)
+    }
+
+    /// A worker reported its load in `pong`. Load beyond what this proxy has running on it (work
+    /// from elsewhere) counts against its capacity; a lower report frees capacity at once.
+    pub fn update_load(&mut self, worker: WorkerId, current_load: u32) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if let Some(entry) = self.workers.get_mut(&worker) {
+            entry.external_load = current_load.saturating_sub(entry.in_flight.len() as u32);
+            self.fill_worker(worker, &mut actions);
+        }
+        actions
+    }
+
+    /// Resolves which provider takes a request for `model` right now: the first whose workers
+    /// serve it, else the first that claims it (lists it, or its last worker left moments ago),
+    /// else the default provider (the first, where workers join without `?provider=`), where it
+    /// waits for a worker that serves it (walkthrough §7: a provider with no worker for the
+    /// model queues). `None` only for a name no worker could ever advertise (see
+    /// [`sanitize_models`]) or a proxy without providers.
+    fn route(&mut self, model: &str, now: Instant) -> Option<usize> {
+        if unusable_name(model).is_some() {
+            return None;
+        }
+        let serving = self
+            .providers
+            .iter()
+            .position(|p| p.model_workers.contains_key(model));
+        serving
+            .or_else(|| self.providers.iter().position(|p| p.claims(model, now)))
+            .or_else(|| (!self.providers.is_empty()).then_some(0))
+    }
+
+    /// Whether some provider claims `model` at `now`: a worker serves it, a provider lists it, or
+    /// its last worker left moments ago. An unclaimed model still queues (at the default
+    /// provider), but aliases and upstreams get the first say over it.
+    pub fn is_claimed(&self, model: &str, now: Instant) -> bool {
+        self.providers
+            .iter()
+            .any(|p| p.model_workers.contains_key(model) || p.claims(model, now))
+    }
+
+    /// Whether a connected worker serves `model` (busy or not).
+    pub fn is_served(&self, model: &str) -> bool {
+        self.providers
+            .iter()
+            .any(|p| p.model_workers.contains_key(model))
+    }
+
+    /// Replaces the (provider, model) pairs sleeping boxes serve: claimed like a listed model
+    /// until the box wakes or is forgotten. Pairs of unknown providers are ignored.
+    pub fn set_asleep(&mut self, asleep: &[(String, String)]) {
+        for p in &mut self.providers {
+            p.asleep.clear();
+        }
+        for (provider, model) in asleep {
+            if let Some(index) = self.provider_index(provider) {
+                self.providers[index]
+                    .asleep
+                    .insert(Arc::from(model.as_str()));
+            }
+        }
+    }
+
+    /// Client request `request` arrived for `model`.
+    pub fn submit(
+        &mut self,
+        request: RequestId,
+        model: &str,
+        placement: Placement,
+        now: Instant,
+    ) -> Result<Submitted, SubmitError> {
+        if self.shutting_down {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let provider = self.route(model, now).ok_or(SubmitError::UnknownModel)?;
+        // Refused at once only when surely too long: the size is estimated, and a backend's
+        // own tokenizer says the last word on anything closer.
+        if let (Some(tokens), Some(limit)) = (placement.prompt_tokens, self.context_limit(model)) {
+            if tokens > limit.saturating_add(limit / 2) {
+                return Err(SubmitError::PromptTooLong { tokens, limit });
+            }
+        }
+        let limits = &self.providers[provider].limits;
+        if !limits.enabled {
+            return Err(SubmitError::ProviderDisabled);
+        }
+        let deadline = now + limits.request_timeout;
+        let queue_deadline = (now + limits.queue_timeout).min(deadline);
+        let model: Arc<str> = self.providers[provider]
+            .model_workers
+            .get_key_value(model)
+            .map(|(k, _)| k.clone())
+            .unwrap_or_else(|| Arc::from(model));
+        let picked = self.pick_worker(
+            provider,
+            &model,
+            placement.affinity,
+            placement.prompt_tokens,
+            now,
+        );
+        let p = &self.providers[provider];
+        // 0 is no limit, as the published relay reads it (its runbook uses it).
+        let full = p.limits.max_queue_len != 0 && p.queue.len() >= p.limits.max_queue_len;
+        if picked.is_none() && full {
+            // Rough hint: a queue drains at least once per queue timeout.
+            let retry_after = p
+                .limits
+                .queue_timeout
+                .clamp(Duration::from_secs(1), Duration::from_secs(30));
+            return Err(SubmitError::QueueFull { retry_after });
+        }
+        self.track_request(
+            request,
+            provider,
+            model,
+            placement,
+            now,
+            deadline,
+            queue_deadline,
+        );
+        if let Some(worker) = picked {
+            self.assign(request, worker);
+            let seat = self.requests[&request].seat();
+            self.providers[provider].queue.served_directly(seat);
+            return Ok(Submitted::Dispatched { request, worker });
+        }
+        self.enqueue(request);
+        Ok(Submitted::Queued {
+            request,
+            queue_deadline,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)] // one per field of the request it creates
+    fn track_request(
+        &mut self,
+        id: RequestId,
+        provider: usize,
+        model: Arc<str>,
+        placement: Placement,
+        arrived: Instant,
+        deadline: Instant,
+        queue_deadline: Instant,
+    ) {
+        self.requests.insert(
+            id,
+            Request {
+                provider,
+                model,
+                deadline,
+                queue_deadline,
+                requeues: 0,
+                arrived,
+                placement,
+                started: false,
+                phase: Phase::Queued,
+            },
+        );
+    }
+
+    fn enqueue(&mut self, request: RequestId) {
+        let entry = self.requests.get_mut(&request).expect("known request");
+        entry.phase = Phase::Queued;
+        self.providers[entry.provider]
+            .queue
+            .push(request, entry.seat());
+    }
+
+    fn dequeue(&mut self, request: RequestId) {
+        let entry = &self.requests[&request];
+        self.providers[entry.provider]
+            .queue
+            .remove(request, entry.seat());
+    }
+
+    /// Every placement passes here: the worker becomes the home of the request's conversation.
+    fn assign(&mut self, request: RequestId, worker: WorkerId) {
+        let entry = self.requests.get_mut(&request).expect("known request");
+        entry.phase = Phase::Assigned { worker };
+        if let Some(key) = entry.placement.affinity {
+            self.affinity.record(key, worker, entry.arrived);
+        }
+        self.workers
+            .get_mut(&worker)
+            .expect("known worker")
+            .in_flight
+            .insert(request);
+    }
+
+    /// The conversation's home worker while it serves `model` and has a free slot; otherwise
+    /// the lowest load among workers serving `model` with a free slot, round-robin among equals.
+    ///
+    /// Why a saturated home yields at once instead of holding the request for a while: its slots
+    /// are taken by answers of unknown length (a long generation holds one for minutes), while
+    /// going elsewhere costs one re-evaluation of the prompt, bounded and usually seconds at
+    /// most. The worker it goes to becomes the new home, so the conversation moves once rather
+    /// than bouncing. A home that left, is draining or no longer serves the model yields too.
+    fn pick_worker(
+        &mut self,
+        provider: usize,
+        model: &str,
+        affinity: Option<u64>,
+        prompt_tokens: Option<u32>,
+        now: Instant,
+    ) -> Option<WorkerId> {
+        let p = &self.providers[provider];
+        let candidates = p.model_workers.get(model)?;
+        // A worker whose window holds the prompt, when any does: a smaller one would only
+        // answer that it is too long. When none does, the backend says so itself.
+        let any_fits = candidates
+            .iter()
+            .any(|id| self.workers[id].fits(model, prompt_tokens));
+        let eligible = |w: &Worker| w.has_capacity() && (!any_fits || w.fits(model, prompt_tokens));
+        let home = affinity
+            .and_then(|key| self.affinity.home(key, now))
+            .filter(|home| candidates.contains(home))
+            .filter(|home| self.workers.get(home).is_some_and(eligible));
+        if home.is_some() {
+            return home;
+        }
+        if affinity.is_some() {
+            return self.pick_new_home(provider, model, &eligible);
+        }
+        let mut best_load = u32::MAX;
+        let mut ties = 0usize;
+        for id in candidates {
+            let w = &self.workers[id];
+            if !eligible(w) {
+                continue;
+            }
+            match w.load().cmp(&best_load) {
+                std::cmp::Ordering::Less => {
+                    best_load = w.load();
+                    ties = 1;
+                }
+                std::cmp::Ordering::Equal => ties += 1,
+                std::cmp::Ordering::Greater => {}
+            }
+        }
+        if ties == 0 {
+            return None;
+        }
+        let pick = p.round_robin % ties;
+        let chosen = candidates
+            .iter()
+            .filter(|id| {
+                let w = &self.workers[*id];
+                eligible(w) && w.load() == best_load
+            })
+            .nth(pick)
+            .copied();
+        self.providers[provider].round_robin = self.providers[provider].round_robin.wrapping_add(1);
+        chosen
+    }
+
+    /// A worker with a free slot for a conversation without a usable home: the fewest
+    /// conversations per slot first ([`AffinityTable::homes_of`]), then the least loaded, then
+    /// the lowest id. Least-loaded alone, ties broken in turn, can put four conversations on
+    /// one three-slot server and two on another, and then the four evict each other's prompts
+    /// from its cache on every turn.
+    fn pick_new_home(
+        &self,
+        provider: usize,
+        model: &str,
+        eligible: &dyn Fn(&Worker) -> bool,
+    ) -> Option<WorkerId> {
+        let candidates = self.providers[provider].model_workers.get(model)?;
+        candidates
+            .iter()
+            .filter(|id| eligible(&self.workers[*id]))
+            .min_by_key(|id| {
+                let w = &self.workers[*id];
+                let homes = self.affinity.homes_of(**id) as u64;
+                let slots = u64::from(w.max_concurrent.max(1));
+                (PerSlot(homes, slots), w.load(), **id)
+            })
+            .copied()
+    }
+
+    /// The largest context window among the workers serving `model`, when every one of them
+    /// reported its own (else `None`: some window is unknown, so nothing is too long).
+    pub fn context_limit(&self, model: &str) -> Option<u32> {
+        let mut largest = None;
+        for provider in &self.providers {
+            for id in provider.model_workers.get(model).into_iter().flatten() {
+                let window = *self.workers[id].windows.get(model)?;
+                largest = largest.max(Some(window));
+            }
+        }
+        largest
+    }
+
+    /// Hands queued work to `worker` while it has free slots: the request whose turn it is among
+    /// those for the models it serves ([`Turns::take_next`]).
+    fn fill_worker(&mut self, worker: WorkerId, actions: &mut Vec<Action>) {
+        loop {
+            let Some(w) = self.workers.get(&worker) else {
+                return;
+            };
+            if !w.has_capacity() {
+                return;
+            }
+            // A queued prompt this worker's window cannot hold waits for one that can, when
+            // one serving its model does: per model, the largest prompt some worker holds
+            // (`None`: a window is unknown, so any).
+            // Only models this worker knows a window for can refuse anything: a worker that
+            // reported none (the usual case) pays nothing here.
+            let ceilings: HashMap<&Arc<str>, Option<u32>> = w
+                .models
+                .iter()
+                .filter(|model| w.windows.contains_key(*model))
+                .map(|model| {
+                    let serving = self.providers[w.provider].model_workers.get(model);
+                    let largest = serving
+                        .into_iter()
+                        .flatten()
+                        .map(|id| self.workers[id].windows.get(model).copied())
+                        .try_fold(0, |largest, window| Some(largest.max(window?)));
+                    (model, largest)
+                })
+                .collect();
+            let requests = &self.requests;
+            let accept = |request: RequestId| {
+                let Some(r) = requests.get(&request) else {
+                    return true;
+                };
+                let tokens = r.placement.prompt_tokens;
+                if w.fits(&r.model, tokens) {
+                    return true;
+                }
+                let held_elsewhere = ceilings
+                    .get(&r.model)
+                    .copied()
+                    .flatten()
+                    .is_none_or(|largest| tokens.is_some_and(|t| t <= largest));
+                !held_elsewhere
+            };
+            let next = self.providers[w.provider]
+                .queue
+                .take_next_where(&w.models, &accept);
+            let Some(request) = next else {
+                return;
+            };
+            self.assign(request, worker);
+            actions.push(Action::Dispatch { request, worker });
+        }
+    }
+
+    /// The first byte of this request's answer was handed to its client.
+    pub fn mark_started(&mut self, request: RequestId) {
+        if let Some(entry) = self.requests.get_mut(&request) {
+            entry.started = true;
+        }
+    }
+
+    /// Whether `request` is running (or being cancelled) on `worker`: a message from any other
+    /// worker about it is stray.
+    fn is_running_on(&self, request: RequestId, worker: WorkerId) -> bool {
+        matches!(
+            self.requests.get(&request).map(|r| r.phase),
+            Some(Phase::Assigned { worker: w } | Phase::Cancelling { worker: w }) if w == worker
+        )
+    }
+
+    /// The worker finished `request` (`response_complete` or a request `error`): free its slot and
+    /// hand the worker more work. Returns false if the request was not running on that worker
+    /// (a duplicate or stray message), in which case nothing changed.
+    pub fn finish(
+        &mut self,
+        worker: WorkerId,
+        request: RequestId,
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        if !self.is_running_on(request, worker) {
+            return false;
+        }
+        self.requests.remove(&request);
+        self.release_slot(worker, request, actions);
+        true
+    }
+
+    fn release_slot(&mut self, worker: WorkerId, request: RequestId, actions: &mut Vec<Action>) {
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        w.in_flight.remove(&request);
+        if w.draining && w.in_flight.is_empty() {
+            actions.push(Action::CloseDrained { worker });
+        }
+        self.fill_worker(worker, actions);
+    }
+
+    /// The client went away or timed out.
+    pub fn cancel(&mut self, request: RequestId) -> CancelOutcome {
+        let Some(entry) = self.requests.get_mut(&request) else {
+            return CancelOutcome::Nothing;
+        };
+        match entry.phase {
+            Phase::Queued => {
+                self.dequeue(request);
+                self.requests.remove(&request);
+                CancelOutcome::RemovedFromQueue
+            }
+            Phase::Assigned { worker } => {
+                entry.phase = Phase::Cancelling { worker };
+                CancelOutcome::SendCancel { worker }
+            }
+            Phase::Cancelling { .. } => CancelOutcome::Nothing,
+        }
+    }
+
+    /// The grace period of a cancelled request ended without the worker confirming: free its
+    /// slot anyway, so one disconnecting client never shrinks a worker's capacity for good.
+    pub fn release_cancelled(&mut self, request: RequestId) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if let Some(Phase::Cancelling { worker }) = self.requests.get(&request).map(|r| r.phase) {
+            self.requests.remove(&request);
+            self.release_slot(worker, request, &mut actions);
+        }
+        actions
+    }
+
+    /// The waiter's queue deadline passed: if the request is still queued past its deadline,
+    /// remove it and say what it waited for (the caller answers 504). A request dispatched
+    /// meanwhile is left alone.
+    pub fn expire_queued(&mut self, request: RequestId, now: Instant) -> Option<Expired> {
+        match self
+            .requests
+            .get(&request)
+            .map(|r| (r.phase, r.queue_deadline))
+        {
+            Some((Phase::Queued, queue_deadline)) if queue_deadline <= now => {
+                self.dequeue(request);
+                let entry = self.requests.remove(&request).expect("present");
+                let served = self.providers[entry.provider]
+                    .model_workers
+                    .contains_key(&entry.model);
+                Some(Expired {
+                    model: entry.model,
+                    served,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// A worker's connection is gone: requeue what it was running where no byte reached the
+    /// client (at most [`MAX_REQUEUE_COUNT`] times, never past the original deadline), fail the
+    /// rest.
+    pub fn worker_gone(&mut self, worker: WorkerId, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let Some(entry) = self.workers.remove(&worker) else {
+            return actions;
+        };
+        self.unindex_models(entry.provider, worker, &entry.models, now);
+        let mut orphans: Vec<RequestId> = entry.in_flight.into_iter().collect();
+        orphans.sort_unstable();
+        for request in orphans {
+            self.requeue_or_fail(request, now, &mut actions);
+        }
+        actions
+    }
+
+    /// The worker says its attempt at `request` failed before any output and may be retried
+    /// elsewhere (a model process crashed): free its slot and requeue the request under the same
+    /// rules as a worker death. Returns false if the request was not running on that worker.
+    pub fn retry(
+        &mut self,
+        worker: WorkerId,
+        request: RequestId,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        if !self.is_running_on(request, worker) {
+            return false;
+        }
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.in_flight.remove(&request);
+        }
+        self.requeue_or_fail(request, now, actions);
+        self.fill_worker(worker, actions);
+        true
+    }
+
+    /// A request whose worker can no longer serve it: requeue it if no byte of its answer reached
+    /// the client (at most [`MAX_REQUEUE_COUNT`] times, never past its original deadline), else
+    /// fail it. A request already cancelled by its client is simply forgotten.
+    fn requeue_or_fail(&mut self, request: RequestId, now: Instant, actions: &mut Vec<Action>) {
+        let Some(r) = self.requests.get_mut(&request) else {
+            return;
+        };
+        let fail = if matches!(r.phase, Phase::Cancelling { .. }) {
+            self.requests.remove(&request);
+            return;
+        } else if r.started {
+            Some(FailReason::WorkerLostMidStream)
+        } else if r.requeues >= MAX_REQUEUE_COUNT {
+            Some(FailReason::RequeueExhausted)
+        } else if now >= r.deadline {
+            Some(FailReason::RequestTimeout)
+        } else if self.shutting_down {
+            Some(FailReason::ShuttingDown)
+        } else {
+            None
+        };
+        if let Some(reason) = fail {
+            self.requests.remove(&request);
+            actions.push(Action::Fail { request, reason });
+            return;
+        }
+        r.requeues += 1;
+        let (provider, model, queue_deadline) = (r.provider, r.model.clone(), r.queue_deadline);
+        let (affinity, tokens) = (r.placement.affinity, r.placement.prompt_tokens);
+        if let Some(next) = self.pick_worker(provider, &model, affinity, tokens, now) {
+            self.assign(request, next);
+            actions.push(Action::Dispatch {
+                request,
+                worker: next,
+            });
+        } else {
+            // Accepted requests are never dropped: a requeue may exceed the admission bound.
+            // It waits until its original queue deadline; one already past ends at once (504)
+            // unless a worker frees up first.
+            self.enqueue(request);
+            actions.push(Action::Requeued {
+                request,
+                queue_deadline,
+            });
+        }
+    }
+
+    /// Stop routing new work to `worker`; it is closed once idle.
+    pub fn drain_worker(&mut self, worker: WorkerId) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.draining = true;
+            if w.in_flight.is_empty() {
+                actions.push(Action::CloseDrained { worker });
+            }
+        }
+        actions
+    }
+
+    /// The proxy is shutting down: refuse new work, fail queued requests, drain every worker.
+    /// Returns the failures and the workers to tell.
+    pub fn begin_shutdown(&mut self) -> (Vec<Action>, Vec<WorkerId>) {
+        self.shutting_down = true;
+        let mut actions = Vec::new();
+        let queued: Vec<RequestId> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| matches!(r.phase, Phase::Queued))
+            .map(|(id, _)| *id)
+            .collect();
+        for request in queued {
+            self.dequeue(request);
+            self.requests.remove(&request);
+            actions.push(Action::Fail {
+                request,
+                reason: FailReason::ShuttingDown,
+            });
+        }
+        let mut workers: Vec<WorkerId> = self.workers.keys().copied().collect();
+        workers.sort_unstable();
+        for w in &workers {
+            actions.extend(self.drain_worker(*w));
+        }
+        (actions, workers)
+    }
+
+    /// Gives back map capacity left over from a burst once no request is tracked.
+    pub fn shrink_if_idle(&mut self) {
+        if !self.requests.is_empty() {
+            return;
+        }
+        self.requests.shrink_to_fit();
+        for worker in self.workers.values_mut() {
+            worker.in_flight.shrink_to_fit();
+        }
+        for provider in &mut self.providers {
+            provider.queue.shrink_to_fit();
+        }
+    }
+
+    /// Requests still running on workers (for the shutdown drain).
+    pub fn in_flight_count(&self) -> usize {
+        self.workers.values().map(|w| w.in_flight.len()).sum()
+    }
+
+    /// Queued requests across all providers.
+    pub fn queue_depth(&self) -> usize {
+        self.providers.iter().map(|p| p.queue.len()).sum()
+    }
+
+    /// Queue depth per provider, in configuration order.
+    pub fn queue_depths(&self) -> Vec<(String, usize)> {
+        self.providers
+            .iter()
+            .map(|p| (p.name.clone(), p.queue.len()))
+            .collect()
+    }
+
+    /// Conversation affinity placements so far (hits, misses, new) and the table's size.
+    pub fn affinity_counts(&self) -> AffinityCounts {
+        self.affinity.counts()
+    }
+
+    /// Connected workers.
+    pub fn worker_count(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Requests the scheduler still tracks (queued, running or cancelling).
+    pub fn tracked_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Every routable model with the provider that serves it, sorted, without duplicates.
+    pub fn models(&self) -> Vec<(String, String)> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for p in &self.providers {
+            let mut names: Vec<&Arc<str>> = p.model_workers.keys().collect();
+            names.sort();
+            for name in names {
+                if seen.insert(name.to_string()) {
+                    out.push((name.to_string(), p.name.clone()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// A snapshot of every worker, ordered by id.
+    pub fn workers(&self) -> Vec<WorkerSnapshot> {
+        let mut ids: Vec<&WorkerId> = self.workers.keys().collect();
+        ids.sort_unstable();
+        ids.into_iter()
+            .map(|id| {
+                let w = &self.workers[id];
+                WorkerSnapshot {
+                    id: worker_wire_id(*id),
+                    provider: self.providers[w.provider].name.clone(),
+                    name: w.name.clone(),
+                    models: w.models.iter().map(|m| m.to_string()).collect(),
+                    in_flight: w.in_flight.len() as u32,
+                    external_load: w.external_load,
+                    max_concurrent: w.max_concurrent,
+                    draining: w.draining,
+                    context_windows: w
+                        .windows
+                        .iter()
+                        .map(|(model, tokens)| (model.to_string(), *tokens))
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Where a tracked request is: `Some(None)` while queued, `Some(Some(worker))` while it
+    /// runs (or is being cancelled) there, `None` when it is not tracked.
+    pub fn assignment(&self, request: RequestId) -> Option<Option<WorkerId>> {
+        self.requests.get(&request).map(|r| match r.phase {
+            Phase::Queued => None,
+            Phase::Assigned { worker } | Phase::Cancelling { worker } => Some(worker),
+        })
+    }
+
+    /// The name of a connected worker.
+    pub fn worker_name(&self, worker: WorkerId) -> Option<&str> {
+        self.workers.get(&worker).map(|w| w.name.as_str())
+    }
+
+    /// The end of a tracked request's life, fixed when it arrived.
+    pub fn request_deadline(&self, request: RequestId) -> Option<Instant> {
+        self.requests.get(&request).map(|r| r.deadline)
+    }
+}
+
+/// The wire form of a worker id.
+pub fn worker_wire_id(id: WorkerId) -> String {
+    format!("w-{id}")
+}
+
+/// The wire form of a request id.
+pub fn request_wire_id(id: RequestId) -> String {
+    format!("r-{id}")
+}
+
+/// Parses a wire request id back; `None` for anything we did not issue.
+pub fn parse_request_wire_id(wire: &str) -> Option<RequestId> {
+    wire.strip_prefix("r-")?.parse().ok()
+}
+
+/// Parses a worker wire id (`w-N`).
+pub fn parse_worker_wire_id(wire: &str) -> Option<WorkerId> {
+    wire.strip_prefix("w-")?.parse().ok()
+}
+
+/// The longest worker or model name accepted, in bytes. Names travel in every frame, log line
+/// and dashboard row: a worker must not be able to make them megabytes long.
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// Duplicate names quoted in a warning at most; the rest are counted.
+const QUOTED_DUPLICATES: usize = 8;
+
+/// Why a worker or model name cannot be used, if it cannot (such a model is never routed).
+pub fn unusable_name(name: &str) -> Option<&'static str> {
+    if name.len() > MAX_NAME_BYTES {
+        Some("longer than 256 bytes")
+    } else if name.chars().any(char::is_control) {
+        Some("with control characters")
+    } else {
+        None
+    }
+}
+
+/// The windows of `models` that `reported` names.
+fn windows_of(
+    models: &[Arc<str>],
+    reported: Option<&crate::protocol::ContextWindows>,
+) -> HashMap<Arc<str>, u32> {
+    let Some(reported) = reported else {
+        return HashMap::new();
+    };
+    models
+        .iter()
+        .filter_map(|model| Some((model.clone(), *reported.get(model.as_ref())?)))
+        .collect()
+}
+
+/// The contract's registration sanitization: trim whitespace, drop empty names, drop exact
+/// duplicates keeping the first, cap the list at `limit`; each change is reported as a warning.
+/// Beyond the contract, names longer than [`MAX_NAME_BYTES`] or with control characters are
+/// dropped, and the warnings stay a handful of lines however many names were dropped.
+pub fn sanitize_models(models: &[String], limit: usize) -> (Vec<String>, Vec<String>) {
+    let mut accepted: Vec<String> = Vec::new();
+    let mut seen = HashSet::new();
+    let mut warnings = Vec::new();
+    let mut empty = 0;
+    let mut unusable: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut duplicates = 0;
+    for raw in models {
+        let name = raw.trim();
+        if name.is_empty() {
+            empty += 1;
+            continue;
+        }
+        if let Some(why) = unusable_name(name) {
+            *unusable.entry(why).or_default() += 1;
+            continue;
+        }
+        if !seen.insert(name) {
+            duplicates += 1;
+            if duplicates <= QUOTED_DUPLICATES {
+                warnings.push(format!("duplicate model \"{name}\" dropped"));
+            }
+            continue;
+        }
+        accepted.push(name.to_string());
+    }
+    if duplicates > QUOTED_DUPLICATES {
+        warnings.push(format!(
+            "{} more duplicate model name(s) dropped",
+            duplicates - QUOTED_DUPLICATES
+        ));
+    }
+    if empty > 0 {
+        warnings.push(format!("{empty} empty model name(s) dropped"));
+    }
+    for (why, count) in unusable {
+        warnings.push(format!("{count} model name(s) {why} dropped"));
+    }
+    if accepted.len() > limit {
+        let dropped = accepted.len() - limit;
+        accepted.truncate(limit);
+        warnings.push(format!(
+            "model list truncated to {limit} entries; {dropped} model(s) dropped"
+        ));
+    }
+    (accepted, warnings)
+}
+
+/// A worker's name as shown and logged: trimmed, control characters replaced, cut to
+/// [`MAX_NAME_BYTES`] (at a character boundary); `worker` when nothing is left.
+fn worker_display_name(raw: &str, warnings: &mut Vec<String>) -> String {
+    let trimmed = raw.trim();
+    let mut name: String = trimmed
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    if name.len() > MAX_NAME_BYTES {
+        let mut end = MAX_NAME_BYTES;
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        name.truncate(end);
+        warnings.push(format!(
+            "worker name cut to {MAX_NAME_BYTES} bytes ({} given)",
+            trimmed.len()
+        ));
+    }
+    if name.is_empty() {
+        warnings.push("worker name is blank; shown as \"worker\"".to_string());
+        "worker".to_string()
+    } else {
+        name
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,344 @@
+//! `GET /api/status` and its live feed `GET /api/events`.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use tokio::time::{interval, Instant, MissedTickBehavior};
+
+use crate::dialect::{ApiError, Dialect};
+use crate::protocol::{HardwareReport, ModelStateReport};
+use crate::proxy::dispatch::scheduler::AffinityCounts;
+use crate::proxy::dispatch::telemetry::{BoxHistory, Series, TotalsSnapshot};
+use crate::proxy::observation::control::NodeInfo;
+use crate::proxy::AppState;
+
+/// How often the feed checks for changes: the dashboard sees a change within this.
+const FEED_CHECK: Duration = Duration::from_millis(100);
+/// The feed sends at least this often, so the charts move every second.
+const FEED_HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// The node as the dashboard shows it.
+#[derive(Debug, Serialize)]
+pub struct NodeStatus {
+    /// The crate version.
+    pub version: &'static str,
+    #[serde(flatten)]
+    info: NodeInfo,
+    /// Whether the control API needs the admin token.
+    pub admin_token_required: bool,
+    /// Whether inference requests need a client API key.
+    pub require_api_keys: bool,
+    /// Seconds since start.
+    pub uptime_secs: u64,
+    /// Where Claude Code's requests go now.
+    pub claude_code: crate::proxy::serving::claude_code::ClaudeCodeUses,
+}
+
+/// One connected worker.
+#[derive(Debug, Serialize)]
+pub struct WorkerView {
+    id: String,
+    provider: String,
+    name: String,
+    host: Option<String>,
+    models: Vec<String>,
+    load: u32,
+    max_concurrent: u32,
+    state: &'static str,
+    connected_unix_ms: Option<u64>,
+    heartbeat_ms: Option<f64>,
+    /// The worker's box at its last report (`null` for a worker that sends none).
+    hardware: Option<HardwareReport>,
+    /// CPU, memory and VRAM use over the last reports, for sparklines.
+    hardware_history: BoxHistory,
+    /// The states of its model map's models (`null` without a model map or report).
+    model_states: Option<Vec<ModelStateReport>>,
+    /// The tokens one request may hold, per model, where the worker reported them.
+    context_windows: std::collections::BTreeMap<String, u32>,
+}
+
+/// One served model.
+#[derive(Debug, Serialize)]
+pub struct ModelView {
+    name: String,
+    provider: String,
+    workers: Vec<String>,
+}
+
+/// One sleeping box.
+#[derive(Debug, Serialize)]
+pub struct SleeperView {
+    name: String,
+    provider: String,
+    models: Vec<String>,
+    mac_address: Option<String>,
+    since_unix_ms: u64,
+    state: &'static str,
+    waking_since_unix_ms: Option<u64>,
+    wake_packets: u32,
+}
+
+/// One provider's queue.
+#[derive(Debug, Serialize)]
+pub struct QueueView {
+    provider: String,
+    depth: usize,
+}
+
+/// One request in flight.
+#[derive(Debug, Serialize)]
+pub struct RequestView {
+    id: String,
+    model: String,
+    provider: Option<String>,
+    worker: Option<String>,
+    state: &'static str,
+    streaming: bool,
+    age_ms: u64,
+    ttft_ms: Option<u64>,
+    tokens: u64,
+    tokens_per_sec: Option<f64>,
+}
+
+/// Everything the dashboard shows.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    node: NodeStatus,
+    workers: Vec<WorkerView>,
+    models: Vec<ModelView>,
+    sleepers: Vec<SleeperView>,
+    queues: Vec<QueueView>,
+    in_flight: Vec<RequestView>,
+    totals: TotalsSnapshot,
+    series: Series,
+    affinity: AffinityView,
+}
+
+/// Conversation affinity: whether it is on, and how placements went since start.
+#[derive(Debug, Serialize)]
+pub struct AffinityView {
+    enabled: bool,
+    #[serde(flatten)]
+    counts: AffinityCounts,
+}
+
+/// Builds the status now.
+pub fn snapshot(state: &AppState) -> Status {
+    let hub = &state.hub;
+    let telemetry = hub.telemetry();
+    let snapshots = hub.workers();
+    let workers: Vec<WorkerView> = snapshots
+        .iter()
+        .map(|w| {
+            let record = telemetry.worker(&w.id);
+            let load = w.in_flight + w.external_load;
+            WorkerView {
+                id: w.id.clone(),
+                provider: w.provider.clone(),
+                name: w.name.clone(),
+                host: record.as_ref().map(|r| r.host.clone()),
+                models: w.models.clone(),
+                load,
+                max_concurrent: w.max_concurrent,
+                state: if w.draining {
+                    "draining"
+                } else if load > 0 {
+                    "busy"
+                } else {
+                    "idle"
+                },
+                connected_unix_ms: record.as_ref().map(|r| r.connected_unix_ms),
+                heartbeat_ms: record
+                    .as_ref()
+                    .and_then(|r| r.heartbeat)
+                    .map(|d| (d.as_secs_f64() * 1e5).round() / 100.0),
+                hardware_history: record
+                    .as_ref()
+                    .map(|r| r.reported.history())
+                    .unwrap_or_default(),
+                hardware: record.as_ref().and_then(|r| r.reported.hardware.clone()),
+                model_states: record.and_then(|r| r.reported.model_states),
+                context_windows: w.context_windows.clone(),
+            }
+        })
+        .collect();
+    let models: Vec<ModelView> = hub
+        .models()
+        .into_iter()
+        .map(|(name, provider)| ModelView {
+            workers: snapshots
+                .iter()
+                .filter(|w| w.provider == provider && w.models.contains(&name))
+                .map(|w| w.id.clone())
+                .collect(),
+            name,
+            provider,
+        })
+        .collect();
+    let provider_of: HashMap<&str, &str> = models
+        .iter()
+        .map(|m| (m.name.as_str(), m.provider.as_str()))
+        .collect();
+    let requests = telemetry.requests();
+    let ids: Vec<_> = requests.iter().map(|(id, _)| *id).collect();
+    let assignments = hub.assignments(&ids);
+    let in_flight = requests
+        .iter()
+        .zip(assignments)
+        .filter_map(|((id, record), assignment)| {
+            // Untracked by the scheduler: an upstream's, or answered with the client still
+            // reading the last bytes.
+            let worker = match (assignment, &record.upstream) {
+                (Some(worker), _) => worker,
+                (None, Some(upstream)) => Some(format!("upstream:{upstream}")),
+                (None, None) => return None,
+            };
+            let age = record.arrived.elapsed();
+            let ttft = record.ttft();
+            let tokens = record.tokens();
+            let generating = ttft.map(|t| age.saturating_sub(t).as_secs_f64());
+            Some(RequestView {
+                id: crate::proxy::dispatch::scheduler::request_wire_id(*id),
+                provider: provider_of
+                    .get(record.model.as_str())
+                    .map(|p| p.to_string()),
+                model: record.model.clone(),
+                state: if worker.is_some() {
+                    "running"
+                } else {
+                    "queued"
+                },
+                worker,
+                streaming: record.streaming,
+                age_ms: age.as_millis() as u64,
+                ttft_ms: ttft.map(|t| t.as_millis() as u64),
+                tokens,
+                tokens_per_sec: generating
+                    .filter(|secs| *secs > 0.05 && tokens > 0)
+                    .map(|secs| (tokens as f64 / secs * 10.0).round() / 10.0),
+            })
+        })
+        .collect();
+    Status {
+        node: NodeStatus {
+            version: env!("CARGO_PKG_VERSION"),
+            info: state.node.borrow().clone(),
+            admin_token_required: state.admin.required(),
+            require_api_keys: state.config.require_api_keys,
+            uptime_secs: hub.uptime().as_secs(),
+            claude_code: state.names.claude_code(),
+        },
+        workers,
+        models,
+        sleepers: hub
+            .sleepers()
+            .into_iter()
+            .map(|s| SleeperView {
+                state: if s.waking.is_some() {
+                    "waking"
+                } else {
+                    "asleep"
+                },
+                waking_since_unix_ms: s.waking.map(|w| w.since_unix_ms),
+                wake_packets: s.waking.map_or(0, |w| w.packets),
+                mac_address: s.mac.map(|m| m.to_string()),
+                name: s.name,
+                provider: s.provider,
+                models: s.models,
+                since_unix_ms: s.since_unix_ms,
+            })
+            .collect(),
+        queues: hub
+            .queue_depths()
+            .into_iter()
+            .map(|(provider, depth)| QueueView { provider, depth })
+            .collect(),
+        in_flight,
+        totals: telemetry.totals(),
+        series: telemetry.series(),
+        affinity: AffinityView {
+            enabled: state.config.affinity,
+            counts: hub.affinity_counts(),
+        },
+    }
+}
+
+/// `GET /api/status`.
+pub async fn get_status(State(state): State<AppState>) -> Json<Status> {
+    Json(snapshot(&state))
+}
+
+fn status_event(state: &AppState) -> Event {
+    Event::default()
+        .event("status")
+        .json_data(snapshot(state))
+        .unwrap_or_else(|_| Event::default().comment("status could not be encoded"))
+}
+
+/// `GET /api/events`: the status now, then on every change (at most every 100 ms) and at least
+/// once a second.
+pub async fn events(State(state): State<AppState>) -> Response {
+    // Held by the stream: each open feed costs a status snapshot a second.
+    let Ok(slot) = state.event_slots.clone().try_acquire_owned() else {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_subscribers",
+            format!(
+                "{} live feeds are open already (close a dashboard tab, or poll /api/status)",
+                state.config.max_event_subscribers
+            ),
+        )
+        .retry_after(Duration::from_secs(5))
+        .into_response(Dialect::OpenAi);
+    };
+    let first = status_event(&state);
+    let mut check = interval(FEED_CHECK);
+    check.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let node_changes = state.node.subscribe();
+    let seen = (state.hub.telemetry().version(), Instant::now());
+    let mut closing = state.closing.subscribe();
+    let later = futures_util::stream::unfold(
+        (state, check, node_changes, seen),
+        |(state, mut check, mut node_changes, (mut version, mut sent))| async move {
+            loop {
+                check.tick().await;
+                let now_version = state.hub.telemetry().version();
+                let node_changed = node_changes.has_changed().unwrap_or(false);
+                if now_version != version || node_changed || sent.elapsed() >= FEED_HEARTBEAT {
+                    node_changes.mark_unchanged();
+                    version = now_version;
+                    sent = Instant::now();
+                    let event = status_event(&state);
+                    let next = Ok::<_, Infallible>(event);
+                    return Some((next, (state, check, node_changes, (version, sent))));
+                }
+            }
+        },
+    );
+    let closed = async move {
+        let _ = closing.wait_for(|closing| *closing).await;
+    };
+    let later = futures_util::StreamExt::map(later, move |event| {
+        let _held = &slot;
+        event
+    });
+    // Ends with the proxy: an open dashboard must not hold up a graceful stop.
+    let stream = futures_util::StreamExt::take_until(
+        futures_util::StreamExt::chain(futures_util::stream::once(async { Ok(first) }), later),
+        closed,
+    );
+    Sse::new(stream)
+        .keep_alive(
+            KeepAlive::new()
+                .interval(Duration::from_secs(15))
+                .text("keep-alive"),
+        )
+        .into_response()
+}

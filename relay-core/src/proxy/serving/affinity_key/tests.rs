@@ -1,0 +1,218 @@
+//! The key a request gets: same conversation, same key; anything else, another (or none).
+
+use crate::proxy::serving::affinity_key::*;
+use axum::http::HeaderValue;
+use serde_json::json;
+
+fn key_with(headers: &HeaderMap, body: &serde_json::Value) -> Option<u64> {
+    let text = body.to_string();
+    let fields: BodyFields<'_> = serde_json::from_str(&text).expect("parses");
+    affinity_key(headers, &fields)
+}
+
+fn key(body: serde_json::Value) -> Option<u64> {
+    key_with(&HeaderMap::new(), &body)
+}
+
+fn system_prompt() -> String {
+    "You are a careful assistant. ".repeat(300)
+}
+
+fn chat(turns: &[&str]) -> serde_json::Value {
+    let mut messages = vec![json!({"role": "system", "content": system_prompt()})];
+    for (i, text) in turns.iter().enumerate() {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        messages.push(json!({"role": role, "content": text}));
+    }
+    json!({"model": "m", "messages": messages, "stream": true})
+}
+
+#[test]
+fn every_turn_of_a_chat_conversation_gets_the_key_of_its_first_turn() {
+    let first = key(chat(&["plan a trip"])).expect("a key");
+    assert_eq!(key(chat(&["plan a trip", "sure", "to Rome"])), Some(first));
+    assert_eq!(
+        key(chat(&["plan a trip", "sure", "to Rome", "ok", "in May"])),
+        Some(first)
+    );
+}
+
+#[test]
+fn conversations_sharing_a_system_prompt_but_not_their_first_message_get_different_keys() {
+    assert_ne!(key(chat(&["plan a trip"])), key(chat(&["write a poem"])));
+}
+
+#[test]
+fn the_tools_are_part_of_the_prefix_and_the_model_is_not() {
+    // An alias may rename the model between turns.
+    let mut other_model = chat(&["hi"]);
+    other_model["model"] = json!("n");
+    assert_eq!(key(other_model), key(chat(&["hi"])));
+    let mut with_tools = chat(&["hi"]);
+    with_tools["tools"] = json!([{"type": "function", "function": {"name": "search"}}]);
+    let mut other_tools = chat(&["hi"]);
+    other_tools["tools"] = json!([{"type": "function", "function": {"name": "fetch"}}]);
+    assert_ne!(key(with_tools.clone()), key(chat(&["hi"])));
+    assert_ne!(key(with_tools.clone()), key(other_tools));
+    // A tool's description or schema may be re-rendered between turns: only names count.
+    let mut described = with_tools.clone();
+    described["tools"][0]["function"]["description"] = json!("look things up");
+    assert_eq!(key(described), key(with_tools));
+}
+
+#[test]
+fn anthropic_cache_control_markers_moving_between_turns_leave_the_key_alone() {
+    let turn_one = json!({
+        "model": "m",
+        "system": [{"type": "text", "text": system_prompt(), "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": "Bash", "input_schema": {"type": "object"}}],
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "fix the bug", "cache_control": {"type": "ephemeral"}}
+        ]}],
+    });
+    let turn_two = json!({
+        "model": "m",
+        "system": [{"type": "text", "text": system_prompt()}],
+        "tools": [{"name": "Bash", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "fix the bug"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok",
+                "cache_control": {"type": "ephemeral"}}]},
+        ],
+    });
+    assert_eq!(key(turn_one), key(turn_two));
+}
+
+#[test]
+fn a_responses_continuation_expanded_from_previous_response_id_keeps_the_first_turns_key() {
+    let first = json!({"model": "m", "instructions": "be brief", "input": "hello"});
+    // What `responses_api::prepare` sends for `previous_response_id`: the history as items.
+    let expanded = json!({"model": "m", "instructions": "be brief", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "hello"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "more"}]},
+    ]});
+    assert_eq!(key(first.clone()), key(expanded));
+    let other = json!({"model": "m", "instructions": "be brief", "input": "goodbye"});
+    assert_ne!(key(first), key(other));
+}
+
+#[test]
+fn a_session_header_pins_the_conversation_whatever_the_prompt() {
+    let mut headers = HeaderMap::new();
+    headers.insert("x-claude-code-session-id", HeaderValue::from_static("4f1c"));
+    let a = key_with(&headers, &chat(&["one thing"]));
+    let b = key_with(&headers, &chat(&["another"]));
+    assert_eq!(a, b);
+    assert_ne!(a, key(chat(&["one thing"])));
+    let mut other = HeaderMap::new();
+    other.insert("x-session-id", HeaderValue::from_static("4f1d"));
+    assert_ne!(key_with(&other, &chat(&["one thing"])), a);
+    // Not UTF-8: still an id.
+    let mut binary = HeaderMap::new();
+    binary.insert(
+        "x-session-id",
+        HeaderValue::from_bytes(&[0xff, 0xfe]).expect("opaque bytes"),
+    );
+    assert!(key_with(&binary, &chat(&["x"])).is_some());
+}
+
+#[test]
+fn body_session_ids_pin_in_order_prompt_cache_key_metadata_user_id_then_user() {
+    let mut body = chat(&["a"]);
+    body["user"] = json!("alice");
+    let by_user = key(body.clone());
+    let mut other_turn = chat(&["b"]);
+    other_turn["user"] = json!("alice");
+    assert_eq!(key(other_turn), by_user);
+    body["metadata"] = json!({"user_id": "user_x_session_1"});
+    let by_metadata = key(body.clone());
+    assert_ne!(by_metadata, by_user);
+    body["prompt_cache_key"] = json!("conv-9");
+    let by_cache_key = key(body.clone());
+    assert_ne!(by_cache_key, by_metadata);
+    let mut same_cache_key = chat(&["zzz"]);
+    same_cache_key["prompt_cache_key"] = json!("conv-9");
+    assert_eq!(key(same_cache_key), by_cache_key);
+}
+
+#[test]
+fn blank_or_wrongly_typed_session_ids_fall_back_to_the_prompt_prefix() {
+    let plain = key(chat(&["a"]));
+    let mut headers = HeaderMap::new();
+    headers.insert("x-session-id", HeaderValue::from_static("   "));
+    assert_eq!(key_with(&headers, &chat(&["a"])), plain);
+    for odd in [
+        json!(""),
+        json!(42),
+        json!({"nested": true}),
+        json!(["x"]),
+        json!(null),
+    ] {
+        let mut body = chat(&["a"]);
+        body["prompt_cache_key"] = odd.clone();
+        body["user"] = odd.clone();
+        body["metadata"] = json!({"user_id": odd});
+        assert_eq!(key(body), plain, "{odd}");
+    }
+    let mut body = chat(&["a"]);
+    body["metadata"] = json!("not an object");
+    assert_eq!(key(body), plain);
+}
+
+#[test]
+fn malformed_prompts_yield_no_key_or_a_key_without_failing() {
+    assert_eq!(key(json!({"model": "m"})), None);
+    assert_eq!(key(json!({"model": "m", "messages": []})), None);
+    assert!(key(json!({"model": "m", "messages": "text"})).is_some());
+    assert_eq!(
+        key(json!({"model": "m", "messages": {"role": "user"}})),
+        None
+    );
+    assert_eq!(key(json!({"model": "m", "messages": 7})), None);
+    assert_eq!(key(json!({"model": "m", "prompt": 7})), None);
+    // Elements of any shape still hash (by their JSON), deterministically.
+    let odd =
+        json!({"model": "m", "messages": [1, null, {"role": 5}, {"content": {"x": 1}}, [[]]]});
+    assert!(key(odd.clone()).is_some());
+    assert_eq!(key(odd.clone()), key(odd));
+    let tools =
+        json!({"model": "m", "tools": "none", "messages": [{"role": "user", "content": "a"}]});
+    assert!(key(tools).is_some());
+}
+
+#[test]
+fn only_the_leading_messages_up_to_the_first_user_message_are_read() {
+    // No user message among many: the key covers the first 16 and ignores the rest.
+    let mut messages: Vec<_> = (0..MAX_LEADING_MESSAGES)
+        .map(|i| json!({"role": "system", "content": format!("rule {i}")}))
+        .collect();
+    let base = key(json!({"model": "m", "messages": messages.clone()}));
+    messages.push(json!({"role": "user", "content": "late"}));
+    assert_eq!(key(json!({"model": "m", "messages": messages})), base);
+    // Deeply nested content in a later message is skipped, not parsed into values.
+    let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"a"}},{{"role":"assistant","content":{deep}}}]}}"#
+    );
+    let fields: BodyFields<'_> = serde_json::from_str(&body).expect("parses");
+    assert_eq!(
+        affinity_key(&HeaderMap::new(), &fields),
+        key(json!({"model": "m", "messages": [{"role": "user", "content": "a"}]}))
+    );
+}
+
+#[test]
+fn completion_prompts_are_keyed_by_their_leading_bytes_cut_at_a_character_boundary() {
+    let head = "é".repeat(PROMPT_PREFIX_BYTES); // two bytes each
+    let a = key(json!({"model": "m", "prompt": format!("{head}turn one")}));
+    let b = key(json!({"model": "m", "prompt": format!("{head}turn one, two")}));
+    assert!(a.is_some());
+    assert_eq!(a, b);
+    assert_ne!(a, key(json!({"model": "m", "prompt": "short"})));
+    assert_eq!(
+        key(json!({"model": "m", "prompt": ["first", "second"]})),
+        key(json!({"model": "m", "prompt": "first"}))
+    );
+}
