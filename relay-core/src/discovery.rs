@@ -347,7 +347,7 @@ pub async fn probe(client: &reqwest::Client, base_url: &str) -> Option<Discovere
         get(client, &listing_url),
         get(client, &root_url),
     );
-    let answers: Vec<&Answer> = [&health, &listing, &root]
+    let answers: Vec<&Reply> = [&health, &listing, &root]
         .into_iter()
         .filter_map(|r| r.as_ref().ok())
         .collect();
@@ -368,7 +368,7 @@ pub async fn probe(client: &reqwest::Client, base_url: &str) -> Option<Discovere
         .map(str::to_ascii_lowercase)
         .collect();
     let server_says = |needle: &str| server_headers.iter().any(|s| s.contains(needle));
-    let list = listing.as_ref().ok().and_then(Answer::openai_list);
+    let list = listing.as_ref().ok().and_then(Reply::openai_list);
     let owned_by = |owner: &str| {
         list.as_ref()
             .is_some_and(|l| l.owners.iter().any(|o| o.eq_ignore_ascii_case(owner)))
@@ -419,7 +419,7 @@ pub async fn probe(client: &reqwest::Client, base_url: &str) -> Option<Discovere
     );
     // Only LM Studio serves `/api/v0/models`; this catches it when its OpenAI
     // listing is empty and so carries no `owned_by`.
-    if let Some(v0) = v0.ok().as_ref().and_then(Answer::openai_list) {
+    if let Some(v0) = v0.ok().as_ref().and_then(Reply::openai_list) {
         return Some(found(BackendKind::LmStudio, base, listed.unwrap_or(v0.ids)));
     }
     if let Some(ids) = listed {
@@ -520,7 +520,7 @@ pub async fn fetch_context_windows(client: &reqwest::Client, base_url: &str) -> 
             .per_model
             .extend(ollama_windows(client, &base, &ps, &listed).await);
     }
-    let from_llama_cpp = |answer: &Answer| {
+    let from_llama_cpp = |answer: &Reply| {
         answer
             .server
             .as_deref()
@@ -652,14 +652,14 @@ const MAX_BODY: usize = 4 * 1024 * 1024;
 const MAX_DETAIL_CHARS: usize = 200;
 
 /// One HTTP answer, whatever its status.
-struct Answer {
+struct Reply {
     status: reqwest::StatusCode,
     server: Option<String>,
     body: Vec<u8>,
     truncated: bool,
 }
 
-impl Answer {
+impl Reply {
     fn text(&self) -> Cow<'_, str> {
         String::from_utf8_lossy(&self.body)
     }
@@ -740,7 +740,7 @@ fn bad_body(url: &str, reason: String) -> DiscoveryError {
     }
 }
 
-async fn get(client: &reqwest::Client, url: &str) -> Result<Answer, DiscoveryError> {
+async fn get(client: &reqwest::Client, url: &str) -> Result<Reply, DiscoveryError> {
     read_answer(url, client.get(url)).await
 }
 
@@ -749,7 +749,7 @@ async fn post_json(
     client: &reqwest::Client,
     url: &str,
     body: &Value,
-) -> Result<Answer, DiscoveryError> {
+) -> Result<Reply, DiscoveryError> {
     let request = client
         .post(url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -758,10 +758,7 @@ async fn post_json(
 }
 
 /// Sends `request` and reads its answer, at most [`MAX_BODY`] bytes of it.
-async fn read_answer(
-    url: &str,
-    request: reqwest::RequestBuilder,
-) -> Result<Answer, DiscoveryError> {
+async fn read_answer(url: &str, request: reqwest::RequestBuilder) -> Result<Reply, DiscoveryError> {
     let mut response = request
         .send()
         .await
@@ -785,7 +782,7 @@ async fn read_answer(
         }
         body.extend_from_slice(&chunk);
     }
-    Ok(Answer {
+    Ok(Reply {
         status,
         server,
         body,
@@ -899,7 +896,7 @@ fn dedup_names(names: Vec<String>) -> Vec<String> {
         .collect()
 }
 
-fn is_relay_proxy(health: &Answer) -> bool {
+fn is_relay_proxy(health: &Reply) -> bool {
     health
         .json()
         .is_ok_and(|v| contains_key(&v, "workers_connected"))

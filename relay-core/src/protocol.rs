@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// Header names and values carried in `request` and `response_complete` (lower-case names).
-pub type HeaderMap = BTreeMap<String, String>;
+pub type WireHeaders = BTreeMap<String, String>;
 
 /// The protocol version our worker announces by default: the one the published ModelRelay
 /// worker sends, so our worker can join a published proxy as well as ours.
@@ -192,7 +192,7 @@ pub struct RequestMessage {
     pub body: String,
     /// Compatibility-critical client headers (auth, content type, Anthropic/OpenAI versions).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub headers: HeaderMap,
+    pub headers: WireHeaders,
     /// Extension: the conversation this request continues (the proxy's affinity key, 16 hex
     /// digits), so a worker in front of llama-server can keep each conversation in one slot
     /// (`id_slot`) instead of letting another conversation's turn overwrite its cached prompt.
@@ -511,7 +511,7 @@ pub struct ResponseCompleteMessage {
     pub status_code: u16,
     /// The backend's response headers.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub headers: HeaderMap,
+    pub headers: WireHeaders,
     /// The whole body of a non-streaming answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
@@ -663,7 +663,7 @@ mod tests {
             endpoint_path: "/v1/chat/completions".to_string(),
             is_streaming: true,
             body: "{\"model\":\"m\"}".to_string(),
-            headers: HeaderMap::new(),
+            headers: WireHeaders::new(),
             conversation: Some(RequestMessage::conversation_of(0xfeed)),
         });
         let text = request.to_json();

@@ -5,12 +5,12 @@ use axum::http::StatusCode;
 
 use super::{Answer, BackendEvent};
 use crate::dialect::{ApiError, Dialect};
-use crate::protocol::{HeaderMap, TokenCounts};
+use crate::protocol::{TokenCounts, WireHeaders};
 
 /// The final event with everything given.
 pub fn complete(
     status: StatusCode,
-    headers: HeaderMap,
+    headers: WireHeaders,
     body: Option<String>,
     token_counts: Option<TokenCounts>,
 ) -> BackendEvent {
@@ -23,8 +23,8 @@ pub fn complete(
 }
 
 /// `content-type: application/json`.
-pub fn json_headers() -> HeaderMap {
-    HeaderMap::from([("content-type".to_string(), "application/json".to_string())])
+pub fn json_headers() -> WireHeaders {
+    WireHeaders::from([("content-type".to_string(), "application/json".to_string())])
 }
 
 /// A JSON body answered with `status`.
@@ -89,7 +89,7 @@ fn number_after(text: &str, marker: &str) -> Option<u64> {
 pub fn passed_on(
     dialect: Dialect,
     status: StatusCode,
-    headers: HeaderMap,
+    headers: WireHeaders,
     body: String,
     token_counts: Option<TokenCounts>,
 ) -> BackendEvent {

@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use reqwest::Url;
 
 use crate::endpoint::Endpoint;
-use crate::protocol::{HeaderMap, CLIENT_AUTH_HEADERS, FORWARDED_HEADERS};
+use crate::protocol::{WireHeaders, CLIENT_AUTH_HEADERS, FORWARDED_HEADERS};
 
 /// Why an `endpoint_path` was refused.
 pub fn check_path(path: &str) -> Result<(), String> {
@@ -72,7 +72,7 @@ pub fn check_route(path: &str, extra: &[String]) -> Result<(), String> {
 /// Keeps only the headers a proxy forwards ([`FORWARDED_HEADERS`] and the client's
 /// credentials, which [`strip_client_auth`] handles): whatever else a proxy sends (`cookie`,
 /// `host`, `x-forwarded-for`, ...) never reaches the backend.
-pub fn keep_forwarded_headers(headers: &mut HeaderMap) {
+pub fn keep_forwarded_headers(headers: &mut WireHeaders) {
     headers.retain(|name, _| {
         FORWARDED_HEADERS
             .iter()
@@ -136,7 +136,7 @@ fn parsed(base: &str) -> Result<Url, String> {
 
 /// Removes the client's credentials from `headers` (see [`CLIENT_AUTH_HEADERS`]): the backend
 /// gets them only when the worker opts in.
-pub fn strip_client_auth(headers: &mut HeaderMap) {
+pub fn strip_client_auth(headers: &mut WireHeaders) {
     headers.retain(|name, _| {
         !CLIENT_AUTH_HEADERS
             .iter()
@@ -250,7 +250,7 @@ mod tests {
 
     #[test]
     fn only_the_headers_a_proxy_forwards_reach_the_backend() {
-        let mut headers: HeaderMap = [
+        let mut headers: WireHeaders = [
             ("Content-Type", "application/json"),
             ("anthropic-version", "2023-06-01"),
             ("Authorization", "Bearer sk"),
@@ -272,7 +272,7 @@ mod tests {
 
     #[test]
     fn client_credentials_are_stripped_whatever_their_case() {
-        let mut headers: HeaderMap = [
+        let mut headers: WireHeaders = [
             ("Authorization".to_string(), "Bearer sk".to_string()),
             ("x-api-key".to_string(), "k".to_string()),
             ("anthropic-version".to_string(), "2023-06-01".to_string()),

@@ -9,7 +9,7 @@ use super::endpoint;
 use super::sse::{SseSplitter, UsageTracker};
 use super::{Backend, BackendEvent, BackendRequest, Events};
 use crate::dialect::{ApiError, Dialect};
-use crate::protocol::HeaderMap;
+use crate::protocol::WireHeaders;
 
 /// A non-streaming backend body larger than this fails the request instead of exhausting memory
 /// (the worker protocol's frame limit, which no body could cross anyway).
@@ -68,7 +68,7 @@ pub(super) enum SendError {
 pub(super) async fn send(
     backend: &Backend,
     path: &str,
-    headers: &HeaderMap,
+    headers: &WireHeaders,
     body: String,
 ) -> Result<reqwest::Response, SendError> {
     // Shared, so a second send costs no copy of the body.
@@ -94,7 +94,7 @@ pub(super) async fn send(
 fn post(
     backend: &Backend,
     path: &str,
-    headers: &HeaderMap,
+    headers: &WireHeaders,
     body: bytes::Bytes,
 ) -> Result<reqwest::RequestBuilder, SendError> {
     let url = endpoint::join(&backend.base_url, path).map_err(SendError::Refused)?;
@@ -165,7 +165,7 @@ pub(super) async fn unreachable(
 }
 
 /// The backend's headers that are valid text.
-pub(super) fn response_headers(response: &reqwest::Response) -> HeaderMap {
+pub(super) fn response_headers(response: &reqwest::Response) -> WireHeaders {
     response
         .headers()
         .iter()
@@ -176,7 +176,7 @@ pub(super) fn response_headers(response: &reqwest::Response) -> HeaderMap {
 }
 
 /// Whether the backend answered with an SSE stream.
-pub(super) fn is_sse(headers: &HeaderMap) -> bool {
+pub(super) fn is_sse(headers: &WireHeaders) -> bool {
     headers
         .get("content-type")
         .is_some_and(|v| v.starts_with("text/event-stream"))
@@ -356,7 +356,7 @@ mod tests {
         let sent = send(
             backend,
             "/v1/chat/completions",
-            &HeaderMap::new(),
+            &WireHeaders::new(),
             "{}".into(),
         )
         .await;
@@ -379,7 +379,7 @@ mod tests {
         let response = send(
             &backend,
             "/v1/chat/completions",
-            &HeaderMap::new(),
+            &WireHeaders::new(),
             "{}".into(),
         )
         .await

@@ -27,7 +27,7 @@ use axum::http::StatusCode;
 use tokio::sync::mpsc;
 
 use crate::dialect::ApiError;
-use crate::protocol::{HeaderMap, TokenCounts};
+use crate::protocol::{TokenCounts, WireHeaders};
 
 pub use capabilities::{route_missing, Capabilities, NativeOverrides};
 pub use count_tokens::{CHARS_PER_TOKEN, IMAGE_TOKENS};
@@ -56,7 +56,7 @@ pub struct Answer {
     /// The HTTP status.
     pub status: StatusCode,
     /// The headers that are valid text.
-    pub headers: HeaderMap,
+    pub headers: WireHeaders,
     /// The body; `None` after a stream.
     pub body: Option<String>,
     /// Token usage read from the answer.
@@ -78,7 +78,7 @@ pub struct BackendRequest {
     /// The client's body.
     pub body: String,
     /// The headers to send (the caller decides which of the client's go).
-    pub headers: HeaderMap,
+    pub headers: WireHeaders,
 }
 
 /// The API a backend speaks.
@@ -129,7 +129,7 @@ mod tests {
             path: path.into(),
             is_streaming: true,
             body: String::new(),
-            headers: HeaderMap::new(),
+            headers: WireHeaders::new(),
         }
     }
 

@@ -32,7 +32,7 @@ use crate::adapter::{
 };
 use crate::dialect::{ApiError, Dialect};
 use crate::endpoint::Endpoint;
-use crate::protocol::{HeaderMap, TokenCounts};
+use crate::protocol::{TokenCounts, WireHeaders};
 
 /// The translatable route of a request path (query string allowed), if any.
 pub fn route_of(path: &str) -> Option<Route> {
@@ -131,7 +131,7 @@ enum TokenizerAnswer {
 async fn ask_tokenizer(
     backend: &Backend,
     path: &str,
-    headers: &HeaderMap,
+    headers: &WireHeaders,
     ask: &Value,
 ) -> Option<TokenizerAnswer> {
     let sent = send(backend, path, headers, ask.to_string());
@@ -421,7 +421,8 @@ async fn stream_translated(
         .unwrap_or_default();
     tail.push_str(&translator.finish());
     send_text(tail).await;
-    let headers = HeaderMap::from([("content-type".to_string(), "text/event-stream".to_string())]);
+    let headers =
+        WireHeaders::from([("content-type".to_string(), "text/event-stream".to_string())]);
     let usage = translator.usage().map(token_counts);
     send_last(
         events,
@@ -450,7 +451,7 @@ fn rejection(id: &str, dialect: Dialect, error: &AdapterError) -> BackendEvent {
 
 /// The headers for the route of `backend`: [`chat_headers`], or for Anthropic the client's
 /// without the OpenAI ones (the upstream's key and version were already set by the proxy).
-fn backend_headers(backend: BackendApi, client: &HeaderMap) -> HeaderMap {
+fn backend_headers(backend: BackendApi, client: &WireHeaders) -> WireHeaders {
     match backend {
         BackendApi::OpenAiChat => chat_headers(client),
         BackendApi::AnthropicMessages => client
@@ -464,8 +465,8 @@ fn backend_headers(backend: BackendApi, client: &HeaderMap) -> HeaderMap {
 /// The headers for the backend's chat route: the client's, without the Anthropic ones a chat
 /// route has no use for, and with an `x-api-key` also offered as a bearer token (chat servers
 /// such as vLLM only read `Authorization`).
-fn chat_headers(client: &HeaderMap) -> HeaderMap {
-    let mut headers: HeaderMap = client
+fn chat_headers(client: &WireHeaders) -> WireHeaders {
+    let mut headers: WireHeaders = client
         .iter()
         .filter(|(name, _)| !name.to_ascii_lowercase().starts_with("anthropic-"))
         .map(|(name, value)| (name.clone(), value.clone()))
@@ -538,7 +539,7 @@ mod tests {
 
     #[test]
     fn chat_headers_drop_anthropic_headers_and_offer_the_api_key_as_a_bearer_token() {
-        let client = HeaderMap::from([
+        let client = WireHeaders::from([
             ("x-api-key".to_string(), "k".to_string()),
             ("anthropic-version".to_string(), "2023-06-01".to_string()),
             ("anthropic-beta".to_string(), "a,b".to_string()),
@@ -551,7 +552,7 @@ mod tests {
         );
         assert!(!headers.contains_key("anthropic-version"));
         assert!(!headers.contains_key("anthropic-beta"));
-        let with_bearer = HeaderMap::from([
+        let with_bearer = WireHeaders::from([
             ("authorization".to_string(), "Bearer b".to_string()),
             ("x-api-key".to_string(), "k".to_string()),
         ]);

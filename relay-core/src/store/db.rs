@@ -103,6 +103,71 @@ impl Row {
     }
 }
 
+/// A table's columns as one list, read by name: what a `SELECT` names, the kinds its rows are
+/// decoded as, and where each name's value sits in a row all follow from it, so a column added
+/// or moved is one entry here, never a position kept in step by hand.
+#[derive(Debug, Clone, Copy)]
+pub struct Columns(pub &'static [(&'static str, Kind)]);
+
+impl Columns {
+    /// `a, b, c`: the columns for a `SELECT`.
+    pub fn list(&self) -> String {
+        self.0
+            .iter()
+            .map(|(name, _)| *name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The kinds a row of them decodes as.
+    pub fn kinds(&self) -> Vec<Kind> {
+        self.0.iter().map(|(_, kind)| *kind).collect()
+    }
+
+    /// `row` (of a query naming [`Columns::list`]) read by column name.
+    pub fn read<'r>(&'r self, row: &'r Row) -> NamedRow<'r> {
+        NamedRow { columns: self, row }
+    }
+}
+
+/// A row read by column name ([`Columns::read`]).
+pub struct NamedRow<'r> {
+    columns: &'r Columns,
+    row: &'r Row,
+}
+
+impl NamedRow<'_> {
+    /// Where `name` sits. A name not in the list is a mistake in the code that reads it, found
+    /// by the first test that reads such a row.
+    fn at(&self, name: &str) -> usize {
+        self.columns
+            .0
+            .iter()
+            .position(|(column, _)| *column == name)
+            .unwrap_or_else(|| panic!("column {name} is not in the list read"))
+    }
+
+    /// Column `name` as an integer (0 for NULL).
+    pub fn int(&self, name: &str) -> i64 {
+        self.row.int(self.at(name))
+    }
+
+    /// Column `name` as an integer, `None` for NULL.
+    pub fn opt_int(&self, name: &str) -> Option<i64> {
+        self.row.opt_int(self.at(name))
+    }
+
+    /// Column `name` as text (empty for NULL).
+    pub fn text(&self, name: &str) -> String {
+        self.row.text(self.at(name))
+    }
+
+    /// Column `name` as text, `None` for NULL.
+    pub fn opt_text(&self, name: &str) -> Option<String> {
+        self.row.opt_text(self.at(name))
+    }
+}
+
 /// A statement and its parameters, for [`Database::transaction`].
 pub type Statement = (String, Vec<Param>);
 

@@ -15,7 +15,7 @@ use rand::distr::{Alphanumeric, SampleString};
 use serde::{Deserialize, Serialize};
 
 use super::dates::rfc3339;
-use super::db::{Database, DbError, Kind, Param, Row};
+use super::db::{Columns, Database, DbError, Kind, Param, Row};
 
 /// What every key starts with: clients and logs can tell a relay key from a provider's.
 pub const KEY_PREFIX: &str = "mr-";
@@ -247,46 +247,47 @@ pub struct KeyStore {
     miss_reload: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
-const COLUMNS: &str = "id, name, prefix, created_at, revoked_at, last_used_at, models, \
-                       max_concurrent, requests_per_minute, secret_hash, priority, weight";
-const KINDS: &[Kind] = &[
-    Kind::Text,
-    Kind::Text,
-    Kind::Text,
-    Kind::Int,
-    Kind::Int,
-    Kind::Int,
-    Kind::Text,
-    Kind::Int,
-    Kind::Int,
-    Kind::Text,
-    Kind::Text,
-    Kind::Int,
-];
+/// The columns a key is read from, by name.
+const KEY_COLUMNS: Columns = Columns(&[
+    ("id", Kind::Text),
+    ("name", Kind::Text),
+    ("prefix", Kind::Text),
+    ("created_at", Kind::Int),
+    ("revoked_at", Kind::Int),
+    ("last_used_at", Kind::Int),
+    ("models", Kind::Text),
+    ("max_concurrent", Kind::Int),
+    ("requests_per_minute", Kind::Int),
+    ("secret_hash", Kind::Text),
+    ("priority", Kind::Text),
+    ("weight", Kind::Int),
+]);
 
+/// A key and its secret's hash, from a row of [`KEY_COLUMNS`].
 fn key_of(row: &Row) -> (String, ApiKey) {
-    let limit = |i| row.opt_int(i).and_then(|n| u32::try_from(n).ok());
+    let row = KEY_COLUMNS.read(row);
+    let limit = |name| row.opt_int(name).and_then(|n| u32::try_from(n).ok());
     let key = ApiKey {
-        id: row.text(0),
-        name: row.text(1),
-        prefix: row.text(2),
-        created_at: row.int(3),
-        revoked_at: row.opt_int(4),
-        last_used_at: row.opt_int(5),
+        id: row.text("id"),
+        name: row.text("name"),
+        prefix: row.text("prefix"),
+        created_at: row.int("created_at"),
+        revoked_at: row.opt_int("revoked_at"),
+        last_used_at: row.opt_int("last_used_at"),
         models: row
-            .opt_text(6)
+            .opt_text("models")
             .and_then(|json| serde_json::from_str(&json).ok()),
-        max_concurrent: limit(7),
-        requests_per_minute: limit(8),
+        max_concurrent: limit("max_concurrent"),
+        requests_per_minute: limit("requests_per_minute"),
         // Anything but `batch` (NULL, or a value a newer release wrote) is the default.
-        priority: match row.opt_text(10).as_deref() {
+        priority: match row.opt_text("priority").as_deref() {
             Some("batch") => KeyPriority::Batch,
             _ => KeyPriority::Interactive,
         },
         // Out of range (a newer release, a hand edit) reads as the default.
-        weight: limit(11).filter(|w| (1..=MAX_WEIGHT).contains(w)),
+        weight: limit("weight").filter(|w| (1..=MAX_WEIGHT).contains(w)),
     };
-    (row.text(9), key)
+    (row.text("secret_hash"), key)
 }
 
 impl KeyStore {
@@ -320,7 +321,11 @@ impl KeyStore {
     pub async fn reload(&self) -> Result<(), DbError> {
         let rows = self
             .db
-            .query(&format!("SELECT {COLUMNS} FROM api_keys"), vec![], KINDS)
+            .query(
+                &format!("SELECT {} FROM api_keys", KEY_COLUMNS.list()),
+                vec![],
+                &KEY_COLUMNS.kinds(),
+            )
             .await?;
         let map: KeyMap = rows
             .iter()

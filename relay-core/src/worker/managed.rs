@@ -14,7 +14,7 @@ use super::BackendAccess;
 use crate::backend::{answer, BackendEvent, Events};
 use crate::dialect::{ApiError, Dialect};
 use crate::lifecycle::{Lease, LifecycleError, LifecycleManager};
-use crate::protocol::{HeaderMap, RequestMessage};
+use crate::protocol::{RequestMessage, WireHeaders};
 
 /// How often a streaming client waiting for a model start gets an SSE comment. The first comes
 /// after one period, so a quick start or a quick failure still answers with a plain status (and a
@@ -207,7 +207,7 @@ fn lifecycle_answer(
     if !streaming {
         return vec![answer::error(dialect, &refusal)];
     }
-    let mut headers = HeaderMap::new();
+    let mut headers = WireHeaders::new();
     if let Some(after) = refusal.retry_after {
         headers.insert(
             "retry-after".to_string(),
@@ -262,7 +262,7 @@ mod tests {
     use super::*;
     use crate::backend::Answer;
 
-    fn complete(status: u16, headers: HeaderMap, body: Option<String>) -> BackendEvent {
+    fn complete(status: u16, headers: WireHeaders, body: Option<String>) -> BackendEvent {
         answer::complete(StatusCode::from_u16(status).unwrap(), headers, body, None)
     }
 
@@ -338,7 +338,7 @@ mod tests {
     fn after_keep_alives_a_whole_body_answer_becomes_stream_events() {
         let failed = complete(
             400,
-            HeaderMap::new(),
+            WireHeaders::new(),
             Some(r#"{"error":{"code":400,"message":"bad\nrequest"}}"#.into()),
         );
         let events = as_stream(failed, Dialect::Anthropic);
@@ -347,18 +347,18 @@ mod tests {
         assert!(event.contains("bad\\nrequest"));
         assert_eq!(completion(&events[1]).body, None);
 
-        let answered = complete(200, HeaderMap::new(), Some("{\"a\":\n1}".into()));
+        let answered = complete(200, WireHeaders::new(), Some("{\"a\":\n1}".into()));
         let events = as_stream(answered, Dialect::OpenAi);
         assert_eq!(chunk_text(&events[0]), "data: {\"a\": 1}\n\n");
 
-        let streamed = complete(200, HeaderMap::new(), None);
+        let streamed = complete(200, WireHeaders::new(), None);
         assert_eq!(as_stream(streamed, Dialect::OpenAi).len(), 1);
     }
 
     #[test]
     fn a_forward_failure_is_told_apart_from_an_answer() {
-        assert!(is_failure(&complete(502, HeaderMap::new(), None)));
-        assert!(!is_failure(&complete(500, HeaderMap::new(), None)));
+        assert!(is_failure(&complete(502, WireHeaders::new(), None)));
+        assert!(!is_failure(&complete(500, WireHeaders::new(), None)));
         assert!(is_failure(&BackendEvent::Failed(Box::new(ApiError::new(
             StatusCode::BAD_GATEWAY,
             "backend_error",

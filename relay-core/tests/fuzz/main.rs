@@ -21,7 +21,8 @@ use relay_core::adapter::{
 use relay_core::backend::sse::{SseSplitter, UsageTracker};
 use relay_core::node::join_code;
 use relay_core::protocol::{ServerToWorker, WorkerToServer};
-use relay_core::proxy::serving::completed_event::{CompletedWatch, StreamPatcher};
+use relay_core::proxy::serving::completed_event::CompletedWatch;
+use relay_core::proxy::serving::stream_patch::StreamPatcher;
 use relay_core::settings::{parse_file, Overrides, ProxySettings, WorkerSettings};
 use serde_json::Value;
 

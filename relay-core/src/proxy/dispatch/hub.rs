@@ -20,15 +20,16 @@ use crate::proxy::dispatch::scheduler::{
     CancelOutcome, Expired, ProviderLimits, RegisterError, Scheduler, WorkerId, WorkerSnapshot,
 };
 use crate::proxy::dispatch::sleepers::{Card, Sleeper, SleeperLimits, Sleepers, WakeOrder};
+use crate::proxy::dispatch::telemetry::unix_ms;
 
 // The hub is dispatch's one door for the client routes (ARCHITECTURE.md): what they name of
 // dispatch — a request's placement and id, why it was refused or failed, what the dashboard
 // records of it — they name here.
 use crate::dialect::ApiError;
 use crate::protocol::{
-    CancelMessage, CancelReason, GracefulShutdownMessage, HeaderMap, ModelsRefreshMessage,
-    PingMessage, RegisterAck, RegisterMessage, RequestMessage, ResponseCompleteMessage,
-    ServerToWorker, BRIDGE_PROTOCOL_VERSION,
+    CancelMessage, CancelReason, GracefulShutdownMessage, ModelsRefreshMessage, PingMessage,
+    RegisterAck, RegisterMessage, RequestMessage, ResponseCompleteMessage, ServerToWorker,
+    WireHeaders, BRIDGE_PROTOCOL_VERSION,
 };
 pub use crate::proxy::dispatch::scheduler::{
     FailReason, Placement, RequestId, SubmitError, Submitted,
@@ -203,10 +204,10 @@ pub struct RequestSpec {
     /// The body, untouched.
     pub body: String,
     /// Forwarded headers, without the client's credentials.
-    pub headers: HeaderMap,
+    pub headers: WireHeaders,
     /// The client's credentials ([`crate::protocol::CLIENT_AUTH_HEADERS`]): sent only to workers
     /// of providers that opt in.
-    pub client_auth: HeaderMap,
+    pub client_auth: WireHeaders,
     /// Conversation, client and priority, for the scheduler.
     pub placement: Placement,
 }
@@ -1030,12 +1031,6 @@ fn log_woke(woke: &[Sleeper], name: &str) {
             None => tracing::info!(name, "sleeping box reconnected"),
         }
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A request the hub did not take: why (for routing it elsewhere, e.g. to an upstream), and the

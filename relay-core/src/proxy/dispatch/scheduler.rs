@@ -2,7 +2,7 @@
 //!
 //! Events come in as method calls (a worker registered, a request arrived, a request finished, a
 //! worker left); decisions come out as [`Action`]s that the async layer ([`crate::proxy::dispatch::hub`]) carries
-//! out. Every rule of the behavior contract is a small unit test at the bottom of this file.
+//! out. Every rule of the behavior contract is a small unit test in `scheduler/tests.rs`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;

@@ -30,6 +30,7 @@ use crate::proxy::dispatch::scheduler::{
     parse_request_wire_id, worker_wire_id, RegisterError, RequestId, WorkerId,
 };
 use crate::proxy::dispatch::stream_pause::StreamPauses;
+use crate::proxy::dispatch::telemetry::unix_ms;
 
 /// WebSocket close code for a protocol violation (RFC 6455).
 const CLOSE_PROTOCOL_ERROR: u16 = 1002;
@@ -548,11 +549,4 @@ impl Connection {
                 ))));
         }
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }

@@ -1,8 +1,9 @@
 //! The client API: the inference routes ([`routes`]) and how an answer becomes a response
 //! ([`response`]), the names they take ([`aliases`], [`claude_code`]), a conversation's affinity
 //! key ([`affinity_key`]), upstream providers ([`upstream`]), the Responses store
-//! ([`responses_api`], [`responses_store`], [`responses_shared`]) and stream patching
-//! ([`completed_event`]). It reaches dispatch only through the hub.
+//! ([`responses_api`], [`responses_store`], [`responses_shared`]), the completed event of a
+//! passing stream ([`completed_event`]) and stream patching ([`stream_patch`]). It reaches
+//! dispatch only through the hub.
 
 pub mod affinity_key;
 pub mod aliases;
@@ -13,4 +14,5 @@ pub mod responses_api;
 pub mod responses_shared;
 pub mod responses_store;
 pub mod routes;
+pub mod stream_patch;
 pub mod upstream;

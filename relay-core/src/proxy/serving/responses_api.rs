@@ -29,10 +29,11 @@ use crate::adapter::openai_responses::{
 use crate::dialect::{ApiError, Dialect};
 use crate::protocol::ResponseCompleteMessage;
 use crate::proxy::access::client_keys::ClientIdentity;
-use crate::proxy::serving::completed_event::{CompletedWatch, StreamPatcher};
+use crate::proxy::serving::completed_event::CompletedWatch;
 use crate::proxy::serving::response::AnswerObserver;
 use crate::proxy::serving::responses_shared::SharedResponses;
 use crate::proxy::serving::responses_store::{ResponsesStore, StoredResponse};
+use crate::proxy::serving::stream_patch::StreamPatcher;
 use crate::proxy::AppState;
 
 /// A `POST /v1/responses` body ready for dispatch.

@@ -218,9 +218,9 @@ struct RequestHead {
     /// The path with its query, as the worker's backend is to be called.
     endpoint_path: String,
     /// The client headers carried to the worker ([`FORWARDED_HEADERS`]).
-    forwarded: crate::protocol::HeaderMap,
+    forwarded: crate::protocol::WireHeaders,
     /// The client's credentials, for providers that opt in.
-    client_auth: crate::protocol::HeaderMap,
+    client_auth: crate::protocol::WireHeaders,
     /// Its client and priority in the queue's turns.
     placement: Placement,
 }

@@ -27,7 +27,7 @@ use crate::adapter::ClientApi;
 use crate::backend::{Backend, BackendRequest, Capabilities, NativeOverrides, Speaks};
 use crate::dialect::{ApiError, Dialect};
 use crate::endpoint::Endpoint;
-use crate::protocol::HeaderMap;
+use crate::protocol::WireHeaders;
 use crate::proxy::dispatch::hub::{SubmitError, TrackedRequest};
 use crate::proxy::serving::aliases::glob_match;
 use crate::proxy::serving::response::{AnswerObserver, AnswerSource, CancelGuard, Waiter};
@@ -61,8 +61,8 @@ impl UpstreamConfig {
     }
 
     /// The client's headers without its credentials, with the upstream's.
-    fn headers(&self, client: &HeaderMap) -> HeaderMap {
-        let mut headers: HeaderMap = client
+    fn headers(&self, client: &WireHeaders) -> WireHeaders {
+        let mut headers: WireHeaders = client
             .iter()
             .filter(|(name, _)| {
                 !matches!(
@@ -102,7 +102,7 @@ pub struct UpstreamRequest {
     /// The body as dispatched to a worker.
     pub body: String,
     /// The forwarded client headers.
-    pub headers: HeaderMap,
+    pub headers: WireHeaders,
 }
 
 /// The configured upstreams, the HTTP client that reaches them and what is known of their
@@ -281,7 +281,7 @@ mod tests {
 
     #[test]
     fn upstream_headers_replace_the_clients_credentials_with_the_upstreams() {
-        let client = HeaderMap::from([
+        let client = WireHeaders::from([
             ("authorization".to_string(), "Bearer client".to_string()),
             ("x-api-key".to_string(), "client".to_string()),
             ("anthropic-beta".to_string(), "b".to_string()),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::backend::error_chain;
-use crate::protocol::HeaderMap;
+use crate::protocol::WireHeaders;
 use crate::proxy::serving::aliases::is_pattern;
 use crate::proxy::serving::upstream::{UpstreamConfig, UpstreamKind};
 
@@ -133,7 +133,7 @@ async fn fetch(client: &reqwest::Client, upstream: &UpstreamConfig) -> Result<Ve
         upstream.base_url.trim_end_matches('/')
     );
     let mut request = client.get(&url).timeout(FETCH_TIMEOUT);
-    for (name, value) in upstream.headers(&HeaderMap::new()) {
+    for (name, value) in upstream.headers(&WireHeaders::new()) {
         request = request.header(name, value);
     }
     let response = request.send().await.map_err(|e| error_chain(&e))?;
