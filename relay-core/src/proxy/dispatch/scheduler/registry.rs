@@ -1,0 +1,219 @@
+//! Who serves what: providers' limits, workers registering, changing their models and load,
+//! and sleeping boxes' models kept claimed.
+
+use super::*;
+
+impl Scheduler {
+    /// Replaces `provider`'s limits while it runs (settings saved on the dashboard): later
+    /// arrivals get them, requests already queued keep the deadlines they were given. False
+    /// for a provider this scheduler does not have (new providers need a restart).
+    pub fn set_limits(&mut self, provider: &str, limits: ProviderLimits) -> bool {
+        match self.provider_index(provider) {
+            Some(index) => {
+                self.providers[index].limits = limits;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(super) fn provider_index(&self, name: &str) -> Option<usize> {
+        self.providers.iter().position(|p| p.name == name)
+    }
+
+    /// Whether workers may join `provider` (it exists and is enabled).
+    pub fn check_provider(&self, provider: &str) -> Result<(), RegisterError> {
+        let index = self
+            .provider_index(provider)
+            .ok_or(RegisterError::UnknownProvider)?;
+        if !self.providers[index].limits.enabled {
+            return Err(RegisterError::ProviderDisabled);
+        }
+        if self.shutting_down {
+            return Err(RegisterError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    /// A worker sent `register`: sanitize, add it to routing, and hand it queued work.
+    pub fn register_worker(
+        &mut self,
+        provider: &str,
+        message: &RegisterMessage,
+    ) -> Result<Registered, RegisterError> {
+        self.check_provider(provider)?;
+        let provider_index = self.provider_index(provider).expect("checked above");
+        let limit = self.providers[provider_index].limits.max_models_per_worker;
+        let (models, mut warnings) = sanitize_models(&message.models, limit);
+        let max_concurrent = if message.max_concurrent == 0 {
+            warnings.push("max_concurrent 0 is not usable; treated as 1".to_string());
+            1
+        } else {
+            message.max_concurrent
+        };
+        let name = worker_display_name(&message.worker_name, &mut warnings);
+        if models.is_empty() {
+            warnings.push(
+                "no usable model advertised: nothing is routed to this worker until it sends \
+                 models_update"
+                    .to_string(),
+            );
+        }
+        if self.workers.values().any(|w| w.name == name) {
+            warnings.push(format!(
+                "another connected worker is also named \"{name}\"; logs and the dashboard tell \
+                 them apart only by id (give each machine its own name)"
+            ));
+        }
+        let worker_id = self.next_worker;
+        self.next_worker += 1;
+        let models: Vec<Arc<str>> = models.into_iter().map(Arc::from).collect();
+        self.index_models(provider_index, worker_id, &models);
+        let windows = windows_of(&models, message.context_windows.as_ref());
+        self.workers.insert(
+            worker_id,
+            Worker {
+                provider: provider_index,
+                name,
+                models: models.clone(),
+                max_concurrent,
+                in_flight: HashSet::new(),
+                external_load: message.current_load.unwrap_or(0),
+                draining: false,
+                windows,
+            },
+        );
+        let mut actions = Vec::new();
+        self.fill_worker(worker_id, &mut actions);
+        Ok(Registered {
+            worker: worker_id,
+            models: models.iter().map(|m| m.to_string()).collect(),
+            warnings,
+            actions,
+        })
+    }
+
+    pub(super) fn index_models(&mut self, provider: usize, worker: WorkerId, models: &[Arc<str>]) {
+        let p = &mut self.providers[provider];
+        for model in models {
+            p.lingering.remove(model);
+            p.model_workers
+                .entry(model.clone())
+                .or_default()
+                .push(worker);
+        }
+    }
+
+    pub(super) fn unindex_models(
+        &mut self,
+        provider: usize,
+        worker: WorkerId,
+        models: &[Arc<str>],
+        now: Instant,
+    ) {
+        let p = &mut self.providers[provider];
+        let linger_until = now + p.limits.queue_timeout;
+        for model in models {
+            if let Some(list) = p.model_workers.get_mut(model) {
+                list.retain(|w| *w != worker);
+                if list.is_empty() {
+                    p.model_workers.remove(model);
+                    p.lingering.insert(model.clone(), linger_until);
+                }
+            }
+        }
+        p.lingering.retain(|_, until| *until > now);
+    }
+
+    /// A worker sent `models_update`: replace its models and hand it newly compatible work.
+    /// Returns the sanitized list, warnings and actions.
+    pub fn update_models(
+        &mut self,
+        worker: WorkerId,
+        models: &[String],
+        current_load: u32,
+        windows: Option<&crate::protocol::ContextWindows>,
+        now: Instant,
+    ) -> (Vec<String>, Vec<String>, Vec<Action>) {
+        let Some(entry) = self.workers.get(&worker) else {
+            return (Vec::new(), Vec::new(), Vec::new());
+        };
+        let provider = entry.provider;
+        let old = entry.models.clone();
+        let (accepted, warnings) = sanitize_models(
+            models,
+            self.providers[provider].limits.max_models_per_worker,
+        );
+        let accepted_arcs: Vec<Arc<str>> = accepted.iter().map(|m| Arc::from(m.as_str())).collect();
+        self.unindex_models(provider, worker, &old, now);
+        self.index_models(provider, worker, &accepted_arcs);
+        let entry = self.workers.get_mut(&worker).expect("present");
+        entry.windows = windows_of(&accepted_arcs, windows);
+        entry.models = accepted_arcs;
+        entry.external_load = current_load.saturating_sub(entry.in_flight.len() as u32);
+        let mut actions = Vec::new();
+        self.fill_worker(worker, &mut actions);
+        (accepted, warnings, actions)
+    }
+
+    /// A worker reported its load in `pong`. Load beyond what this proxy has running on it (work
+    /// from elsewhere) counts against its capacity; a lower report frees capacity at once.
+    pub fn update_load(&mut self, worker: WorkerId, current_load: u32) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if let Some(entry) = self.workers.get_mut(&worker) {
+            entry.external_load = current_load.saturating_sub(entry.in_flight.len() as u32);
+            self.fill_worker(worker, &mut actions);
+        }
+        actions
+    }
+
+    /// Resolves which provider takes a request for `model` right now: the first whose workers
+    /// serve it, else the first that claims it (lists it, or its last worker left moments ago),
+    /// else the default provider (the first, where workers join without `?provider=`), where it
+    /// waits for a worker that serves it (walkthrough §7: a provider with no worker for the
+    /// model queues). `None` only for a name no worker could ever advertise (see
+    /// [`sanitize_models`]) or a proxy without providers.
+    pub(super) fn route(&mut self, model: &str, now: Instant) -> Option<usize> {
+        if unusable_name(model).is_some() {
+            return None;
+        }
+        let serving = self
+            .providers
+            .iter()
+            .position(|p| p.model_workers.contains_key(model));
+        serving
+            .or_else(|| self.providers.iter().position(|p| p.claims(model, now)))
+            .or_else(|| (!self.providers.is_empty()).then_some(0))
+    }
+
+    /// Whether some provider claims `model` at `now`: a worker serves it, a provider lists it, or
+    /// its last worker left moments ago. An unclaimed model still queues (at the default
+    /// provider), but aliases and upstreams get the first say over it.
+    pub fn is_claimed(&self, model: &str, now: Instant) -> bool {
+        self.providers
+            .iter()
+            .any(|p| p.model_workers.contains_key(model) || p.claims(model, now))
+    }
+
+    /// Whether a connected worker serves `model` (busy or not).
+    pub fn is_served(&self, model: &str) -> bool {
+        self.providers
+            .iter()
+            .any(|p| p.model_workers.contains_key(model))
+    }
+
+    /// Replaces the (provider, model) pairs sleeping boxes serve: claimed like a listed model
+    /// until the box wakes or is forgotten. Pairs of unknown providers are ignored.
+    pub fn set_asleep(&mut self, asleep: &[(String, String)]) {
+        for p in &mut self.providers {
+            p.asleep.clear();
+        }
+        for (provider, model) in asleep {
+            if let Some(index) = self.provider_index(provider) {
+                self.providers[index]
+                    .asleep
+                    .insert(Arc::from(model.as_str()));
+            }
+        }
+    }
+}
