@@ -31,6 +31,7 @@ pub enum Outcome {
 
 /// Placements counted since the proxy started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct AffinityCounts {
     /// Requests routed to their home worker.
     pub hits: u64,

@@ -60,6 +60,7 @@ use reply::*;
 /// per-server knowledge (e.g. Ollama's native model names) where it matters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub enum BackendKind {
     /// llama.cpp's `llama-server` (also older llamafiles, which embed it).
     LlamaServer,
@@ -95,6 +96,7 @@ impl BackendKind {
 /// A backend found on a port: enough to start serving it without further
 /// questions.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct DiscoveredBackend {
     /// What kind of server it is.
     pub kind: BackendKind,

@@ -30,6 +30,7 @@ const STOP_ACK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A proxy found on the LAN.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct LanProxy {
     /// Instance name the proxy announced (usually its machine's host name).
     pub name: String,
@@ -46,6 +47,7 @@ pub struct LanProxy {
     /// The SHA-256 fingerprint of the proxy's TLS certificate (TXT `fingerprint`): join it
     /// pinned to this. Only as trustworthy as the LAN it came from; the join code from the
     /// proxy's own dashboard is the authoritative copy.
+    #[cfg_attr(test, ts(type = "string | null"))]
     pub fingerprint: Option<crate::fingerprint::Fingerprint>,
 }
 

@@ -28,3 +28,6 @@ pub mod store;
 pub mod tls;
 pub mod wake;
 pub mod worker;
+
+#[cfg(test)]
+mod typescript;

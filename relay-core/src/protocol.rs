@@ -324,6 +324,7 @@ pub const MAX_REPORT_NAME_BYTES: usize = 128;
 /// A box's CPU, memory and GPUs. Every number is optional: a tool or platform that does not
 /// tell leaves it out. Integers only, so messages stay comparable and small.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct HardwareReport {
     /// CPU use over the last sampling interval, all cores, 0–100.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -341,6 +342,7 @@ pub struct HardwareReport {
 
 /// One GPU.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct GpuReport {
     /// The product name, e.g. `NVIDIA GeForce RTX 4090`.
     #[serde(default)]
@@ -363,6 +365,7 @@ pub struct GpuReport {
 /// `stopping` or `failed` (refusing starts for a while). Plain text, so a newer worker's states
 /// reach an older dashboard as they are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct ModelStateReport {
     /// The model name.
     pub model: String,

@@ -7,6 +7,7 @@ import type {
   CreatedApiKey,
   Discovery,
   JoinCodeInfo,
+  JoinRequest,
   JoinTestResult,
   ModelStatus,
   NewApiKey,
@@ -164,7 +165,6 @@ export const api = {
   setStartOnLogin: (enabled: boolean) => request<StartOnLoginState>('PUT', '/api/start-on-login', { enabled }),
 };
 
-export type JoinRequest = { proxy_url: string; secret: string; provider?: string; fingerprint?: string } | { code: string };
 
 /** The URL of the live feed (same origin: the session cookie goes with it). */
 export function eventsUrl(): string {

@@ -14,6 +14,7 @@ use serde::Serialize;
 /// Who owns the socket listening on a port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "user", content = "uid")]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub enum Owner {
     /// The user running the relay.
     ThisUser,

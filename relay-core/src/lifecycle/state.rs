@@ -192,6 +192,7 @@ impl Inner {
 /// A model's state as the dashboard shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub enum ModelState {
     /// Not running; the next request starts it.
     Stopped,
@@ -207,6 +208,7 @@ pub enum ModelState {
 
 /// One model's status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct ModelStatus {
     /// The model name.
     pub name: String,

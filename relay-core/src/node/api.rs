@@ -11,7 +11,7 @@ use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -120,24 +120,61 @@ fn settings_view(node: &Node) -> Answer {
             format!("{} is not valid: {e}", path.display()),
         )
     })?;
-    Ok(Json(json!({
-        "path": path.display().to_string(),
-        "toml": settings::redact(&text),
-        "settings": SettingsValues::of(&file),
-        "restart_required": node.restart_required(),
-    }))
+    Ok(Json(SettingsAnswer {
+        path: path.display().to_string(),
+        toml: settings::redact(&text),
+        settings: SettingsValues::of(&file),
+        restart_required: node.restart_required(),
+    })
     .into_response())
+}
+
+/// `GET /api/settings` (and what a change answers): the file, its text with secrets redacted,
+/// the form's values, and the changes that wait for a restart.
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
+pub struct SettingsAnswer {
+    path: String,
+    toml: String,
+    settings: SettingsValues,
+    restart_required: Vec<String>,
+}
+
+/// `GET`/`PUT /api/start-on-login`: whether this node has a login entry to switch (the desktop
+/// app's), and its state as the OS reports it.
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
+pub struct StartOnLoginState {
+    available: bool,
+    enabled: Option<bool>,
+    /// Why the state could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional))]
+    error: Option<String>,
 }
 
 /// `GET /api/start-on-login` → `{"available": bool, "enabled": bool | null, "error": ...}`.
 async fn get_start_on_login(State(slot): State<NodeSlot>) -> Answer {
     let node = slot.node()?;
     let Some(entry) = &node.inner.start_on_login else {
-        return Ok(Json(json!({"available": false, "enabled": null})).into_response());
+        return Ok(Json(StartOnLoginState {
+            available: false,
+            enabled: None,
+            error: None,
+        })
+        .into_response());
     };
     Ok(Json(match entry.0.enabled() {
-        Ok(enabled) => json!({"available": true, "enabled": enabled}),
-        Err(error) => json!({"available": true, "enabled": null, "error": error}),
+        Ok(enabled) => StartOnLoginState {
+            available: true,
+            enabled: Some(enabled),
+            error: None,
+        },
+        Err(error) => StartOnLoginState {
+            available: true,
+            enabled: None,
+            error: Some(error.to_string()),
+        },
     })
     .into_response())
 }
@@ -169,7 +206,12 @@ async fn put_start_on_login(
             format!("the login entry could not be changed: {error}"),
         )
     })?;
-    Ok(Json(json!({"available": true, "enabled": enabled})).into_response())
+    Ok(Json(StartOnLoginState {
+        available: true,
+        enabled: Some(enabled),
+        error: None,
+    })
+    .into_response())
 }
 
 async fn get_settings(State(slot): State<NodeSlot>) -> Answer {
@@ -209,7 +251,9 @@ async fn put_config(
 
 /// A join target: a code, or a URL and secret.
 #[derive(Deserialize)]
-struct JoinRequest {
+#[cfg_attr(test, derive(ts_rs::TS))]
+#[cfg_attr(test, ts(optional_fields))]
+pub struct JoinRequest {
     code: Option<String>,
     proxy_url: Option<String>,
     secret: Option<String>,
@@ -269,7 +313,15 @@ async fn test_join(body: Result<Json<JoinRequest>, JsonRejection>) -> Answer {
         ),
         Err(message) => (false, message),
     };
-    Ok(Json(json!({"ok": ok, "message": message})).into_response())
+    Ok(Json(JoinTestAnswer { ok, message }).into_response())
+}
+
+/// `POST /api/join/test`: whether the proxy accepted the secret, in words.
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
+pub struct JoinTestAnswer {
+    ok: bool,
+    message: String,
 }
 
 /// The first of the join's URLs (in their order) that accepts the secret, all probed at once,
@@ -418,35 +470,74 @@ async fn join_code(State(slot): State<NodeSlot>) -> Answer {
         fingerprint: node.fingerprint(),
         urls: if urls.len() > 1 { urls } else { Vec::new() },
     };
-    Ok(Json(json!({
-        "urls": details.candidates(),
-        "url": details.url,
-        "secret": details.secret,
-        "provider": details.provider,
-        "fingerprint": details.fingerprint,
-        "code": join_code::encode(&details),
-    }))
+    Ok(Json(JoinCodeAnswer {
+        urls: details.candidates(),
+        code: join_code::encode(&details),
+        url: details.url,
+        secret: details.secret,
+        provider: details.provider,
+        fingerprint: details.fingerprint,
+    })
     .into_response())
+}
+
+/// `GET /api/join-code`: how another box joins this node's proxy.
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
+pub struct JoinCodeAnswer {
+    /// Every URL it may be reached at, best first: LAN addresses, then `HOST.local`.
+    urls: Vec<String>,
+    /// The one other machines reach best (never a wildcard address).
+    url: String,
+    secret: String,
+    provider: String,
+    /// Present when the proxy serves TLS with its own certificate.
+    #[cfg_attr(test, ts(type = "string | null"))]
+    fingerprint: Option<crate::fingerprint::Fingerprint>,
+    code: String,
 }
 
 async fn discover(State(slot): State<NodeSlot>) -> Answer {
     let node = slot.node()?;
     let (backends, proxies) = node.discover().await;
-    let backends: Vec<Value> = backends
+    let backends = backends
         .iter()
-        .map(|b| {
-            json!({
-                "kind": b.kind,
-                "label": b.kind.label(),
-                "url": b.url,
-                "models": b.models,
-                "owner": b.owner,
-                "confirmed": b.confirmed,
-                "usable": b.usable(),
-            })
+        .map(|b| FoundBackend {
+            kind: b.kind,
+            label: b.kind.label(),
+            url: b.url.clone(),
+            models: b.models.clone(),
+            owner: b.owner,
+            confirmed: b.confirmed,
+            usable: b.usable(),
         })
         .collect();
-    Ok(Json(json!({"backends": backends, "proxies": proxies})).into_response())
+    Ok(Json(DiscoveryAnswer { backends, proxies }).into_response())
+}
+
+/// `GET /api/discovery`: model servers on this machine and proxies on the LAN.
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
+pub struct DiscoveryAnswer {
+    backends: Vec<FoundBackend>,
+    proxies: Vec<crate::lan::LanProxy>,
+}
+
+/// A model server discovery found.
+#[derive(Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
+pub struct FoundBackend {
+    kind: crate::discovery::BackendKind,
+    /// Its kind, as people call it.
+    label: &'static str,
+    url: String,
+    models: Vec<String>,
+    /// Who listens on its port.
+    owner: crate::discovery::Owner,
+    /// Confirmed by the box's owner (`worker.confirmed_backends`).
+    confirmed: bool,
+    /// The worker sends it requests: this user's server, or a confirmed one.
+    usable: bool,
 }
 
 fn lifecycle(node: &Node) -> Option<crate::lifecycle::LifecycleManager> {

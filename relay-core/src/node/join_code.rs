@@ -13,6 +13,7 @@ const PREFIX: &str = "mrj1.";
 
 /// What a join code carries.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct JoinDetails {
     /// The proxy's base URL.
     pub url: String,
@@ -24,6 +25,7 @@ pub struct JoinDetails {
     /// The SHA-256 fingerprint of the proxy's certificate: the worker connects over `wss://` and
     /// trusts that certificate only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(type = "string", optional))]
     pub fingerprint: Option<crate::fingerprint::Fingerprint>,
     /// Every URL the proxy may be reached at, best first (`url` is the first): its LAN
     /// addresses and its `HOST.local` name. A joining box uses the first that answers.

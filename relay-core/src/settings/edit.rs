@@ -12,6 +12,7 @@ use super::{defaults, FileConfig, Overrides, ProxySettings, Roles, WorkerSetting
 
 /// The settings the form edits, with defaults filled in.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct SettingsValues {
     /// Which roles run.
     pub roles: Roles,
@@ -23,6 +24,7 @@ pub struct SettingsValues {
 
 /// `[proxy]` settings of the form.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct ProxyValues {
     listen: String,
     provider: String,
@@ -35,6 +37,7 @@ pub struct ProxyValues {
 
 /// `[worker]` settings of the form; the secret is only said to be set, never shown.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct WorkerValues {
     proxy_url: Option<String>,
     worker_secret_set: bool,

@@ -122,6 +122,7 @@ pub struct NativeOverrides {
 
 /// Which parts of the relay a node runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct Roles {
     /// Serves clients and accepts workers.
     pub proxy: bool,

@@ -43,6 +43,7 @@ pub const MAX_WEIGHT: u32 = 16;
 /// requests before batch ones (batch still gets a share, so it never starves).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub enum KeyPriority {
     /// A person waits for the answers (chat, an editor).
     #[default]
@@ -101,6 +102,7 @@ impl ApiKey {
 
 /// A key as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct KeyView {
     pub id: String,
     pub name: String,
@@ -115,6 +117,7 @@ pub struct KeyView {
     pub weight: Option<u32>,
     /// The secret: only in the answer that created the key.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional))]
     pub key: Option<String>,
 }
 
@@ -140,6 +143,7 @@ impl From<&ApiKey> for KeyView {
 /// What `POST /admin/keys` takes.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct NewKey {
     pub name: String,
     #[serde(default)]

@@ -431,6 +431,7 @@ async fn prune(db: &Database, retention: UsageRetention) {
 /// How usage is grouped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub enum GroupBy {
     Day,
     Key,
@@ -471,6 +472,7 @@ pub struct UsageQuery {
 
 /// Sums over a group (or everything).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct UsageSums {
     pub requests: u64,
     pub errors: u64,
@@ -483,11 +485,13 @@ pub struct UsageSums {
 
 /// One group's usage.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct UsageRow {
     /// The day, key id (or `anonymous`) or model.
     pub group: String,
     /// The key's name, for rows grouped by key.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional))]
     pub name: Option<String>,
     #[serde(flatten)]
     pub sums: UsageSums,
@@ -495,6 +499,7 @@ pub struct UsageRow {
 
 /// The answer to a [`UsageQuery`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct UsageReport {
     pub group_by: GroupBy,
     pub since: String,

@@ -1,6 +1,8 @@
 // A Status as the contract shows it, for unit tests.
 import type { Status } from '../types';
 
+const NO_HISTORY = { unix_ms: [], cpu_percent: [], memory_percent: [], vram_percent: [] };
+
 export function sampleStatus(over: Partial<Status> = {}): Status {
   return {
     node: {
@@ -10,7 +12,10 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
       roles: { proxy: true, worker: true },
       worker: { state: 'connected', proxy_url: 'http://127.0.0.1:8080', name: 'gpu-box', last_error: null },
       admin_token_required: false,
+      require_api_keys: false,
       uptime_secs: 125,
+      claude_code: { model: 'qwen2.5-7b', small_model: 'qwen2.5-7b' },
+      lifecycle: [],
     },
     workers: [
       {
@@ -24,6 +29,10 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
         state: 'idle',
         connected_unix_ms: 1_763_740_000_000,
         heartbeat_ms: null,
+        hardware: null,
+        hardware_history: NO_HISTORY,
+        model_states: null,
+        context_windows: {},
       },
       {
         id: 'w-1',
@@ -36,6 +45,10 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
         state: 'busy',
         connected_unix_ms: 1_763_740_000_000,
         heartbeat_ms: 0.8,
+        hardware: null,
+        hardware_history: NO_HISTORY,
+        model_states: null,
+        context_windows: {},
       },
     ],
     models: [
@@ -79,6 +92,8 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
       errors_per_sec: [0, 0, 1],
       queue_depth: [0, 1],
     },
+    sleepers: [],
+    affinity: { enabled: true, hits: 0, misses: 0, new: 0, entries: 0 },
     ...over,
   };
 }

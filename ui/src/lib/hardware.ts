@@ -66,7 +66,7 @@ export function formatMiB(mb: number): string {
   return `${gib < 10 ? gib.toFixed(1) : Math.round(gib)} GiB`;
 }
 
-function usageMeter(label: string, used: number | undefined, total: number | undefined): Meter | null {
+function usageMeter(label: string, used: number | null | undefined, total: number | null | undefined): Meter | null {
   if (used == null || total == null || !(total > 0)) return null;
   const fraction = clamp01(used / total);
   return { label, fraction, text: `${formatMiB(used)} / ${formatMiB(total)}`, tone: toneOf(fraction) };
@@ -96,7 +96,9 @@ export function toModelStates(states: ModelStateReport[] | null | undefined): Mo
 }
 
 /** The worker's box, or null when it reported nothing (a published worker, an older relay). */
-export function toHardwareView(worker: Pick<WorkerInfo, 'hardware' | 'hardware_history' | 'model_states'>): HardwareView | null {
+export function toHardwareView(
+  worker: Partial<Pick<WorkerInfo, 'hardware' | 'hardware_history' | 'model_states'>>,
+): HardwareView | null {
   const hw = worker.hardware;
   const models = toModelStates(worker.model_states);
   if (!hw && models.length === 0) return null;

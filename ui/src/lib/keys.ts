@@ -133,12 +133,11 @@ export function formatAgo(iso: string | null | undefined, nowMs: number, never =
 }
 
 /**
- * Whether inference needs a client key. Read from the top of the status (the contract), or from
- * the node block; null when the relay does not say (older relays).
+ * Whether inference needs a client key, as the node block of the status says; null without a
+ * status or when the relay does not say (older relays).
  */
 export function requiresApiKeys(status: Status | null | undefined): boolean | null {
-  if (!status) return null;
-  const value = status.require_api_keys ?? status.node?.require_api_keys;
+  const value: unknown = status?.node?.require_api_keys;
   return typeof value === 'boolean' ? value : null;
 }
 

@@ -126,7 +126,7 @@ describe('the breakdown', () => {
     const rows = breakdownRows(
       {
         group_by: 'key',
-        rows: [row('anonymous', 2, { name: null }), row('key_a', 8, { name: 'production-app' }), row('key_b', 4)],
+        rows: [row('anonymous', 2, {}), row('key_a', 8, { name: 'production-app' }), row('key_b', 4)],
       },
       keys,
     );

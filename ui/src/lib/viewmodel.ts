@@ -72,7 +72,7 @@ export interface QueueRow {
 export interface InFlightRow {
   id: string;
   model: string;
-  provider: string;
+  provider: string | null;
   worker: string;
   state: 'queued' | 'running';
   streaming: boolean;
@@ -316,7 +316,7 @@ export interface SleeperRow {
 }
 
 /** The sleeping boxes, waking ones first, then by name. */
-export function toSleeperRows(status: Pick<Status, 'sleepers'>, nowMs: number): SleeperRow[] {
+export function toSleeperRows(status: Partial<Pick<Status, 'sleepers'>>, nowMs: number): SleeperRow[] {
   return [...(status.sleepers ?? [])]
     .sort((a, b) => Number(b.state === 'waking') - Number(a.state === 'waking') || a.name.localeCompare(b.name))
     .map((s) => ({

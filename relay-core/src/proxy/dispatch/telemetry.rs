@@ -102,6 +102,7 @@ struct Totals {
 
 /// Totals as numbers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct TotalsSnapshot {
     /// Requests that ended (answered or failed).
     pub requests: u64,
@@ -113,6 +114,7 @@ pub struct TotalsSnapshot {
 
 /// The charts' data, oldest point first.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct Series {
     /// Seconds between points.
     pub interval_secs: u64,

@@ -28,6 +28,7 @@ pub struct NameRoutes {
 /// The served models Claude Code's requests go to now; `None` while such a request would wait
 /// for a worker.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct ClaudeCodeUses {
     /// For the conversation.
     pub model: Option<String>,

@@ -1,6 +1,7 @@
 // Step 3: this proxy's join code, and joining another proxy as a worker.
 import { useEffect, useState } from 'preact/hooks';
-import { api, errorMessage, type JoinRequest } from '../../api';
+import { api, errorMessage } from '../../api';
+import type { JoinRequest } from '../../types';
 import { Alert, Badge, Card, CodeBlock, CopyButton, Spinner } from '../../components/common';
 import { decodeJoinCode, isFingerprint, looksLikeJoinCode } from '../../lib/joincode';
 import { normalizeBaseUrl, workerCommand } from '../../lib/snippets';

@@ -38,6 +38,7 @@ struct Point {
 
 /// The history as columns, oldest first; a value a report did not have is `null`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct BoxHistory {
     /// Each point's time.
     pub unix_ms: Vec<u64>,

@@ -26,6 +26,7 @@ pub use crate::settings::Roles;
 /// The state of a node's own worker role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub enum OwnWorkerState {
     /// The worker role is off.
     Off,
@@ -42,6 +43,7 @@ pub enum OwnWorkerState {
 
 /// The node's own worker, as the dashboard shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct OwnWorker {
     /// Its state.
     pub state: OwnWorkerState,
@@ -54,11 +56,13 @@ pub struct OwnWorker {
     /// This box's CPU, memory and GPUs at the worker's last sample (absent while it samples
     /// nothing).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(test, ts(optional))]
     pub hardware: Option<crate::protocol::HardwareReport>,
 }
 
 /// What the node embedding this proxy reports about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct NodeInfo {
     /// The base URL clients use.
     pub url: String,

@@ -26,6 +26,7 @@ const FEED_HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// The node as the dashboard shows it.
 #[derive(Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct NodeStatus {
     /// The crate version.
     pub version: &'static str,
@@ -43,6 +44,7 @@ pub struct NodeStatus {
 
 /// One connected worker.
 #[derive(Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct WorkerView {
     id: String,
     provider: String,
@@ -51,6 +53,7 @@ pub struct WorkerView {
     models: Vec<String>,
     load: u32,
     max_concurrent: u32,
+    #[cfg_attr(test, ts(type = "'idle' | 'busy' | 'draining'"))]
     state: &'static str,
     connected_unix_ms: Option<u64>,
     heartbeat_ms: Option<f64>,
@@ -66,6 +69,7 @@ pub struct WorkerView {
 
 /// One served model.
 #[derive(Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct ModelView {
     name: String,
     provider: String,
@@ -74,12 +78,14 @@ pub struct ModelView {
 
 /// One sleeping box.
 #[derive(Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct SleeperView {
     name: String,
     provider: String,
     models: Vec<String>,
     mac_address: Option<String>,
     since_unix_ms: u64,
+    #[cfg_attr(test, ts(type = "'asleep' | 'waking'"))]
     state: &'static str,
     waking_since_unix_ms: Option<u64>,
     wake_packets: u32,
@@ -87,6 +93,7 @@ pub struct SleeperView {
 
 /// One provider's queue.
 #[derive(Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct QueueView {
     provider: String,
     depth: usize,
@@ -94,11 +101,13 @@ pub struct QueueView {
 
 /// One request in flight.
 #[derive(Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct RequestView {
     id: String,
     model: String,
     provider: Option<String>,
     worker: Option<String>,
+    #[cfg_attr(test, ts(type = "'queued' | 'running'"))]
     state: &'static str,
     streaming: bool,
     age_ms: u64,
@@ -109,6 +118,7 @@ pub struct RequestView {
 
 /// Everything the dashboard shows.
 #[derive(Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct Status {
     node: NodeStatus,
     workers: Vec<WorkerView>,
@@ -123,6 +133,7 @@ pub struct Status {
 
 /// Conversation affinity: whether it is on, and how placements went since start.
 #[derive(Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
 pub struct AffinityView {
     enabled: bool,
     #[serde(flatten)]
