@@ -3,7 +3,7 @@
 //! when that file is stale, as the test command does for `ui/dist`; write it again with
 //! `MODELRELAY_WRITE_TS=1 cargo test -p relay-core --lib typescript`.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ts_rs::{Config, TypeVisitor, TS};
@@ -19,11 +19,11 @@ use crate::store::usage::UsageReport;
 /// The generated file, from `relay-core/`.
 const GENERATED: &str = "../ui/src/api.generated.ts";
 
-/// Collects declarations, each after those it is made of.
+/// Collects declarations by name (a file's declarations may come in any order in TypeScript;
+/// by name, the file reads the same whatever order the compiler visits them in).
 struct Declarations<'c> {
     config: &'c Config,
-    seen: BTreeSet<String>,
-    out: Vec<String>,
+    out: BTreeMap<String, String>,
 }
 
 impl TypeVisitor for Declarations<'_> {
@@ -34,11 +34,14 @@ impl TypeVisitor for Declarations<'_> {
             T::visit_dependencies(self);
             return;
         }
-        if !self.seen.insert(T::ident(self.config)) {
+        let name = T::ident(self.config);
+        if self.out.contains_key(&name) {
             return;
         }
+        self.out.insert(name.clone(), String::new());
         T::visit_dependencies(self);
-        self.out.push(format!("export {}", T::decl(self.config)));
+        self.out
+            .insert(name, format!("export {}", T::decl(self.config)));
     }
 }
 
@@ -49,8 +52,7 @@ fn generated() -> String {
     let config = Config::new().with_large_int("number");
     let mut declarations = Declarations {
         config: &config,
-        seen: BTreeSet::new(),
-        out: Vec::new(),
+        out: BTreeMap::new(),
     };
     declarations.visit::<Status>();
     declarations.visit::<DiscoveryAnswer>();
@@ -67,7 +69,7 @@ fn generated() -> String {
         "// Generated from the relay's Rust types by relay-core/src/typescript.rs: do not edit.\n\
          // Write it again with `MODELRELAY_WRITE_TS=1 cargo test -p relay-core --lib typescript`.\n",
     );
-    for declaration in declarations.out {
+    for declaration in declarations.out.into_values() {
         file.push('\n');
         file.push_str(declaration.trim_end());
         file.push('\n');

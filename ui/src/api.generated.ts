@@ -1,51 +1,25 @@
 // Generated from the relay's Rust types by relay-core/src/typescript.rs: do not edit.
 // Write it again with `MODELRELAY_WRITE_TS=1 cargo test -p relay-core --lib typescript`.
 
-export type QueueView = { provider: string, depth: number, };
+export type AffinityView = { enabled: boolean, 
+/**
+ * Requests routed to their home worker.
+ */
+hits: number, 
+/**
+ * Requests that had a home but were routed elsewhere.
+ */
+misses: number, 
+/**
+ * Requests whose conversation had no home yet.
+ */
+new: number, 
+/**
+ * Conversations the table remembers now.
+ */
+entries: number, };
 
-export type Series = { 
-/**
- * Seconds between points.
- */
-interval_secs: number, 
-/**
- * Each point's time.
- */
-unix_secs: Array<number>, 
-/**
- * Requests ended per second.
- */
-requests_per_sec: Array<number>, 
-/**
- * Output tokens per second.
- */
-tokens_per_sec: Array<number>, 
-/**
- * Errors per second.
- */
-errors_per_sec: Array<number>, 
-/**
- * Queued requests at the point.
- */
-queue_depth: Array<number>, };
-
-export type TotalsSnapshot = { 
-/**
- * Requests that ended (answered or failed).
- */
-requests: number, 
-/**
- * Requests that ended with a relay error or a backend status of 400 or more.
- */
-errors: number, 
-/**
- * Output tokens.
- */
-tokens: number, };
-
-export type RequestView = { id: string, model: string, provider: string | null, worker: string | null, state: 'queued' | 'running', streaming: boolean, age_ms: number, ttft_ms: number | null, tokens: number, tokens_per_sec: number | null, };
-
-export type ModelView = { name: string, provider: string, workers: Array<string>, };
+export type BackendKind = "llama_server" | "ollama" | "vllm" | "lm_studio" | "llamafile" | "openai_compatible";
 
 export type BoxHistory = { 
 /**
@@ -64,6 +38,36 @@ memory_percent: Array<number | null>,
  * VRAM in use over all GPUs that tell, percent of their total.
  */
 vram_percent: Array<number | null>, };
+
+export type ClaudeCodeUses = { 
+/**
+ * For the conversation.
+ */
+model: string | null, 
+/**
+ * For its `claude-haiku-*` side requests.
+ */
+small_model: string | null, };
+
+export type DiscoveryAnswer = { backends: Array<FoundBackend>, proxies: Array<LanProxy>, };
+
+export type FoundBackend = { kind: BackendKind, 
+/**
+ * Its kind, as people call it.
+ */
+label: string, url: string, models: Array<string>, 
+/**
+ * Who listens on its port.
+ */
+owner: Owner, 
+/**
+ * Confirmed by the box's owner (`worker.confirmed_backends`).
+ */
+confirmed: boolean, 
+/**
+ * The worker sends it requests: this user's server, or a confirmed one.
+ */
+usable: boolean, };
 
 export type GpuReport = { 
 /**
@@ -87,6 +91,8 @@ utilization_percent?: number | null,
  */
 temperature_c?: number | null, };
 
+export type GroupBy = "day" | "key" | "model";
+
 export type HardwareReport = { 
 /**
  * CPU use over the last sampling interval, all cores, 0–100.
@@ -105,6 +111,95 @@ memory_total_mb?: number | null,
  */
 gpus?: Array<GpuReport>, };
 
+export type JoinCodeAnswer = { 
+/**
+ * Every URL it may be reached at, best first: LAN addresses, then `HOST.local`.
+ */
+urls: Array<string>, 
+/**
+ * The one other machines reach best (never a wildcard address).
+ */
+url: string, secret: string, provider: string, 
+/**
+ * Present when the proxy serves TLS with its own certificate.
+ */
+fingerprint: string | null, code: string, };
+
+export type JoinDetails = { 
+/**
+ * The proxy's base URL.
+ */
+url: string, 
+/**
+ * Its worker secret.
+ */
+secret: string, 
+/**
+ * The provider to join.
+ */
+provider: string, 
+/**
+ * The SHA-256 fingerprint of the proxy's certificate: the worker connects over `wss://` and
+ * trusts that certificate only.
+ */
+fingerprint?: string, 
+/**
+ * Every URL the proxy may be reached at, best first (`url` is the first): its LAN
+ * addresses and its `HOST.local` name. A joining box uses the first that answers.
+ * Optional, so older codes (and older decoders) go on working with `url` alone.
+ */
+urls?: Array<string>, };
+
+export type JoinRequest = { code?: string, proxy_url?: string, secret?: string, provider?: string, 
+/**
+ * The proxy's certificate fingerprint (a LAN proxy found by discovery shows it).
+ */
+fingerprint?: string, };
+
+export type JoinTestAnswer = { ok: boolean, message: string, };
+
+export type KeyPriority = "interactive" | "batch";
+
+export type KeyView = { id: string, name: string, prefix: string, created_at: string, revoked_at: string | null, last_used_at: string | null, models: Array<string> | null, max_concurrent: number | null, requests_per_minute: number | null, priority: KeyPriority, weight: number | null, 
+/**
+ * The secret: only in the answer that created the key.
+ */
+key?: string, };
+
+export type LanProxy = { 
+/**
+ * Instance name the proxy announced (usually its machine's host name).
+ */
+name: string, 
+/**
+ * Base URL to reach the proxy, e.g. `http://192.168.1.20:8080`.
+ */
+url: string, 
+/**
+ * The proxy machine's mDNS host name, without the trailing dot, e.g. `box.local`.
+ */
+host: string, 
+/**
+ * TCP port the proxy listens on.
+ */
+port: number, 
+/**
+ * The proxy's ModelRelay version (TXT `version`), if it said.
+ */
+version: string | null, 
+/**
+ * The model provider behind the proxy (TXT `provider`), if it said.
+ */
+provider: string | null, 
+/**
+ * The SHA-256 fingerprint of the proxy's TLS certificate (TXT `fingerprint`): join it
+ * pinned to this. Only as trustworthy as the LAN it came from; the join code from the
+ * proxy's own dashboard is the authoritative copy.
+ */
+fingerprint: string | null, };
+
+export type ModelState = "stopped" | "starting" | "ready" | "stopping" | "failed";
+
 export type ModelStateReport = { 
 /**
  * The model name.
@@ -114,56 +209,6 @@ model: string,
  * Its state.
  */
 state: string, };
-
-export type WorkerView = { id: string, provider: string, name: string, host: string | null, models: Array<string>, load: number, max_concurrent: number, state: 'idle' | 'busy' | 'draining', connected_unix_ms: number | null, heartbeat_ms: number | null, 
-/**
- * The worker's box at its last report (`null` for a worker that sends none).
- */
-hardware: HardwareReport | null, 
-/**
- * CPU, memory and VRAM use over the last reports, for sparklines.
- */
-hardware_history: BoxHistory, 
-/**
- * The states of its model map's models (`null` without a model map or report).
- */
-model_states: Array<ModelStateReport> | null, 
-/**
- * The tokens one request may hold, per model, where the worker reported them.
- */
-context_windows: { [key in string]: number }, };
-
-export type SleeperView = { name: string, provider: string, models: Array<string>, mac_address: string | null, since_unix_ms: number, state: 'asleep' | 'waking', waking_since_unix_ms: number | null, wake_packets: number, };
-
-export type AffinityView = { enabled: boolean, 
-/**
- * Requests routed to their home worker.
- */
-hits: number, 
-/**
- * Requests that had a home but were routed elsewhere.
- */
-misses: number, 
-/**
- * Requests whose conversation had no home yet.
- */
-new: number, 
-/**
- * Conversations the table remembers now.
- */
-entries: number, };
-
-export type ClaudeCodeUses = { 
-/**
- * For the conversation.
- */
-model: string | null, 
-/**
- * For its `claude-haiku-*` side requests.
- */
-small_model: string | null, };
-
-export type ModelState = "stopped" | "starting" | "ready" | "stopping" | "failed";
 
 export type ModelStatus = { 
 /**
@@ -207,40 +252,17 @@ last_error: string | null,
  */
 retry_in_secs: number | null, };
 
-export type Roles = { 
-/**
- * Serves clients and accepts workers.
- */
-proxy: boolean, 
-/**
- * Runs a worker that joins a proxy (this node's own or another).
- */
-worker: boolean, };
+export type ModelView = { name: string, provider: string, workers: Array<string>, };
 
-export type OwnWorkerState = "off" | "connecting" | "connected" | "disconnected" | "drained";
-
-export type OwnWorker = { 
+export type NewKey = { name: string, models: Array<string> | null, max_concurrent: number | null, requests_per_minute: number | null, 
 /**
- * Its state.
+ * Interactive when left out.
  */
-state: OwnWorkerState, 
+priority: KeyPriority, 
 /**
- * The proxy it joins, while the role is on.
+ * 1 when left out.
  */
-proxy_url: string | null, 
-/**
- * Its name.
- */
-name: string | null, 
-/**
- * Why its last connection failed, if it did.
- */
-last_error: string | null, 
-/**
- * This box's CPU, memory and GPUs at the worker's last sample (absent while it samples
- * nothing).
- */
-hardware?: HardwareReport, };
+weight: number | null, };
 
 export type NodeStatus = { 
 /**
@@ -285,67 +307,76 @@ worker: OwnWorker,
  */
 lifecycle: Array<ModelStatus>, };
 
-export type Status = { node: NodeStatus, workers: Array<WorkerView>, models: Array<ModelView>, sleepers: Array<SleeperView>, queues: Array<QueueView>, in_flight: Array<RequestView>, totals: TotalsSnapshot, series: Series, affinity: AffinityView, };
+export type OwnWorker = { 
+/**
+ * Its state.
+ */
+state: OwnWorkerState, 
+/**
+ * The proxy it joins, while the role is on.
+ */
+proxy_url: string | null, 
+/**
+ * Its name.
+ */
+name: string | null, 
+/**
+ * Why its last connection failed, if it did.
+ */
+last_error: string | null, 
+/**
+ * This box's CPU, memory and GPUs at the worker's last sample (absent while it samples
+ * nothing).
+ */
+hardware?: HardwareReport, };
+
+export type OwnWorkerState = "off" | "connecting" | "connected" | "disconnected" | "drained";
 
 export type Owner = { "user": "this_user" } | { "user": "other_user", "uid": number } | { "user": "unknown" };
 
-export type BackendKind = "llama_server" | "ollama" | "vllm" | "lm_studio" | "llamafile" | "openai_compatible";
-
-export type FoundBackend = { kind: BackendKind, 
-/**
- * Its kind, as people call it.
- */
-label: string, url: string, models: Array<string>, 
-/**
- * Who listens on its port.
- */
-owner: Owner, 
-/**
- * Confirmed by the box's owner (`worker.confirmed_backends`).
- */
-confirmed: boolean, 
-/**
- * The worker sends it requests: this user's server, or a confirmed one.
- */
-usable: boolean, };
-
-export type LanProxy = { 
-/**
- * Instance name the proxy announced (usually its machine's host name).
- */
-name: string, 
-/**
- * Base URL to reach the proxy, e.g. `http://192.168.1.20:8080`.
- */
-url: string, 
-/**
- * The proxy machine's mDNS host name, without the trailing dot, e.g. `box.local`.
- */
-host: string, 
-/**
- * TCP port the proxy listens on.
- */
-port: number, 
-/**
- * The proxy's ModelRelay version (TXT `version`), if it said.
- */
-version: string | null, 
-/**
- * The model provider behind the proxy (TXT `provider`), if it said.
- */
-provider: string | null, 
-/**
- * The SHA-256 fingerprint of the proxy's TLS certificate (TXT `fingerprint`): join it
- * pinned to this. Only as trustworthy as the LAN it came from; the join code from the
- * proxy's own dashboard is the authoritative copy.
- */
-fingerprint: string | null, };
-
-export type DiscoveryAnswer = { backends: Array<FoundBackend>, proxies: Array<LanProxy>, };
-
-export type WorkerValues = { proxy_url: string | null, worker_secret_set: boolean, worker_name: string, backend_url: string | null, models: Array<string> | null, max_concurrency: number, confirmed_backends: Array<string>, };
-
 export type ProxyValues = { listen: string, provider: string, max_queue_len: number, queue_timeout_secs: number, request_timeout_secs: number, aliases: { [key in string]: string }, default_model: string | null, };
+
+export type QueueView = { provider: string, depth: number, };
+
+export type RequestView = { id: string, model: string, provider: string | null, worker: string | null, state: 'queued' | 'running', streaming: boolean, age_ms: number, ttft_ms: number | null, tokens: number, tokens_per_sec: number | null, };
+
+export type Roles = { 
+/**
+ * Serves clients and accepts workers.
+ */
+proxy: boolean, 
+/**
+ * Runs a worker that joins a proxy (this node's own or another).
+ */
+worker: boolean, };
+
+export type Series = { 
+/**
+ * Seconds between points.
+ */
+interval_secs: number, 
+/**
+ * Each point's time.
+ */
+unix_secs: Array<number>, 
+/**
+ * Requests ended per second.
+ */
+requests_per_sec: Array<number>, 
+/**
+ * Output tokens per second.
+ */
+tokens_per_sec: Array<number>, 
+/**
+ * Errors per second.
+ */
+errors_per_sec: Array<number>, 
+/**
+ * Queued requests at the point.
+ */
+queue_depth: Array<number>, };
+
+export type SettingsAnswer = { path: string, toml: string, settings: SettingsValues, restart_required: Array<string>, };
 
 export type SettingsValues = { 
 /**
@@ -361,7 +392,7 @@ proxy: ProxyValues,
  */
 worker: WorkerValues, };
 
-export type SettingsAnswer = { path: string, toml: string, settings: SettingsValues, restart_required: Array<string>, };
+export type SleeperView = { name: string, provider: string, models: Array<string>, mac_address: string | null, since_unix_ms: number, state: 'asleep' | 'waking', waking_since_unix_ms: number | null, wake_packets: number, };
 
 export type StartOnLoginState = { available: boolean, enabled: boolean | null, 
 /**
@@ -369,70 +400,23 @@ export type StartOnLoginState = { available: boolean, enabled: boolean | null,
  */
 error?: string, };
 
-export type JoinCodeAnswer = { 
-/**
- * Every URL it may be reached at, best first: LAN addresses, then `HOST.local`.
- */
-urls: Array<string>, 
-/**
- * The one other machines reach best (never a wildcard address).
- */
-url: string, secret: string, provider: string, 
-/**
- * Present when the proxy serves TLS with its own certificate.
- */
-fingerprint: string | null, code: string, };
+export type Status = { node: NodeStatus, workers: Array<WorkerView>, models: Array<ModelView>, sleepers: Array<SleeperView>, queues: Array<QueueView>, in_flight: Array<RequestView>, totals: TotalsSnapshot, series: Series, affinity: AffinityView, };
 
-export type JoinTestAnswer = { ok: boolean, message: string, };
+export type TotalsSnapshot = { 
+/**
+ * Requests that ended (answered or failed).
+ */
+requests: number, 
+/**
+ * Requests that ended with a relay error or a backend status of 400 or more.
+ */
+errors: number, 
+/**
+ * Output tokens.
+ */
+tokens: number, };
 
-export type JoinRequest = { code?: string, proxy_url?: string, secret?: string, provider?: string, 
-/**
- * The proxy's certificate fingerprint (a LAN proxy found by discovery shows it).
- */
-fingerprint?: string, };
-
-export type JoinDetails = { 
-/**
- * The proxy's base URL.
- */
-url: string, 
-/**
- * Its worker secret.
- */
-secret: string, 
-/**
- * The provider to join.
- */
-provider: string, 
-/**
- * The SHA-256 fingerprint of the proxy's certificate: the worker connects over `wss://` and
- * trusts that certificate only.
- */
-fingerprint?: string, 
-/**
- * Every URL the proxy may be reached at, best first (`url` is the first): its LAN
- * addresses and its `HOST.local` name. A joining box uses the first that answers.
- * Optional, so older codes (and older decoders) go on working with `url` alone.
- */
-urls?: Array<string>, };
-
-export type KeyPriority = "interactive" | "batch";
-
-export type KeyView = { id: string, name: string, prefix: string, created_at: string, revoked_at: string | null, last_used_at: string | null, models: Array<string> | null, max_concurrent: number | null, requests_per_minute: number | null, priority: KeyPriority, weight: number | null, 
-/**
- * The secret: only in the answer that created the key.
- */
-key?: string, };
-
-export type NewKey = { name: string, models: Array<string> | null, max_concurrent: number | null, requests_per_minute: number | null, 
-/**
- * Interactive when left out.
- */
-priority: KeyPriority, 
-/**
- * 1 when left out.
- */
-weight: number | null, };
+export type UsageReport = { group_by: GroupBy, since: string, until: string, rows: Array<UsageRow>, totals: UsageSums, };
 
 export type UsageRow = { 
 /**
@@ -454,6 +438,22 @@ export type UsageSums = { requests: number, errors: number, input_tokens: number
  */
 avg_ttft_ms: number | null, avg_duration_ms: number | null, };
 
-export type GroupBy = "day" | "key" | "model";
+export type WorkerValues = { proxy_url: string | null, worker_secret_set: boolean, worker_name: string, backend_url: string | null, models: Array<string> | null, max_concurrency: number, confirmed_backends: Array<string>, };
 
-export type UsageReport = { group_by: GroupBy, since: string, until: string, rows: Array<UsageRow>, totals: UsageSums, };
+export type WorkerView = { id: string, provider: string, name: string, host: string | null, models: Array<string>, load: number, max_concurrent: number, state: 'idle' | 'busy' | 'draining', connected_unix_ms: number | null, heartbeat_ms: number | null, 
+/**
+ * The worker's box at its last report (`null` for a worker that sends none).
+ */
+hardware: HardwareReport | null, 
+/**
+ * CPU, memory and VRAM use over the last reports, for sparklines.
+ */
+hardware_history: BoxHistory, 
+/**
+ * The states of its model map's models (`null` without a model map or report).
+ */
+model_states: Array<ModelStateReport> | null, 
+/**
+ * The tokens one request may hold, per model, where the worker reported them.
+ */
+context_windows: { [key in string]: number }, };

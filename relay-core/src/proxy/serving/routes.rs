@@ -1,6 +1,6 @@
 //! Client-facing routes: the OpenAI and Anthropic inference endpoints, `/v1/models`, `/health`,
 //! and the worker WebSocket endpoint. Only `model`, `stream` and the few fields that name a
-//! conversation ([`affinity_key`]) are read from a request body; the rest travels to the worker
+//! conversation ([`conversation`]) are read from a request body; the rest travels to the worker
 //! untouched.
 
 use std::borrow::Cow;
@@ -27,7 +27,7 @@ use crate::proxy::access::priority;
 use crate::proxy::dispatch::hub::RequestSpec;
 use crate::proxy::dispatch::hub::{Placement, SubmitError, Submitted};
 use crate::proxy::edge::answers;
-use crate::proxy::serving::affinity_key::{
+use crate::proxy::serving::conversation::{
     affinity_key, has_session_header, key_of_body, side_request_key, BodyFields,
 };
 use crate::proxy::serving::response::{AnswerObserver, AnswerSource, CancelGuard, Waiter};

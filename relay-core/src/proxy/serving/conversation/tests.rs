@@ -1,6 +1,6 @@
 //! The key a request gets: same conversation, same key; anything else, another (or none).
 
-use crate::proxy::serving::affinity_key::*;
+use crate::proxy::serving::conversation::*;
 use axum::http::HeaderValue;
 use serde_json::json;
 
