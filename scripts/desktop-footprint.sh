@@ -157,10 +157,11 @@ for p in json.load(open(sys.argv[1]))["processes"]:
     exit 1
   fi
 
-  # 4. Reopened from the tray (menu: status line (disabled), Run proxy, Join as worker, Open dashboard).
+  # 4. Reopened from the tray (menu: status line (disabled), Claude Code uses …, Run proxy, Join
+  # as worker, Open dashboard).
   xdotool mousemove $((sw - 16)) $((sh - 16)) click 1
   sleep 1.5
-  xdotool key Down Down Down Return
+  xdotool key Down Down Down Down Return
   poll=0.1 wait_for 60 window_rendered || { echo "footprint: FAIL the tray did not reopen a working window" >&2; exit 1; }
   node_answers "$port" >/dev/null || { echo "footprint: FAIL the node stopped answering" >&2; exit 1; }
   settle_and_sample reopened

@@ -117,7 +117,8 @@ if [ "${1:-}" = "--inside-xvfb" ]; then
   echo "smoke: the window signed in with its one-time link"
 
   # The tray. trayer sits bottom-right; a click on the icon opens the menu, and GTK menus take
-  # the keyboard: Down Down = "Join as worker" (the status line is disabled), Up = "Quit".
+  # the keyboard: Down Down Down = "Join as worker" (the status line is disabled; then the
+  # "Claude Code uses …" line, Run proxy, Join as worker), Up = "Quit".
   status() { # prints a field of /api/status's "node" object, e.g. status "d['roles']['worker']"
     curl -sf --max-time 2 "http://127.0.0.1:$port/api/status" |
       python3 -c "import json,sys; d=json.load(sys.stdin)['node']; print($1)"
@@ -165,7 +166,7 @@ if [ "${1:-}" = "--inside-xvfb" ]; then
   open_tray_menu
   "$magick_bin/import" -window root "$artifacts/desktop-tray.png"
   echo "smoke: tray menu open (target/artifacts/desktop-tray.png)"
-  xdotool key Down Down Return
+  xdotool key Down Down Down Return
   if ! wait_for 20 worker_role_is False; then
     echo "smoke: FAIL the tray's 'Join as worker' did not turn the worker off" >&2
     tail -20 "$tmp/app.log" >&2

@@ -26,6 +26,7 @@ mod support;
 
 mod bad_backends;
 mod partition;
+mod restarts;
 mod scenarios;
 mod soak;
 
