@@ -168,3 +168,151 @@ async fn a_worker_and_then_the_proxy_frozen_and_thawed() {
     );
     assert_eq!(tally.clean_errors(), 0, "{:?}", tally.outcomes);
 }
+
+/// Whether SQLite finds the database file at `path` whole (`PRAGMA integrity_check`), by the
+/// system's Python (its `sqlite3` module is SQLite itself).
+fn integrity_of(path: &std::path::Path) -> String {
+    let output = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('PRAGMA integrity_check').fetchone()[0])",
+        ])
+        .arg(path)
+        .output()
+        .expect("run python3");
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+        + &String::from_utf8_lossy(&output.stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_killed_while_keys_are_made_and_usage_is_written() {
+    let backend = MockBackend::start(&["m"]).await;
+    let data = TempDir::new("faults-kill-writes");
+    let port = unused_port();
+    let (mut first, url) = start_proxy(&data, port, &[ROOMY_QUEUE]);
+    let slots = concurrency();
+    let _a = start_worker(
+        &data,
+        "a",
+        &url,
+        &backend.url(),
+        &[("MAX_CONCURRENCY", &slots)],
+    );
+    wait_for_workers(&url, 1).await;
+    let client = inprocess::http();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    // Keys made one after another, each noted once the relay answered 201 with it.
+    let made = tokio::spawn({
+        let (client, url, stop) = (client.clone(), url.clone(), stop.clone());
+        async move {
+            let mut made = Vec::new();
+            for i in 0.. {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let answer = client
+                    .post(format!("{url}/api/keys"))
+                    .bearer_auth(ADMIN_TOKEN)
+                    .header("content-type", "application/json")
+                    .body(json!({"name": format!("key-{i}")}).to_string())
+                    .send()
+                    .await;
+                let Ok(answer) = answer else { continue };
+                if answer.status().as_u16() == 201 {
+                    let text = answer.text().await.unwrap_or_default();
+                    let key: Value = serde_json::from_str(&text).unwrap_or_default();
+                    if let Some(id) = key["id"].as_str() {
+                        made.push(id.to_string());
+                    }
+                }
+            }
+            made
+        }
+    });
+    // Requests from four clients at once, each answer's time noted.
+    let answered: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, url, stop) = (client.clone(), url.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut at = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if call(&client, &url, unary(0)).await == Outcome::Answered {
+                        at.push(Instant::now());
+                    }
+                }
+                at
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.child.kill().expect("SIGKILL the proxy");
+    let killed = Instant::now();
+    let _ = first.child.wait();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let made = made.await.expect("the key maker ends");
+    let mut times = Vec::new();
+    for task in answered {
+        times.extend(task.await.expect("a client ends"));
+    }
+    let answered = times.len();
+    // The usage writer stores every 500 ms (or 2,000 records): what ended in the last second
+    // before the kill may not have been stored yet; nothing older may be missing.
+    let recent = times
+        .iter()
+        .filter(|t| killed.duration_since(**t) < Duration::from_secs(1))
+        .count();
+
+    let database = data.path().join("modelrelay.db");
+    assert_eq!(integrity_of(&database), "ok", "{}", database.display());
+    let (_proxy, again) = start_proxy(&data, port, &[ROOMY_QUEUE]);
+    let get_json = |route: &'static str| {
+        let request = client
+            .get(format!("{again}{route}"))
+            .bearer_auth(ADMIN_TOKEN);
+        async move {
+            let text = request
+                .send()
+                .await
+                .expect(route)
+                .text()
+                .await
+                .expect(route);
+            serde_json::from_str::<Value>(&text).expect(route)
+        }
+    };
+    let keys = get_json("/api/keys").await;
+    let kept: std::collections::BTreeSet<&str> = keys["keys"]
+        .as_array()
+        .or(keys.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|k| k["id"].as_str())
+        .collect();
+    let missing: Vec<&String> = made
+        .iter()
+        .filter(|id| !kept.contains(id.as_str()))
+        .collect();
+    let usage = get_json("/api/usage").await;
+    let stored = usage["totals"]["requests"].as_u64().unwrap_or(0) as usize;
+    println!(
+        "faults proxy_killed_while_keys_are_made_and_usage_is_written: database integrity ok; \
+         {} keys answered, {} kept; {answered} requests answered, {stored} in the usage records \
+         ({} not stored, {recent} answered in the last second before the kill)",
+        made.len(),
+        made.len() - missing.len(),
+        answered.saturating_sub(stored),
+    );
+    assert!(
+        made.len() >= 5 && answered >= 20,
+        "the load ran: {made:?} {answered}"
+    );
+    assert!(
+        missing.is_empty(),
+        "keys answered to a client and lost: {missing:?}"
+    );
+    assert!(
+        stored + recent >= answered,
+        "usage lost beyond the last second: {answered} answered, {stored} stored, {recent} recent"
+    );
+}
