@@ -334,11 +334,20 @@ async fn serve_until_shutdown(running: Running<'_>, shutdown: &mut watch::Receiv
                     _ = shutdown.changed() => return,
                 }
             }
-            SessionEnd::Disconnected { registered, reason } => {
+            SessionEnd::Disconnected {
+                registered,
+                reason,
+                waited_out,
+            } => {
                 report.set_state(ConnectionState::Disconnected, Some(reason.clone()));
                 if registered {
                     delay = config.reconnect_min;
                     restart_expected_until = None;
+                }
+                if waited_out {
+                    // The attempt was the wait (see `SessionEnd::Disconnected::waited_out`).
+                    tracing::warn!("disconnected from proxy: {reason}; trying again now");
+                    continue;
                 }
                 let jitter = Duration::from_millis(rand::rng().random_range(0..=500));
                 let wait = delay + jitter;

@@ -80,12 +80,28 @@ pub enum SessionEnd {
         registered: bool,
         /// What happened, for the log.
         reason: String,
+        /// The attempt took its whole bound: the dial or `register` timed out, as against a
+        /// proxy whose box is suspended or frozen (its kernel still takes the connection, nobody
+        /// answers). The attempt was the wait; the next one starts at once, so a proxy that
+        /// resumes finds its workers mid-attempt and has them back within a second or two,
+        /// instead of after a backoff grown while it slept.
+        waited_out: bool,
     },
 }
 
 fn disconnected(registered: bool, reason: impl Into<String>) -> SessionEnd {
     SessionEnd::Disconnected {
         registered,
+        waited_out: false,
+        reason: reason.into(),
+    }
+}
+
+/// An attempt that took its whole bound ([`SessionEnd::Disconnected::waited_out`]).
+fn waited_out(reason: impl Into<String>) -> SessionEnd {
+    SessionEnd::Disconnected {
+        registered: false,
+        waited_out: true,
         reason: reason.into(),
     }
 }
@@ -108,9 +124,18 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         mapped_models(lifecycle),
     )
     .await;
-    let mut socket = match connect(config).await {
-        Ok(socket) => socket,
-        Err(reason) => return disconnected(false, reason),
+    // Unbounded, a connect into a partition waits out the kernel's SYN retries (about two
+    // minutes) before the backoff can try again.
+    let mut socket = match timeout(CONNECT_TIMEOUT, connect(config)).await {
+        Ok(Ok(socket)) => socket,
+        Ok(Err(reason)) => return disconnected(false, reason),
+        Err(_) => {
+            return waited_out(format!(
+                "connecting to {} took over {} s",
+                config.proxy_url,
+                CONNECT_TIMEOUT.as_secs()
+            ))
+        }
     };
     tracing::info!(proxy = %config.proxy_url, "connected to proxy");
     let register = WorkerToServer::Register(RegisterMessage {
@@ -129,7 +154,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
     match timeout(Duration::from_secs(10), await_ack(&mut socket)).await {
         Ok(Ok(())) => {}
         Ok(Err(reason)) => return disconnected(false, reason),
-        Err(_) => return disconnected(false, "the proxy did not answer register within 10s"),
+        Err(_) => return waited_out("the proxy did not answer register within 10s"),
     }
     report.set_state(crate::worker::report::ConnectionState::Connected, None);
     let mut window = FlowWindow::default();
@@ -170,17 +195,7 @@ async fn connect(config: &WorkerConfig) -> Result<Socket, String> {
         .read_buffer_size(READ_BUFFER_BYTES)
         .max_message_size(Some(MAX_MESSAGE_BYTES))
         .max_frame_size(Some(MAX_MESSAGE_BYTES));
-    // Unbounded, a connect into a partition waits out the kernel's SYN retries (about two
-    // minutes) before the backoff can try again.
-    let dialing = timeout(CONNECT_TIMEOUT, super::dial(request, pin, Some(ws_config)));
-    let Ok(dialed) = dialing.await else {
-        return Err(format!(
-            "connecting to {} took over {} s",
-            config.proxy_url,
-            CONNECT_TIMEOUT.as_secs()
-        ));
-    };
-    match dialed {
+    match super::dial(request, pin, Some(ws_config)).await {
         Ok(socket) => Ok(socket),
         Err(WsError::Http(response)) => {
             let status = response.status();
