@@ -40,7 +40,7 @@ struct LlamaServer {
 }
 
 impl LlamaServer {
-    /// `-c ctx` split over `slots` slots; answers of at most 64 tokens.
+    /// `-c ctx` split over `slots` slots; answers of at most 16 tokens.
     fn start(stack: &Stack, dir: &Path, ctx: u32, slots: u32) -> LlamaServer {
         let port = unused_port();
         let log = dir.join(format!("llama-{port}.log"));
@@ -56,7 +56,8 @@ impl LlamaServer {
                 MODEL,
             ])
             .args(["-c", &ctx.to_string(), "-np", &slots.to_string()])
-            .args(["-n", "64", "-t", "1", "--no-webui"])
+            // Short answers: what Claude Code sends back of one is random tokens (see below).
+            .args(["-n", "16", "-t", "1", "--no-webui"])
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log"))
             .stderr(file)
@@ -331,15 +332,23 @@ fn three_turns_reuse_the_cache(stack: &Stack, config: &str) -> Vec<String> {
             previous.prompt
         );
         assert!(task.prompt > 5_000, "Claude Code's whole prompt: {task:?}");
-        // What Claude Code sends again of the previous turn is its prompt; the answer it sends
-        // back is text, and the tiny random model's answers (random token ids, partial UTF-8
-        // among them) come back as up to ten times as many tokens, which no cache holds. So the
-        // share asserted is of the previous prompt: all of it must come from the cache.
+        // What Claude Code sends again of the previous turn is its prompt: all of it must come
+        // from the cache (the relay's part; in practice every token). The rest of a turn is new
+        // to the backend whatever the relay does: the previous answer as text (the tiny random
+        // model's random tokens re-tokenize into more than it generated; answers are kept short,
+        // `-n 16`) and what Claude Code appends per turn (its reminders vary, from about 60 to
+        // about 700 tokens here). So the whole prompt's share is checked more loosely.
         assert!(
             cached as f64 >= 0.95 * previous.prompt as f64,
             "turn {}: {cached} tokens from the cache, the previous prompt was {}: {task:?}",
             turn + 2,
             previous.prompt
+        );
+        assert!(
+            task.reuse() >= 0.90,
+            "turn {} reused {:.1}% of its prompt: {task:?}",
+            turn + 2,
+            100.0 * task.reuse()
         );
     }
     relay.terminate_cleanly();
