@@ -406,10 +406,6 @@ fn each_rule_fails_on_a_planted_violation() {
     assert!(names_exist(&model, "proxy::dispatch::scheduler::turns"));
 }
 
-/// Files over [`MAX_LINES`] of code today, each with the lines it may not grow past and what
-/// shrinks it; an entry that fits again fails the test, so the list only shrinks.
-const OVERSIZED: &[(&str, usize, &str)] = &[];
-
 /// The most lines of code (a file's inline tests aside) a source file may have.
 const MAX_LINES: usize = 800;
 
@@ -431,7 +427,6 @@ fn files_stay_small_and_the_proxy_keeps_to_its_folders() {
         }
     }
     let mut too_long = Vec::new();
-    let mut fitting = Vec::new();
     for file in &files {
         let relative = file
             .strip_prefix(src())
@@ -447,27 +442,14 @@ fn files_stay_small_and_the_proxy_keeps_to_its_folders() {
             .lines()
             .take_while(|line| !line.starts_with("#[cfg(test)]"))
             .count();
-        match OVERSIZED.iter().find(|(path, _, _)| *path == relative) {
-            Some((_, ceiling, why)) if lines > *ceiling => too_long.push(format!(
-                "{relative}: {lines} lines, grown past its {ceiling} ({why})"
-            )),
-            Some((_, _, _)) if lines <= MAX_LINES => fitting.push(relative.clone()),
-            Some(_) => {}
-            None if lines > MAX_LINES => {
-                too_long.push(format!("{relative}: {lines} lines (at most {MAX_LINES})"))
-            }
-            None => {}
+        if lines > MAX_LINES {
+            too_long.push(format!("{relative}: {lines} lines (at most {MAX_LINES})"));
         }
     }
     assert!(
         too_long.is_empty(),
         "files too long:\n{}",
         too_long.join("\n")
-    );
-    assert!(
-        fitting.is_empty(),
-        "these fit now: remove them from OVERSIZED:\n{}",
-        fitting.join("\n")
     );
     let proxy_root = std::fs::read_dir(src().join("proxy"))
         .unwrap()

@@ -360,20 +360,8 @@ async fn count_tokens_counts_with_the_backends_own_tokenizer_where_it_has_one() 
             }
         }),
     );
-    let (proxy, worker, task) = real_worker_for(backend).await;
-    let count = json!({"model": "m", "system": "be brief",
-                       "messages": [{"role": "user", "content": "hi"}],
-                       "tools": [{"name": "t", "description": "d", "input_schema": {"type": "object"}}]});
-    let (status, _, text) = post_raw(
-        &proxy.url(),
-        "/v1/messages/count_tokens",
-        count.to_string(),
-        &[("anthropic-version", "2023-06-01")],
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
     assert_eq!(
-        serde_json::from_str::<Value>(&text).unwrap(),
+        count_tokens_through(backend, "hi").await,
         json!({"input_tokens": 42})
     );
     let asked = asked.lock().unwrap().clone();
@@ -387,9 +375,27 @@ async fn count_tokens_counts_with_the_backends_own_tokenizer_where_it_has_one() 
         asked[0]["tools"][0]["function"]["name"], "t",
         "and the tools"
     );
+}
+
+/// `count_tokens` for a short Claude-Code-like request (a system prompt, one tool, `text` from
+/// the user), through a real worker to `backend`; the answer, after a 200.
+async fn count_tokens_through(backend: Router, text: &str) -> Value {
+    let (proxy, worker, task) = real_worker_for(backend).await;
+    let count = json!({"model": "m", "system": "be brief",
+                       "messages": [{"role": "user", "content": text}],
+                       "tools": [{"name": "t", "description": "d", "input_schema": {"type": "object"}}]});
+    let (status, _, answer) = post_raw(
+        &proxy.url(),
+        "/v1/messages/count_tokens",
+        count.to_string(),
+        &[("anthropic-version", "2023-06-01")],
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
     worker.stop().await;
     proxy.shutdown().await;
     task.abort();
+    serde_json::from_str(&answer).unwrap()
 }
 
 #[tokio::test]
@@ -420,24 +426,9 @@ async fn count_tokens_renders_the_chat_with_llama_servers_template_and_counts_th
                 Json(json!({ "prompt": prompt }))
             }),
         );
-    let (proxy, worker, task) = real_worker_for(backend).await;
-    let count = json!({"model": "m", "system": "be brief",
-                       "messages": [{"role": "user", "content": "hi there"}],
-                       "tools": [{"name": "t", "description": "d", "input_schema": {"type": "object"}}]});
-    let (status, _, text) = post_raw(
-        &proxy.url(),
-        "/v1/messages/count_tokens",
-        count.to_string(),
-        &[("anthropic-version", "2023-06-01")],
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
     // "<system> be brief <user> hi there tools 1 <assistant>": 9 words.
     assert_eq!(
-        serde_json::from_str::<Value>(&text).unwrap(),
+        count_tokens_through(backend, "hi there").await,
         json!({"input_tokens": 9})
     );
-    worker.stop().await;
-    proxy.shutdown().await;
-    task.abort();
 }
