@@ -94,6 +94,19 @@ impl LlamaServer {
     fn tasks(&self) -> Vec<Task> {
         tasks_in(&self.log_text())
     }
+
+    /// [`Self::tasks`] once `count` have finished: llama-server logs a task's end just after
+    /// its answer goes out, so the client may be done a moment before the log is.
+    fn tasks_once(&self, count: usize) -> Vec<Task> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let tasks = self.tasks();
+            if tasks.len() >= count || Instant::now() >= deadline {
+                return tasks;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for LlamaServer {
@@ -318,7 +331,7 @@ fn three_turns_reuse_the_cache(stack: &Stack, config: &str) -> Vec<String> {
         assert_eq!(run.result["num_turns"], 1, "{}", run.result);
         answered_first_try(&relay, &url, &data, turn as u64 + 1);
     }
-    let tasks = llama.tasks();
+    let tasks = llama.tasks_once(3);
     assert_eq!(tasks.len(), 3, "{tasks:?}\n{}", llama.log_text());
     for (turn, pair) in tasks.windows(2).enumerate() {
         let (previous, task) = (pair[0], pair[1]);
@@ -546,7 +559,7 @@ fn a_long_prompt_goes_to_the_larger_window_and_one_beyond_every_window_is_refuse
         let (status, answer) = post_anthropic(&url, "/v1/messages", &long);
         assert_eq!(status, 200, "{answer}");
     }
-    let (on_small, on_large) = (small.tasks(), large.tasks());
+    let (on_large, on_small) = (large.tasks_once(3), small.tasks());
     assert!(on_small.is_empty(), "the small box got {on_small:?}");
     assert_eq!(on_large.len(), 3, "{on_large:?}");
     assert!(on_large[0].prompt > 2048, "{on_large:?}");
