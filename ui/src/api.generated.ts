@@ -400,7 +400,33 @@ export type StartOnLoginState = { available: boolean, enabled: boolean | null,
  */
 error?: string, };
 
-export type Status = { node: NodeStatus, workers: Array<WorkerView>, models: Array<ModelView>, sleepers: Array<SleeperView>, queues: Array<QueueView>, in_flight: Array<RequestView>, totals: TotalsSnapshot, series: Series, affinity: AffinityView, };
+export type Status = { node: NodeStatus, workers: Array<WorkerView>, models: Array<ModelView>, sleepers: Array<SleeperView>, queues: Array<QueueView>, in_flight: Array<RequestView>, totals: TotalsSnapshot, series: Series, affinity: AffinityView, 
+/**
+ * Whether the database takes writes (a full disk or read-only data directory says so).
+ */
+storage: StorageView, };
+
+export type StorageView = { 
+/**
+ * Writes work (the last one succeeded, and the database was opened for writing).
+ */
+writable: boolean, 
+/**
+ * What is wrong, and what to do, in a sentence; none while all is well.
+ */
+problem: string | null, 
+/**
+ * Since when (Unix ms), if something is wrong.
+ */
+since_unix_ms: number | null, 
+/**
+ * Finished requests whose usage could not be written since start.
+ */
+usage_records_not_stored: number, 
+/**
+ * Writes refused since start (usage batches, key changes).
+ */
+writes_failed: number, };
 
 export type TotalsSnapshot = { 
 /**

@@ -301,7 +301,10 @@ async fn open_store(
             config.database.describe()
         ))
     };
-    let db = Database::open(&config.database).await.map_err(failed)?;
+    let db = match Database::open(&config.database).await {
+        Ok(db) => db,
+        Err(error) => open_unwritable(config, error).await?,
+    };
     let keys = KeyStore::open(db.clone()).await.map_err(failed)?;
     let shared_responses = SharedResponses::for_database(
         &db,
@@ -311,6 +314,65 @@ async fn open_store(
     let usage = UsageLog::start(db, Some(Arc::clone(&keys)), config.usage_retention);
     tracing::info!(database = %config.database.describe(), "keys and usage kept in");
     Ok((keys, usage, shared_responses))
+}
+
+/// The database when it cannot be opened for writing (`error`): a SQLite file that can still be
+/// read is used read-only (its keys keep guarding the relay); with none, a relay that requires
+/// client keys refuses to start (fail closed: no key could be checked), and one that does not
+/// serves with an empty store in memory. Either way the dashboard and the log say so.
+async fn open_unwritable(
+    config: &ProxyConfig,
+    error: crate::store::DbError,
+) -> std::io::Result<Database> {
+    let from_a_newer_release = error.0.contains("newer than this ModelRelay knows");
+    let (DatabaseSetting::Sqlite(path), false) = (&config.database, from_a_newer_release) else {
+        return Err(std::io::Error::other(format!(
+            "the proxy's database ({}): {error}",
+            config.database.describe()
+        )));
+    };
+    // SQLite says "unable to open database file" whatever the cause: the directory says more.
+    let cause = path
+        .parent()
+        .and_then(cannot_write_in)
+        .map_or_else(|| error.0.clone(), |e| e.to_string());
+    let why = format!(
+        "{} ({}: {cause})",
+        crate::store::health::explain(&cause),
+        path.display()
+    );
+    let read = match Database::open_read_only(path, why.clone()).await {
+        Ok(db) => db.check_schema_is_current().await.map(|()| db),
+        Err(unreadable) => Err(unreadable),
+    };
+    match read {
+        Ok(db) => Ok(db),
+        Err(unreadable) if config.require_api_keys => Err(std::io::Error::other(format!(
+            "client API keys are required, but the proxy cannot read its key store {}: {error}; \
+             reading it failed too ({unreadable}). Not starting, so that no request goes \
+             unchecked: make the data directory readable and writable (or free space on its \
+             disk), or set --data-dir to one that is",
+            path.display()
+        ))),
+        Err(unreadable) => {
+            let why = format!(
+                "{why}; it could not be read either ({unreadable}), so keys and usage are kept \
+                 in memory until the relay restarts"
+            );
+            Database::stand_in(why)
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))
+        }
+    }
+}
+
+/// Why nothing can be written in `dir` (read-only, full, not permitted), if so: found by
+/// writing a small file there and removing it.
+fn cannot_write_in(dir: &std::path::Path) -> Option<std::io::Error> {
+    let probe = dir.join(format!(".modelrelay-write-probe-{}", std::process::id()));
+    let written = std::fs::write(&probe, b"probe");
+    let _ = std::fs::remove_file(&probe);
+    written.err()
 }
 
 /// Builds the router for `config` serving at `addr`, with `extra` routes (the node's settings

@@ -14,6 +14,8 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use super::health::StoreHealth;
+
 /// A failure of the database, with what was being done.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -212,6 +214,10 @@ pub fn redact_url(url: &str) -> String {
 #[derive(Clone)]
 pub struct Database {
     backend: Arc<Backend>,
+    /// Whether writes work, and what failed ones cost; shared by every clone.
+    health: Arc<StoreHealth>,
+    /// Opened for reading only (a read-only data directory): every write is refused at once.
+    read_only: bool,
 }
 
 impl std::fmt::Debug for Database {
@@ -252,7 +258,37 @@ impl Database {
         };
         Ok(Database {
             backend: Arc::new(backend),
+            health: Arc::default(),
+            read_only: false,
         })
+    }
+
+    /// The SQLite file at `path`, opened for reading only: for a data directory that cannot be
+    /// written (read-only, or its disk full), so the keys in it still guard the relay. Its schema
+    /// must be this release's (upgrading it needs writes). `health` says why from the start.
+    pub async fn open_read_only(path: &Path, why: String) -> Result<Database, DbError> {
+        let path = path.to_path_buf();
+        let connection = blocking(move || open_sqlite_read_only(&path)).await?;
+        let database = Database {
+            backend: Arc::new(Backend::Sqlite(connection)),
+            health: Arc::default(),
+            read_only: true,
+        };
+        database.health.opened_read_only(why);
+        Ok(database)
+    }
+
+    /// An empty database in memory standing in for one that could not be opened (`why`):
+    /// serving goes on, nothing written to it outlives the process, and health says so.
+    pub async fn stand_in(why: String) -> Result<Database, DbError> {
+        let database = Database::open(&DatabaseSetting::Memory).await?;
+        database.health.opened_read_only(why);
+        Ok(database)
+    }
+
+    /// Whether writes work, and what failed ones cost.
+    pub fn health(&self) -> &Arc<StoreHealth> {
+        &self.health
     }
 
     /// Whether other proxies may share it (PostgreSQL): what this proxy caches must then be read
@@ -267,8 +303,27 @@ impl Database {
         Ok(changed[0])
     }
 
-    /// Runs `statements` in one transaction (all or none); returns the rows each changed.
+    /// Runs `statements` in one transaction (all or none); returns the rows each changed. A
+    /// failure is also told to [`Database::health`].
     pub async fn transaction(&self, statements: Vec<Statement>) -> Result<Vec<u64>, DbError> {
+        if self.read_only {
+            self.health
+                .write_failed("the database was opened read-only");
+            return Err(DbError(
+                "the proxy's data directory could not be written when it started: keys cannot \
+                 be created or revoked until it is restarted with a writable one"
+                    .to_string(),
+            ));
+        }
+        let result = self.write(statements).await;
+        match &result {
+            Ok(_) => self.health.write_succeeded(),
+            Err(error) => self.health.write_failed(&error.0),
+        }
+        result
+    }
+
+    async fn write(&self, statements: Vec<Statement>) -> Result<Vec<u64>, DbError> {
         match &*self.backend {
             Backend::Sqlite(connection) => {
                 let connection = Arc::clone(connection);
@@ -471,6 +526,51 @@ fn open_sqlite(path: Option<&Path>) -> Result<Arc<Mutex<rusqlite::Connection>>, 
     if let Some(path) = path {
         restrict_to_owner(path);
     }
+    Ok(Arc::new(Mutex::new(connection)))
+}
+
+/// `path` for reading only. WAL mode keeps its shared index in a `-shm` file beside the
+/// database, which a read-only directory cannot hold: then the file is read as immutable, which
+/// is sound only when no write-ahead log holds changes the file does not (a clean shutdown
+/// leaves none; after a crash the log is replayed by the next writable open).
+fn open_sqlite_read_only(path: &Path) -> Result<Arc<Mutex<rusqlite::Connection>>, DbError> {
+    use rusqlite::OpenFlags;
+    let opening = |uri: String| {
+        let connection = rusqlite::Connection::open_with_flags(
+            &uri,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
+        )?;
+        // Reading the schema proves the file can be read, not just opened.
+        connection.query_row("SELECT COUNT(*) FROM sqlite_master", [], |_| Ok(()))?;
+        Ok::<_, rusqlite::Error>(connection)
+    };
+    if !path.exists() {
+        return Err(DbError(format!("{} does not exist", path.display())));
+    }
+    let uri = |extra: &str| format!("file:{}?mode=ro{extra}", path.display());
+    let connection = match opening(uri("")) {
+        Ok(connection) => connection,
+        Err(plain) => {
+            let mut wal = path.as_os_str().to_owned();
+            wal.push("-wal");
+            let pending = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
+            if pending {
+                return Err(DbError::new(
+                    &format!(
+                        "reading {} (its write-ahead log holds changes only a writable open \
+                         applies)",
+                        path.display()
+                    ),
+                    plain,
+                ));
+            }
+            opening(uri("&immutable=1"))
+                .map_err(|e| DbError::new(&format!("reading {}", path.display()), e))?
+        }
+    };
+    connection
+        .busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(|e| DbError::new("setting up SQLite", e))?;
     Ok(Arc::new(Mutex::new(connection)))
 }
 

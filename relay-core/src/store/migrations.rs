@@ -16,6 +16,28 @@ impl Database {
     }
 }
 
+impl Database {
+    /// Checks that a database opened for reading only has this release's schema: one a
+    /// writable open would change cannot be used as it is.
+    pub async fn check_schema_is_current(&self) -> Result<(), DbError> {
+        let rows = self
+            .query(
+                "SELECT CAST(COALESCE(MAX(version), 0) AS BIGINT) FROM schema_migrations",
+                vec![],
+                &[Kind::Int],
+            )
+            .await?;
+        let current = rows.first().map_or(0, |row| row.int(0));
+        if current == VERSION {
+            return Ok(());
+        }
+        Err(DbError(format!(
+            "its schema is version {current} and this release needs {VERSION}: bringing it up \
+             to date needs a writable data directory"
+        )))
+    }
+}
+
 /// The steps, oldest first; a step's number is its place here, from 1.
 const STEPS: &[&str] = &[
     // 1: client API keys, usage (raw rows and daily roll-ups).

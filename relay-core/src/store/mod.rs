@@ -4,9 +4,11 @@
 
 pub mod dates;
 pub mod db;
+pub mod health;
 pub mod keys;
 mod migrations;
 pub mod usage;
 
 pub use db::{Database, DatabaseSetting, DbError};
+pub use health::{StorageView, StoreHealth};
 pub use keys::{ApiKey, KeyError, KeyPriority, KeyStore, KeyView, NewKey, MAX_WEIGHT};

@@ -149,6 +149,11 @@ impl UsageLog {
         }
     }
 
+    /// Whether the database takes writes, and what failed writes cost.
+    pub fn health(&self) -> Arc<super::StoreHealth> {
+        Arc::clone(self.db.health())
+    }
+
     /// Records dropped because the writer was behind.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
@@ -322,7 +327,8 @@ async fn store(db: &Database, keys: Option<&KeyStore>, batch: Vec<UsageRecord>) 
                 }
             }
         }
-        Err(error) => tracing::error!(%error, records = batch.len(), "usage not stored"),
+        // The database's health says it (once, not every batch) and counts what is lost.
+        Err(_) => db.health().usage_not_stored(batch.len()),
     }
 }
 

@@ -28,7 +28,7 @@ use window::FlowWindow;
 
 use super::catalog::{self, Catalog, Route};
 use super::{connect_url, managed, wire, BackendAccess, Running, WorkerConfig};
-use crate::backend::{answer, endpoint, error_chain};
+use crate::backend::{answer, endpoint, error_chain, BackendEvent};
 use crate::dialect::{ApiError, Dialect, WORKER_BUSY_CODE};
 use crate::lifecycle::LifecycleManager;
 use crate::protocol::{
@@ -645,12 +645,19 @@ impl Session<'_> {
             match event {
                 // A late message of a cancelled request is not sent.
                 Some(event) if self.active.contains_key(&*request) => {
+                    let last = matches!(event, BackendEvent::Complete(_) | BackendEvent::Failed(_));
                     let text = wire::message(&request, event).to_json();
                     self.window.wrote(text.len());
                     if socket.feed(Message::Text(text.into())).await.is_err() {
                         return Next::End(disconnected(true, "sending failed"));
                     }
                     written += 1;
+                    if last {
+                        // Free from the moment the proxy can learn so: its next request
+                        // comes at once and must not be refused as beyond max_concurrent.
+                        self.active.remove(&*request);
+                        any_done = true;
+                    }
                 }
                 Some(_) => {}
                 // The task ended: finished, aborted or panicked.

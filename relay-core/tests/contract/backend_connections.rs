@@ -161,3 +161,55 @@ async fn a_burst_of_streams_is_served_on_one_backend_connection_each_and_later_r
     worker.stop().await;
     proxy.shutdown().await;
 }
+
+/// A worker's slot is free the moment its answer is on the wire: the proxy sends the next
+/// queued request at once, and the worker must not refuse it as beyond `max_concurrent` because
+/// it had not yet seen the finished request's task end (on a busy machine that gap grew until a
+/// request was refused three times and failed with a 503 `requeue_exhausted`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_one_slot_takes_the_next_request_the_moment_it_has_answered() {
+    let backend = ChatOnlyBackend::start(&[MODEL]).await;
+    let proxy = start_proxy(test_config()).await;
+    let worker = RunningWorker::start(&proxy, &backend.url(), None, 1);
+    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    // A busy machine: threads that spin beside the relay, so its tasks get descheduled between
+    // an answer's last message and the end of the task that sent it.
+    let spinning = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let spinners: Vec<_> = (0..3)
+        .map(|_| {
+            let spinning = spinning.clone();
+            std::thread::spawn(move || {
+                while spinning.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let url = proxy.url();
+            tokio::spawn(async move {
+                for _ in 0..100 {
+                    let body =
+                        json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]});
+                    let (status, _, text) = post(&url, "/v1/chat/completions", &body).await;
+                    assert_eq!(status, 200, "{text}");
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.await.expect("a client");
+    }
+    spinning.store(false, Ordering::Relaxed);
+    for spinner in spinners {
+        spinner.join().expect("a spinner");
+    }
+    assert_eq!(
+        proxy.hub.telemetry().counters().requeues,
+        0,
+        "no request was refused as beyond max_concurrent (and requeued)"
+    );
+    worker.stop().await;
+    proxy.shutdown().await;
+}

@@ -29,6 +29,7 @@ mod partition;
 mod restarts;
 mod scenarios;
 mod soak;
+mod storage;
 
 use std::time::Duration;
 
@@ -198,6 +199,11 @@ fn start_proxy(data: &TempDir, port: u16, env: &[(&str, &str)]) -> (Running, Str
 
 /// A proxy listening on `listen` with `env`; its URL from the banner.
 fn start_proxy_at(data: &TempDir, listen: &str, env: &[(&str, &str)]) -> (Running, String) {
+    spawn_proxy(proxy_command(data, listen, env))
+}
+
+/// The command [`start_proxy_at`] runs.
+fn proxy_command(data: &TempDir, listen: &str, env: &[(&str, &str)]) -> std::process::Command {
     let mut command = modelrelay(data.path());
     command
         .args(["serve", "--listen", listen])
@@ -207,6 +213,11 @@ fn start_proxy_at(data: &TempDir, listen: &str, env: &[(&str, &str)]) -> (Runnin
     for (name, value) in env {
         command.env(name, value);
     }
+    command
+}
+
+/// Runs a proxy's `command`; its URL from the banner.
+fn spawn_proxy(command: std::process::Command) -> (Running, String) {
     let mut proxy = Running::spawn(command);
     let banner = proxy.wait_for_stdout_line("ModelRelay is serving at ");
     let url = banner

@@ -94,6 +94,7 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
     },
     sleepers: [],
     affinity: { enabled: true, hits: 0, misses: 0, new: 0, entries: 0 },
+    storage: { writable: true, problem: null, since_unix_ms: null, usage_records_not_stored: 0, writes_failed: 0 },
     ...over,
   };
 }

@@ -9,6 +9,7 @@ import {
   toDashboardView,
   toLifecycleRows,
   toSleeperRows,
+  toStorageNotice,
 } from './viewmodel';
 
 const NOW = 1_763_740_065_000; // 65 s after the workers connected
@@ -206,5 +207,41 @@ describe('context windows', () => {
     expect(tokensLabel(131072)).toBe('128k');
     expect(tokensLabel(1536)).toBe('1.5k');
     expect(tokensLabel(512)).toBe('512');
+  });
+});
+
+describe('toStorageNotice', () => {
+  const healthy = { writable: true, problem: null, since_unix_ms: null, usage_records_not_stored: 0, writes_failed: 0 };
+  it('says nothing while the database takes writes, or when the relay does not report it', () => {
+    expect(toStorageNotice({ storage: healthy }, 0)).toBeNull();
+    expect(toStorageNotice({}, 0)).toBeNull();
+  });
+
+  it('says what is wrong, since when and how much usage was not stored', () => {
+    const now = 1_000_000_000;
+    const notice = toStorageNotice(
+      {
+        storage: {
+          writable: false,
+          problem: "the disk holding the proxy's database is full: free some space there",
+          since_unix_ms: now - 90_000,
+          usage_records_not_stored: 12,
+          writes_failed: 3,
+        },
+      },
+      now,
+    );
+    expect(notice?.problem).toMatch(/disk .* is full/);
+    expect(notice?.since).not.toBe('since start');
+    expect(notice?.notStored).toBe('Usage of 12 finished requests could not be stored.');
+  });
+
+  it('reads a store opened read-only at start as failing since start', () => {
+    const notice = toStorageNotice(
+      { storage: { ...healthy, writable: false, problem: 'read-only', usage_records_not_stored: 1 } },
+      0,
+    );
+    expect(notice?.since).toBe('since start');
+    expect(notice?.notStored).toBe('Usage of 1 finished request could not be stored.');
   });
 });

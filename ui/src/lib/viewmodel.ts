@@ -333,6 +333,27 @@ export function toSleeperRows(status: Partial<Pick<Status, 'sleepers'>>, nowMs: 
     }));
 }
 
+/** What the dashboard says when the proxy's database refuses writes (null while all is well). */
+export interface StorageNotice {
+  problem: string;
+  since: string;
+  notStored: string;
+}
+
+export function toStorageNotice(status: Partial<Pick<Status, 'storage'>>, nowMs: number): StorageNotice | null {
+  const storage = status.storage;
+  if (!storage || storage.writable) return null;
+  const lost = storage.usage_records_not_stored;
+  return {
+    problem: storage.problem ?? 'the database refuses writes',
+    since: storage.since_unix_ms != null ? `for ${formatSince(storage.since_unix_ms, nowMs)}` : 'since start',
+    notStored:
+      lost === 0
+        ? 'No usage lost yet.'
+        : `Usage of ${lost} finished request${lost === 1 ? '' : 's'} could not be stored.`,
+  };
+}
+
 const STOPPED_STATES = new Set(['stopped', 'unloaded', 'idle', 'off', 'not_loaded', 'cold']);
 
 export function toLifecycleRows(models: ModelStatus[], nowMs: number): LifecycleRow[] {

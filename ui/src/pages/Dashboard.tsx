@@ -11,6 +11,7 @@ import {
   toDashboardView,
   toLifecycleRows,
   toSleeperRows,
+  toStorageNotice,
   type DashboardView,
   type SleeperRow,
   type WorkerRow,
@@ -62,6 +63,7 @@ export function Dashboard() {
   return (
     <main class="page" data-testid="dashboard">
       <NodeHeader view={view} requireKeys={requiresApiKeys(status)} affinity={status.affinity ?? null} />
+      <StorageAlert status={status} nowMs={clockFor(status, receivedAt || Date.now())} />
       <Charts status={status} />
       <WorkersCard workers={view.workers} />
       <SleepersCard rows={toSleeperRows(status, clockFor(status, receivedAt || Date.now()))} />
@@ -72,6 +74,18 @@ export function Dashboard() {
       <InFlightCard view={view} />
       <LifecycleCard models={status.node.lifecycle ?? []} />
     </main>
+  );
+}
+
+/** The proxy's database refuses writes: the relay serves on, and says what is not kept. */
+function StorageAlert({ status, nowMs }: { status: Status; nowMs: number }) {
+  const notice = toStorageNotice(status, nowMs);
+  if (!notice) return null;
+  return (
+    <Alert kind="warning" testid="storage-problem">
+      <strong>Serving, but not storing ({notice.since}):</strong> {notice.problem}. {notice.notStored} Keys are checked
+      from memory; creating or revoking them waits until the database takes writes again.
+    </Alert>
   );
 }
 

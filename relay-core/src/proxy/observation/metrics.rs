@@ -26,6 +26,7 @@ use crate::dialect::Dialect;
 use crate::proxy::dispatch::hub::Hub;
 use crate::proxy::dispatch::telemetry::{Histogram, CANCEL_REASONS};
 use crate::proxy::AppState;
+use crate::store::StorageView;
 
 /// The exposition format's content type.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -48,7 +49,8 @@ pub async fn scrape(
             return refused;
         }
     }
-    let mut response = render(&state.hub, state.admin.failures()).into_response();
+    let storage = state.usage.health().view();
+    let mut response = render(&state.hub, state.admin.failures(), &storage).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
     // Live numbers: never from a cache.
@@ -56,8 +58,9 @@ pub async fn scrape(
     response
 }
 
-/// The exposition of `hub`'s state, with `admin_failures` token refusals.
-pub fn render(hub: &Hub, admin_failures: u64) -> String {
+/// The exposition of `hub`'s state, with `admin_failures` token refusals and the database's
+/// `storage` health.
+pub fn render(hub: &Hub, admin_failures: u64, storage: &StorageView) -> String {
     let telemetry = hub.telemetry();
     let ledger = telemetry.ledger();
     let counters = telemetry.counters();
@@ -303,6 +306,28 @@ pub fn render(hub: &Hub, admin_failures: u64) -> String {
         "modelrelay_auth_failures_total",
         &[("kind", "client")],
         counters.client_auth_failures,
+    );
+    out.family(
+        "modelrelay_storage_writable",
+        "gauge",
+        "1 while the proxy's database takes writes; 0 when its disk is full or its data \
+         directory read-only (the relay keeps serving; usage is not stored meanwhile).",
+    );
+    out.sample(
+        "modelrelay_storage_writable",
+        &[],
+        u64::from(storage.writable),
+    );
+    out.family(
+        "modelrelay_usage_records_not_stored_total",
+        "counter",
+        "Finished requests whose usage record the database refused (full disk, read-only \
+         data directory).",
+    );
+    out.sample(
+        "modelrelay_usage_records_not_stored_total",
+        &[],
+        storage.usage_records_not_stored,
     );
     out.text
 }

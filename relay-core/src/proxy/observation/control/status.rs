@@ -18,6 +18,7 @@ use crate::proxy::dispatch::scheduler::AffinityCounts;
 use crate::proxy::dispatch::telemetry::{BoxHistory, Series, TotalsSnapshot};
 use crate::proxy::observation::control::NodeInfo;
 use crate::proxy::AppState;
+use crate::store::StorageView;
 
 /// How often the feed checks for changes: the dashboard sees a change within this.
 const FEED_CHECK: Duration = Duration::from_millis(100);
@@ -129,6 +130,8 @@ pub struct Status {
     totals: TotalsSnapshot,
     series: Series,
     affinity: AffinityView,
+    /// Whether the database takes writes (a full disk or read-only data directory says so).
+    storage: StorageView,
 }
 
 /// Conversation affinity: whether it is on, and how placements went since start.
@@ -278,6 +281,7 @@ pub fn snapshot(state: &AppState) -> Status {
             enabled: state.config.affinity,
             counts: hub.affinity_counts(),
         },
+        storage: state.usage.health().view(),
     }
 }
 
