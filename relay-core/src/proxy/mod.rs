@@ -294,7 +294,7 @@ pub struct Built {
 /// Opens the database `config` names (creating and migrating it), its keys and its usage log.
 async fn open_store(
     config: &ProxyConfig,
-) -> std::io::Result<(Arc<KeyStore>, UsageLog, Option<SharedResponses>)> {
+) -> std::io::Result<(Arc<KeyStore>, UsageLog, Option<SharedResponses>, Database)> {
     let failed = |e: crate::store::DbError| {
         std::io::Error::other(format!(
             "the proxy's database ({}): {e}",
@@ -311,9 +311,9 @@ async fn open_store(
         config.responses_store.ttl,
         config.responses_store.max_entries,
     );
-    let usage = UsageLog::start(db, Some(Arc::clone(&keys)), config.usage_retention);
+    let usage = UsageLog::start(db.clone(), Some(Arc::clone(&keys)), config.usage_retention);
     tracing::info!(database = %config.database.describe(), "keys and usage kept in");
-    Ok((keys, usage, shared_responses))
+    Ok((keys, usage, shared_responses, db))
 }
 
 /// The database when it cannot be opened for writing (`error`): a SQLite file that can still be
@@ -384,7 +384,7 @@ pub async fn router(
     addr: SocketAddr,
     extra: impl FnOnce(&AdminAccess) -> axum::Router,
 ) -> std::io::Result<Built> {
-    let (keys, usage, shared_responses) = open_store(&config).await?;
+    let (keys, usage, shared_responses, db) = open_store(&config).await?;
     let scheduler = Scheduler::new(
         config
             .providers
@@ -406,6 +406,7 @@ pub async fn router(
             wake_target: config.wake_target,
         },
     );
+    dispatch::sleeper_store::restore_and_keep(&hub, db).await;
     // One limiter for every credential check: worker secrets, admin tokens, client keys.
     let limiter = Arc::new(FailureLimiter::new(config.auth_failures.clone()));
     let admin = AdminAccess::new(

@@ -98,6 +98,15 @@ const STEPS: &[&str] = &[
     // 5: whose a stored response is (a client key's id, or `addr:IP` without keys); rows from
     // before belong to nobody who can ask for them.
     "ALTER TABLE responses ADD COLUMN owner TEXT NOT NULL DEFAULT '';",
+    // 6: boxes asleep when the proxy stopped, so a restart still lists and wakes them.
+    "CREATE TABLE sleeping_boxes (
+        name TEXT PRIMARY KEY,
+        provider TEXT NOT NULL,
+        mac TEXT,
+        address TEXT,
+        models TEXT NOT NULL,
+        since_ms BIGINT NOT NULL
+    );",
 ];
 
 /// The schema version this build writes.

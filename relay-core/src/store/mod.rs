@@ -7,6 +7,7 @@ pub mod db;
 pub mod health;
 pub mod keys;
 mod migrations;
+pub mod sleepers;
 pub mod usage;
 
 pub use db::{Database, DatabaseSetting, DbError};

@@ -83,9 +83,18 @@ fn register(name: &str, models: &[&str], mac: Option<&str>, sleeps: bool) -> Reg
 
 /// A scripted worker for box `name` that announces it goes to sleep and closes.
 async fn box_goes_to_sleep(proxy: &RunningProxy, name: &str, models: &[&str]) {
+    box_with_card_goes_to_sleep(proxy, name, models, Some(MAC)).await;
+}
+
+async fn box_with_card_goes_to_sleep(
+    proxy: &RunningProxy,
+    name: &str,
+    models: &[&str],
+    mac: Option<&str>,
+) {
     let mut worker = ScriptedWorker::connect(proxy.addr).await;
     worker
-        .register_message(register(name, models, Some(MAC), false))
+        .register_message(register(name, models, mac, false))
         .await;
     worker
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
@@ -434,4 +443,53 @@ async fn a_box_on_a_lan_the_proxy_cannot_reach_is_woken_through_a_worker_on_that
     assert_eq!(status, 200, "{body}");
     neighbour.stop().await;
     proxy.shutdown().await;
+}
+
+/// Day two (issue 28): a proxy restarted while a box sleeps (an upgrade, a reboot) still lists
+/// its models and wakes it for a request; a box that woke meanwhile is not remembered.
+#[tokio::test]
+async fn sleeping_boxes_are_remembered_across_a_proxy_restart_and_still_woken() {
+    let dir = std::env::temp_dir().join(format!("relay-sleepers-{}", std::process::id()));
+    let card = FakeCard::new().await;
+    let config = || {
+        let mut config = config_waking(&card, Duration::from_secs(10));
+        config.database = relay_core::store::DatabaseSetting::Sqlite(dir.join("relay.db"));
+        config
+    };
+    let first = start_proxy(config()).await;
+    box_goes_to_sleep(&first, "gpu-2", &[MODEL]).await;
+    box_with_card_goes_to_sleep(&first, "gpu-3", &["qwen-7b"], None).await;
+    // gpu-3 wakes before the restart: forgotten.
+    let mut awake = ScriptedWorker::connect(first.addr).await;
+    awake
+        .register_message(register("gpu-3", &["qwen-7b"], None, false))
+        .await;
+    wait_until("gpu-3 is awake", || first.hub.sleepers().len() == 1).await;
+    let since = status_sleepers(&first).await[0]["since_unix_ms"].clone();
+    awake.crash();
+    first.shutdown().await;
+
+    let second = start_proxy(config()).await;
+    let sleepers = status_sleepers(&second).await;
+    assert_eq!(sleepers.len(), 1, "{sleepers:?}");
+    assert_eq!(sleepers[0]["name"], "gpu-2");
+    assert_eq!(sleepers[0]["mac_address"], MAC);
+    assert_eq!(
+        sleepers[0]["since_unix_ms"], since,
+        "asleep since before the restart"
+    );
+    assert!(listed_models(&second).await.contains(&MODEL.to_string()));
+
+    let client = spawn_post(&second.url(), "/v1/chat/completions", chat(MODEL));
+    card.woken().await;
+    let mut worker = ScriptedWorker::connect(second.addr).await;
+    worker
+        .register_message(register("gpu-2", &[MODEL], Some(MAC), false))
+        .await;
+    let request = worker.next_request().await;
+    worker.complete(&request.request_id, r#"{"ok":true}"#).await;
+    let (status, _, body) = answer_of(client).await;
+    assert_eq!(status, 200, "{body}");
+    second.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

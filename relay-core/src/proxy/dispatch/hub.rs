@@ -13,13 +13,15 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::Utf8Bytes;
 use axum::http::StatusCode;
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::proxy::dispatch::scheduler::{
     parse_worker_wire_id, request_wire_id, unusable_name, worker_wire_id, Action, AffinityCounts,
     CancelOutcome, Expired, ProviderLimits, RegisterError, Scheduler, WorkerId, WorkerSnapshot,
 };
-use crate::proxy::dispatch::sleepers::{Card, Sleeper, SleeperLimits, Sleepers, WakeOrder};
+use crate::proxy::dispatch::sleepers::{
+    Card, Remembered, Sleeper, SleeperLimits, Sleepers, WakeOrder,
+};
 use crate::proxy::dispatch::telemetry::unix_ms;
 
 // The hub is dispatch's one door for the client routes (ARCHITECTURE.md): what they name of
@@ -161,6 +163,8 @@ struct Inner {
     /// Boxes that went to sleep: their models stay listed and claimed, and requests for them
     /// wake them.
     sleepers: Sleepers,
+    /// Bumped on every change of `sleepers`, for the proxy's store.
+    sleepers_changed: watch::Sender<u64>,
     telemetry: Arc<Telemetry>,
 }
 
@@ -229,6 +233,7 @@ impl Hub {
                 links: HashMap::new(),
                 drained_names: HashSet::new(),
                 sleepers: Sleepers::new(settings.sleepers),
+                sleepers_changed: watch::Sender::new(0),
                 telemetry: Arc::clone(&telemetry),
             }),
             next_request: AtomicU64::new(1),
@@ -549,6 +554,25 @@ impl Hub {
         models
     }
 
+    /// Changes whenever a box falls asleep, wakes or is forgotten.
+    pub fn sleeper_changes(&self) -> watch::Receiver<u64> {
+        self.lock().sleepers_changed.subscribe()
+    }
+
+    /// Boxes a previous run of the proxy knew asleep (`since_unix_ms` each): listed and woken
+    /// as if they had fallen asleep in this run, for what is left of their remembered time.
+    pub fn restore_sleepers(&self, boxes: Vec<Remembered>) {
+        let mut inner = self.lock();
+        let (now, now_unix_ms) = (Instant::now(), unix_ms());
+        let mut any = false;
+        for remembered in boxes {
+            any |= inner.sleepers.restore(remembered, now, now_unix_ms);
+        }
+        if any {
+            inner.sync_asleep();
+        }
+    }
+
     /// The sleeping boxes, oldest sleeper first.
     pub fn sleepers(&self) -> Vec<Sleeper> {
         let mut inner = self.lock();
@@ -623,6 +647,9 @@ impl Inner {
     fn sync_asleep(&mut self) {
         let models = self.sleepers.models();
         self.scheduler.set_asleep(&models);
+        // The proxy stores them on every change, so a restart still knows them.
+        self.sleepers_changed
+            .send_modify(|generation| *generation += 1);
     }
 
     fn forget_old_sleepers(&mut self, now: Instant) {

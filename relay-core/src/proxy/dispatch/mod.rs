@@ -1,11 +1,12 @@
 //! Queueing and routing requests to workers: the pure scheduler ([`scheduler`]), the hub that
 //! joins it to the sockets ([`hub`], the one way in for the client routes), one task per worker
 //! connection ([`worker_socket`]), slow-client pauses ([`stream_pause`]), sleeping boxes
-//! ([`sleepers`]) and what the dashboard shows that routing does not need, recorded as requests
+//! ([`sleepers`], kept across restarts by [`sleeper_store`]) and what the dashboard shows that routing does not need, recorded as requests
 //! pass ([`telemetry`]). Dispatch never sees axum's routing, extractors or responses.
 
 pub mod hub;
 pub mod scheduler;
+pub mod sleeper_store;
 pub mod sleepers;
 pub(crate) mod stream_pause;
 pub mod telemetry;

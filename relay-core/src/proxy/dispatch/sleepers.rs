@@ -66,6 +66,21 @@ pub struct WakeOrder {
     pub address: Option<IpAddr>,
 }
 
+/// A box a previous run of the proxy knew asleep, as its store kept it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remembered {
+    /// The name its worker registered with.
+    pub name: String,
+    /// The provider it had joined.
+    pub provider: String,
+    /// How it is reached.
+    pub card: Card,
+    /// The models it served.
+    pub models: Vec<String>,
+    /// When it fell asleep (Unix ms).
+    pub since_unix_ms: u64,
+}
+
 /// The registry.
 #[derive(Debug)]
 pub struct Sleepers {
@@ -118,6 +133,29 @@ impl Sleepers {
             since_unix_ms: now_unix_ms,
             waking: None,
         });
+        true
+    }
+
+    /// A box a previous run of the proxy knew asleep: remembered for what is left of
+    /// [`SleeperLimits::remember`] (false when that has passed, or it serves nothing).
+    pub fn restore(&mut self, remembered: Remembered, now: Instant, now_unix_ms: u64) -> bool {
+        let Remembered {
+            name,
+            provider,
+            card,
+            models,
+            since_unix_ms,
+        } = remembered;
+        let age = std::time::Duration::from_millis(now_unix_ms.saturating_sub(since_unix_ms));
+        if age >= self.limits.remember {
+            return false;
+        }
+        let since = now.checked_sub(age).unwrap_or(now);
+        if !self.fell_asleep(&name, &provider, card, models, since, since_unix_ms) {
+            return false;
+        }
+        // Oldest first, as if they had fallen asleep in this run.
+        self.boxes.sort_by_key(|s| s.since_unix_ms);
         true
     }
 
@@ -227,6 +265,36 @@ mod tests {
 
     fn mac(last: u8) -> Option<MacAddress> {
         Some(MacAddress::from_octets([2, 0, 0, 0, 0, last]).unwrap())
+    }
+
+    #[test]
+    fn a_box_from_a_previous_run_is_remembered_for_what_is_left_of_its_time() {
+        let mut s = Sleepers::new(limits(8));
+        let t0 = Instant::now() + Duration::from_secs(120);
+        let now_ms = 1_000_000;
+        let asleep = |name: &str, last: u8, since_unix_ms: u64| Remembered {
+            name: name.into(),
+            provider: "local".into(),
+            card: card(mac(last)),
+            models: vec!["m".into()],
+            since_unix_ms,
+        };
+        assert!(s.restore(asleep("late", 2, now_ms - 10_000), t0, now_ms));
+        assert!(s.restore(asleep("early", 1, now_ms - 50_000), t0, now_ms));
+        assert!(!s.restore(asleep("stale", 3, now_ms - 61_000), t0, now_ms));
+        let names: Vec<&str> = s.boxes().iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["early", "late"], "oldest first");
+        assert!(!s.forget_expired(t0 + Duration::from_secs(9)));
+        assert!(
+            s.forget_expired(t0 + Duration::from_secs(11)),
+            "early's 60 s are up"
+        );
+        assert_eq!(s.boxes().len(), 1);
+        assert_eq!(
+            s.wake_for("m", t0, now_ms).len(),
+            1,
+            "a restored box is woken"
+        );
     }
 
     #[test]
