@@ -8,7 +8,9 @@
 #   4. the web UI: its unit tests, a check that the embedded build (ui/dist) matches its sources,
 #      and end-to-end tests in a real Chromium against real relays and workers (the real Open
 #      WebUI among them, when scripts/real-clients.sh has cached it; CI does).
-# Missing system packages are installed first (scripts/install-deps.sh); Python and npm packages
+# The previous release's binary (scripts/previous-release.sh, cached in ~/.cache) is built first,
+# for the mixed-versions scenario. Missing system packages are installed first
+# (scripts/install-deps.sh); Python and npm packages
 # are installed on first run into .venv and node_modules, and reused later.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +34,11 @@ if git rev-parse --git-dir >/dev/null 2>&1 && ! git diff --quiet -- ui/dist; the
   echo "ui/dist does not match the UI sources: run 'npm run build' in ui/ and commit ui/dist" >&2
   git --no-pager diff --stat -- ui/dist >&2
   exit 1
+fi
+
+echo "==> the previous release's modelrelay, for the mixed-versions fault scenario (built once, cached)"
+if previous=$(./scripts/previous-release.sh | tail -n 1); then
+  export MODELRELAY_PREVIOUS_BIN=$previous
 fi
 
 echo "==> cargo test (whole workspace)"

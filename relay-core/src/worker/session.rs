@@ -5,12 +5,13 @@
 //! message ahead of other requests' backlog), paced by [`window`] (a bound on what the proxy has
 //! not read yet), so the backlog of busy streams stays where a new stream can overtake it.
 
+mod liveness;
 mod outbox;
 mod window;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::http::StatusCode;
 use futures_util::{SinkExt, StreamExt};
@@ -23,6 +24,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use liveness::{Liveness, Verdict};
 use outbox::{Outbox, Pulled};
 use window::FlowWindow;
 
@@ -348,11 +350,12 @@ impl Session<'_> {
         refresh.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let (catalog_tx, mut catalogs) = mpsc::channel::<Refreshed>(1);
         let mut local_shutdown = false;
-        // A partition leaves a half-open connection that never ends by itself: whatever the
-        // proxy's heartbeat, hearing nothing (not even a pong to our own ping) this long ends it.
+        // A half-open connection (a partition, a sleep) never ends by itself: see `liveness`.
         let silence = self.config.proxy_silence_timeout;
-        let mut watchdog = interval_at(Instant::now() + silence / 4, silence / 4);
+        let tick = liveness::TICK.min(silence / 4);
+        let mut watchdog = interval_at(Instant::now() + tick, tick);
         watchdog.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut liveness = Liveness::new(silence, Instant::now().into_std(), SystemTime::now());
         let mut last_heard = Instant::now();
         let sleep = self.sleep;
         loop {
@@ -389,7 +392,10 @@ impl Session<'_> {
                     self.spawn_refresh(&catalog_tx, false);
                     Next::Continue
                 }
-                _ = watchdog.tick() => self.check_silence(socket, last_heard.elapsed(), silence).await,
+                _ = watchdog.tick() => {
+                    let verdict = liveness.tick(Instant::now().into_std(), SystemTime::now(), last_heard.into_std());
+                    self.check_liveness(socket, verdict).await
+                }
                 _ = sleep.notified(), if !local_shutdown => self.go_to_sleep(socket).await,
                 changed = shutdown.changed(), if !local_shutdown => {
                     if changed.is_err() || *shutdown.borrow() {
@@ -606,33 +612,20 @@ impl Session<'_> {
         self.active.insert(id, task.abort_handle());
     }
 
-    /// Ends a connection the proxy has been silent on for `silence`; past half of it, asks for a
-    /// pong (every WebSocket peer answers a ping), so a quiet but healthy proxy is heard.
-    async fn check_silence(
-        &mut self,
-        socket: &mut Socket,
-        quiet: Duration,
-        silence: Duration,
-    ) -> Next {
-        if quiet >= silence {
-            tracing::warn!(
-                silent_secs = quiet.as_secs(),
-                "the proxy has not been heard from; reconnecting"
-            );
-            return Next::End(disconnected(
-                true,
-                format!("nothing heard from the proxy for {} s", quiet.as_secs()),
-            ));
+    /// Acts on the watchdog's verdict: a ping asks for a pong (every WebSocket peer answers
+    /// one); a dead connection ends, and its requests with it.
+    async fn check_liveness(&mut self, socket: &mut Socket, verdict: Verdict) -> Next {
+        match verdict {
+            Verdict::Fine => Next::Continue,
+            Verdict::Ping => match socket.send(Message::Ping(self.window.ping())).await {
+                Ok(()) => Next::Continue,
+                Err(_) => Next::End(disconnected(true, "sending failed")),
+            },
+            Verdict::GiveUp(why) => {
+                tracing::warn!("{why}; reconnecting");
+                Next::End(disconnected(true, why))
+            }
         }
-        if quiet >= silence / 2
-            && socket
-                .send(Message::Ping(self.window.ping()))
-                .await
-                .is_err()
-        {
-            return Next::End(disconnected(true, "sending failed"));
-        }
-        Next::Continue
     }
 
     /// Writes a task's message, plus every other message the outbox lets out now (up to

@@ -30,6 +30,7 @@ mod restarts;
 mod scenarios;
 mod soak;
 mod storage;
+mod versions;
 
 use std::time::Duration;
 
@@ -237,6 +238,17 @@ fn start_worker(
     backend: &str,
     env: &[(&str, &str)],
 ) -> Running {
+    Running::spawn(worker_command(data, name, proxy_url, backend, env))
+}
+
+/// The command [`start_worker`] runs.
+fn worker_command(
+    data: &TempDir,
+    name: &str,
+    proxy_url: &str,
+    backend: &str,
+    env: &[(&str, &str)],
+) -> std::process::Command {
     let mut command = modelrelay(&data.path().join(name));
     command
         .arg("worker")
@@ -248,7 +260,23 @@ fn start_worker(
     for (key, value) in env {
         command.env(key, value);
     }
-    Running::spawn(command)
+    command
+}
+
+/// `command` with another program (the same arguments and environment).
+fn with_program(
+    command: &std::process::Command,
+    program: &std::path::Path,
+) -> std::process::Command {
+    let mut other = std::process::Command::new(program);
+    other.args(command.get_args());
+    for (name, value) in command.get_envs() {
+        match value {
+            Some(value) => other.env(name, value),
+            None => other.env_remove(name),
+        };
+    }
+    other
 }
 
 /// Waits until the proxy's dashboard lists `count` workers.
