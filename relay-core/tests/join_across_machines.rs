@@ -4,6 +4,10 @@
 //! pair — that joins with nothing but the code read from the proxy's `/api/join-code`. On that
 //! other machine `0.0.0.0` would be itself, so the code must name addresses it can reach.
 //! Needs root (the namespace); elsewhere the test says why it is skipped.
+//!
+//! And a proxy that moved is found again: restarted on a new address of its LAN (two namespaces
+//! joined by a veth pair, a LAN of their own), the worker that joined it with its certificate
+//! pinned finds it by its mDNS announcement and follows the fingerprint there.
 
 #[path = "common/binary.rs"]
 mod binary;
@@ -11,7 +15,7 @@ mod binary;
 mod netns;
 
 use binary::*;
-use netns::FarSide;
+use netns::{FarSide, LanPair};
 
 use serde_json::Value;
 
@@ -129,5 +133,173 @@ fn a_join_code_from_a_proxy_on_every_address_joins_a_worker_node_on_another_mach
     assert!(answer.contains("from the far box"), "{answer}");
     eprintln!("joined at {over_the_link}; {}", node.output());
     node.terminate_cleanly();
+    proxy.terminate_cleanly();
+}
+
+/// Runs `program args` in namespace `ns` of `pair` to completion; its stdout.
+fn run_in(pair: &LanPair, ns: &str, program: &str, args: &[&str]) -> String {
+    let mut inner = std::process::Command::new(program);
+    inner.args(args);
+    let output = pair
+        .command(ns, &inner)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// `GET url` with `token`, from inside namespace `ns` (curl), as JSON (null when unreachable).
+fn get_in(pair: &LanPair, ns: &str, url: &str, token: &str) -> Value {
+    let bearer = format!("authorization: Bearer {token}");
+    let body = run_in(pair, ns, "curl", &["-s", "-m", "5", "-H", &bearer, url]);
+    serde_json::from_str(&body).unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_proxy_restarted_on_a_new_address_is_followed_by_its_certificate_within_30_s() {
+    let mut lan = match LanPair::create("move", 216) {
+        Ok(lan) => lan,
+        Err(why) => {
+            println!("a proxy that moved: skipped: {why}");
+            return;
+        }
+    };
+    // The worker's box: a model server on its loopback.
+    let backend_port = unused_port();
+    let mut backend_command = std::process::Command::new("python3");
+    backend_command
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scripts/smoke-backend.py"
+        ))
+        .args([&backend_port.to_string(), "2", "0.01"]);
+    let _backend = Running::spawn(lan.command(&lan.b.clone(), &backend_command));
+
+    // The proxy's box: HTTPS with its own certificate, announced on the LAN.
+    let proxy_data = TempDir::new("move-proxy");
+    let port = unused_port();
+    let proxy_command = || {
+        let mut command = modelrelay(proxy_data.path());
+        command
+            .args([
+                "serve",
+                "--listen",
+                &format!("0.0.0.0:{port}"),
+                "--tls",
+                "self-signed",
+            ])
+            .env("WORKER_SECRET", "move-secret");
+        command
+    };
+    let mut proxy = Running::spawn(lan.command(&lan.a.clone(), &proxy_command()));
+    let fingerprint = proxy.banner_fingerprint();
+    let token = admin_token(&proxy_data);
+    let local = format!("https://127.0.0.1:{port}");
+    let health = |lan: &LanPair| {
+        let body = run_in(
+            lan,
+            &lan.a,
+            "curl",
+            &["-sk", "-m", "5", &format!("{local}/health")],
+        );
+        serde_json::from_str::<Value>(&body).unwrap_or(Value::Null)
+    };
+
+    // The worker-only node on the other box, pinned to the proxy's certificate at its first
+    // address; its dashboard on its own loopback.
+    let node_data = TempDir::new("move-node");
+    let config = node_data.path().join("config.toml");
+    std::fs::write(&config, "[roles]\nproxy = false\nworker = true\n").expect("config");
+    let node_port = unused_port();
+    let first_url = format!("https://{}:{port}", lan.a_ip);
+    let mut inner = modelrelay(node_data.path());
+    inner
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", &format!("127.0.0.1:{node_port}")])
+        .args([
+            "--proxy-url",
+            &first_url,
+            "--proxy-fingerprint",
+            &fingerprint,
+        ])
+        .args(["--worker-secret", "move-secret"])
+        .args(["--backend-url", &format!("http://127.0.0.1:{backend_port}")])
+        .args(["--worker-name", "far-box"]);
+    let node = Running::spawn(lan.command(&lan.b.clone(), &inner));
+    eventually(
+        "the worker joins the proxy at its first address",
+        &node,
+        || health(&lan)["workers_connected"] == 1,
+    );
+    let node_token = admin_token(&node_data);
+    let node_status = |lan: &LanPair| {
+        get_in(
+            lan,
+            &lan.b,
+            &format!("http://127.0.0.1:{node_port}/api/status"),
+            &node_token,
+        )
+    };
+    assert_eq!(
+        node_status(&lan)["node"]["worker"]["proxy_url"],
+        first_url.as_str()
+    );
+
+    // The proxy's box gets a new address from the router, and the proxy comes back on it.
+    proxy.terminate_cleanly();
+    lan.move_a(7);
+    let moved_url = format!("https://{}:{port}", lan.a_ip);
+    let mut proxy = Running::spawn(lan.command(&lan.a.clone(), &proxy_command()));
+    assert_eq!(
+        proxy.banner_fingerprint(),
+        fingerprint,
+        "the same certificate"
+    );
+    let listening = std::time::Instant::now();
+    let deadline = listening + std::time::Duration::from_secs(30);
+    while health(&lan)["workers_connected"] != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker did not follow the proxy to {moved_url} within 30 s\n{}",
+            node.output()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let followed = listening.elapsed();
+    let status = node_status(&lan);
+    assert_eq!(
+        status["node"]["worker"]["proxy_url"],
+        moved_url.as_str(),
+        "the node's dashboard shows the address in use: {status}"
+    );
+    assert!(
+        node.output().contains("the proxy moved"),
+        "{}",
+        node.output()
+    );
+    let bearer = format!("authorization: Bearer {token}");
+    let answer = run_in(
+        &lan,
+        &lan.a,
+        "curl",
+        &[
+            "-sk",
+            "-m",
+            "10",
+            "-H",
+            &bearer,
+            "-H",
+            "content-type: application/json",
+            "-d",
+            r#"{"model":"smoke-model","messages":[{"role":"user","content":"hi"}],"stream":true}"#,
+            &format!("{local}/v1/chat/completions"),
+        ],
+    );
+    assert!(answer.contains("[DONE]"), "served after the move: {answer}");
+    println!(
+        "a proxy that moved: {first_url} → {moved_url}; the worker followed its certificate and \
+         served {:.1} s after the proxy listened again",
+        followed.as_secs_f64()
+    );
     proxy.terminate_cleanly();
 }

@@ -136,7 +136,13 @@ impl Node {
                             ConnectionState::Disconnected => WorkerState::Disconnected,
                             ConnectionState::Drained => WorkerState::Drained,
                         },
-                        proxy_url: Some(proxy_url.clone()),
+                        // Where it connects now: the proxy may have moved since it joined.
+                        proxy_url: Some(
+                            status
+                                .proxy_url
+                                .clone()
+                                .unwrap_or_else(|| proxy_url.clone()),
+                        ),
                         name: Some(name.clone()),
                         last_error: status.last_error.clone(),
                         hardware,

@@ -2,6 +2,7 @@
 //! backends, and reconnects with exponential backoff when the connection ends.
 
 pub mod catalog;
+pub mod follow;
 pub mod managed;
 pub mod report;
 pub mod session;
@@ -204,6 +205,7 @@ pub async fn run(
     let sleep = tokio::sync::Notify::new();
     let running = Running {
         config: &config,
+        proxy_url: &config.proxy_url,
         access: &access,
         report: &report,
         lifecycle: lifecycle.as_ref(),
@@ -286,12 +288,40 @@ async fn serve_until_shutdown(running: Running<'_>, shutdown: &mut watch::Receiv
     let mut delay = config.reconnect_min;
     // Until when the proxy is expected back from a restart it announced.
     let mut restart_expected_until: Option<tokio::time::Instant> = None;
+    let mut proxy_url = config.proxy_url.clone();
+    // Since when the proxy has not been reached, and when the LAN was last searched for it.
+    let mut away_since: Option<tokio::time::Instant> = None;
+    let mut searched: Option<tokio::time::Instant> = None;
     loop {
         if *shutdown.borrow() {
             return;
         }
+        let moved = tokio::select! {
+            moved = search_if_due(config, &proxy_url, away_since, &mut searched) => moved,
+            _ = shutdown.changed() => return,
+        };
+        if let Some(url) = moved {
+            tracing::warn!(from = %proxy_url, to = %url, "the proxy moved: following its certificate to its new address");
+            proxy_url = url;
+            delay = config.reconnect_min;
+        }
+        report.set_proxy_url(&proxy_url);
         report.set_state(ConnectionState::Connecting, None);
-        match session::serve(running, shutdown).await {
+        let attempt = Running {
+            proxy_url: &proxy_url,
+            ..running
+        };
+        let ended = session::serve(attempt, shutdown).await;
+        let now = tokio::time::Instant::now();
+        away_since = match &ended {
+            SessionEnd::Disconnected {
+                registered: true, ..
+            }
+            | SessionEnd::ProxyStopped { .. } => Some(now),
+            SessionEnd::Disconnected { .. } => away_since.or(Some(now)),
+            _ => None,
+        };
+        match ended {
             SessionEnd::Shutdown => return,
             SessionEnd::Asleep => {
                 report.set_state(
@@ -371,11 +401,32 @@ async fn serve_until_shutdown(running: Running<'_>, shutdown: &mut watch::Receiv
     }
 }
 
+/// With a pinned certificate, once the proxy has been away for [`follow::SEARCH_AFTER`] (and at
+/// most every [`follow::SEARCH_EVERY`]), looks for it on the LAN: its new address, if it moved.
+async fn search_if_due(
+    config: &WorkerConfig,
+    current: &str,
+    away_since: Option<tokio::time::Instant>,
+    searched: &mut Option<tokio::time::Instant>,
+) -> Option<String> {
+    let pin = config.proxy_fingerprint?;
+    if away_since?.elapsed() < follow::SEARCH_AFTER
+        || searched.is_some_and(|at| at.elapsed() < follow::SEARCH_EVERY)
+    {
+        return None;
+    }
+    *searched = Some(tokio::time::Instant::now());
+    tracing::info!(proxy = %current, "the proxy has been unreachable for a while: looking for its certificate on the LAN");
+    follow::moved_proxy(pin, current).await
+}
+
 /// What a running worker's connections share.
 #[derive(Clone, Copy)]
 pub struct Running<'a> {
     /// Its configuration.
     pub config: &'a WorkerConfig,
+    /// The proxy's address now: the configured one, or where it was found after it moved.
+    pub proxy_url: &'a str,
     /// Its way to its backends.
     pub access: &'a BackendAccess,
     /// Where it reports its state.

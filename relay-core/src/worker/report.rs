@@ -30,6 +30,9 @@ pub struct ConnectionStatus {
     pub state: ConnectionState,
     /// Why the last connection failed or ended, if it did.
     pub last_error: Option<String>,
+    /// The proxy address in use: the configured one, or where the proxy was found after it
+    /// moved (`follow`); none before the first attempt.
+    pub proxy_url: Option<String>,
 }
 
 /// Shared between a running worker and its embedder.
@@ -53,6 +56,7 @@ impl Default for WorkerReport {
             connection: watch::Sender::new(ConnectionStatus {
                 state: ConnectionState::Connecting,
                 last_error: None,
+                proxy_url: None,
             }),
             lifecycle: watch::Sender::new(None),
             hardware: watch::Sender::new(None),
@@ -89,6 +93,14 @@ impl WorkerReport {
             if error.is_some() {
                 status.last_error = error;
             }
+            changed
+        });
+    }
+
+    pub(crate) fn set_proxy_url(&self, url: &str) {
+        self.connection.send_if_modified(|status| {
+            let changed = status.proxy_url.as_deref() != Some(url);
+            status.proxy_url = Some(url.to_string());
             changed
         });
     }

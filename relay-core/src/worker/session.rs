@@ -128,18 +128,19 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
     .await;
     // Unbounded, a connect into a partition waits out the kernel's SYN retries (about two
     // minutes) before the backoff can try again.
-    let mut socket = match timeout(CONNECT_TIMEOUT, connect(config)).await {
+    let proxy_url = running.proxy_url;
+    let mut socket = match timeout(CONNECT_TIMEOUT, connect(config, proxy_url)).await {
         Ok(Ok(socket)) => socket,
         Ok(Err(reason)) => return disconnected(false, reason),
         Err(_) => {
             return waited_out(format!(
                 "connecting to {} took over {} s",
-                config.proxy_url,
+                proxy_url,
                 CONNECT_TIMEOUT.as_secs()
             ))
         }
     };
-    tracing::info!(proxy = %config.proxy_url, "connected to proxy");
+    tracing::info!(proxy = %proxy_url, "connected to proxy");
     let register = WorkerToServer::Register(RegisterMessage {
         worker_name: config.name.clone(),
         models: catalog.models(),
@@ -182,13 +183,13 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
     session.run(&mut socket, shutdown).await
 }
 
-async fn connect(config: &WorkerConfig) -> Result<Socket, String> {
+async fn connect(config: &WorkerConfig, proxy_url: &str) -> Result<Socket, String> {
     let pin = config.proxy_fingerprint;
-    let url = connect_url(&config.proxy_url, &config.provider, pin.is_some())?;
+    let url = connect_url(proxy_url, &config.provider, pin.is_some())?;
     let mut request = url
         .as_str()
         .into_client_request()
-        .map_err(|e| format!("invalid PROXY_URL {:?}: {e}", config.proxy_url))?;
+        .map_err(|e| format!("invalid PROXY_URL {proxy_url:?}: {e}"))?;
     let secret = config.secret.parse().map_err(|_| {
         "WORKER_SECRET contains characters not allowed in an HTTP header".to_string()
     })?;
@@ -218,10 +219,9 @@ async fn connect(config: &WorkerConfig) -> Result<Socket, String> {
             ))
         }
         Err(error) => Err(
-            super::pin_mismatch_message(&config.proxy_url, &error).unwrap_or_else(|| {
+            super::pin_mismatch_message(proxy_url, &error).unwrap_or_else(|| {
                 format!(
-                    "cannot connect to the proxy at {}: {}",
-                    config.proxy_url,
+                    "cannot connect to the proxy at {proxy_url}: {}",
                     error_chain(&error)
                 )
             }),

@@ -104,3 +104,110 @@ impl Drop for FarSide {
         ip(&["netns", "del", &self.ns]);
     }
 }
+
+/// Two namespaces joined to each other by a veth pair (not to this one): two machines on a LAN
+/// of their own, so nothing they send (mDNS announcements and queries included) reaches this
+/// machine's networks. Addresses on a /24, so one side can move to another address on the
+/// same LAN, as a home router's new lease does.
+pub struct LanPair {
+    /// The first machine's namespace.
+    pub a: String,
+    /// The second machine's namespace.
+    pub b: String,
+    a_if: String,
+    /// The first machine's address now.
+    pub a_ip: String,
+    /// The second machine's address.
+    pub b_ip: String,
+    subnet: String,
+}
+
+impl LanPair {
+    /// The two namespaces and their link, or why they cannot be made here.
+    pub fn create(label: &str, subnet: u8) -> Result<LanPair, String> {
+        let n = (std::process::id() % 200) + 20;
+        let (a, b) = (format!("mr-{label}a-{n}"), format!("mr-{label}b-{n}"));
+        let tag = &label[..label.len().min(4)];
+        let (a_if, b_if) = (format!("mr{tag}{n}a"), format!("mr{tag}{n}b"));
+        let subnet = format!("10.{subnet}.{n}");
+        for ns in [&a, &b] {
+            ip(&["netns", "del", ns]);
+            if !ip(&["netns", "add", ns]) {
+                return Err("cannot create a network namespace (needs root and iproute2)".into());
+            }
+        }
+        let pair = LanPair {
+            a: a.clone(),
+            b: b.clone(),
+            a_if: a_if.clone(),
+            a_ip: format!("{subnet}.1"),
+            b_ip: format!("{subnet}.2"),
+            subnet,
+        };
+        let (a_cidr, b_cidr) = (format!("{}/24", pair.a_ip), format!("{}/24", pair.b_ip));
+        let steps: [&[&str]; 7] = [
+            &[
+                "-n", &a, "link", "add", &a_if, "type", "veth", "peer", "name", &b_if, "netns", &b,
+            ],
+            &["-n", &a, "addr", "add", &a_cidr, "dev", &a_if],
+            &["-n", &b, "addr", "add", &b_cidr, "dev", &b_if],
+            &["-n", &a, "link", "set", &a_if, "up"],
+            &["-n", &b, "link", "set", &b_if, "up"],
+            &["-n", &a, "link", "set", "lo", "up"],
+            &["-n", &b, "link", "set", "lo", "up"],
+        ];
+        for step in steps {
+            if !ip(step) {
+                return Err(format!("`ip {}` failed", step.join(" ")));
+            }
+        }
+        Ok(pair)
+    }
+
+    /// `inner` run inside namespace `ns`, with its arguments and environment.
+    pub fn command(&self, ns: &str, inner: &Command) -> Command {
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", ns])
+            .arg(inner.get_program())
+            .args(inner.get_args())
+            .stdin(Stdio::null());
+        for (key, value) in inner.get_envs() {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
+        command
+    }
+
+    /// The first machine gets a new address (`.HOST` on the same /24), its old one gone.
+    pub fn move_a(&mut self, host: u8) {
+        let new_ip = format!("{}.{host}", self.subnet);
+        assert!(
+            ip(&["-n", &self.a, "addr", "flush", "dev", &self.a_if]),
+            "flush the old address"
+        );
+        assert!(
+            ip(&[
+                "-n",
+                &self.a,
+                "addr",
+                "add",
+                &format!("{new_ip}/24"),
+                "dev",
+                &self.a_if
+            ]),
+            "add the new address"
+        );
+        self.a_ip = new_ip;
+    }
+}
+
+impl Drop for LanPair {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end in it, and so the pair.
+        ip(&["netns", "del", &self.a]);
+        ip(&["netns", "del", &self.b]);
+    }
+}
