@@ -4,7 +4,8 @@
 # a time so their numbers do not disturb each other. Prints one line per scenario:
 #   faults SCENARIO: accepted N, answered N (K as clean errors), lost 0, hung 0, proxy RSS +X MB
 # (RELIABILITY.md keeps the latest table). With SOAK_MINUTES set (e.g. 30), the soak runs too:
-# traffic and faults mixed for that long, and the proxy's RSS curve minute by minute.
+# traffic and faults mixed for that long, and the proxy's RSS curve minute by minute; then as
+# long again with the proxy restarted (SIGTERM) every SOAK_RESTART_EVERY_SECS (default 180).
 # FAULTS_FREEZE_SECS sets how long the freeze scenario keeps a process stopped (default 120).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -20,14 +20,7 @@ impl Database {
     /// Checks that a database opened for reading only has this release's schema: one a
     /// writable open would change cannot be used as it is.
     pub async fn check_schema_is_current(&self) -> Result<(), DbError> {
-        let rows = self
-            .query(
-                "SELECT CAST(COALESCE(MAX(version), 0) AS BIGINT) FROM schema_migrations",
-                vec![],
-                &[Kind::Int],
-            )
-            .await?;
-        let current = rows.first().map_or(0, |row| row.int(0));
+        let current = schema_version(self).await?;
         if current == VERSION {
             return Ok(());
         }
@@ -132,7 +125,8 @@ pub async fn migrate(db: &Database) -> Result<(), DbError> {
     result
 }
 
-async fn apply_missing(db: &Database) -> Result<(), DbError> {
+/// The last schema step the database has seen (0: none).
+async fn schema_version(db: &Database) -> Result<i64, DbError> {
     let rows = db
         .query(
             "SELECT CAST(COALESCE(MAX(version), 0) AS BIGINT) FROM schema_migrations",
@@ -140,7 +134,11 @@ async fn apply_missing(db: &Database) -> Result<(), DbError> {
             &[Kind::Int],
         )
         .await?;
-    let current = rows.first().map_or(0, |row| row.int(0));
+    Ok(rows.first().map_or(0, |row| row.int(0)))
+}
+
+async fn apply_missing(db: &Database) -> Result<(), DbError> {
+    let current = schema_version(db).await?;
     if current > VERSION {
         return Err(DbError(format!(
             "the database's schema is version {current}, newer than this ModelRelay knows \

@@ -24,6 +24,23 @@ fn ip(args: &[&str]) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// `inner` run inside the namespace `ns`, with its arguments and environment.
+fn exec_in(ns: &str, inner: &Command) -> Command {
+    let mut command = Command::new("ip");
+    command
+        .args(["netns", "exec", ns])
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .stdin(Stdio::null());
+    for (key, value) in inner.get_envs() {
+        match value {
+            Some(value) => command.env(key, value),
+            None => command.env_remove(key),
+        };
+    }
+    command
+}
+
 impl FarSide {
     /// The namespace and its link, or why they cannot be made here. `label` and `subnet` keep
     /// the names and the /30 (in `10.SUBNET.0.0/16`) of each test binary its own.
@@ -74,19 +91,7 @@ impl FarSide {
 
     /// `command` run inside the namespace, with its arguments and environment.
     pub fn command(&self, inner: &Command) -> Command {
-        let mut command = Command::new("ip");
-        command
-            .args(["netns", "exec", &self.ns])
-            .arg(inner.get_program())
-            .args(inner.get_args())
-            .stdin(Stdio::null());
-        for (key, value) in inner.get_envs() {
-            match value {
-                Some(value) => command.env(key, value),
-                None => command.env_remove(key),
-            };
-        }
-        command
+        exec_in(&self.ns, inner)
     }
 
     pub fn cut(&self) {
@@ -166,19 +171,7 @@ impl LanPair {
 
     /// `inner` run inside namespace `ns`, with its arguments and environment.
     pub fn command(&self, ns: &str, inner: &Command) -> Command {
-        let mut command = Command::new("ip");
-        command
-            .args(["netns", "exec", ns])
-            .arg(inner.get_program())
-            .args(inner.get_args())
-            .stdin(Stdio::null());
-        for (key, value) in inner.get_envs() {
-            match value {
-                Some(value) => command.env(key, value),
-                None => command.env_remove(key),
-            };
-        }
-        command
+        exec_in(ns, inner)
     }
 
     /// The first machine gets a new address (`.HOST` on the same /24), its old one gone.

@@ -111,6 +111,21 @@ async fn box_with_card_goes_to_sleep(
     .await;
 }
 
+/// A request for MODEL wakes the sleeping box gpu-2 (its card gets the packet), whose worker
+/// then joins and answers it.
+async fn a_request_wakes_gpu_2_and_is_answered(proxy: &RunningProxy, card: &FakeCard) {
+    let client = spawn_post(&proxy.url(), "/v1/chat/completions", chat(MODEL));
+    card.woken().await;
+    let mut worker = ScriptedWorker::connect(proxy.addr).await;
+    worker
+        .register_message(register("gpu-2", &[MODEL], Some(MAC), false))
+        .await;
+    let request = worker.next_request().await;
+    worker.complete(&request.request_id, r#"{"ok":true}"#).await;
+    let (status, _, body) = answer_of(client).await;
+    assert_eq!(status, 200, "{body}");
+}
+
 async fn status_sleepers(proxy: &RunningProxy) -> Vec<Value> {
     let (code, status) = get_json(&proxy.url(), "/api/status", &[]).await;
     assert_eq!(code, 200, "{status}");
@@ -431,16 +446,7 @@ async fn a_box_on_a_lan_the_proxy_cannot_reach_is_woken_through_a_worker_on_that
     wait_until("the neighbour registers", || proxy.hub.counts().0 == 1).await;
     box_goes_to_sleep(&proxy, "gpu-2", &[MODEL]).await;
 
-    let client = spawn_post(&proxy.url(), "/v1/chat/completions", chat(MODEL));
-    card.woken().await;
-    let mut worker = ScriptedWorker::connect(proxy.addr).await;
-    worker
-        .register_message(register("gpu-2", &[MODEL], Some(MAC), false))
-        .await;
-    let request = worker.next_request().await;
-    worker.complete(&request.request_id, r#"{"ok":true}"#).await;
-    let (status, _, body) = answer_of(client).await;
-    assert_eq!(status, 200, "{body}");
+    a_request_wakes_gpu_2_and_is_answered(&proxy, &card).await;
     neighbour.stop().await;
     proxy.shutdown().await;
 }
@@ -480,16 +486,7 @@ async fn sleeping_boxes_are_remembered_across_a_proxy_restart_and_still_woken() 
     );
     assert!(listed_models(&second).await.contains(&MODEL.to_string()));
 
-    let client = spawn_post(&second.url(), "/v1/chat/completions", chat(MODEL));
-    card.woken().await;
-    let mut worker = ScriptedWorker::connect(second.addr).await;
-    worker
-        .register_message(register("gpu-2", &[MODEL], Some(MAC), false))
-        .await;
-    let request = worker.next_request().await;
-    worker.complete(&request.request_id, r#"{"ok":true}"#).await;
-    let (status, _, body) = answer_of(client).await;
-    assert_eq!(status, 200, "{body}");
+    a_request_wakes_gpu_2_and_is_answered(&second, &card).await;
     second.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -43,19 +43,23 @@ fn seen_by(proxy: &Running, data: &Path) -> PathBuf {
     PathBuf::from(format!("/proc/{}/root", proxy.child.id())).join(data.strip_prefix("/").unwrap())
 }
 
-/// `/api/status`'s `storage`.
-async fn storage(url: &str) -> Value {
+/// `GET route` with the admin token, as JSON.
+async fn admin_json(url: &str, route: &str) -> Value {
     let text = inprocess::http()
-        .get(format!("{url}/api/status"))
+        .get(format!("{url}{route}"))
         .bearer_auth(ADMIN_TOKEN)
         .send()
         .await
-        .expect("status")
+        .expect(route)
         .text()
         .await
-        .expect("status body");
-    let status: Value = serde_json::from_str(&text).expect("status JSON");
-    status["storage"].clone()
+        .expect(route);
+    serde_json::from_str(&text).expect(route)
+}
+
+/// `/api/status`'s `storage`.
+async fn storage(url: &str) -> Value {
+    admin_json(url, "/api/status").await["storage"].clone()
 }
 
 /// `POST /api/keys`: the status and the answer.
@@ -94,17 +98,9 @@ async fn call_with_key(url: &str, key: &str) -> Outcome {
 
 /// The usage records' request count (`/api/usage`).
 async fn stored_requests(url: &str) -> u64 {
-    let text = inprocess::http()
-        .get(format!("{url}/api/usage"))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("usage")
-        .text()
-        .await
-        .expect("usage body");
-    let usage: Value = serde_json::from_str(&text).expect("usage JSON");
-    usage["totals"]["requests"].as_u64().unwrap_or(0)
+    admin_json(url, "/api/usage").await["totals"]["requests"]
+        .as_u64()
+        .unwrap_or(0)
 }
 
 /// A `/metrics` sample's value.
