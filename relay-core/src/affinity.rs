@@ -47,6 +47,8 @@ pub struct AffinityCounts {
 struct Home<H> {
     worker: H,
     used: Instant,
+    /// The conversation's prompt tokens the home holds (its last prompt's size; 0: unknown).
+    context: u32,
     /// Its position in [`AffinityTable::recency`].
     stamp: u64,
 }
@@ -121,9 +123,22 @@ impl<H: Copy + Eq + Hash> AffinityTable<H> {
                 // older than one already recorded.
                 used: previous_use.map_or(now, |used| used.max(now)),
                 stamp,
+                context: 0,
             },
         );
         outcome
+    }
+
+    /// The home of conversation `key` now holds `tokens` of its prompt (the last one placed).
+    pub fn set_context(&mut self, key: u64, tokens: u32) {
+        if let Some(home) = self.homes.get_mut(&key) {
+            home.context = tokens;
+        }
+    }
+
+    /// How many tokens of conversation `key`'s prompt its home holds (0: unknown or none).
+    pub fn context(&self, key: u64) -> u32 {
+        self.homes.get(&key).map_or(0, |home| home.context)
     }
 
     /// Drops expired entries from the old end and, if still full, the least recently used.
@@ -188,6 +203,19 @@ mod tests {
         let counts = table.counts();
         assert_eq!((counts.hits, counts.misses, counts.new), (2, 1, 1));
         assert_eq!(counts.entries, 1);
+    }
+
+    #[test]
+    fn a_home_remembers_how_much_of_its_conversation_it_holds() {
+        let mut table = AffinityTable::<u64>::new(8, Duration::from_secs(60));
+        let t = Instant::now();
+        table.record(7, 1, t);
+        assert_eq!(table.context(7), 0, "unknown at first");
+        table.set_context(7, 12_000);
+        assert_eq!(table.context(7), 12_000);
+        table.record(7, 2, t);
+        assert_eq!(table.context(7), 0, "a new home holds nothing yet");
+        assert_eq!(table.context(99), 0);
     }
 
     #[test]

@@ -521,7 +521,32 @@ pub struct ResponseCompleteMessage {
     /// Usage reported by the backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_counts: Option<TokenCounts>,
+    /// How fast the backend was on this request (optional, ours; published proxies ignore it):
+    /// what the proxy learns each box's speed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
+
+/// How long a backend took over one request: its prompt processing and its generation.
+/// llama-server reports these itself (`timings`); for other backends the worker measures them
+/// (time to the first byte, and after it) with the backend's usage.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+pub struct Timings {
+    /// Prompt tokens evaluated (not taken from a cache).
+    pub prompt_tokens: u32,
+    /// Milliseconds spent evaluating them.
+    pub prompt_ms: f64,
+    /// Prompt tokens taken from the backend's cache, when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u32>,
+    /// Tokens generated.
+    pub generated_tokens: u32,
+    /// Milliseconds spent generating them.
+    pub generation_ms: f64,
+}
+
+// JSON has no NaN: every value read or measured compares equal to itself.
+impl Eq for Timings {}
 
 /// Token usage of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -650,6 +675,13 @@ mod tests {
             token_counts: Some(TokenCounts {
                 completion_tokens: Some(3),
                 ..TokenCounts::default()
+            }),
+            timings: Some(Timings {
+                prompt_tokens: 20,
+                prompt_ms: 12.5,
+                cached_tokens: Some(100),
+                generated_tokens: 3,
+                generation_ms: 60.0,
             }),
         });
         for message in [chunk, complete] {

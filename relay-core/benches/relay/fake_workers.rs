@@ -73,6 +73,7 @@ async fn run(port: u16, name: String) {
                     headers: [("content-type".to_string(), "application/json".to_string())].into(),
                     body: Some(ANSWER.to_string()),
                     token_counts: None,
+                    timings: None,
                 })
             }
             _ => continue,

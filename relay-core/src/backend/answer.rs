@@ -19,6 +19,7 @@ pub fn complete(
         headers,
         body,
         token_counts,
+        timings: None,
     }))
 }
 

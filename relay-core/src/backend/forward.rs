@@ -218,12 +218,16 @@ async fn deliver_hiding(
                 tracing::warn!(request = %id, status = status.as_u16(), "backend error status");
             }
             let counts = usage.token_counts();
-            match body {
+            let mut last = match body {
                 Some(body) => {
                     answer::passed_on(Dialect::for_path(path), status, headers, body, counts)
                 }
                 None => answer::complete(status, headers, None, counts),
+            };
+            if let BackendEvent::Complete(answer) = &mut last {
+                answer.timings = usage.timings();
             }
+            last
         }
         Err(message) => failed(id, message),
     };

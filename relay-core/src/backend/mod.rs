@@ -61,6 +61,8 @@ pub struct Answer {
     pub body: Option<String>,
     /// Token usage read from the answer.
     pub token_counts: Option<TokenCounts>,
+    /// How fast the backend was (llama-server's `timings`), when it said.
+    pub timings: Option<crate::protocol::Timings>,
 }
 
 /// Where a request's events go. A closed channel (the owner gave up) ends the request early.

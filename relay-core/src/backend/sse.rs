@@ -162,6 +162,7 @@ pub fn without_usage_only_events(text: String) -> String {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct UsageTracker {
     counts: TokenCounts,
+    timings: Option<crate::protocol::Timings>,
 }
 
 impl UsageTracker {
@@ -172,16 +173,18 @@ impl UsageTracker {
         }
     }
 
-    /// Reads usage from the `data:` lines of SSE text; only lines mentioning usage are parsed.
+    /// Reads usage (and llama-server's `timings`) from the `data:` lines of SSE text; only lines
+    /// mentioning them are parsed.
     pub fn observe_events(&mut self, text: &str) {
-        if !text.contains("usage") {
+        let worth_reading = |text: &str| text.contains("usage") || text.contains("\"timings\"");
+        if !worth_reading(text) {
             return;
         }
         for line in text.lines() {
             let Some(data) = data_field(line) else {
                 continue;
             };
-            if data.contains("usage") {
+            if worth_reading(data) {
                 if let Ok(value) = serde_json::from_str::<Value>(data.trim()) {
                     self.observe(&value);
                 }
@@ -190,6 +193,9 @@ impl UsageTracker {
     }
 
     fn observe(&mut self, value: &Value) {
+        if let Some(timings) = value.get("timings").and_then(llama_timings) {
+            self.timings = Some(timings);
+        }
         let candidates = [
             value.get("usage"),
             value.get("message").and_then(|m| m.get("usage")),
@@ -214,6 +220,11 @@ impl UsageTracker {
         }
     }
 
+    /// llama-server's `timings` of the answer, if it sent them.
+    pub fn timings(&self) -> Option<crate::protocol::Timings> {
+        self.timings
+    }
+
     /// The counts seen, with the total derived when the backend gave only its parts.
     pub fn token_counts(&self) -> Option<TokenCounts> {
         let mut counts = self.counts;
@@ -226,9 +237,61 @@ impl UsageTracker {
     }
 }
 
+/// llama-server's `timings` object (`prompt_n`, `prompt_ms`, `cache_n`, `predicted_n`,
+/// `predicted_ms`) as the protocol carries it; `None` when a field it needs is missing.
+fn llama_timings(timings: &Value) -> Option<crate::protocol::Timings> {
+    let count = |name: &str| {
+        timings
+            .get(name)
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+    };
+    let ms = |name: &str| {
+        timings
+            .get(name)
+            .and_then(Value::as_f64)
+            .filter(|ms| ms.is_finite() && *ms >= 0.0)
+    };
+    Some(crate::protocol::Timings {
+        prompt_tokens: count("prompt_n")?,
+        prompt_ms: ms("prompt_ms")?,
+        cached_tokens: count("cache_n"),
+        generated_tokens: count("predicted_n").unwrap_or(0),
+        generation_ms: ms("predicted_ms").unwrap_or(0.0),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn llama_servers_timings_are_read_from_its_last_event_and_from_a_whole_body() {
+        let mut tracker = UsageTracker::default();
+        tracker.observe_events("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n");
+        assert_eq!(tracker.timings(), None);
+        tracker.observe_events(
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":120,\"completion_tokens\":8},\
+             \"timings\":{\"cache_n\":100,\"prompt_n\":20,\"prompt_ms\":12.5,\
+             \"predicted_n\":8,\"predicted_ms\":160.0}}\n\n",
+        );
+        let timings = tracker.timings().expect("timings");
+        assert_eq!(
+            (timings.prompt_tokens, timings.cached_tokens),
+            (20, Some(100))
+        );
+        assert_eq!((timings.prompt_ms, timings.generation_ms), (12.5, 160.0));
+        assert_eq!(timings.generated_tokens, 8);
+        let mut whole = UsageTracker::default();
+        whole.observe_body(br#"{"timings":{"prompt_n":5,"prompt_ms":"bad"}}"#);
+        assert_eq!(
+            whole.timings(),
+            None,
+            "a malformed timings object is ignored"
+        );
+        whole.observe_body(br#"{"timings":{"prompt_n":5,"prompt_ms":2.0}}"#);
+        assert_eq!(whole.timings().map(|t| t.prompt_tokens), Some(5));
+    }
 
     #[test]
     fn whole_events_are_released_and_partial_ones_kept() {

@@ -52,6 +52,7 @@ pub fn message(request_id: &str, event: BackendEvent) -> WorkerToServer {
                 headers: answer.headers,
                 body: answer.body,
                 token_counts: answer.token_counts,
+                timings: answer.timings,
             })
         }
         BackendEvent::Failed(failed) => failure(request_id, *failed),

@@ -270,6 +270,7 @@ async fn requests_tokens_latency_workers_and_auth_failures_are_counted_with_thei
                 completion_tokens: Some(5),
                 total_tokens: Some(16),
             }),
+            timings: None,
         }))
         .await;
     assert_eq!(answer_of(whole).await.0, 200);
@@ -567,6 +568,7 @@ async fn a_client_hanging_up_at_done_is_counted_with_the_backends_usage_and_not_
                 completion_tokens: Some(4),
                 total_tokens: Some(13),
             }),
+            timings: None,
         }))
         .await;
     wait_until("both requests ended", || proxy.hub.tracked_requests() == 0).await;

@@ -410,6 +410,7 @@ fn absent_optional_fields_are_omitted_not_sent_as_null() {
             headers: BTreeMap::new(),
             body: None,
             token_counts: None,
+            timings: None,
         }))
         .unwrap();
     assert_eq!(keys(&complete), set(&["type", "request_id", "status_code"]));

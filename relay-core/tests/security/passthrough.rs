@@ -116,6 +116,7 @@ impl EvilWorker {
                 .collect(),
             body: Some(body.to_string()),
             token_counts: None,
+            timings: None,
         }))
         .await;
     }

@@ -30,7 +30,7 @@ use crate::proxy::dispatch::telemetry::unix_ms;
 use crate::dialect::ApiError;
 use crate::protocol::{
     CancelMessage, CancelReason, GracefulShutdownMessage, ModelsRefreshMessage, PingMessage,
-    RegisterAck, RegisterMessage, RequestMessage, ResponseCompleteMessage, ServerToWorker,
+    RegisterAck, RegisterMessage, RequestMessage, ResponseCompleteMessage, ServerToWorker, Timings,
     WireHeaders, BRIDGE_PROTOCOL_VERSION,
 };
 pub use crate::proxy::dispatch::scheduler::{
@@ -482,9 +482,13 @@ impl Hub {
             .collect()
     }
 
-    /// The worker finished `request`; false if it was not running there (duplicate or stray).
-    pub fn finish(&self, worker: WorkerId, request: RequestId) -> bool {
+    /// The worker finished `request`, in `timings` when it said how fast; false if it was not
+    /// running there (duplicate or stray).
+    pub fn finish(&self, worker: WorkerId, request: RequestId, timings: Option<&Timings>) -> bool {
         let mut inner = self.lock();
+        if let Some(timings) = timings {
+            inner.scheduler.learn(worker, request, timings);
+        }
         let mut actions = Vec::new();
         let known = inner.scheduler.finish(worker, request, &mut actions);
         if known {

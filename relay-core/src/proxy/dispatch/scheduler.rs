@@ -10,12 +10,14 @@ use std::time::{Duration, Instant};
 
 use crate::protocol::RegisterMessage;
 
+mod cost;
 mod events;
 mod names;
 mod registry;
 mod turns;
 mod views;
 
+pub use cost::{Reason, Speed};
 pub use events::*;
 use names::*;
 pub use names::{
@@ -80,6 +82,8 @@ struct Worker {
     draining: bool,
     /// The tokens one request may hold, per model, where the worker reported it.
     windows: HashMap<Arc<str>, u32>,
+    /// How fast it was measured to be, per model.
+    speeds: HashMap<Arc<str>, Speed>,
 }
 
 impl Worker {
@@ -130,6 +134,10 @@ struct Request {
     /// Some byte of the answer reached the client: never requeue it.
     started: bool,
     phase: Phase,
+    /// The prompt tokens its worker has to evaluate, as estimated when it was placed.
+    prefill_tokens: u32,
+    /// Why it went to its worker.
+    reason: Option<Reason>,
 }
 
 impl Request {
@@ -176,6 +184,10 @@ pub struct Scheduler {
     requests: HashMap<RequestId, Request>,
     /// Each conversation's home worker.
     affinity: AffinityTable,
+    /// Placements by why they went where they did.
+    reasons: HashMap<Reason, u64>,
+    /// Whether measured speeds may override the usual rules ([`cost`]).
+    cost_routing: bool,
     next_worker: WorkerId,
     shutting_down: bool,
 }
@@ -199,9 +211,17 @@ impl Scheduler {
             workers: HashMap::new(),
             requests: HashMap::new(),
             affinity: AffinityTable::default(),
+            reasons: HashMap::new(),
+            cost_routing: false,
             next_worker: 1,
             shutting_down: false,
         }
+    }
+
+    /// Turns cost routing on or off (the default, until the fleet bench shows it never loses:
+    /// BENCHMARKS.md) ([`cost`]).
+    pub fn set_cost_routing(&mut self, on: bool) {
+        self.cost_routing = on;
     }
 
     /// Client request `request` arrived for `model`.
@@ -261,8 +281,8 @@ impl Scheduler {
             deadline,
             queue_deadline,
         );
-        if let Some(worker) = picked {
-            self.assign(request, worker);
+        if let Some((worker, faster)) = picked {
+            self.assign(request, worker, faster);
             let seat = self.requests[&request].seat();
             self.providers[provider].queue.served_directly(seat);
             return Ok(Submitted::Dispatched { request, worker });
@@ -297,6 +317,8 @@ impl Scheduler {
                 placement,
                 started: false,
                 phase: Phase::Queued,
+                prefill_tokens: 0,
+                reason: None,
             },
         );
     }
@@ -316,12 +338,21 @@ impl Scheduler {
             .remove(request, entry.seat());
     }
 
-    /// Every placement passes here: the worker becomes the home of the request's conversation.
-    fn assign(&mut self, request: RequestId, worker: WorkerId) {
+    /// Every placement passes here (`faster_box`: cost routing chose the worker): the worker
+    /// becomes the home of the request's conversation, holding its prompt.
+    fn assign(&mut self, request: RequestId, worker: WorkerId, faster_box: bool) {
+        let entry = &self.requests[&request];
+        let (affinity, tokens) = (entry.placement.affinity, entry.placement.prompt_tokens);
+        let prefill = self.tokens_to_evaluate(worker, affinity, tokens.unwrap_or(0), entry.arrived);
+        let reason = self.reason(affinity, worker, entry.arrived, faster_box);
         let entry = self.requests.get_mut(&request).expect("known request");
         entry.phase = Phase::Assigned { worker };
-        if let Some(key) = entry.placement.affinity {
+        entry.prefill_tokens = prefill;
+        entry.reason = Some(reason);
+        *self.reasons.entry(reason).or_default() += 1;
+        if let Some(key) = affinity {
             self.affinity.record(key, worker, entry.arrived);
+            self.affinity.set_context(key, tokens.unwrap_or(0));
         }
         self.workers
             .get_mut(&worker)
@@ -331,7 +362,9 @@ impl Scheduler {
     }
 
     /// The conversation's home worker while it serves `model` and has a free slot; otherwise
-    /// the lowest load among workers serving `model` with a free slot, round-robin among equals.
+    /// the lowest load among workers serving `model` with a free slot, round-robin among equals;
+    /// then, with cost routing, a worker whose first token comes clearly sooner ([`cost`]; the
+    /// flag says it was that).
     ///
     /// Why a saturated home yields at once instead of holding the request for a while: its slots
     /// are taken by answers of unknown length (a long generation holds one for minutes), while
@@ -345,7 +378,7 @@ impl Scheduler {
         affinity: Option<u64>,
         prompt_tokens: Option<u32>,
         now: Instant,
-    ) -> Option<WorkerId> {
+    ) -> Option<(WorkerId, bool)> {
         let p = &self.providers[provider];
         let candidates = p.model_workers.get(model)?;
         // A worker whose window holds the prompt, when any does: a smaller one would only
@@ -358,42 +391,47 @@ impl Scheduler {
             .and_then(|key| self.affinity.home(key, now))
             .filter(|home| candidates.contains(home))
             .filter(|home| self.workers.get(home).is_some_and(eligible));
-        if home.is_some() {
-            return home;
+        let usual = match (home, affinity) {
+            (Some(home), _) => Some(home),
+            (None, Some(_)) => self.pick_new_home(provider, model, &eligible),
+            (None, None) => self.least_loaded(p.round_robin, candidates, &eligible),
+        }?;
+        let sooner = self.sooner_than(
+            model,
+            candidates,
+            &eligible,
+            affinity,
+            prompt_tokens,
+            usual,
+            now,
+        );
+        if home.is_none() && affinity.is_none() {
+            let p = &mut self.providers[provider];
+            p.round_robin = p.round_robin.wrapping_add(1);
         }
-        if affinity.is_some() {
-            return self.pick_new_home(provider, model, &eligible);
-        }
-        let mut best_load = u32::MAX;
-        let mut ties = 0usize;
-        for id in candidates {
-            let w = &self.workers[id];
-            if !eligible(w) {
-                continue;
-            }
-            match w.load().cmp(&best_load) {
-                std::cmp::Ordering::Less => {
-                    best_load = w.load();
-                    ties = 1;
-                }
-                std::cmp::Ordering::Equal => ties += 1,
-                std::cmp::Ordering::Greater => {}
-            }
-        }
-        if ties == 0 {
-            return None;
-        }
-        let pick = p.round_robin % ties;
-        let chosen = candidates
+        Some(sooner.map_or((usual, false), |faster| (faster, true)))
+    }
+
+    /// The least loaded of `candidates` that are `eligible`, the `turn`th among equals.
+    fn least_loaded(
+        &self,
+        turn: usize,
+        candidates: &[WorkerId],
+        eligible: &dyn Fn(&Worker) -> bool,
+    ) -> Option<WorkerId> {
+        let best_load = candidates
             .iter()
-            .filter(|id| {
+            .map(|id| &self.workers[id])
+            .filter(|w| eligible(w))
+            .map(Worker::load)
+            .min()?;
+        let tied = || {
+            candidates.iter().filter(|id| {
                 let w = &self.workers[*id];
                 eligible(w) && w.load() == best_load
             })
-            .nth(pick)
-            .copied();
-        self.providers[provider].round_robin = self.providers[provider].round_robin.wrapping_add(1);
-        chosen
+        };
+        tied().nth(turn % tied().count()).copied()
     }
 
     /// A worker with a free slot for a conversation without a usable home: the fewest
@@ -484,7 +522,7 @@ impl Scheduler {
             let Some(request) = next else {
                 return;
             };
-            self.assign(request, worker);
+            self.assign(request, worker, false);
             actions.push(Action::Dispatch { request, worker });
         }
     }
@@ -654,8 +692,8 @@ impl Scheduler {
         r.requeues += 1;
         let (provider, model, queue_deadline) = (r.provider, r.model.clone(), r.queue_deadline);
         let (affinity, tokens) = (r.placement.affinity, r.placement.prompt_tokens);
-        if let Some(next) = self.pick_worker(provider, &model, affinity, tokens, now) {
-            self.assign(request, next);
+        if let Some((next, faster)) = self.pick_worker(provider, &model, affinity, tokens, now) {
+            self.assign(request, next, faster);
             actions.push(Action::Dispatch {
                 request,
                 worker: next,

@@ -490,7 +490,7 @@ impl Connection {
         let route = self.routes.remove(&id);
         self.pauses.forget(id);
         self.shrink_routes_if_idle();
-        if !self.hub.finish(self.worker, id) {
+        if !self.hub.finish(self.worker, id, complete.timings.as_ref()) {
             tracing::warn!(worker = %worker_wire_id(self.worker), request = %complete.request_id, "ignoring response_complete for an unknown or already completed request");
             return;
         }
@@ -524,7 +524,7 @@ impl Connection {
             }
             return;
         }
-        if !self.hub.finish(self.worker, id) {
+        if !self.hub.finish(self.worker, id, None) {
             tracing::debug!(
                 request = wire_id,
                 "worker error for a finished or cancelled request: {}",

@@ -225,6 +225,7 @@ impl AnswerSource {
                     headers: answer.headers,
                     body: answer.body,
                     token_counts: answer.token_counts,
+                    timings: answer.timings,
                 }),
                 None,
             ),

@@ -182,6 +182,7 @@ impl ScriptedWorker {
                 )]),
                 body: Some(body.to_string()),
                 token_counts: None,
+                timings: None,
             },
         ))
         .await;
@@ -363,6 +364,7 @@ impl ScriptedWorker {
                     .collect(),
                 body: Some(body.to_string()),
                 token_counts: None,
+                timings: None,
             },
         ))
         .await;
@@ -380,6 +382,7 @@ impl ScriptedWorker {
                 )]),
                 body: None,
                 token_counts: None,
+                timings: None,
             },
         ))
         .await;

@@ -81,6 +81,7 @@ impl Scheduler {
                 external_load: message.current_load.unwrap_or(0),
                 draining: false,
                 windows,
+                speeds: HashMap::new(),
             },
         );
         let mut actions = Vec::new();

@@ -1,0 +1,153 @@
+//! The fleet bench (issue 29): how each routing policy serves unequal boxes, in simulation.
+//!
+//! `cargo bench -p relay-core --bench fleet` — seconds, no model needed. Three workloads
+//! (agent sessions with side requests, chat, chat with long documents) on three fleets
+//! (equal boxes, a fast box and a 5× slower one, those two with a third asleep), each under
+//! least-loaded, today's affinity, the fast box alone and cost routing, through the proxy's own
+//! scheduler ([`sim`]). Reports mean and p90 time to first token and to the last token, and for
+//! agent sessions the share of turn-2+ prompt tokens taken from a cache; `FLEET_SEEDS` (default
+//! 5) workloads pooled. Then the targets: cost routing no worse than the best other policy by
+//! more than 5% on mean and p90 TTFT; on unequal fleets a p90 TTFT at least 2× lower than
+//! least-loaded's; turn-2+ reuse ≥ 95% with side requests.
+
+mod sim;
+mod workloads;
+
+use relay_core::proxy::dispatch::scheduler::Reason;
+use sim::{Outcome, Policy};
+
+/// Mean and 90th percentile.
+fn stats(values: &mut [f64]) -> (f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
+    let p90 = values
+        .get(((values.len() as f64 * 0.9).ceil() as usize).saturating_sub(1))
+        .copied()
+        .unwrap_or(0.0);
+    (mean, p90)
+}
+
+/// One policy's numbers on one workload and fleet.
+struct Row {
+    policy: Policy,
+    ttft: (f64, f64),
+    last: (f64, f64),
+    reuse: Option<f64>,
+    on_fastest: f64,
+    reasons: String,
+}
+
+fn row(policy: Policy, outcomes: &[Outcome], reasons: &[(Reason, u64)], agent: bool) -> Row {
+    let mut ttft: Vec<f64> = outcomes.iter().map(|o| o.ttft).collect();
+    let mut last: Vec<f64> = outcomes.iter().map(|o| o.last).collect();
+    let later: Vec<&Outcome> = outcomes.iter().filter(|o| !o.side && o.turn > 0).collect();
+    let reused: u64 = later.iter().map(|o| u64::from(o.reused)).sum();
+    let prompt: u64 = later.iter().map(|o| u64::from(o.prompt)).sum();
+    Row {
+        policy,
+        ttft: stats(&mut ttft),
+        last: stats(&mut last),
+        reuse: (agent && prompt > 0).then(|| reused as f64 / prompt as f64),
+        on_fastest: outcomes.iter().filter(|o| o.served_by == 0).count() as f64
+            / outcomes.len().max(1) as f64,
+        reasons: reasons
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(reason, n)| format!("{} {n}", reason.as_str()))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+fn main() {
+    let seeds: u64 = std::env::var("FLEET_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let mut failures = Vec::new();
+    println!("fleet bench: {seeds} seeds pooled per cell; times in seconds (virtual)");
+    for (fleet_name, fleet) in workloads::fleets() {
+        let unequal = fleet
+            .iter()
+            .any(|b| (b.prompt_tps - fleet[0].prompt_tps).abs() > 1.0);
+        for workload in ["agent sessions", "chat", "chat + long documents"] {
+            println!("\n## {fleet_name} — {workload}\n");
+            println!("| policy | TTFT mean | TTFT p90 | last token mean | last token p90 | turn-2+ reuse | on box 1 | placements |");
+            println!("|---|---:|---:|---:|---:|---:|---:|---|");
+            let rows: Vec<Row> = Policy::ALL
+                .iter()
+                .map(|&policy| {
+                    let mut outcomes = Vec::new();
+                    let mut reasons: Vec<(Reason, u64)> =
+                        Reason::ALL.iter().map(|r| (*r, 0)).collect();
+                    for seed in 0..seeds {
+                        let mut rng = workloads::Rng::new(seed + 1);
+                        let sessions = match workload {
+                            "agent sessions" => workloads::agent_sessions(&mut rng, 6, 10),
+                            "chat" => workloads::chat(&mut rng, 40),
+                            _ => workloads::mixed(&mut rng, 30, 8),
+                        };
+                        let (run, counts) = sim::run(&fleet, &sessions, policy);
+                        outcomes.extend(run);
+                        for ((_, total), (_, n)) in reasons.iter_mut().zip(counts) {
+                            *total += n;
+                        }
+                    }
+                    row(policy, &outcomes, &reasons, workload == "agent sessions")
+                })
+                .collect();
+            for r in &rows {
+                println!(
+                    "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0}% | {} |",
+                    r.policy.name(),
+                    r.ttft.0,
+                    r.ttft.1,
+                    r.last.0,
+                    r.last.1,
+                    r.reuse
+                        .map_or("–".to_string(), |x| format!("{:.1}%", x * 100.0)),
+                    r.on_fastest * 100.0,
+                    r.reasons
+                );
+            }
+            let cost = rows
+                .iter()
+                .find(|r| r.policy == Policy::Cost)
+                .expect("cost");
+            let others = rows.iter().filter(|r| r.policy != Policy::Cost);
+            let best_mean = others.clone().map(|r| r.ttft.0).fold(f64::MAX, f64::min);
+            let best_p90 = others.map(|r| r.ttft.1).fold(f64::MAX, f64::min);
+            let cell = format!("{fleet_name}, {workload}");
+            if cost.ttft.0 > best_mean * 1.05 || cost.ttft.1 > best_p90 * 1.05 {
+                failures.push(format!(
+                    "{cell}: cost TTFT {:.2}/{:.2} s vs the best other {best_mean:.2}/{best_p90:.2} s",
+                    cost.ttft.0, cost.ttft.1
+                ));
+            }
+            if unequal {
+                let least = rows
+                    .iter()
+                    .find(|r| r.policy == Policy::LeastLoaded)
+                    .expect("least-loaded");
+                if cost.ttft.1 * 2.0 > least.ttft.1 {
+                    failures.push(format!(
+                        "{cell}: cost p90 TTFT {:.2} s, not 2x below least-loaded's {:.2} s",
+                        cost.ttft.1, least.ttft.1
+                    ));
+                }
+            }
+            if let Some(reuse) = cost.reuse.filter(|r| *r < 0.95) {
+                failures.push(format!("{cell}: turn-2+ reuse {:.1}% < 95%", reuse * 100.0));
+            }
+        }
+    }
+    println!();
+    if failures.is_empty() {
+        println!("targets: all met");
+    } else {
+        println!("targets not met:");
+        for failure in &failures {
+            println!("- {failure}");
+        }
+    }
+}

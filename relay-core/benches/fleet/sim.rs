@@ -1,0 +1,451 @@
+//! A simulated fleet under the proxy's real scheduler: boxes with measured-looking speeds,
+//! slots and a prompt cache per slot, driven by a workload in virtual time.
+//!
+//! The scheduler is the proxy's own (`relay_core::proxy::dispatch::scheduler`, pure, time as
+//! an input): the simulation submits each request as the hub would, carries out its dispatch
+//! decisions, and reports each answer's timings as a worker does, so cost routing learns the
+//! boxes' speeds the way it does in a proxy. A box evaluates the prompts of its running requests
+//! together (they share its prompt-processing speed), generates for each at its generation speed
+//! (slowed a little per extra sequence, as batched decoding is), and keeps one prompt per slot:
+//! a request reuses what its slot holds of the same conversation, or of the same leading prefix
+//! (a shared system prompt), and evaluates the rest. Slots are taken as our worker pins them:
+//! the slot holding the conversation, else one holding its prefix, else the least recently used.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use relay_core::protocol::{RegisterMessage, Timings};
+use relay_core::proxy::dispatch::scheduler::{
+    Action, Placement, ProviderLimits, Reason, RequestId, Scheduler, Submitted, WorkerId,
+};
+
+/// The simulation's clock step.
+const STEP: f64 = 0.005;
+
+/// How much each extra sequence decoded together slows every sequence of a box.
+const DECODE_CROWDING: f64 = 0.08;
+
+/// A box of the fleet.
+#[derive(Debug, Clone, Copy)]
+pub struct BoxSpec {
+    /// Its name in the report.
+    pub name: &'static str,
+    /// Prompt tokens evaluated per second (shared by the prompts it evaluates at once).
+    pub prompt_tps: f64,
+    /// Tokens generated per second for one sequence.
+    pub generation_tps: f64,
+    /// Requests it runs at once (llama-server's slots; the worker's `max_concurrent`).
+    pub slots: u32,
+}
+
+/// One request of a workload.
+#[derive(Debug, Clone, Copy)]
+pub struct Req {
+    /// Its prompt's tokens.
+    pub prompt: u32,
+    /// The tokens it generates.
+    pub output: u32,
+    /// Its conversation (the affinity key the proxy derives).
+    pub conversation: u64,
+    /// Its leading prefix (a system prompt shared by many conversations), and that prefix's size.
+    pub prefix: u64,
+    /// The prefix's tokens.
+    pub prefix_tokens: u32,
+    /// A side request (a title, a summary) rather than a turn of the conversation.
+    pub side: bool,
+}
+
+/// One turn of a session: the main request, side requests sent with it, and the pause after
+/// its answer before the next turn.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// The turn.
+    pub main: Req,
+    /// Sent at the same time.
+    pub side: Vec<Req>,
+    /// Seconds between the main answer's end and the next turn.
+    pub think: f64,
+}
+
+/// A client's session: turns one after another from `start`.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// When its first turn is sent (seconds).
+    pub start: f64,
+    /// Its turns.
+    pub steps: Vec<Step>,
+}
+
+/// How the proxy routes in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// No affinity: the least loaded worker.
+    LeastLoaded,
+    /// Today's affinity: the conversation's home while it has a free slot.
+    Affinity,
+    /// Affinity on the fastest box alone (the others unused).
+    FastOnly,
+    /// Affinity with cost routing (measured speeds).
+    Cost,
+}
+
+impl Policy {
+    /// Every policy, in report order.
+    pub const ALL: [Policy; 4] = [
+        Policy::LeastLoaded,
+        Policy::Affinity,
+        Policy::FastOnly,
+        Policy::Cost,
+    ];
+
+    /// Its name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::LeastLoaded => "least-loaded",
+            Policy::Affinity => "affinity",
+            Policy::FastOnly => "fast box only",
+            Policy::Cost => "cost",
+        }
+    }
+}
+
+/// What one request experienced.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    /// Seconds from sending to the first token.
+    pub ttft: f64,
+    /// Seconds from sending to the last token.
+    pub last: f64,
+    /// Prompt tokens taken from a cache.
+    pub reused: u32,
+    /// Prompt tokens.
+    pub prompt: u32,
+    /// A side request.
+    pub side: bool,
+    /// The turn's place in its session (0: the first).
+    pub turn: usize,
+    /// The box that served it.
+    pub served_by: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    conversation: Option<u64>,
+    tokens: u32,
+    prefix: u64,
+    prefix_tokens: u32,
+    busy: bool,
+    used: f64,
+}
+
+#[derive(Debug)]
+struct Running {
+    id: RequestId,
+    slot: usize,
+    prefill_left: f64,
+    prefill_total: u32,
+    generate_left: f64,
+    started_at: f64,
+    first_token_at: Option<f64>,
+}
+
+#[derive(Debug)]
+struct SimBox {
+    spec: BoxSpec,
+    worker: WorkerId,
+    slots: Vec<Slot>,
+    running: Vec<Running>,
+}
+
+impl SimBox {
+    /// Takes a slot for `req` and starts it at `now`; the tokens it reuses.
+    fn start(&mut self, id: RequestId, req: &Req, now: f64) -> u32 {
+        let pick = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.busy && s.conversation == Some(req.conversation))
+            .map(|(i, _)| i)
+            .next()
+            .or_else(|| {
+                self.slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| !s.busy && s.prefix == req.prefix && s.prefix_tokens > 0)
+                    .min_by(|a, b| a.1.used.total_cmp(&b.1.used))
+                    .map(|(i, _)| i)
+            })
+            .or_else(|| {
+                self.slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| !s.busy)
+                    .min_by(|a, b| a.1.used.total_cmp(&b.1.used))
+                    .map(|(i, _)| i)
+            })
+            .expect("the scheduler gives a box no more requests than it has slots");
+        let slot = &mut self.slots[pick];
+        let reused = if slot.conversation == Some(req.conversation) {
+            slot.tokens.min(req.prompt)
+        } else if slot.prefix == req.prefix {
+            slot.prefix_tokens.min(req.prompt)
+        } else {
+            0
+        };
+        slot.busy = true;
+        slot.used = now;
+        let prefill = req.prompt - reused;
+        self.running.push(Running {
+            id,
+            slot: pick,
+            prefill_left: f64::from(prefill.max(1)),
+            prefill_total: prefill,
+            generate_left: f64::from(req.output.max(1)),
+            started_at: now,
+            first_token_at: None,
+        });
+        reused
+    }
+
+    /// Advances one step; returns the requests whose first token came, and those that ended
+    /// (with their timings).
+    fn step(&mut self, now: f64) -> (Vec<RequestId>, Vec<(RequestId, usize, Timings)>) {
+        let prefilling = self.running.iter().filter(|r| r.prefill_left > 0.0).count();
+        let decoding = self.running.len() - prefilling;
+        let prompt_share = if prefilling > 0 {
+            self.spec.prompt_tps * STEP / prefilling as f64
+        } else {
+            0.0
+        };
+        let decode = self.spec.generation_tps * STEP
+            / (1.0 + DECODE_CROWDING * decoding.saturating_sub(1) as f64);
+        let mut first = Vec::new();
+        let mut ended = Vec::new();
+        for r in &mut self.running {
+            if r.prefill_left > 0.0 {
+                r.prefill_left -= prompt_share;
+                if r.prefill_left <= 0.0 {
+                    r.first_token_at = Some(now);
+                    first.push(r.id);
+                }
+            } else {
+                r.generate_left -= decode;
+            }
+        }
+        self.running.retain(|r| {
+            if r.generate_left > 0.0 {
+                return true;
+            }
+            let first_at = r.first_token_at.unwrap_or(now);
+            ended.push((
+                r.id,
+                r.slot,
+                Timings {
+                    prompt_tokens: r.prefill_total,
+                    prompt_ms: (first_at - r.started_at) * 1000.0,
+                    cached_tokens: None,
+                    generated_tokens: 0,
+                    generation_ms: (now - first_at) * 1000.0,
+                },
+            ));
+            false
+        });
+        (first, ended)
+    }
+}
+
+/// A request in flight or waiting.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    req: Req,
+    session: usize,
+    turn: usize,
+    sent: f64,
+    first: Option<f64>,
+    reused: u32,
+    served_by: usize,
+}
+
+/// Runs `sessions` on `fleet` under `policy`; every request's outcome, and the scheduler's
+/// placements by reason.
+pub fn run(
+    fleet: &[BoxSpec],
+    sessions: &[Session],
+    policy: Policy,
+) -> (Vec<Outcome>, Vec<(Reason, u64)>) {
+    let base = Instant::now();
+    let at = |t: f64| base + Duration::from_secs_f64(t);
+    let limits = ProviderLimits {
+        max_queue_len: 0,
+        queue_timeout: Duration::from_secs(3600),
+        request_timeout: Duration::from_secs(7200),
+        ..ProviderLimits::default()
+    };
+    let mut scheduler = Scheduler::new(vec![("local".to_string(), limits)]);
+    scheduler.set_cost_routing(policy == Policy::Cost);
+    let used: Vec<BoxSpec> = if policy == Policy::FastOnly {
+        let fastest = fleet
+            .iter()
+            .max_by(|a, b| a.prompt_tps.total_cmp(&b.prompt_tps))
+            .copied()
+            .expect("a fleet");
+        vec![fastest]
+    } else {
+        fleet.to_vec()
+    };
+    let mut boxes: Vec<SimBox> = used
+        .iter()
+        .map(|spec| {
+            let registered = scheduler
+                .register_worker(
+                    "local",
+                    &RegisterMessage {
+                        worker_name: spec.name.to_string(),
+                        models: vec!["m".to_string()],
+                        max_concurrent: spec.slots,
+                        protocol_version: Some("1".to_string()),
+                        current_load: Some(0),
+                        mac_address: None,
+                        sleeps_when_idle: None,
+                        context_windows: None,
+                    },
+                )
+                .expect("registered");
+            SimBox {
+                spec: *spec,
+                worker: registered.worker,
+                slots: vec![
+                    Slot {
+                        conversation: None,
+                        tokens: 0,
+                        prefix: u64::MAX,
+                        prefix_tokens: 0,
+                        busy: false,
+                        used: 0.0,
+                    };
+                    spec.slots as usize
+                ],
+                running: Vec::new(),
+            }
+        })
+        .collect();
+    let box_of: HashMap<WorkerId, usize> = boxes
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.worker, i))
+        .collect();
+    let mut pending: HashMap<RequestId, Pending> = HashMap::new();
+    let mut next_id: RequestId = 1;
+    // Per session: the next turn and when it is due (None while its turn runs).
+    let mut due: Vec<(usize, Option<f64>)> = sessions.iter().map(|s| (0, Some(s.start))).collect();
+    let mut outcomes = Vec::new();
+    let mut now = 0.0;
+    let placement = |req: &Req| Placement {
+        affinity: (policy != Policy::LeastLoaded).then_some(req.conversation),
+        prompt_tokens: Some(req.prompt),
+        ..Placement::default()
+    };
+    let start_on = |boxes: &mut Vec<SimBox>,
+                    pending: &mut HashMap<RequestId, Pending>,
+                    id: RequestId,
+                    worker: WorkerId,
+                    now: f64| {
+        let index = box_of[&worker];
+        let p = pending.get_mut(&id).expect("pending");
+        p.reused = boxes[index].start(id, &p.req, now);
+        p.served_by = index;
+    };
+    loop {
+        // Turns that are due.
+        for (s, session) in sessions.iter().enumerate() {
+            let (turn, when) = due[s];
+            let Some(when) = when else { continue };
+            if when > now || turn >= session.steps.len() {
+                continue;
+            }
+            due[s].1 = None;
+            let step = &session.steps[turn];
+            for req in std::iter::once(&step.main).chain(&step.side) {
+                let id = next_id;
+                next_id += 1;
+                pending.insert(
+                    id,
+                    Pending {
+                        req: *req,
+                        session: s,
+                        turn,
+                        sent: now,
+                        first: None,
+                        reused: 0,
+                        served_by: 0,
+                    },
+                );
+                match scheduler.submit(id, "m", placement(req), at(now)) {
+                    Ok(Submitted::Dispatched { worker, .. }) => {
+                        start_on(&mut boxes, &mut pending, id, worker, now)
+                    }
+                    Ok(Submitted::Queued { .. }) => {}
+                    Err(error) => panic!("refused: {error:?}"),
+                }
+            }
+        }
+        // The boxes work.
+        let mut dispatches = Vec::new();
+        for b in &mut boxes {
+            let worker = b.worker;
+            let (first, ended) = b.step(now);
+            for id in first {
+                scheduler.mark_started(id);
+                if let Some(p) = pending.get_mut(&id) {
+                    p.first = Some(now);
+                }
+            }
+            for (id, slot, mut timings) in ended {
+                let p = pending.remove(&id).expect("pending");
+                timings.generated_tokens = p.req.output;
+                let s = &mut b.slots[slot];
+                *s = Slot {
+                    conversation: Some(p.req.conversation),
+                    tokens: p.req.prompt + p.req.output,
+                    prefix: p.req.prefix,
+                    prefix_tokens: p.req.prefix_tokens,
+                    busy: false,
+                    used: now,
+                };
+                scheduler.learn(worker, id, &timings);
+                let mut actions = Vec::new();
+                assert!(scheduler.finish(worker, id, &mut actions));
+                dispatches.extend(actions.into_iter().filter_map(|a| match a {
+                    Action::Dispatch { request, worker } => Some((request, worker)),
+                    _ => None,
+                }));
+                outcomes.push(Outcome {
+                    ttft: p.first.unwrap_or(now) - p.sent,
+                    last: now - p.sent,
+                    reused: p.reused,
+                    prompt: p.req.prompt,
+                    side: p.req.side,
+                    turn: p.turn,
+                    served_by: p.served_by,
+                });
+                if !p.req.side {
+                    let step = &sessions[p.session].steps[p.turn];
+                    due[p.session] = (p.turn + 1, Some(now + step.think));
+                }
+            }
+        }
+        for (id, worker) in dispatches {
+            start_on(&mut boxes, &mut pending, id, worker, now);
+        }
+        let done = pending.is_empty()
+            && due
+                .iter()
+                .zip(sessions)
+                .all(|((turn, _), session)| *turn >= session.steps.len());
+        if done {
+            return (outcomes, scheduler.reason_counts());
+        }
+        now += STEP;
+        assert!(now < 100_000.0, "the simulation does not end");
+    }
+}

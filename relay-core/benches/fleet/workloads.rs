@@ -1,0 +1,181 @@
+//! The fleets and workloads of the fleet bench, made from a seed.
+
+use super::sim::{BoxSpec, Req, Session, Step};
+
+/// A small deterministic generator (xorshift64*): the same seed makes the same workload.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `[low, high)`.
+    pub fn uniform(&mut self, low: f64, high: f64) -> f64 {
+        low + (high - low) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// An integer in `[low, high]`.
+    pub fn between(&mut self, low: u32, high: u32) -> u32 {
+        low + (self.next() % u64::from(high - low + 1)) as u32
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        self.uniform(0.0, 1.0) < p
+    }
+}
+
+/// The fleets: equal boxes; a fast box and one five times slower; and those two with a third
+/// box asleep (not serving: a policy that cannot wake it runs on the other two).
+pub fn fleets() -> Vec<(&'static str, Vec<BoxSpec>)> {
+    let even = |name| BoxSpec {
+        name,
+        prompt_tps: 2000.0,
+        generation_tps: 40.0,
+        slots: 4,
+    };
+    let fast = BoxSpec {
+        name: "fast",
+        prompt_tps: 3000.0,
+        generation_tps: 60.0,
+        slots: 4,
+    };
+    let slow = BoxSpec {
+        name: "slow",
+        prompt_tps: 600.0,
+        generation_tps: 12.0,
+        slots: 4,
+    };
+    vec![
+        ("uniform (2 equal boxes)", vec![even("a"), even("b")]),
+        ("fast + 5x slower", vec![fast, slow]),
+        ("fast + slow + asleep", vec![fast, slow]),
+    ]
+}
+
+/// Conversation keys of distinct sessions and kinds never collide.
+fn key(kind: u64, session: usize, part: u64) -> u64 {
+    (kind << 48) ^ ((session as u64) << 16) ^ part
+}
+
+/// Agent sessions, as Claude Code sends them: a ~12k-token system prompt and tools shared by
+/// every session, turns that each add a few hundred tokens (the answer and the next message or
+/// tool result), and side requests (titles, summaries) with the same session, keyed by their
+/// own prompt.
+pub fn agent_sessions(rng: &mut Rng, sessions: usize, turns: usize) -> Vec<Session> {
+    const SYSTEM: u32 = 12_000;
+    (0..sessions)
+        .map(|s| {
+            let mut prompt = SYSTEM + rng.between(200, 600);
+            let steps = (0..turns)
+                .map(|turn| {
+                    let output = rng.between(80, 300);
+                    let main = Req {
+                        prompt,
+                        output,
+                        conversation: key(1, s, 0),
+                        prefix: 1,
+                        prefix_tokens: SYSTEM,
+                        side: false,
+                    };
+                    let side = if rng.chance(0.5) {
+                        vec![Req {
+                            prompt: rng.between(800, 1600),
+                            output: rng.between(15, 40),
+                            conversation: key(2, s, turn as u64),
+                            prefix: 2,
+                            prefix_tokens: 600,
+                            side: true,
+                        }]
+                    } else {
+                        Vec::new()
+                    };
+                    prompt += output + rng.between(150, 900);
+                    Step {
+                        main,
+                        side,
+                        think: rng.uniform(1.0, 6.0),
+                    }
+                })
+                .collect();
+            Session {
+                start: rng.uniform(0.0, 20.0),
+                steps,
+            }
+        })
+        .collect()
+}
+
+/// Chat: many users, short prompts, a few turns each, arriving over a couple of minutes.
+pub fn chat(rng: &mut Rng, users: usize) -> Vec<Session> {
+    const SYSTEM: u32 = 300;
+    (0..users)
+        .map(|u| {
+            let mut prompt = SYSTEM + rng.between(100, 900);
+            let steps = (0..rng.between(1, 4))
+                .map(|_| {
+                    let output = rng.between(80, 400);
+                    let main = Req {
+                        prompt,
+                        output,
+                        conversation: key(3, u, 0),
+                        prefix: 3,
+                        prefix_tokens: SYSTEM,
+                        side: false,
+                    };
+                    prompt += output + rng.between(50, 500);
+                    Step {
+                        main,
+                        side: Vec::new(),
+                        think: rng.uniform(4.0, 20.0),
+                    }
+                })
+                .collect();
+            Session {
+                start: rng.uniform(0.0, 120.0),
+                steps,
+            }
+        })
+        .collect()
+}
+
+/// Chat with long documents among it: some sessions paste 15–28k tokens and ask about them.
+pub fn mixed(rng: &mut Rng, users: usize, documents: usize) -> Vec<Session> {
+    let mut sessions = chat(rng, users);
+    sessions.extend((0..documents).map(|d| {
+        let mut prompt = rng.between(15_000, 28_000);
+        let steps = (0..rng.between(1, 2))
+            .map(|_| {
+                let output = rng.between(200, 500);
+                let main = Req {
+                    prompt,
+                    output,
+                    conversation: key(4, d, 0),
+                    prefix: 100 + d as u64,
+                    prefix_tokens: 0,
+                    side: false,
+                };
+                prompt += output + rng.between(50, 300);
+                Step {
+                    main,
+                    side: Vec::new(),
+                    think: rng.uniform(5.0, 15.0),
+                }
+            })
+            .collect();
+        Session {
+            start: rng.uniform(0.0, 120.0),
+            steps,
+        }
+    }));
+    sessions
+}

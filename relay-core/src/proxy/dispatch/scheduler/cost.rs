@@ -1,0 +1,265 @@
+//! Cost routing: among the workers with a free slot, the one where a request's first token
+//! comes soonest, from what each box was measured to do.
+//!
+//! Each answer's timings (llama-server's own, carried in `response_complete.timings`) teach the
+//! proxy a worker's prompt-processing speed per model ([`Speed`], a moving average). For a
+//! request the proxy then estimates, per candidate, the seconds until its first token: the
+//! prompt tokens that box would have to evaluate (all of them, or only those beyond what the
+//! conversation's home still holds) plus what the box is still evaluating for requests that have
+//! not started answering, at its measured speed. The soonest wins when it is clearly sooner than
+//! what the usual rules chose ([`CLEARLY_SOONER`]); missing measurements, unknown prompt sizes
+//! and near ties keep the usual choice, so a fleet of equal boxes is routed as before.
+
+use super::{RequestId, Scheduler, Worker, WorkerId};
+use crate::protocol::Timings;
+
+/// How much one new sample moves a speed estimate.
+const SAMPLE_WEIGHT: f64 = 0.3;
+
+/// A sample of fewer prompt tokens than this says more about a backend's overhead than its
+/// speed, and is not learnt from.
+const MIN_PROMPT_SAMPLE: u32 = 64;
+
+/// Generated tokens a generation-speed sample needs.
+const MIN_GENERATION_SAMPLE: u32 = 8;
+
+/// Another worker replaces the usual choice only when its estimate is below this share of the
+/// usual one's: estimates are rough, and the usual rules keep caches warm.
+const CLEARLY_SOONER: f64 = 0.8;
+
+/// A worker's measured speed on one model.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Speed {
+    /// Prompt tokens evaluated per second.
+    pub prompt_tps: Option<f64>,
+    /// Tokens generated per second.
+    pub generation_tps: Option<f64>,
+}
+
+impl Speed {
+    /// Learns from one answer's `timings`.
+    pub fn observe(&mut self, timings: &Timings) {
+        let rate = |tokens: u32, ms: f64, least: u32| {
+            (tokens >= least && ms > 0.0).then(|| f64::from(tokens) * 1000.0 / ms)
+        };
+        let blend = |old: Option<f64>, new: f64| {
+            Some(old.map_or(new, |old| old + SAMPLE_WEIGHT * (new - old)))
+        };
+        if let Some(new) = rate(timings.prompt_tokens, timings.prompt_ms, MIN_PROMPT_SAMPLE) {
+            self.prompt_tps = blend(self.prompt_tps, new);
+        }
+        if let Some(new) = rate(
+            timings.generated_tokens,
+            timings.generation_ms,
+            MIN_GENERATION_SAMPLE,
+        ) {
+            self.generation_tps = blend(self.generation_tps, new);
+        }
+    }
+}
+
+/// Why a request went where it went, for the dashboard and `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Its conversation's home, whose cache holds the conversation's prompt.
+    CacheHit,
+    /// Its conversation's home had no free slot (or left): a new home with a free slot.
+    HomeBusy,
+    /// A new conversation: where conversations per slot are fewest.
+    NewConversation,
+    /// No conversation: the least loaded worker.
+    LeastLoaded,
+    /// Cost routing: a faster box answers sooner than the usual choice would.
+    FasterBox,
+}
+
+impl Reason {
+    /// Every reason, in the order `/metrics` lists them.
+    pub const ALL: [Reason; 5] = [
+        Reason::CacheHit,
+        Reason::HomeBusy,
+        Reason::NewConversation,
+        Reason::LeastLoaded,
+        Reason::FasterBox,
+    ];
+
+    /// Its name on the dashboard and in `/metrics`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::CacheHit => "cache_hit",
+            Reason::HomeBusy => "home_busy",
+            Reason::NewConversation => "new_conversation",
+            Reason::LeastLoaded => "least_loaded",
+            Reason::FasterBox => "faster_box",
+        }
+    }
+}
+
+impl Scheduler {
+    /// Learns `worker`'s speed on `model` from one answer's `timings`.
+    pub fn observe_timings(&mut self, worker: WorkerId, model: &str, timings: &Timings) {
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        let Some(model) = w.models.iter().find(|m| &***m == model).cloned() else {
+            return;
+        };
+        w.speeds.entry(model).or_default().observe(timings);
+    }
+
+    /// Why a request of conversation `affinity` placed on `worker` at `at` went there
+    /// (`faster_box`: cost routing chose it), read before the placement moves its home.
+    pub(super) fn reason(
+        &self,
+        affinity: Option<u64>,
+        worker: WorkerId,
+        at: std::time::Instant,
+        faster_box: bool,
+    ) -> Reason {
+        if faster_box {
+            return Reason::FasterBox;
+        }
+        match affinity.map(|key| self.affinity.home(key, at)) {
+            None => Reason::LeastLoaded,
+            Some(None) => Reason::NewConversation,
+            Some(Some(home)) if home == worker => Reason::CacheHit,
+            Some(Some(_)) => Reason::HomeBusy,
+        }
+    }
+
+    /// Placements so far, by why they went where they did.
+    pub fn reason_counts(&self) -> Vec<(Reason, u64)> {
+        Reason::ALL
+            .iter()
+            .map(|reason| (*reason, self.reasons.get(reason).copied().unwrap_or(0)))
+            .collect()
+    }
+
+    /// Why `request` went to its worker (none while it waits).
+    pub fn reason_of(&self, request: RequestId) -> Option<Reason> {
+        self.requests.get(&request)?.reason
+    }
+
+    /// Learns `worker`'s speed on the model of `request`, which it just answered in `timings`.
+    pub fn learn(&mut self, worker: WorkerId, request: RequestId, timings: &Timings) {
+        if let Some(model) = self.requests.get(&request).map(|r| r.model.clone()) {
+            self.observe_timings(worker, &model, timings);
+        }
+    }
+
+    /// `worker`'s measured speed on `model`, if any was measured.
+    pub fn speed(&self, worker: WorkerId, model: &str) -> Option<Speed> {
+        self.workers.get(&worker)?.speeds.get(model).copied()
+    }
+
+    /// Prompt tokens of conversation `affinity` that `worker` would have to evaluate for a prompt
+    /// of `tokens`: beyond what it still holds when it is the conversation's home.
+    pub(super) fn tokens_to_evaluate(
+        &self,
+        worker: WorkerId,
+        affinity: Option<u64>,
+        tokens: u32,
+        now: std::time::Instant,
+    ) -> u32 {
+        let held = affinity
+            .filter(|key| self.affinity.home(*key, now) == Some(worker))
+            .map_or(0, |key| self.affinity.context(key));
+        tokens.saturating_sub(held)
+    }
+
+    /// Seconds until the first token of a prompt of `tokens` of conversation `affinity` on
+    /// worker `id`: the prompt tokens it has to evaluate, its own and those it is still
+    /// evaluating for others, at its measured speed. `None` when its speed is not measured.
+    fn first_token_secs(
+        &self,
+        id: WorkerId,
+        model: &str,
+        affinity: Option<u64>,
+        tokens: u32,
+        now: std::time::Instant,
+    ) -> Option<f64> {
+        let w = self.workers.get(&id)?;
+        let prompt_tps = w.speeds.get(model)?.prompt_tps?;
+        let own = self.tokens_to_evaluate(id, affinity, tokens, now).max(1);
+        Some(f64::from(own.saturating_add(self.prefill_ahead(w))) / prompt_tps)
+    }
+
+    /// With cost routing on, a worker with a free slot among `candidates` (those that serve
+    /// `model` and hold the prompt, `fits`) whose first token, for a prompt of `tokens` of
+    /// conversation `affinity`, comes clearly sooner than on `usual`; `None` keeps `usual`.
+    ///
+    /// Only free workers are weighed. Holding a request for a busy fast box (its slot frees
+    /// soon, and it evaluates the prompt five times faster) was tried on the fleet bench and
+    /// lost: a slot's wait is an answer of unknown length, and the estimates of it were wrong
+    /// often enough to make the 90th percentile worse than never waiting (BENCHMARKS.md).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn sooner_than(
+        &self,
+        model: &str,
+        candidates: &[WorkerId],
+        eligible: &dyn Fn(&Worker) -> bool,
+        affinity: Option<u64>,
+        tokens: Option<u32>,
+        usual: WorkerId,
+        now: std::time::Instant,
+    ) -> Option<WorkerId> {
+        let tokens = tokens.filter(|_| self.cost_routing)?;
+        let estimate = |id| self.first_token_secs(id, model, affinity, tokens, now);
+        let usual_secs = estimate(usual)?;
+        let mut best: Option<(f64, WorkerId)> = None;
+        for &id in candidates {
+            if id == usual || !self.workers.get(&id).is_some_and(eligible) {
+                continue;
+            }
+            // Every candidate measured, or the comparison is not fair to the unmeasured.
+            let secs = estimate(id)?;
+            if best.is_none_or(|(b, _)| secs < b) {
+                best = Some((secs, id));
+            }
+        }
+        best.filter(|(secs, _)| *secs < usual_secs * CLEARLY_SOONER)
+            .map(|(_, id)| id)
+    }
+
+    /// Prompt tokens `w` is still evaluating: those of its requests that have not started
+    /// answering, as estimated when they were placed.
+    fn prefill_ahead(&self, w: &Worker) -> u32 {
+        w.in_flight
+            .iter()
+            .filter_map(|id: &RequestId| self.requests.get(id))
+            .filter(|r| !r.started)
+            .map(|r| r.prefill_tokens)
+            .fold(0u32, u32::saturating_add)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timings(prompt_tokens: u32, prompt_ms: f64, generated: u32, generation_ms: f64) -> Timings {
+        Timings {
+            prompt_tokens,
+            prompt_ms,
+            cached_tokens: None,
+            generated_tokens: generated,
+            generation_ms,
+        }
+    }
+
+    #[test]
+    fn a_speed_is_learnt_from_samples_big_enough_to_mean_something() {
+        let mut speed = Speed::default();
+        speed.observe(&timings(10, 5.0, 2, 10.0));
+        assert_eq!(speed, Speed::default(), "too small to learn from");
+        speed.observe(&timings(1000, 500.0, 100, 2000.0));
+        assert_eq!(speed.prompt_tps, Some(2000.0));
+        assert_eq!(speed.generation_tps, Some(50.0));
+        speed.observe(&timings(1000, 1000.0, 100, 2000.0));
+        let blended = speed.prompt_tps.unwrap();
+        assert!(
+            (blended - 1700.0).abs() < 1e-9,
+            "moves 30% towards the new sample: {blended}"
+        );
+    }
+}
