@@ -56,6 +56,7 @@ impl Cli {
             forward_client_auth: p.forward_client_auth,
             require_api_keys: p.require_api_keys,
             affinity: p.affinity,
+            cost_routing: p.cost_routing,
             database_url: p.database_url.clone(),
             allowed_hosts: p.allowed_hosts.clone(),
             cors_origins: p.cors_origins.clone(),
@@ -220,6 +221,18 @@ pub struct ProxyArgs {
         default_missing_value = "true"
     )]
     pub affinity: Option<bool>,
+
+    /// Send a request to a faster box than the usual rules pick when its measured speed says
+    /// its first token comes clearly sooner [default: false].
+    #[arg(
+        long,
+        env = "MODELRELAY_COST_ROUTING",
+        global = true,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub cost_routing: Option<bool>,
 
     /// Keep client API keys and usage in this PostgreSQL database (postgres://user:pass@host/db),
     /// shared by every proxy pointed at it, instead of the SQLite file in the data directory.

@@ -338,7 +338,12 @@ export type ProxyValues = { listen: string, provider: string, max_queue_len: num
 
 export type QueueView = { provider: string, depth: number, };
 
-export type RequestView = { id: string, model: string, provider: string | null, worker: string | null, state: 'queued' | 'running', streaming: boolean, age_ms: number, ttft_ms: number | null, tokens: number, tokens_per_sec: number | null, };
+export type RequestView = { id: string, model: string, provider: string | null, worker: string | null, state: 'queued' | 'running', streaming: boolean, age_ms: number, ttft_ms: number | null, tokens: number, tokens_per_sec: number | null, 
+/**
+ * Why it went to its worker: `cache_hit`, `home_busy`, `new_conversation`,
+ * `least_loaded` or `faster_box` (none while queued).
+ */
+reason: 'cache_hit' | 'home_busy' | 'new_conversation' | 'least_loaded' | 'faster_box' | null, };
 
 export type Roles = { 
 /**
@@ -393,6 +398,16 @@ proxy: ProxyValues,
 worker: WorkerValues, };
 
 export type SleeperView = { name: string, provider: string, models: Array<string>, mac_address: string | null, since_unix_ms: number, state: 'asleep' | 'waking', waking_since_unix_ms: number | null, wake_packets: number, };
+
+export type SpeedView = { 
+/**
+ * Prompt tokens evaluated per second.
+ */
+prompt_tps: number | null, 
+/**
+ * Tokens generated per second.
+ */
+generation_tps: number | null, };
 
 export type StartOnLoginState = { available: boolean, enabled: boolean | null, 
 /**
@@ -482,4 +497,8 @@ model_states: Array<ModelStateReport> | null,
 /**
  * The tokens one request may hold, per model, where the worker reported them.
  */
-context_windows: { [key in string]: number }, };
+context_windows: { [key in string]: number }, 
+/**
+ * Its measured speeds per model (tokens per second), once it has answered with timings.
+ */
+speeds: { [key in string]: SpeedView }, };

@@ -38,6 +38,7 @@ const HARMLESS: &[&str] = &[
     "proxy.responses_store_max_entries",
     "proxy.responses_store_max_bytes",
     "proxy.affinity",
+    "proxy.cost_routing",
     "proxy.sleepers_remembered_secs",
     "proxy.max_sleepers",
     "proxy.wake_retry_secs",

@@ -98,6 +98,8 @@ pub struct ProxyConfig {
     pub require_api_keys: bool,
     /// A conversation's next turn prefers the worker that served it last (`affinity`).
     pub affinity: bool,
+    /// Measured speeds may override the usual choice (`cost_routing`).
+    pub cost_routing: bool,
     /// Where client API keys and usage are kept.
     pub database: DatabaseSetting,
     /// How much usage is kept.
@@ -146,6 +148,7 @@ impl ProxyConfig {
             tls: None,
             require_api_keys: false,
             affinity: defaults::AFFINITY,
+            cost_routing: defaults::COST_ROUTING,
             database: DatabaseSetting::Memory,
             usage_retention: UsageRetention::default(),
             sleepers: crate::settings::SleeperLimits::default(),
@@ -189,6 +192,7 @@ impl ProxyConfig {
             cors_origins: settings.cors_origins,
             require_api_keys: settings.require_api_keys,
             affinity: settings.affinity,
+            cost_routing: settings.cost_routing,
             database: match settings.database_url {
                 Some(url) => DatabaseSetting::Postgres(url),
                 None => {
@@ -385,13 +389,14 @@ pub async fn router(
     extra: impl FnOnce(&AdminAccess) -> axum::Router,
 ) -> std::io::Result<Built> {
     let (keys, usage, shared_responses, db) = open_store(&config).await?;
-    let scheduler = Scheduler::new(
+    let mut scheduler = Scheduler::new(
         config
             .providers
             .iter()
             .map(|p| (p.name.clone(), p.limits.clone()))
             .collect(),
     );
+    scheduler.set_cost_routing(config.cost_routing);
     let hub = Hub::new(
         scheduler,
         HubSettings {

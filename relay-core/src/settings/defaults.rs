@@ -91,6 +91,9 @@ pub const RECONNECT_MAX: Duration = Duration::from_secs(30);
 /// A conversation's next turn prefers the worker that served it last (conversation affinity).
 pub const AFFINITY: bool = true;
 
+/// Cost routing is off until the fleet bench shows it never loses to the usual rules.
+pub const COST_ROUTING: bool = false;
+
 /// A worker keeps each conversation in one slot of its llama-server backends (slot hints).
 pub const SLOT_HINTS: bool = true;
 

@@ -133,6 +133,9 @@ pub struct ProxyFile {
     pub require_api_keys: Option<bool>,
     /// `MODELRELAY_AFFINITY`: a conversation's next turn prefers the worker that served it last.
     pub affinity: Option<bool>,
+    /// `MODELRELAY_COST_ROUTING`: measured speeds may send a request to a faster box than the
+    /// usual rules pick.
+    pub cost_routing: Option<bool>,
     /// `DATABASE_URL`: keep keys and usage in this PostgreSQL database instead of the SQLite
     /// file in the data directory.
     pub database_url: Option<String>,

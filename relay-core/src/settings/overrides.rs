@@ -23,6 +23,8 @@ pub struct Overrides {
     pub require_api_keys: Option<bool>,
     /// `MODELRELAY_AFFINITY`.
     pub affinity: Option<bool>,
+    /// `MODELRELAY_COST_ROUTING`.
+    pub cost_routing: Option<bool>,
     /// `DATABASE_URL`.
     pub database_url: Option<String>,
     /// `MODELRELAY_ALLOWED_HOSTS`.

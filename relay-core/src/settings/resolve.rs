@@ -74,6 +74,8 @@ pub struct ProxySettings {
     pub require_api_keys: bool,
     /// A conversation's next turn prefers the worker that served it last.
     pub affinity: bool,
+    /// Measured speeds may send a request to a faster box than the usual rules pick.
+    pub cost_routing: bool,
     /// A PostgreSQL URL for keys and usage; `None` for the SQLite file in the data directory.
     pub database_url: Option<String>,
     /// Host names besides this machine's own that requests may carry.
@@ -287,6 +289,10 @@ impl ProxySettings {
             admin_token: admin_token(o.admin_token.as_ref().or(p.admin_token.as_ref()))?,
             require_api_keys: o.require_api_keys.or(p.require_api_keys).unwrap_or(false),
             affinity: o.affinity.or(p.affinity).unwrap_or(defaults::AFFINITY),
+            cost_routing: o
+                .cost_routing
+                .or(p.cost_routing)
+                .unwrap_or(defaults::COST_ROUTING),
             database_url: database_url(o.database_url.as_ref().or(p.database_url.as_ref()))?,
             allowed_hosts: o
                 .allowed_hosts

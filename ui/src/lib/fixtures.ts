@@ -33,6 +33,7 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
         hardware_history: NO_HISTORY,
         model_states: null,
         context_windows: {},
+        speeds: {},
       },
       {
         id: 'w-1',
@@ -49,6 +50,7 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
         hardware_history: NO_HISTORY,
         model_states: null,
         context_windows: {},
+        speeds: { 'qwen2.5-7b': { prompt_tps: 2048.4, generation_tps: 45.25 } },
       },
     ],
     models: [
@@ -69,6 +71,7 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
         ttft_ms: 45,
         tokens: 120,
         tokens_per_sec: 97.2,
+        reason: 'cache_hit',
       },
       {
         id: 'r-18',
@@ -81,6 +84,7 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
         ttft_ms: null,
         tokens: 0,
         tokens_per_sec: null,
+        reason: null,
       },
     ],
     totals: { requests: 10, errors: 1, tokens: 1234 },

@@ -42,6 +42,8 @@ export interface WorkerRow {
   models: string[];
   /** Context window per model ("32k"), where known. */
   windows: Record<string, string>;
+  /** Measured speed per model ("prompt 2,000 tok/s · generation 45 tok/s"), once measured. */
+  speeds: Record<string, string>;
   modelsLabel: string;
   load: number;
   maxConcurrent: number;
@@ -80,6 +82,8 @@ export interface InFlightRow {
   ttft: string;
   tokens: string;
   tokensPerSec: string;
+  /** Why it went to its worker, in words ("" while queued). */
+  reason: string;
 }
 
 export interface TotalsView {
@@ -137,6 +141,25 @@ export function workerTone(state: WorkerState): Tone {
 }
 
 /** Map a Status to the dashboard's rows and labels; `nowMs` is the viewer's clock. */
+/** Why a request went where it runs, as the request view says it. */
+export const REASON_LABEL: Record<NonNullable<InFlightReason>, string> = {
+  cache_hit: 'cache hit (its conversation is there)',
+  home_busy: 'home busy (moved, once)',
+  new_conversation: 'new conversation',
+  least_loaded: 'least loaded',
+  faster_box: 'faster box (measured)',
+};
+
+type InFlightReason = Status['in_flight'][number]['reason'];
+
+/** "prompt 2,000 tok/s · generation 45 tok/s", what of it is measured ("" for nothing). */
+export function speedLabel(prompt: number | null, generation: number | null): string {
+  const parts: string[] = [];
+  if (prompt != null) parts.push(`prompt ${formatCount(Math.round(prompt))} tok/s`);
+  if (generation != null) parts.push(`generation ${formatCompact(generation, 1)} tok/s`);
+  return parts.join(' · ');
+}
+
 export function toDashboardView(status: Status, nowMs: number): DashboardView {
   const { node } = status;
   const workerNames = new Map<string, string>();
@@ -155,6 +178,11 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
       models: w.models,
       windows: Object.fromEntries(
         Object.entries(w.context_windows ?? {}).map(([model, tokens]) => [model, tokensLabel(tokens)]),
+      ),
+      speeds: Object.fromEntries(
+        Object.entries(w.speeds ?? {})
+          .map(([model, s]) => [model, speedLabel(s.prompt_tps, s.generation_tps)] as const)
+          .filter(([, label]) => label !== ''),
       ),
       modelsLabel: w.models.length ? w.models.join(', ') : 'none',
       load: w.load,
@@ -205,6 +233,7 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
       ttft: formatDuration(r.ttft_ms),
       tokens: formatCount(r.tokens),
       tokensPerSec: formatRate(r.tokens_per_sec, 'tok/s'),
+      reason: r.reason ? REASON_LABEL[r.reason] : '',
     }));
 
   const t = status.totals;

@@ -326,9 +326,25 @@ function WorkersCard({ workers }: { workers: WorkerRow[] }) {
               <td class="models-cell" data-testid="worker-models">
                 {w.models.length
                   ? w.models.map((m) => (
-                      <code key={m} title={w.windows[m] ? `context window: ${w.windows[m]} tokens per request` : undefined}>
+                      <code
+                        key={m}
+                        title={
+                          [
+                            w.windows[m] ? `context window: ${w.windows[m]} tokens per request` : '',
+                            w.speeds[m] ? `measured: ${w.speeds[m]}` : '',
+                          ]
+                            .filter(Boolean)
+                            .join('\n') || undefined
+                        }
+                      >
                         {m}
                         {w.windows[m] ? <span class="muted small" data-testid="model-window"> · {w.windows[m]}</span> : null}
+                        {w.speeds[m] ? (
+                          <span class="muted small" data-testid="model-speed">
+                            {' '}
+                            · {w.speeds[m]}
+                          </span>
+                        ) : null}
                       </code>
                     ))
                   : <span class="muted">none</span>}
@@ -467,7 +483,7 @@ function InFlightCard({ view }: { view: DashboardView }) {
       ) : (
         <DataTable
           label="In-flight requests"
-          columns={['Model', 'Worker', 'State', 'Age', 'TTFT', 'Tokens', 'Tokens/s']}
+          columns={['Model', 'Worker', 'Why there', 'State', 'Age', 'TTFT', 'Tokens', 'Tokens/s']}
           footer={
             view.inFlightTotal > view.inFlight.length ? (
               <p class="muted small">
@@ -483,6 +499,9 @@ function InFlightCard({ view }: { view: DashboardView }) {
                 {r.streaming ? <span class="muted small"> stream</span> : null}
               </td>
               <td data-testid="in-flight-worker">{r.worker}</td>
+              <td class="muted small" data-testid="in-flight-reason">
+                {r.reason}
+              </td>
               <td>
                 <Badge tone={r.state === 'running' ? 'busy' : 'warn'}>{r.state}</Badge>
               </td>

@@ -594,6 +594,26 @@ impl Hub {
         self.lock().scheduler.queue_depths()
     }
 
+    /// Why each request went where it runs (`None`: queued, or untracked).
+    pub fn reasons(&self, requests: &[RequestId]) -> Vec<Option<&'static str>> {
+        let inner = self.lock();
+        requests
+            .iter()
+            .map(|r| inner.scheduler.reason_of(*r).map(|reason| reason.as_str()))
+            .collect()
+    }
+
+    /// Placements so far, by why they went where they did.
+    pub fn reason_counts(&self) -> Vec<(&'static str, u64)> {
+        let inner = self.lock();
+        inner
+            .scheduler
+            .reason_counts()
+            .into_iter()
+            .map(|(reason, n)| (reason.as_str(), n))
+            .collect()
+    }
+
     /// Conversation affinity placements so far (see [`Scheduler::affinity_counts`]). Counted
     /// inside the scheduler, under the lock every placement already takes, so the hot path pays
     /// three plain increments and no atomics.

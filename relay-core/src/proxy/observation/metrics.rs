@@ -308,6 +308,16 @@ pub fn render(hub: &Hub, admin_failures: u64, storage: &StorageView) -> String {
         counters.client_auth_failures,
     );
     out.family(
+        "modelrelay_placements_total",
+        "counter",
+        "Requests placed on a worker, by why it was that one: cache_hit (its conversation's \
+         home), home_busy (the home had no free slot), new_conversation, least_loaded (no \
+         conversation) or faster_box (cost routing: measured speeds said it answers sooner).",
+    );
+    for (reason, count) in hub.reason_counts() {
+        out.sample("modelrelay_placements_total", &[("reason", reason)], count);
+    }
+    out.family(
         "modelrelay_storage_writable",
         "gauge",
         "1 while the proxy's database takes writes; 0 when its disk is full or its data \

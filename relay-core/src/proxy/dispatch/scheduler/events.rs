@@ -206,4 +206,6 @@ pub struct WorkerSnapshot {
     pub draining: bool,
     /// The tokens one request may hold, per model, where it reported them.
     pub context_windows: std::collections::BTreeMap<String, u32>,
+    /// How fast it was measured to be, per model.
+    pub speeds: std::collections::BTreeMap<String, super::Speed>,
 }

@@ -75,6 +75,11 @@ impl Scheduler {
                         .iter()
                         .map(|(model, tokens)| (model.to_string(), *tokens))
                         .collect(),
+                    speeds: w
+                        .speeds
+                        .iter()
+                        .map(|(model, speed)| (model.to_string(), *speed))
+                        .collect(),
                 }
             })
             .collect()

@@ -66,6 +66,18 @@ pub struct WorkerView {
     model_states: Option<Vec<ModelStateReport>>,
     /// The tokens one request may hold, per model, where the worker reported them.
     context_windows: std::collections::BTreeMap<String, u32>,
+    /// Its measured speeds per model (tokens per second), once it has answered with timings.
+    speeds: std::collections::BTreeMap<String, SpeedView>,
+}
+
+/// A worker's measured speed on one model, in tokens per second.
+#[derive(Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
+pub struct SpeedView {
+    /// Prompt tokens evaluated per second.
+    prompt_tps: Option<f64>,
+    /// Tokens generated per second.
+    generation_tps: Option<f64>,
 }
 
 /// One served model.
@@ -115,6 +127,15 @@ pub struct RequestView {
     ttft_ms: Option<u64>,
     tokens: u64,
     tokens_per_sec: Option<f64>,
+    /// Why it went to its worker: `cache_hit`, `home_busy`, `new_conversation`,
+    /// `least_loaded` or `faster_box` (none while queued).
+    #[cfg_attr(
+        test,
+        ts(
+            type = "'cache_hit' | 'home_busy' | 'new_conversation' | 'least_loaded' | 'faster_box' | null"
+        )
+    )]
+    reason: Option<&'static str>,
 }
 
 /// Everything the dashboard shows.
@@ -180,6 +201,18 @@ pub fn snapshot(state: &AppState) -> Status {
                 hardware: record.as_ref().and_then(|r| r.reported.hardware.clone()),
                 model_states: record.and_then(|r| r.reported.model_states),
                 context_windows: w.context_windows.clone(),
+                speeds: w
+                    .speeds
+                    .iter()
+                    .map(|(model, speed)| {
+                        let round = |tps: Option<f64>| tps.map(|t| (t * 10.0).round() / 10.0);
+                        let view = SpeedView {
+                            prompt_tps: round(speed.prompt_tps),
+                            generation_tps: round(speed.generation_tps),
+                        };
+                        (model.clone(), view)
+                    })
+                    .collect(),
             }
         })
         .collect();
@@ -203,10 +236,12 @@ pub fn snapshot(state: &AppState) -> Status {
     let requests = telemetry.requests();
     let ids: Vec<_> = requests.iter().map(|(id, _)| *id).collect();
     let assignments = hub.assignments(&ids);
+    let reasons = hub.reasons(&ids);
     let in_flight = requests
         .iter()
         .zip(assignments)
-        .filter_map(|((id, record), assignment)| {
+        .zip(reasons)
+        .filter_map(|(((id, record), assignment), reason)| {
             // Untracked by the scheduler: an upstream's, or answered with the client still
             // reading the last bytes.
             let worker = match (assignment, &record.upstream) {
@@ -237,6 +272,7 @@ pub fn snapshot(state: &AppState) -> Status {
                 tokens_per_sec: generating
                     .filter(|secs| *secs > 0.05 && tokens > 0)
                     .map(|secs| (tokens as f64 / secs * 10.0).round() / 10.0),
+                reason,
             })
         })
         .collect();
