@@ -52,7 +52,11 @@ test('dashboard shows connected workers and live traffic', { timeout: 120_000 },
   await waitFor(async () => /^3 \/ 4/.test(await row.getByTestId('worker-load').innerText()), { what: 'worker load 3 / 4' });
   assert.equal(await row.getByTestId('worker-state').innerText(), 'busy');
   // tokens stream in: the token count of a running request grows
-  await waitFor(async () => Number(await inflight.first().locator('td').nth(5).innerText()) >= 3, { what: 'tokens counted' });
+  await waitFor(async () => Number(await inflight.first().getByTestId('in-flight-tokens').innerText()) >= 3, {
+    what: 'tokens counted',
+  });
+  // and each running request says why it went to its worker
+  assert.match(await inflight.first().getByTestId('in-flight-reason').innerText(), /new conversation|cache hit|least loaded/);
 
   mkdirSync(ARTIFACTS, { recursive: true });
   await page.screenshot({ path: path.join(ARTIFACTS, 'dashboard.png'), fullPage: true });

@@ -507,7 +507,7 @@ function InFlightCard({ view }: { view: DashboardView }) {
               </td>
               <td>{r.age}</td>
               <td>{r.ttft}</td>
-              <td>{r.tokens}</td>
+              <td data-testid="in-flight-tokens">{r.tokens}</td>
               <td>{r.tokensPerSec}</td>
             </tr>
           ))}
