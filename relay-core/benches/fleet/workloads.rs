@@ -115,31 +115,60 @@ pub fn agent_sessions(rng: &mut Rng, sessions: usize, turns: usize) -> Vec<Sessi
         .collect()
 }
 
+/// One conversation's shape: `turns` turns from a first prompt of `prompt` tokens, each answer
+/// `output` tokens (a range) long, each next prompt the last one plus the answer plus `grow`.
+struct Shape {
+    turns: u32,
+    prompt: u32,
+    conversation: u64,
+    prefix: u64,
+    prefix_tokens: u32,
+    output: (u32, u32),
+    grow: (u32, u32),
+    think: (f64, f64),
+}
+
+fn turns(rng: &mut Rng, shape: Shape) -> Vec<Step> {
+    let mut prompt = shape.prompt;
+    (0..shape.turns)
+        .map(|_| {
+            let output = rng.between(shape.output.0, shape.output.1);
+            let main = Req {
+                prompt,
+                output,
+                conversation: shape.conversation,
+                prefix: shape.prefix,
+                prefix_tokens: shape.prefix_tokens,
+                side: false,
+            };
+            prompt += output + rng.between(shape.grow.0, shape.grow.1);
+            Step {
+                main,
+                side: Vec::new(),
+                think: rng.uniform(shape.think.0, shape.think.1),
+            }
+        })
+        .collect()
+}
+
 /// Chat: many users, short prompts, a few turns each, arriving over a couple of minutes.
 pub fn chat(rng: &mut Rng, users: usize) -> Vec<Session> {
     const SYSTEM: u32 = 300;
     (0..users)
         .map(|u| {
-            let mut prompt = SYSTEM + rng.between(100, 900);
-            let steps = (0..rng.between(1, 4))
-                .map(|_| {
-                    let output = rng.between(80, 400);
-                    let main = Req {
-                        prompt,
-                        output,
-                        conversation: key(3, u, 0),
-                        prefix: 3,
-                        prefix_tokens: SYSTEM,
-                        side: false,
-                    };
-                    prompt += output + rng.between(50, 500);
-                    Step {
-                        main,
-                        side: Vec::new(),
-                        think: rng.uniform(4.0, 20.0),
-                    }
-                })
-                .collect();
+            // Drawn in this order: a seed's workload stays the one BENCHMARKS.md reports.
+            let prompt = SYSTEM + rng.between(100, 900);
+            let shape = Shape {
+                turns: rng.between(1, 4),
+                prompt,
+                conversation: key(3, u, 0),
+                prefix: 3,
+                prefix_tokens: SYSTEM,
+                output: (80, 400),
+                grow: (50, 500),
+                think: (4.0, 20.0),
+            };
+            let steps = turns(rng, shape);
             Session {
                 start: rng.uniform(0.0, 120.0),
                 steps,
@@ -152,26 +181,18 @@ pub fn chat(rng: &mut Rng, users: usize) -> Vec<Session> {
 pub fn mixed(rng: &mut Rng, users: usize, documents: usize) -> Vec<Session> {
     let mut sessions = chat(rng, users);
     sessions.extend((0..documents).map(|d| {
-        let mut prompt = rng.between(15_000, 28_000);
-        let steps = (0..rng.between(1, 2))
-            .map(|_| {
-                let output = rng.between(200, 500);
-                let main = Req {
-                    prompt,
-                    output,
-                    conversation: key(4, d, 0),
-                    prefix: 100 + d as u64,
-                    prefix_tokens: 0,
-                    side: false,
-                };
-                prompt += output + rng.between(50, 300);
-                Step {
-                    main,
-                    side: Vec::new(),
-                    think: rng.uniform(5.0, 15.0),
-                }
-            })
-            .collect();
+        let prompt = rng.between(15_000, 28_000);
+        let shape = Shape {
+            turns: rng.between(1, 2),
+            prompt,
+            conversation: key(4, d, 0),
+            prefix: 100 + d as u64,
+            prefix_tokens: 0,
+            output: (200, 500),
+            grow: (50, 300),
+            think: (5.0, 15.0),
+        };
+        let steps = turns(rng, shape);
         Session {
             start: rng.uniform(0.0, 120.0),
             steps,

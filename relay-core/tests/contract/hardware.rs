@@ -115,14 +115,7 @@ async fn a_worker_with_a_gpu_tool_reports_cpu_memory_and_each_gpu_to_the_dashboa
     assert_eq!(seen["hardware_history"]["vram_percent"][0], 24);
     assert_eq!(seen["model_states"], Value::Null, "no model map, no states");
 
-    let metrics = http()
-        .get(format!("{}/metrics", proxy.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&proxy.url()).await;
     let total = 24564u64 * 1024 * 1024;
     assert!(
         metrics.contains(&format!("modelrelay_worker_gpu_vram_total_bytes{{provider=\"local\",worker=\"gpu-box\",gpu=\"0\",gpu_name=\"NVIDIA GeForce RTX 4090\"}} {total}")),

@@ -58,14 +58,7 @@ async fn a_workers_timings_teach_the_proxy_its_speed_and_each_placement_says_why
     assert_eq!(speed["prompt_tps"], 2000.0, "{status}");
     assert_eq!(speed["generation_tps"], 50.0, "{status}");
 
-    let metrics = http()
-        .get(format!("{}/metrics", proxy.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&proxy.url()).await;
     assert!(
         metrics.contains("modelrelay_placements_total{reason=\"new_conversation\"} 1"),
         "{metrics}"

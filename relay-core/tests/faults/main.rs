@@ -193,6 +193,20 @@ fn rss_kb(pid: u32) -> i64 {
 /// The control API's token of every proxy here (beyond loopback it guards `/api/status`).
 const ADMIN_TOKEN: &str = "faults-admin-token-0123";
 
+/// `GET route` with the admin token, as JSON.
+async fn admin_json(url: &str, route: &str) -> Value {
+    let text = inprocess::http()
+        .get(format!("{url}{route}"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect(route)
+        .text()
+        .await
+        .expect(route);
+    serde_json::from_str(&text).expect(route)
+}
+
 /// A proxy (`modelrelay serve`) on 127.0.0.1:`port` with `env`.
 fn start_proxy(data: &TempDir, port: u16, env: &[(&str, &str)]) -> (Running, String) {
     start_proxy_at(data, &format!("127.0.0.1:{port}"), env)

@@ -270,22 +270,7 @@ async fn proxy_killed_while_keys_are_made_and_usage_is_written() {
     let database = data.path().join("modelrelay.db");
     assert_eq!(integrity_of(&database), "ok", "{}", database.display());
     let (_proxy, again) = start_proxy(&data, port, &[ROOMY_QUEUE]);
-    let get_json = |route: &'static str| {
-        let request = client
-            .get(format!("{again}{route}"))
-            .bearer_auth(ADMIN_TOKEN);
-        async move {
-            let text = request
-                .send()
-                .await
-                .expect(route)
-                .text()
-                .await
-                .expect(route);
-            serde_json::from_str::<Value>(&text).expect(route)
-        }
-    };
-    let keys = get_json("/api/keys").await;
+    let keys = admin_json(&again, "/api/keys").await;
     let kept: std::collections::BTreeSet<&str> = keys["keys"]
         .as_array()
         .or(keys.as_array())
@@ -297,7 +282,7 @@ async fn proxy_killed_while_keys_are_made_and_usage_is_written() {
         .iter()
         .filter(|id| !kept.contains(id.as_str()))
         .collect();
-    let usage = get_json("/api/usage").await;
+    let usage = admin_json(&again, "/api/usage").await;
     let stored = usage["totals"]["requests"].as_u64().unwrap_or(0) as usize;
     println!(
         "faults proxy_killed_while_keys_are_made_and_usage_is_written: database integrity ok; \

@@ -43,20 +43,6 @@ fn seen_by(proxy: &Running, data: &Path) -> PathBuf {
     PathBuf::from(format!("/proc/{}/root", proxy.child.id())).join(data.strip_prefix("/").unwrap())
 }
 
-/// `GET route` with the admin token, as JSON.
-async fn admin_json(url: &str, route: &str) -> Value {
-    let text = inprocess::http()
-        .get(format!("{url}{route}"))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect(route)
-        .text()
-        .await
-        .expect(route);
-    serde_json::from_str(&text).expect(route)
-}
-
 /// `/api/status`'s `storage`.
 async fn storage(url: &str) -> Value {
     admin_json(url, "/api/status").await["storage"].clone()

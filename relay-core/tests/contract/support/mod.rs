@@ -79,6 +79,18 @@ pub async fn post_raw(
 }
 
 /// GETs `url` + `path` as JSON.
+/// `GET /metrics` of `base` (open on loopback without a token), as text.
+pub async fn metrics_text(base: &str) -> String {
+    http()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("its body")
+}
+
 pub async fn get_json(base: &str, path: &str, headers: &[(&str, &str)]) -> (StatusCode, Value) {
     let mut request = http().get(format!("{base}{path}"));
     for (name, value) in headers {

@@ -241,9 +241,9 @@ impl Scheduler {
 mod tests {
     use std::time::Instant;
 
+    use super::super::tests::register;
     use super::super::{Placement, ProviderLimits, Submitted};
     use super::*;
-    use crate::protocol::RegisterMessage;
 
     /// A scheduler with cost routing `on` and workers of these prompt speeds (tokens/s), 4 slots
     /// each, ids in order; speeds of `None` are not measured.
@@ -254,20 +254,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, speed)| {
-                let message = RegisterMessage {
-                    worker_name: format!("box-{i}"),
-                    models: vec!["m".to_string()],
-                    max_concurrent: 4,
-                    protocol_version: Some("1".to_string()),
-                    current_load: Some(0),
-                    mac_address: None,
-                    sleeps_when_idle: None,
-                    context_windows: None,
-                };
-                let id = s
-                    .register_worker("local", &message)
-                    .expect("registered")
-                    .worker;
+                let id = register(&mut s, &format!("box-{i}"), &["m"], 4).worker;
                 if let Some(tps) = speed {
                     let ms = 1000.0 * 1000.0 / tps;
                     s.observe_timings(id, "m", &timings(1000, ms, 100, 2000.0));

@@ -17,7 +17,7 @@ fn scheduler() -> Scheduler {
     Scheduler::new(vec![("local".to_string(), limits())])
 }
 
-fn register(s: &mut Scheduler, name: &str, models: &[&str], max: u32) -> Registered {
+pub(super) fn register(s: &mut Scheduler, name: &str, models: &[&str], max: u32) -> Registered {
     s.register_worker(
         "local",
         &RegisterMessage {
