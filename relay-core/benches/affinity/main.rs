@@ -16,7 +16,9 @@
 //! stack in `$REALSTACK`, default `~/.cache/modelrelay-realstack`; without it, it says so and
 //! exits). `AFFINITY_TURNS`, `AFFINITY_CONVERSATIONS`, `AFFINITY_SEEDS`, `AFFINITY_SYSTEM`
 //! (`shared`, `own`, `both`), `AFFINITY_LLAMA_ARGS` (more llama-server arguments, the same
-//! for every phase) and `AFFINITY_MODEL` (another GGUF file) change the run.
+//! for every phase), `AFFINITY_SLOW_ARGS` (more arguments for the second server only: boxes of
+//! unequal speed, for the cost-routing phase) and `AFFINITY_MODEL` (another GGUF file) change
+//! the run.
 
 #[allow(dead_code)] // shared with the relay bench, which uses more of it
 #[path = "../relay/procs.rs"]
@@ -97,7 +99,13 @@ fn realstack() -> Option<(PathBuf, PathBuf)> {
     (server.is_file() && model.is_file()).then_some((server, model))
 }
 
-async fn start_llama(client: &reqwest::Client, server: &Path, model: &Path) -> (ChildProcess, u16) {
+/// `slower`: make this server the slower box of an unequal pair (`AFFINITY_SLOW_ARGS`).
+async fn start_llama(
+    client: &reqwest::Client,
+    server: &Path,
+    model: &Path,
+    slower: bool,
+) -> (ChildProcess, u16) {
     let port = free_port();
     let mut command = Command::new(server);
     command.args(["-m", &model.display().to_string()]);
@@ -116,6 +124,11 @@ async fn start_llama(client: &reqwest::Client, server: &Path, model: &Path) -> (
     if let Ok(extra) = std::env::var("AFFINITY_LLAMA_ARGS") {
         command.args(extra.split_whitespace());
     }
+    // Boxes of unequal speed: more arguments for the second server only, e.g. `-ub 16 -b 16`
+    // (smaller batches evaluate prompts several times slower).
+    if let (true, Ok(extra)) = (slower, std::env::var("AFFINITY_SLOW_ARGS")) {
+        command.args(extra.split_whitespace());
+    }
     let child = ChildProcess::start(command, None);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -131,7 +144,7 @@ async fn start_llama(client: &reqwest::Client, server: &Path, model: &Path) -> (
     }
 }
 
-fn start_proxy(affinity: bool, data: &std::path::Path) -> (ChildProcess, u16) {
+fn start_proxy(affinity: bool, cost: bool, data: &std::path::Path) -> (ChildProcess, u16) {
     let mut command = Command::new(modelrelay_binary());
     command
         .args([
@@ -142,6 +155,7 @@ fn start_proxy(affinity: bool, data: &std::path::Path) -> (ChildProcess, u16) {
             SECRET,
         ])
         .args(["--affinity", if affinity { "true" } else { "false" }])
+        .args(["--cost-routing", if cost { "true" } else { "false" }])
         .env("LOG_LEVEL", "warn")
         .env("MODELRELAY_DATA_DIR", data);
     let proxy = ChildProcess::start(command, Some("serving at http://"));
@@ -381,23 +395,34 @@ struct Routing {
     name: &'static str,
     affinity: bool,
     slot_hints: bool,
+    /// `--cost-routing`: measured speeds may pick a faster box (issue 29).
+    cost: bool,
 }
 
-const PHASES: [Routing; 3] = [
+const PHASES: [Routing; 4] = [
     Routing {
         name: "least-loaded (affinity off)",
         affinity: false,
         slot_hints: false,
+        cost: false,
     },
     Routing {
         name: "affinity on, slot hints off",
         affinity: true,
         slot_hints: false,
+        cost: false,
     },
     Routing {
         name: "affinity on, slot hints on",
         affinity: true,
         slot_hints: true,
+        cost: false,
+    },
+    Routing {
+        name: "affinity, slot hints, cost routing",
+        affinity: true,
+        slot_hints: true,
+        cost: true,
     },
 ];
 
@@ -469,9 +494,9 @@ async fn phase(
     let data =
         std::env::temp_dir().join(format!("modelrelay-affinity-bench-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&data);
-    let (_llama_a, port_a) = start_llama(client, &stack.0, &stack.1).await;
-    let (_llama_b, port_b) = start_llama(client, &stack.0, &stack.1).await;
-    let (_proxy, proxy_port) = start_proxy(routing.affinity, &data);
+    let (_llama_a, port_a) = start_llama(client, &stack.0, &stack.1, false).await;
+    let (_llama_b, port_b) = start_llama(client, &stack.0, &stack.1, true).await;
+    let (_proxy, proxy_port) = start_proxy(routing.affinity, routing.cost, &data);
     let _worker_a = start_worker(proxy_port, port_a, "box-a", routing.slot_hints, &data);
     let _worker_b = start_worker(proxy_port, port_b, "box-b", routing.slot_hints, &data);
     wait_for_workers(client, proxy_port, 2).await;

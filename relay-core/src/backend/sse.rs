@@ -111,22 +111,33 @@ pub fn asking_for_usage(path: &str, body: &str) -> Option<String> {
 
 /// `text` (whole SSE events) without the usage-only events (`"choices": []` with a `usage`)
 /// that [`asking_for_usage`] made the backend send; a chunk without any is returned as it is
-/// (no copy: every chunk of such a stream passes here).
+/// (no copy: every chunk of such a stream passes here). Asked for usage, llama-server moves its
+/// `timings` from the last choice's event into the usage event: that event is kept without its
+/// `usage`, so the client still gets the timings it gets from llama-server directly.
 pub fn without_usage_only_events(text: String) -> String {
     if !text.contains("usage") {
         return text;
     }
-    let usage_only = |event: &str| {
-        event.lines().filter_map(data_field).any(|data| {
-            data.contains("usage")
-                && serde_json::from_str::<Value>(data.trim()).is_ok_and(|value| {
-                    value.get("usage").is_some_and(Value::is_object)
-                        && value
-                            .get("choices")
-                            .and_then(Value::as_array)
-                            .is_some_and(Vec::is_empty)
-                })
-        })
+    // `None`: not a usage-only event, kept as it is; `Some(replacement)` otherwise.
+    let usage_only = |event: &str| -> Option<String> {
+        let data = event
+            .lines()
+            .filter_map(data_field)
+            .find(|data| data.contains("usage"))?;
+        let mut value = serde_json::from_str::<Value>(data.trim()).ok()?;
+        let object = value.as_object_mut()?;
+        let no_choices = object
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_some_and(Vec::is_empty);
+        if !(no_choices && object.get("usage").is_some_and(Value::is_object)) {
+            return None;
+        }
+        if !object.contains_key("timings") {
+            return Some(String::new());
+        }
+        object.remove("usage");
+        Some(format!("data: {value}\n\n"))
     };
     let mut kept = String::with_capacity(text.len());
     let mut rest = text.as_str();
@@ -148,8 +159,9 @@ pub fn without_usage_only_events(text: String) -> String {
             })
             .unwrap_or(rest.len());
         let (event, after) = rest.split_at(end);
-        if !usage_only(event) {
-            kept.push_str(event);
+        match usage_only(event) {
+            None => kept.push_str(event),
+            Some(replacement) => kept.push_str(&replacement),
         }
         rest = after;
     }
@@ -264,6 +276,22 @@ fn llama_timings(timings: &Value) -> Option<crate::protocol::Timings> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_usage_event_the_client_did_not_ask_for_goes_but_llama_servers_timings_stay() {
+        let stream = "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"length\"}]}\n\n\
+                      data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9},\"timings\":{\"prompt_n\":9}}\n\n\
+                      data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9}}\n\n\
+                      data: [DONE]\n\n";
+        let shown = without_usage_only_events(stream.to_string());
+        assert!(!shown.contains("\"usage\""), "{shown}");
+        assert!(shown.contains("\"timings\":{\"prompt_n\":9}"), "{shown}");
+        assert!(
+            shown.contains("finish_reason") && shown.ends_with("data: [DONE]\n\n"),
+            "{shown}"
+        );
+        assert_eq!(shown.matches("data:").count(), 3, "{shown}");
+    }
 
     #[test]
     fn llama_servers_timings_are_read_from_its_last_event_and_from_a_whole_body() {
