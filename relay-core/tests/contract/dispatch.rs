@@ -5,8 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use relay_core::protocol::{CancelReason, ModelsUpdateMessage, PongMessage, WorkerToServer};
-use relay_core::proxy::dispatch::scheduler::ProviderLimits;
+use relay_core::protocol::{
+    CancelReason, ErrorMessage, ModelsUpdateMessage, PongMessage, WorkerToServer,
+};
+use relay_core::proxy::dispatch::scheduler::{ProviderLimits, MAX_REQUEUE_COUNT};
 use relay_core::proxy::ProxyConfig;
 use serde_json::{json, Value};
 
@@ -729,6 +731,42 @@ async fn requeue_is_capped_at_three_then_the_client_gets_503() {
     late.assert_nothing_for(QUIET, "an exhausted request is not dispatched again")
         .await;
     wait_until("nothing is tracked", || proxy.hub.tracked_requests() == 0).await;
+}
+
+/// A worker that refuses a request as beyond its `max_concurrent` (`worker_busy`: its own count
+/// ran ahead of the proxy's) is counted full until it reports its load; the refusal does not
+/// use up the request's requeues, however often it happens, and the request is answered.
+#[tokio::test]
+async fn a_workers_busy_refusals_requeue_without_using_up_the_request() {
+    let proxy = start_proxy(test_config()).await;
+    let (mut worker, _) = ScriptedWorker::join(proxy.addr, "w0", &["m"], 2).await;
+    let task = spawn_post(&proxy.url(), "/v1/chat/completions", chat("m"));
+    for _ in 0..(MAX_REQUEUE_COUNT + 2) {
+        let request = worker.next_request().await;
+        worker
+            .send(&WorkerToServer::Error(ErrorMessage {
+                request_id: Some(request.request_id.clone()),
+                code: "worker_busy".to_string(),
+                message: "this worker already runs its 2 requests (max_concurrent)".to_string(),
+            }))
+            .await;
+        worker
+            .assert_nothing_for(QUIET, "not sent back to a worker that said it is full")
+            .await;
+        // Its load report says a slot is free again.
+        worker
+            .send(&WorkerToServer::Pong(PongMessage {
+                current_load: 1,
+                timestamp_unix_ms: None,
+                hardware: None,
+                model_states: None,
+            }))
+            .await;
+    }
+    let request = worker.next_request().await;
+    worker.complete(&request.request_id, r#"{"ok":true}"#).await;
+    let (status, _, body) = answer_of(task).await;
+    assert_eq!(status, 200, "{body}");
 }
 
 #[tokio::test]

@@ -511,6 +511,18 @@ impl Hub {
         known
     }
 
+    /// The worker refused `request` as beyond its `max_concurrent`: requeue it, the worker
+    /// counted full until it reports its load ([`Scheduler::refused_as_busy`]).
+    pub fn refused_as_busy(&self, worker: WorkerId, request: RequestId) -> bool {
+        let mut inner = self.lock();
+        let mut actions = Vec::new();
+        let known = inner
+            .scheduler
+            .refused_as_busy(worker, request, Instant::now(), &mut actions);
+        inner.execute(actions);
+        known
+    }
+
     /// The first byte of `request`'s answer went to its client: it may no longer be requeued.
     pub fn mark_started(&self, request: RequestId) {
         self.lock().scheduler.mark_started(request);

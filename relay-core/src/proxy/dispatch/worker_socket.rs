@@ -17,7 +17,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::{interval_at, timeout, Instant, MissedTickBehavior};
 
-use crate::dialect::{is_retryable_code, ApiError};
+use crate::dialect::{is_retryable_code, ApiError, WORKER_BUSY_CODE};
 use crate::protocol::{
     is_accepted_protocol_version, CancelReason, ErrorMessage, PingMessage, RegisterMessage,
     ResponseChunkMessage, ResponseCompleteMessage, ServerToWorker, WorkerToServer,
@@ -518,6 +518,12 @@ impl Connection {
         let route = self.routes.remove(&id);
         self.pauses.forget(id);
         let unstarted = route.as_ref().is_some_and(|r| !r.started);
+        if unstarted && error.code == WORKER_BUSY_CODE {
+            if self.hub.refused_as_busy(self.worker, id) {
+                tracing::info!(worker = %worker_wire_id(self.worker), request = wire_id, "request requeued: the worker was fuller than it had said; {}", error.message);
+            }
+            return;
+        }
         if unstarted && is_retryable_code(&error.code) {
             if self.hub.retry(self.worker, id) {
                 tracing::info!(worker = %worker_wire_id(self.worker), request = wire_id, code = %error.code, "request requeued after a retryable worker error: {}", error.message);

@@ -217,4 +217,34 @@ impl Scheduler {
             }
         }
     }
+
+    /// `worker` refused `request` as beyond its `max_concurrent` (`worker_busy`): the proxy's
+    /// view of its load was wrong (a report still on its way, or a worker that counts
+    /// differently). It is full until it reports its load again, and the request goes back to
+    /// the queue without the refusal counting towards [`MAX_REQUEUE_COUNT`] (nothing failed:
+    /// it was not taken), so a race cannot exhaust a request's requeues in a microsecond.
+    pub fn refused_as_busy(
+        &mut self,
+        worker: WorkerId,
+        request: RequestId,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        if !self.is_running_on(request, worker) {
+            return false;
+        }
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.in_flight.remove(&request);
+            w.external_load = w.max_concurrent.saturating_sub(w.in_flight.len() as u32);
+        }
+        let before = self
+            .requests
+            .get_mut(&request)
+            .map(|r| std::mem::take(&mut r.requeues));
+        self.requeue_or_fail(request, now, actions);
+        if let (Some(r), Some(before)) = (self.requests.get_mut(&request), before) {
+            r.requeues = before;
+        }
+        true
+    }
 }

@@ -808,6 +808,35 @@ fn retryable_failure_before_any_byte_requeues_to_another_worker() {
 }
 
 #[test]
+fn a_busy_refusal_counts_its_worker_full_until_it_reports_and_never_exhausts_the_request() {
+    let mut s = scheduler();
+    let a = register(&mut s, "a", &["m"], 2).worker;
+    let now = Instant::now();
+    let r = submit(&mut s, "m", now).unwrap().request();
+    // Refused again and again, as a worker whose own count ran ahead of the proxy's would.
+    for _ in 0..(MAX_REQUEUE_COUNT + 2) {
+        let mut actions = Vec::new();
+        assert!(s.refused_as_busy(a, r, now, &mut actions));
+        assert!(
+            !actions.iter().any(|a| matches!(a, Action::Dispatch { .. })),
+            "not straight back to the worker that said it is full: {actions:?}"
+        );
+        assert_eq!(s.queue_depth(), 1, "it waits");
+        // The worker reports a free slot again: the request goes back to it.
+        let actions = s.update_load(a, 1);
+        assert_eq!(
+            actions,
+            vec![Action::Dispatch {
+                request: r,
+                worker: a
+            }]
+        );
+    }
+    let mut actions = Vec::new();
+    assert!(s.finish(a, r, &mut actions), "and it is finally answered");
+}
+
+#[test]
 fn retryable_failure_after_bytes_reached_the_client_fails_the_request() {
     let mut s = scheduler();
     let a = register(&mut s, "a", &["m"], 1).worker;
