@@ -188,6 +188,8 @@ pub struct Scheduler {
     reasons: HashMap<Reason, u64>,
     /// Whether measured speeds may override the usual rules ([`cost`]).
     cost_routing: bool,
+    /// Speeds of boxes that left, by worker name: a box that reconnects keeps what was measured.
+    known_speeds: cost::KnownSpeeds,
     next_worker: WorkerId,
     shutting_down: bool,
 }
@@ -213,6 +215,7 @@ impl Scheduler {
             affinity: AffinityTable::default(),
             reasons: HashMap::new(),
             cost_routing: false,
+            known_speeds: cost::KnownSpeeds::default(),
             next_worker: 1,
             shutting_down: false,
         }
@@ -634,6 +637,7 @@ impl Scheduler {
             return actions;
         };
         self.unindex_models(entry.provider, worker, &entry.models, now);
+        self.known_speeds.remember(&entry.name, entry.speeds);
         let mut orphans: Vec<RequestId> = entry.in_flight.into_iter().collect();
         orphans.sort_unstable();
         for request in orphans {

@@ -10,6 +10,9 @@
 //! what the usual rules chose ([`CLEARLY_SOONER`]); missing measurements, unknown prompt sizes
 //! and near ties keep the usual choice, so a fleet of equal boxes is routed as before.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use super::{RequestId, Scheduler, Worker, WorkerId};
 use crate::protocol::Timings;
 
@@ -59,6 +62,47 @@ impl Speed {
         ) {
             self.generation_tps = blend(self.generation_tps, new);
         }
+    }
+}
+
+/// Boxes remembered with their speeds after they left, at most.
+const KNOWN_BOXES: usize = 256;
+
+/// The speeds of boxes that left, by worker name (a box asleep, restarting or reconnecting),
+/// so that one coming back is routed by what was measured of it at once. Bounded: the box
+/// remembered longest ago makes room.
+#[derive(Debug, Default)]
+pub(super) struct KnownSpeeds {
+    boxes: HashMap<String, (u64, HashMap<Arc<str>, Speed>)>,
+    stamp: u64,
+}
+
+impl KnownSpeeds {
+    /// Box `name` left with these `speeds`.
+    pub(super) fn remember(&mut self, name: &str, speeds: HashMap<Arc<str>, Speed>) {
+        if speeds.is_empty() {
+            return;
+        }
+        if self.boxes.len() >= KNOWN_BOXES && !self.boxes.contains_key(name) {
+            let oldest = self
+                .boxes
+                .iter()
+                .min_by_key(|(_, (stamp, _))| *stamp)
+                .map(|(name, _)| name.clone());
+            if let Some(oldest) = oldest {
+                self.boxes.remove(&oldest);
+            }
+        }
+        self.stamp += 1;
+        self.boxes.insert(name.to_string(), (self.stamp, speeds));
+    }
+
+    /// What was measured of box `name` before it left (nothing for a new box).
+    pub(super) fn recall(&self, name: &str) -> HashMap<Arc<str>, Speed> {
+        self.boxes
+            .get(name)
+            .map(|(_, speeds)| speeds.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -341,6 +385,27 @@ mod tests {
             generated_tokens: generated,
             generation_ms,
         }
+    }
+
+    #[test]
+    fn a_box_that_reconnects_keeps_its_measured_speed_and_the_memory_stays_bounded() {
+        let now = Instant::now();
+        let (mut s, ids) = fleet(true, &[Some(600.0), Some(3000.0)]);
+        let measured = s.speed(ids[1], "m");
+        assert!(measured.is_some());
+        s.worker_gone(ids[1], now);
+        let back = register(&mut s, "box-1", &["m"], 4).worker;
+        assert_ne!(back, ids[1], "a new connection");
+        assert_eq!(s.speed(back, "m"), measured, "known at once");
+        assert_eq!(place(&mut s, 1, 7, 12_000, now), back, "and routed by it");
+        let mut known = KnownSpeeds::default();
+        let one = HashMap::from([(Arc::from("m"), Speed::default())]);
+        for i in 0..(KNOWN_BOXES + 10) {
+            known.remember(&format!("box-{i}"), one.clone());
+        }
+        assert_eq!(known.boxes.len(), KNOWN_BOXES);
+        assert!(known.recall("box-0").is_empty(), "the oldest made room");
+        assert_eq!(known.recall(&format!("box-{}", KNOWN_BOXES + 9)).len(), 1);
     }
 
     #[test]

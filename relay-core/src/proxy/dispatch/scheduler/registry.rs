@@ -70,6 +70,7 @@ impl Scheduler {
         let models: Vec<Arc<str>> = models.into_iter().map(Arc::from).collect();
         self.index_models(provider_index, worker_id, &models);
         let windows = windows_of(&models, message.context_windows.as_ref());
+        let speeds = self.known_speeds.recall(&name);
         self.workers.insert(
             worker_id,
             Worker {
@@ -81,7 +82,7 @@ impl Scheduler {
                 external_load: message.current_load.unwrap_or(0),
                 draining: false,
                 windows,
-                speeds: HashMap::new(),
+                speeds,
             },
         );
         let mut actions = Vec::new();
