@@ -646,6 +646,18 @@ impl Scheduler {
         actions
     }
 
+    /// Frees the slot `request` held on `worker`; false (nothing changed) if it was not running
+    /// there.
+    fn give_back_slot(&mut self, worker: WorkerId, request: RequestId) -> bool {
+        if !self.is_running_on(request, worker) {
+            return false;
+        }
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.in_flight.remove(&request);
+        }
+        true
+    }
+
     /// The worker says its attempt at `request` failed before any output and may be retried
     /// elsewhere (a model process crashed): free its slot and requeue the request under the same
     /// rules as a worker death. Returns false if the request was not running on that worker.
@@ -656,11 +668,8 @@ impl Scheduler {
         now: Instant,
         actions: &mut Vec<Action>,
     ) -> bool {
-        if !self.is_running_on(request, worker) {
+        if !self.give_back_slot(worker, request) {
             return false;
-        }
-        if let Some(w) = self.workers.get_mut(&worker) {
-            w.in_flight.remove(&request);
         }
         self.requeue_or_fail(request, now, actions);
         self.fill_worker(worker, actions);

@@ -231,11 +231,10 @@ impl Scheduler {
         now: Instant,
         actions: &mut Vec<Action>,
     ) -> bool {
-        if !self.is_running_on(request, worker) {
+        if !self.give_back_slot(worker, request) {
             return false;
         }
         if let Some(w) = self.workers.get_mut(&worker) {
-            w.in_flight.remove(&request);
             w.external_load = w.max_concurrent.saturating_sub(w.in_flight.len() as u32);
         }
         let before = self
