@@ -185,18 +185,18 @@ impl UsageTracker {
         }
     }
 
-    /// Reads usage (and llama-server's `timings`) from the `data:` lines of SSE text; only lines
-    /// mentioning them are parsed.
+    /// Reads usage from the `data:` lines of SSE text, and llama-server's `timings` beside it
+    /// (the relay asks every stream for usage, and llama-server then sends its timings in the
+    /// usage event); only lines mentioning usage are parsed, one scan of each chunk.
     pub fn observe_events(&mut self, text: &str) {
-        let worth_reading = |text: &str| text.contains("usage") || text.contains("\"timings\"");
-        if !worth_reading(text) {
+        if !text.contains("usage") {
             return;
         }
         for line in text.lines() {
             let Some(data) = data_field(line) else {
                 continue;
             };
-            if worth_reading(data) {
+            if data.contains("usage") {
                 if let Ok(value) = serde_json::from_str::<Value>(data.trim()) {
                     self.observe(&value);
                 }

@@ -184,8 +184,8 @@ pub struct Scheduler {
     requests: HashMap<RequestId, Request>,
     /// Each conversation's home worker.
     affinity: AffinityTable,
-    /// Placements by why they went where they did.
-    reasons: HashMap<Reason, u64>,
+    /// Placements by why they went where they did (indexed by [`Reason::index`]).
+    reasons: [u64; Reason::ALL.len()],
     /// Whether measured speeds may override the usual rules ([`cost`]).
     cost_routing: bool,
     /// Speeds of boxes that left, by worker name: a box that reconnects keeps what was measured.
@@ -213,7 +213,7 @@ impl Scheduler {
             workers: HashMap::new(),
             requests: HashMap::new(),
             affinity: AffinityTable::default(),
-            reasons: HashMap::new(),
+            reasons: [0; Reason::ALL.len()],
             cost_routing: false,
             known_speeds: cost::KnownSpeeds::default(),
             next_worker: 1,
@@ -346,13 +346,18 @@ impl Scheduler {
     fn assign(&mut self, request: RequestId, worker: WorkerId, faster_box: bool) {
         let entry = &self.requests[&request];
         let (affinity, tokens) = (entry.placement.affinity, entry.placement.prompt_tokens);
-        let prefill = self.tokens_to_evaluate(worker, affinity, tokens.unwrap_or(0), entry.arrived);
-        let reason = self.reason(affinity, worker, entry.arrived, faster_box);
+        // Read before the placement moves the conversation's home.
+        let home = affinity.map(|key| self.affinity.home(key, entry.arrived));
+        let held = match (affinity, home) {
+            (Some(key), Some(Some(at))) if at == worker => self.affinity.context(key),
+            _ => 0,
+        };
+        let reason = Reason::of(home, worker, faster_box);
         let entry = self.requests.get_mut(&request).expect("known request");
         entry.phase = Phase::Assigned { worker };
-        entry.prefill_tokens = prefill;
+        entry.prefill_tokens = tokens.unwrap_or(0).saturating_sub(held);
         entry.reason = Some(reason);
-        *self.reasons.entry(reason).or_default() += 1;
+        self.reasons[reason.index()] += 1;
         if let Some(key) = affinity {
             self.affinity.record(key, worker, entry.arrived);
             self.affinity.set_context(key, tokens.unwrap_or(0));

@@ -131,6 +131,23 @@ impl Reason {
         Reason::FasterBox,
     ];
 
+    /// Why a request went to `worker`, given its conversation's home before the placement
+    /// (`None`: no conversation; `Some(None)`: none yet) and whether cost routing chose it.
+    pub(super) fn of(home: Option<Option<WorkerId>>, worker: WorkerId, faster_box: bool) -> Reason {
+        match (faster_box, home) {
+            (true, _) => Reason::FasterBox,
+            (false, None) => Reason::LeastLoaded,
+            (false, Some(None)) => Reason::NewConversation,
+            (false, Some(Some(home))) if home == worker => Reason::CacheHit,
+            (false, Some(Some(_))) => Reason::HomeBusy,
+        }
+    }
+
+    /// Its place in [`Reason::ALL`].
+    pub(super) fn index(self) -> usize {
+        self as usize
+    }
+
     /// Its name on the dashboard and in `/metrics`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -155,31 +172,11 @@ impl Scheduler {
         w.speeds.entry(model).or_default().observe(timings);
     }
 
-    /// Why a request of conversation `affinity` placed on `worker` at `at` went there
-    /// (`faster_box`: cost routing chose it), read before the placement moves its home.
-    pub(super) fn reason(
-        &self,
-        affinity: Option<u64>,
-        worker: WorkerId,
-        at: std::time::Instant,
-        faster_box: bool,
-    ) -> Reason {
-        if faster_box {
-            return Reason::FasterBox;
-        }
-        match affinity.map(|key| self.affinity.home(key, at)) {
-            None => Reason::LeastLoaded,
-            Some(None) => Reason::NewConversation,
-            Some(Some(home)) if home == worker => Reason::CacheHit,
-            Some(Some(_)) => Reason::HomeBusy,
-        }
-    }
-
     /// Placements so far, by why they went where they did.
     pub fn reason_counts(&self) -> Vec<(Reason, u64)> {
         Reason::ALL
             .iter()
-            .map(|reason| (*reason, self.reasons.get(reason).copied().unwrap_or(0)))
+            .map(|reason| (*reason, self.reasons[reason.index()]))
             .collect()
     }
 
@@ -406,6 +403,13 @@ mod tests {
         assert_eq!(known.boxes.len(), KNOWN_BOXES);
         assert!(known.recall("box-0").is_empty(), "the oldest made room");
         assert_eq!(known.recall(&format!("box-{}", KNOWN_BOXES + 9)).len(), 1);
+    }
+
+    #[test]
+    fn every_reason_counts_in_its_own_place() {
+        for (i, reason) in Reason::ALL.iter().enumerate() {
+            assert_eq!(reason.index(), i, "{}", reason.as_str());
+        }
     }
 
     #[test]
