@@ -2,10 +2,11 @@
 //! of whole SSE events, anything else as one body.
 
 use axum::http::StatusCode;
-use futures_util::{FutureExt, StreamExt};
+use futures_util::FutureExt;
 
 use super::answer;
 use super::endpoint;
+use super::http::{HttpError, Response};
 use super::sse::{SseSplitter, UsageTracker};
 use super::{Backend, BackendEvent, BackendRequest, Events};
 use crate::dialect::{ApiError, Dialect};
@@ -17,14 +18,6 @@ const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// Stream bytes already received are gathered into one chunk up to about this size.
 const COALESCE_BYTES: usize = 32 * 1024;
-
-/// Client headers that must not be copied to the backend request: reqwest sets them itself.
-fn skip_request_header(name: &str) -> bool {
-    matches!(
-        name,
-        "content-length" | "host" | "connection" | "transfer-encoding"
-    )
-}
 
 /// Forwards `request` to the backend's own route for it, untouched.
 pub(super) async fn serve_native(backend: &Backend, request: BackendRequest, events: &Events) {
@@ -55,7 +48,7 @@ pub(super) enum SendError {
     /// The path would leave the backend ([`endpoint::join`]): nothing was sent.
     Refused(String),
     /// The backend could not be reached.
-    Http(reqwest::Error),
+    Http(HttpError),
 }
 
 /// POSTs `body` with `headers` to `path` on the backend.
@@ -70,18 +63,26 @@ pub(super) async fn send(
     path: &str,
     headers: &WireHeaders,
     body: String,
-) -> Result<reqwest::Response, SendError> {
+) -> Result<Response, SendError> {
+    let url = endpoint::join(&backend.base_url, path).map_err(SendError::Refused)?;
+    tracing::debug!(%url, "forwarding request");
+    let headers = with_content_type(headers);
     // Shared, so a second send costs no copy of the body.
     let body = bytes::Bytes::from(body);
-    match post(backend, path, headers, body.clone())?.send().await {
-        Err(error) if closed_unanswered(&error) => {
+    match backend
+        .client
+        .post(url.clone(), &headers, body.clone())
+        .await
+    {
+        Err(error) if error.closed_unanswered() => {
             tracing::debug!(
                 backend = %backend.base_url,
                 "sending once more: {}",
                 error_chain(&error)
             );
-            post(backend, path, headers, body)?
-                .send()
+            backend
+                .client
+                .post(url, &headers, body)
                 .await
                 .map_err(SendError::Http)
         }
@@ -89,44 +90,17 @@ pub(super) async fn send(
     }
 }
 
-/// The backend request: `body` and the client's `headers` (less those reqwest sets itself), a
-/// JSON content type unless one was given.
-fn post(
-    backend: &Backend,
-    path: &str,
-    headers: &WireHeaders,
-    body: bytes::Bytes,
-) -> Result<reqwest::RequestBuilder, SendError> {
-    let url = endpoint::join(&backend.base_url, path).map_err(SendError::Refused)?;
-    tracing::debug!(%url, "forwarding request");
-    let mut builder = backend.client.post(url).body(body);
-    let mut has_content_type = false;
-    for (name, value) in headers {
-        let name = name.to_ascii_lowercase();
-        if skip_request_header(&name) {
-            continue;
-        }
-        has_content_type |= name == "content-type";
-        builder = builder.header(name, value);
+/// The client's `headers`, with a JSON content type unless one was given.
+fn with_content_type(headers: &WireHeaders) -> std::borrow::Cow<'_, WireHeaders> {
+    if headers
+        .keys()
+        .any(|name| name.eq_ignore_ascii_case("content-type"))
+    {
+        return std::borrow::Cow::Borrowed(headers);
     }
-    if !has_content_type {
-        builder = builder.header("content-type", "application/json");
-    }
-    Ok(builder)
-}
-
-/// Whether the backend closed the connection before any of its answer arrived (hyper's
-/// "connection closed before message completed"): not a refused connect, a timeout or a reset
-/// mid-answer, which are not sent again.
-fn closed_unanswered(error: &reqwest::Error) -> bool {
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        if let Some(hyper_error) = cause.downcast_ref::<hyper::Error>() {
-            return hyper_error.is_incomplete_message();
-        }
-        source = cause.source();
-    }
-    false
+    let mut headers = headers.clone();
+    headers.insert("content-type".into(), "application/json".into());
+    std::borrow::Cow::Owned(headers)
 }
 
 /// Reports a request the backend never answered: a 502 in the dialect of `path` when it could
@@ -165,7 +139,7 @@ pub(super) async fn unreachable(
 }
 
 /// The backend's headers that are valid text.
-pub(super) fn response_headers(response: &reqwest::Response) -> WireHeaders {
+pub(super) fn response_headers(response: &Response) -> WireHeaders {
     response
         .headers()
         .iter()
@@ -185,7 +159,7 @@ pub(super) fn is_sse(headers: &WireHeaders) -> bool {
 /// Reports the backend's answer to a request for `path`: a stream as chunks, anything else as
 /// one body ([`answer::passed_on`]).
 pub(super) async fn deliver(
-    response: reqwest::Response,
+    response: Response,
     id: &str,
     path: &str,
     is_streaming: bool,
@@ -197,7 +171,7 @@ pub(super) async fn deliver(
 /// [`deliver`], keeping the usage-only events out of the stream when the relay asked for them
 /// (`hide_usage`) and not the client.
 async fn deliver_hiding(
-    response: reqwest::Response,
+    response: Response,
     id: &str,
     path: &str,
     is_streaming: bool,
@@ -247,7 +221,7 @@ pub(super) fn failed(id: &str, message: String) -> BackendEvent {
 /// Sends the SSE body as chunks of whole events; `Ok(None)` when it ended (or the receiver
 /// left).
 async fn stream_body(
-    response: reqwest::Response,
+    mut response: Response,
     usage: &mut UsageTracker,
     hide_usage: bool,
     events: &Events,
@@ -259,13 +233,11 @@ async fn stream_body(
             text
         }
     };
-    let broke_off =
-        |e: reqwest::Error| format!("the backend stream broke off: {}", error_chain(&e));
+    let broke_off = |e: HttpError| format!("the backend stream broke off: {}", error_chain(&e));
     let mut splitter = SseSplitter::default();
-    let mut body = response.bytes_stream();
     let mut ended = false;
     while !ended {
-        let Some(piece) = body.next().await else {
+        let Some(piece) = response.chunk().await else {
             break;
         };
         splitter.feed(&piece.map_err(broke_off)?);
@@ -273,7 +245,7 @@ async fn stream_body(
         // per event, and a message per event would cost a frame, a parse and a client write
         // each (stream64: four times the proxy's writes to clients).
         while splitter.pending_len() < COALESCE_BYTES {
-            match body.next().now_or_never() {
+            match response.chunk().now_or_never() {
                 Some(Some(piece)) => splitter.feed(&piece.map_err(broke_off)?),
                 Some(None) => {
                     ended = true;
@@ -302,24 +274,14 @@ async fn stream_body(
 
 /// Reads a whole body, bounded by [`MAX_BODY_BYTES`].
 pub(super) async fn read_body(
-    response: reqwest::Response,
+    response: Response,
     usage: &mut UsageTracker,
 ) -> Result<String, String> {
-    let mut bytes = Vec::new();
-    let mut body = response.bytes_stream();
-    while let Some(piece) = body.next().await {
-        let piece = piece
-            .map_err(|e| format!("reading the backend's answer failed: {}", error_chain(&e)))?;
-        if bytes.len() + piece.len() > MAX_BODY_BYTES {
-            return Err(format!(
-                "the backend's answer exceeds {MAX_BODY_BYTES} bytes"
-            ));
-        }
-        bytes.extend_from_slice(&piece);
-    }
-    usage.observe_body(&bytes);
-    let text = String::from_utf8(bytes)
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    let text = response
+        .text(MAX_BODY_BYTES)
+        .await
+        .map_err(|e| format!("reading the backend's answer failed: {}", error_chain(&e)))?;
+    usage.observe_body(text.as_bytes());
     Ok(text)
 }
 
@@ -341,22 +303,34 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::http::{HttpClient, LocalClient};
     use crate::backend::testing::counting_backend;
     use crate::backend::{Capabilities, Speaks};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
 
-    fn backend_at(base_url: String) -> Backend {
+    /// Both clients a backend may be reached with: every test runs with each.
+    fn clients() -> [HttpClient; 2] {
+        [
+            HttpClient::General(reqwest::Client::new()),
+            HttpClient::Local {
+                local: LocalClient::new(8, Duration::from_secs(4)),
+                general: reqwest::Client::new(),
+            },
+        ]
+    }
+
+    fn backend_at(base_url: String, client: HttpClient) -> Backend {
         Backend {
             base_url,
             speaks: Speaks::OpenAi,
-            client: reqwest::Client::new(),
+            client,
             capabilities: Capabilities::default(),
         }
     }
 
     /// Sends a chat request that the backend does not answer: the client's error.
-    async fn send_unanswered(backend: &Backend) -> reqwest::Error {
+    async fn send_unanswered(backend: &Backend) -> HttpError {
         let sent = send(
             backend,
             "/v1/chat/completions",
@@ -371,46 +345,59 @@ mod tests {
         }
     }
 
-    /// [`counting_backend`] as a [`Backend`].
-    async fn closing_backend(unanswered: usize) -> (Backend, Arc<AtomicUsize>) {
-        let (base_url, accepted) = counting_backend(unanswered).await;
-        (backend_at(base_url), accepted)
-    }
-
     #[tokio::test]
     async fn a_request_the_backend_closed_on_without_answering_is_sent_once_more() {
-        let (backend, accepted) = closing_backend(1).await;
-        let response = send(
-            &backend,
-            "/v1/chat/completions",
-            &WireHeaders::new(),
-            "{}".into(),
-        )
-        .await
-        .expect("the second send is answered");
-        assert_eq!(response.status(), StatusCode::OK);
-        assert_eq!(response.text().await.unwrap(), "{}");
-        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        for client in clients() {
+            let (base_url, accepted) = counting_backend(1).await;
+            let backend = backend_at(base_url, client);
+            let response = send(
+                &backend,
+                "/v1/chat/completions",
+                &WireHeaders::new(),
+                "{}".into(),
+            )
+            .await
+            .expect("the second send is answered");
+            assert_eq!(response.status(), StatusCode::OK);
+            assert_eq!(response.text(1024).await.unwrap(), "{}");
+            assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        }
     }
 
     #[tokio::test]
     async fn a_backend_that_closes_every_time_gets_the_request_twice_then_a_502() {
-        let (backend, accepted) = closing_backend(usize::MAX).await;
-        let why = error_chain(&send_unanswered(&backend).await);
-        assert!(
-            why.contains("connection closed before message completed"),
-            "{why}"
-        );
-        assert_eq!(accepted.load(Ordering::SeqCst), 2, "one more send, no more");
+        for client in clients() {
+            let (base_url, accepted) = counting_backend(usize::MAX).await;
+            let error = send_unanswered(&backend_at(base_url, client)).await;
+            assert!(error.closed_unanswered(), "{}", error_chain(&error));
+            assert_eq!(accepted.load(Ordering::SeqCst), 2, "one more send, no more");
+        }
     }
 
     #[tokio::test]
     async fn a_refused_connect_is_not_sent_again() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let base_url = format!("http://{}", listener.local_addr().unwrap());
-        drop(listener);
-        let error = send_unanswered(&backend_at(base_url)).await;
-        assert!(error.is_connect());
-        assert!(!closed_unanswered(&error));
+        for client in clients() {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let base_url = format!("http://{}", listener.local_addr().unwrap());
+            drop(listener);
+            let error = send_unanswered(&backend_at(base_url, client)).await;
+            assert!(!error.closed_unanswered());
+            let why = error_chain(&error);
+            assert!(why.contains("refused"), "{why}");
+        }
+    }
+
+    /// What a caller's headers become at the backend, read off the wire.
+    #[tokio::test]
+    async fn a_header_that_would_smuggle_another_is_refused_before_anything_is_sent() {
+        for client in clients() {
+            let (base_url, accepted) = counting_backend(0).await;
+            let backend = backend_at(base_url, client);
+            let headers =
+                WireHeaders::from([("x-note".to_string(), "1\r\nx-injected: yes".to_string())]);
+            let sent = send(&backend, "/v1/chat/completions", &headers, "{}".into()).await;
+            assert!(sent.is_err(), "a header with CRLF was sent");
+            assert_eq!(accepted.load(Ordering::SeqCst), 0);
+        }
     }
 }

@@ -14,10 +14,10 @@
 
 pub mod answer;
 mod capabilities;
-pub mod connects;
 mod count_tokens;
 pub mod endpoint;
 mod forward;
+pub mod http;
 pub mod sse;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -102,7 +102,7 @@ pub struct Backend {
     /// Its API.
     pub speaks: Speaks,
     /// The HTTP client (its pool, timeouts and proxy settings are the owner's).
-    pub client: reqwest::Client,
+    pub client: http::HttpClient,
     /// Its owner's table of native routes.
     pub capabilities: Capabilities,
 }
@@ -147,7 +147,7 @@ mod tests {
         let backend = Backend {
             base_url: "http://127.0.0.1:1".into(),
             speaks: Speaks::OpenAi,
-            client: reqwest::Client::new(),
+            client: reqwest::Client::new().into(),
             capabilities: Capabilities::default(),
         };
         let (events, _) = mpsc::channel(1);

@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Reads one request (head and `content-length` body) from `socket`; false at its end.
-async fn read_request(socket: &mut TcpStream) -> bool {
+pub(crate) async fn read_request(socket: &mut TcpStream) -> bool {
     let mut seen = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {

@@ -15,7 +15,6 @@
 //! client's dialect naming the field: the backend never sees it.
 
 use axum::http::StatusCode;
-use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use super::answer;
@@ -25,6 +24,7 @@ use super::forward::{
     deliver, error_chain, failed, is_sse, read_body, response_headers, send, serve_native,
     unreachable,
 };
+use super::http::Response;
 use super::sse::{SseSplitter, UsageTracker};
 use super::{Backend, BackendEvent, BackendRequest, Events};
 use crate::adapter::{
@@ -54,6 +54,9 @@ fn minted_now() -> adapter::Identity {
 
 /// How long counting with the backend's tokenizer may take before the estimate answers.
 const TOKENIZE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A tokenizer's answer longer than this is not read (a token list for the longest prompts).
+const MAX_TOKENIZER_ANSWER: usize = 16 * 1024 * 1024;
 
 /// The input tokens of an Anthropic Messages `body` as the backend's own tokenizer counts them
 /// — vLLM's `POST /tokenize` with the chat messages and tools; llama-server's `/tokenize` takes
@@ -140,7 +143,7 @@ async fn ask_tokenizer(
         .ok()?
         .ok()?;
     let status = response.status();
-    let text = tokio::time::timeout(TOKENIZE_TIMEOUT, response.text())
+    let text = tokio::time::timeout(TOKENIZE_TIMEOUT, response.text(MAX_TOKENIZER_ANSWER))
         .await
         .ok()?
         .ok()?;
@@ -325,7 +328,7 @@ async fn translate_via(
 
 /// Converts a whole backend answer (or a backend error) into the client's dialect.
 async fn complete_translated(
-    response: reqwest::Response,
+    response: Response,
     target: &Target,
     dialect: Dialect,
     id: &str,
@@ -384,12 +387,7 @@ async fn complete_translated(
 /// Translates a backend stream as it arrives: each burst of whole backend events becomes the
 /// client's events at once; the end (or a stream cut off without its terminator) gets the
 /// closing events the client's SDK needs.
-async fn stream_translated(
-    response: reqwest::Response,
-    target: &Target,
-    id: &str,
-    events: &Events,
-) {
+async fn stream_translated(mut response: Response, target: &Target, id: &str, events: &Events) {
     let mut translator = StreamTranslator::for_backend_with_identity(
         target.backend,
         target.api,
@@ -397,11 +395,10 @@ async fn stream_translated(
         minted_now(),
     );
     let mut splitter = SseSplitter::default();
-    let mut body = response.bytes_stream();
     let send_text = |text: String| async move {
         text.is_empty() || events.send(BackendEvent::Chunk(text)).await.is_ok()
     };
-    while let Some(piece) = body.next().await {
+    while let Some(piece) = response.chunk().await {
         let piece = match piece {
             Ok(piece) => piece,
             Err(error) => {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::sync::watch;
 
-use crate::backend::connects::ConnectLimit;
+use crate::backend::http::{HttpClient, LocalClient};
 use crate::backend::{Backend, BackendRequest, Capabilities, NativeOverrides, Speaks};
 use crate::discovery::DiscoveryOptions;
 use crate::hardware::{Latest, Sampler, SamplerSettings};
@@ -444,8 +444,11 @@ pub struct Running<'a> {
 /// one model refresh, so a swapped server is probed again).
 #[derive(Debug, Clone)]
 pub struct BackendAccess {
-    /// The HTTP client for backends (also for their model lists).
+    /// The HTTP client for what the worker asks its backends itself (model lists, slots).
     pub client: reqwest::Client,
+    /// The client requests are forwarded with (its own for plain-HTTP backends,
+    /// [`crate::backend::http`]).
+    pub forwarding: LocalClient,
     /// What this worker learned of its backends' routes.
     pub capabilities: Capabilities,
     /// Which llama-server slot each conversation is kept in.
@@ -461,7 +464,11 @@ impl BackendAccess {
             Backends::Discover(_) => &[],
         };
         BackendAccess {
-            client: backend_client(config.max_concurrent),
+            client: backend_client(),
+            forwarding: LocalClient::new(
+                (config.max_concurrent as usize).min(MAX_IDLE_BACKEND_CONNECTIONS),
+                BACKEND_IDLE_REUSE,
+            ),
             capabilities: Capabilities::new(
                 fixed,
                 config.native_routes,
@@ -501,23 +508,19 @@ impl BackendAccess {
         Backend {
             base_url: base_url.to_string(),
             speaks: Speaks::OpenAi,
-            client: self.client.clone(),
+            client: HttpClient::Local {
+                local: self.forwarding.clone(),
+                general: self.client.clone(),
+            },
             capabilities: self.capabilities.clone(),
         }
     }
 }
 
-/// Idle backend connections kept per backend at most, whatever the concurrency.
+/// Idle backend connections kept per backend at most, whatever the concurrency: one per request
+/// slot (fewer would mean a new TCP connection per request under full load), but after a burst
+/// of thousands of streams not thousands of idle sockets.
 const MAX_IDLE_BACKEND_CONNECTIONS: usize = 256;
-
-/// Connects to backends in flight at once. A burst of requests the pool has no idle
-/// connections for would otherwise be a burst of connects, overflowing the backend's listen
-/// queue (llama-server's holds 128): each dropped SYN costs its request a second
-/// ([`crate::backend::connects`]). A local connect takes well under a millisecond, so 32 at a
-/// time open 2,000 connections in a few dozen milliseconds. The bound is shared by the worker's
-/// backends (the client is), and a connect to a backend that does not answer holds its permit
-/// up to the connect timeout.
-const MAX_BACKEND_CONNECTS_IN_FLIGHT: usize = 32;
 
 /// How long an idle backend connection may be reused: under the shortest keep-alive common
 /// backends allow. llama-server (cpp-httplib) and vLLM (uvicorn) close a connection idle for 5 s;
@@ -529,22 +532,19 @@ const MAX_BACKEND_CONNECTS_IN_FLIGHT: usize = 32;
 /// [`crate::backend`]'s `forward::send`.)
 const BACKEND_IDLE_REUSE: Duration = Duration::from_secs(4);
 
-/// The HTTP client for backends: no overall timeout (generations can be long), a short connect
-/// timeout, and no system proxy (backends are local).
-fn backend_client(max_concurrent: u32) -> reqwest::Client {
+/// The HTTP client for what the worker asks its backends itself (and for forwarding to `https`
+/// ones): no overall timeout (generations can be long), a short connect timeout, and no system
+/// proxy (backends are local).
+fn backend_client() -> reqwest::Client {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
-        // Keep a warm connection per request slot (fewer would mean a new TCP connection per
-        // request under full load), but after a burst of thousands of streams don't keep
-        // thousands of idle sockets and their buffers open to the backend.
-        .pool_max_idle_per_host((max_concurrent as usize).min(MAX_IDLE_BACKEND_CONNECTIONS))
+        .pool_max_idle_per_host(4)
         .pool_idle_timeout(BACKEND_IDLE_REUSE)
         .no_proxy()
         // A model server answers where it is asked; a redirect would carry clients' requests
         // (and their keys, with forward_client_auth) to wherever it points.
         .redirect(reqwest::redirect::Policy::none())
         .tcp_nodelay(true)
-        .connector_layer(ConnectLimit::new(MAX_BACKEND_CONNECTS_IN_FLIGHT))
         .build()
         .expect("a client with these options always builds")
 }
@@ -645,11 +645,16 @@ mod tests {
         use std::sync::atomic::Ordering;
         const { assert!(BACKEND_IDLE_REUSE.as_millis() < 5_000) };
         let (url, accepted) = crate::backend::testing::counting_backend(0).await;
-        let client = backend_client(4);
+        let client = HttpClient::Local {
+            local: LocalClient::new(4, BACKEND_IDLE_REUSE),
+            general: backend_client(),
+        };
         let get = || async {
-            let response = client.get(format!("{url}/health")).send().await.unwrap();
+            let url = reqwest::Url::parse(&format!("{url}/v1/chat/completions")).unwrap();
+            let body = bytes::Bytes::from_static(b"{}");
+            let response = client.post(url, &Default::default(), body).await.unwrap();
             assert!(response.status().is_success());
-            response.bytes().await.unwrap();
+            response.text(1024).await.unwrap();
         };
         get().await;
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -1,7 +1,7 @@
 //! How the real worker uses connections to its backend: a burst of streams is served on one
-//! connection each, opened a bounded number at a time (`backend::connects`; the bound itself is
-//! checked against a counting connector in that module's tests), and later requests reuse the
-//! pooled connections instead of opening new ones.
+//! connection each, opened a bounded number at a time (`backend::http`; the bound itself is
+//! checked against a backend that counts connections waiting for their first byte in that
+//! module's tests), and later requests reuse the pooled connections instead of opening new ones.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -129,10 +129,11 @@ async fn a_burst_of_streams_is_served_on_one_backend_connection_each_and_later_r
         open.push(chunks);
     }
     let during_burst = backend.accepted();
-    // One connection per open stream (plus, at most, the model list's and one the pool had
-    // started when a stream took an idle one instead).
+    // One connection per open stream, plus those of what the worker asks the backend itself on
+    // its other client (the model list, the context window, llama.cpp's slots: at most one
+    // each).
     assert!(
-        (STREAMS..=STREAMS + 2).contains(&during_burst),
+        (STREAMS..=STREAMS + 3).contains(&during_burst),
         "{during_burst} backend connections for {STREAMS} streams"
     );
 

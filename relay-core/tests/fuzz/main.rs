@@ -1,7 +1,7 @@
 //! Fuzzing of every parser that sees network bytes: the worker protocol's messages, the SSE
 //! readers (line reader, event splitter, usage reader, the proxy's `response.completed` watch and
-//! stream patcher), the adapter's request, answer and stream translations in every direction,
-//! join codes and the config file. Each target checks that nothing panics and, where there is
+//! stream patcher), the worker's backend client (response heads, chunked bodies), the adapter's
+//! request, answer and stream translations in every direction, join codes and the config file. Each target checks that nothing panics and, where there is
 //! one, an invariant (a round trip, or no byte lost).
 //!
 //! The test command runs a fixed number of inputs per target (the same ones every run);
@@ -18,6 +18,7 @@ use relay_core::adapter::{
     from_backend_response_with, to_backend_request, BackendApi, ClientApi, Identity,
     StreamTranslator,
 };
+use relay_core::backend::http::framing::{body_length, parse_head, ChunkedDecoder};
 use relay_core::backend::sse::{SseSplitter, UsageTracker};
 use relay_core::node::join_code;
 use relay_core::protocol::{ServerToWorker, WorkerToServer};
@@ -193,6 +194,53 @@ fn fuzz_adapter_streams() {
                 let _ = translator.finish();
                 let _ = translator.usage();
             }
+        }
+    });
+}
+
+#[test]
+fn fuzz_backend_responses() {
+    run("backend_http", &[], |input| {
+        // A response head, then its body's framing; a chunked body decodes the same whether it
+        // arrives whole or in pieces, and never claims more bytes than it was given.
+        let Ok(Some(head)) = parse_head(input) else {
+            return;
+        };
+        assert!(head.len <= input.len());
+        let _ = body_length(&head);
+        let body = &input[head.len..];
+        let whole = {
+            let mut decoder = ChunkedDecoder::default();
+            let mut out = Vec::new();
+            decoder
+                .decode(body, &mut out)
+                .map(|taken| (out, taken, decoder.is_done()))
+        };
+        let mut decoder = ChunkedDecoder::default();
+        let (mut out, mut taken, mut failed) = (Vec::new(), 0, false);
+        for piece in pieces(body) {
+            match decoder.decode(piece, &mut out) {
+                Ok(took) => {
+                    assert!(took <= piece.len());
+                    taken += took;
+                    if took < piece.len() {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        match whole {
+            Ok((whole_out, whole_taken, done)) => {
+                assert!(!failed, "the pieces failed where the whole did not");
+                assert_eq!(out, whole_out, "the same data");
+                assert_eq!(taken, whole_taken, "the same extent");
+                assert_eq!(decoder.is_done(), done);
+            }
+            Err(_) => assert!(failed, "the whole failed where the pieces did not"),
         }
     });
 }

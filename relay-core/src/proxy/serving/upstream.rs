@@ -224,7 +224,7 @@ impl Upstreams {
                 UpstreamKind::OpenAi => Speaks::OpenAi,
                 UpstreamKind::Anthropic => Speaks::Anthropic,
             },
-            client: self.client.clone(),
+            client: self.client.clone().into(),
             capabilities: self.capabilities.clone(),
         };
         let call = BackendRequest {
