@@ -249,6 +249,7 @@ async fn run_node(
     })
     .await?;
     print_banner(&node, secret_source);
+    crate::resident::release_start_up_code_soon();
     shutdown_signal().await;
     node.shutdown().await;
     Ok(())
@@ -269,6 +270,7 @@ async fn run_worker_only(overrides: &Overrides, file: &FileConfig) -> Result<(),
     tracing::info!(proxy = %config.proxy_url, name = %config.name, "starting worker");
     let (stop, stopped) = watch::channel(false);
     let mut worker = tokio::spawn(worker::run(config, Default::default(), stopped));
+    crate::resident::release_start_up_code_soon();
     tokio::select! {
         () = shutdown_signal() => {
             let _ = stop.send(true);

@@ -22,6 +22,7 @@ pub mod open_dashboard;
 pub mod paths;
 pub mod protocol;
 pub mod proxy;
+pub mod resident;
 pub mod settings;
 pub mod startup;
 pub mod store;

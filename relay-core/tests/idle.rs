@@ -147,3 +147,65 @@ fn an_idle_worker_only_node_joined_to_a_proxy_and_that_proxy_use_almost_no_cpu()
     node.terminate_cleanly();
     proxy.terminate_cleanly();
 }
+
+/// The share of the executable's code mapping that is resident in process `pid`.
+fn resident_code_share(pid: u32) -> f64 {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("the process's executable");
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("its smaps");
+    let (mut size, mut rss, mut in_code) = (0u64, 0u64, false);
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        if fields.len() >= 5
+            && fields[0].contains('-')
+            && fields[0]
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b'-')
+        {
+            in_code = fields[1] == "r-xp" && line.trim_end().ends_with(&*exe.to_string_lossy());
+            continue;
+        }
+        let kib = || {
+            fields
+                .get(1)
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        match fields.first() {
+            Some(&"Size:") if in_code => size += kib(),
+            Some(&"Rss:") if in_code => rss += kib(),
+            _ => {}
+        }
+    }
+    assert!(size > 0, "no code mapping of {}", exe.display());
+    rss as f64 / size as f64
+}
+
+#[test]
+fn a_started_proxy_lets_go_of_its_start_up_code_and_serves_on() {
+    if !on_linux() {
+        return;
+    }
+    let data = TempDir::new("idle-code");
+    let mut command = modelrelay(data.path());
+    command.args(["serve", "--listen", "127.0.0.1:0"]);
+    let mut proxy = Running::spawn(command);
+    let url = proxy.relay_url();
+    // Start-up maps most of the binary's code (fault-around); once started, the proxy drops
+    // that mapping (relay_core::resident) and only what runs maps back.
+    thread::sleep(SETTLE);
+    let share = resident_code_share(proxy.child.id());
+    eprintln!(
+        "resident share of the code mapping after start: {:.0}%",
+        share * 100.0
+    );
+    assert!(
+        share < 0.5,
+        "{:.0}% of the code still mapped",
+        share * 100.0
+    );
+    // Code runs again as it is needed.
+    for _ in 0..3 {
+        assert_eq!(get_json(&format!("{url}/health"))["status"], "ok");
+    }
+    proxy.terminate_cleanly();
+}

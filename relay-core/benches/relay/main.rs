@@ -513,7 +513,9 @@ async fn run(selected: Vec<String>, plan: Plan) -> Vec<Row> {
     let mut rows = Vec::new();
     if ["unary1", "unary64", "stream64"].iter().any(|s| wants(s)) || selected.is_empty() {
         let stack = Stack::start(&[], 1024).await;
-        std::thread::sleep(Duration::from_millis(300));
+        // Idle means settled: the proxy lets go of its start-up code 2 s after it started
+        // (relay_core::resident), as a proxy that waits for its first client has.
+        std::thread::sleep(relay_core::resident::AFTER_START + Duration::from_secs(1));
         rows.extend(footprint_rows(stack.proxy.rss()));
         if wants("unary1") {
             rows.extend(unary_rows(&stack, &plan, 1).await);
