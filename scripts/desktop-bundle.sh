@@ -3,8 +3,9 @@
 # (src-tauri/package.json; no 15-minute `cargo install tauri-cli`).
 #
 # Usage: scripts/desktop-bundle.sh [BUNDLES]      BUNDLES defaults to "deb" on Linux
-#        e.g. scripts/desktop-bundle.sh deb,rpm   (appimage needs GitHub access: it downloads
-#        linuxdeploy; on macOS use "dmg", on Windows "msi")
+#        e.g. scripts/desktop-bundle.sh deb,rpm   (on macOS "dmg", on Windows "msi"; for the
+#        AppImage run scripts/desktop-appimage.sh after the deb: it packs this build's binary
+#        offline with our own runtime, where Tauri's "appimage" would download its tools)
 # Output: <target dir>/release/bundle/<kind>/...  (CARGO_TARGET_DIR is honoured)
 # Needs:  the system packages of installers/README.md, node + npm, and ui/dist (committed).
 set -euo pipefail
