@@ -1,18 +1,24 @@
-//! ModelRelay desktop app: a thin Tauri 2 shell around `relay-core`.
+//! ModelRelay desktop app: two processes around `relay-core`.
 //!
 //! - [`launch`]: the command line; `--serve` or a command runs the core headless (no GTK).
-//! - [`gui`]: the tray app; the node runs in-process and the window shows the node's own web UI
-//!   (signed in by a one-time link), which talks HTTP to the node and nothing else.
+//! - [`tray`]: the tray process (`modelrelay-desktop`), always on: the node in-process, the
+//!   tray menu, notifications, start on login; no web view linked.
+//! - [`dashboard`]: the window process (`modelrelay-dashboard`, Tauri), started by *Open
+//!   dashboard* and ended when the window closes; it shows the node's own web UI (signed in by a
+//!   one-time link handed over on its stdin), which talks HTTP to the node and nothing else.
+//!   [`dashboard_process`] is the tray's side of it.
 //! - [`tray_state`]: node state → tray icon, tooltip, status line (pure, unit-tested).
 //! - [`notifications`], [`autostart`], [`clipboard`]: the OS integrations, each failing softly.
 //! - [`rendering`]: software rendering for GTK and WebKit, which keeps the tray app small.
 
 pub mod autostart;
 pub mod clipboard;
-pub mod gui;
+pub mod dashboard;
+pub mod dashboard_process;
 pub mod launch;
 pub mod notifications;
 pub mod rendering;
+pub mod tray;
 pub mod tray_state;
 
 use std::process::ExitCode;

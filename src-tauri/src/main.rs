@@ -1,4 +1,5 @@
-//! `modelrelay-desktop`: the tray app, or with `--serve` / a command the headless core.
+//! `modelrelay-desktop`: the tray process (no web view: the window is `modelrelay-dashboard`),
+//! or with `--serve` / a command the headless core.
 
 // No console window behind the app on Windows release builds.
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
@@ -20,7 +21,7 @@ fn main() -> ExitCode {
         }
         Ok(Launch::Headless(cli)) => relay_desktop::run_headless(*cli),
         Ok(Launch::Gui { cli, hidden }) if launch::has_display() => {
-            relay_desktop::gui::run(*cli, hidden)
+            relay_desktop::tray::run(*cli, hidden)
         }
         Ok(Launch::Gui { cli, .. }) => {
             // GTK would panic without a display. Run what the app would have run, headless,
