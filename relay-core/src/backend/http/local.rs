@@ -494,19 +494,4 @@ impl Body {
         self.connection = None;
         error
     }
-
-    /// The whole body, at most `limit` bytes.
-    pub async fn collect(mut self, limit: usize) -> Result<Vec<u8>, HttpError> {
-        let mut bytes = Vec::new();
-        while let Some(piece) = self.chunk().await {
-            let piece = piece?;
-            if bytes.len() + piece.len() > limit {
-                return Err(HttpError::message(format!(
-                    "the backend's answer exceeds {limit} bytes"
-                )));
-            }
-            bytes.extend_from_slice(&piece);
-        }
-        Ok(bytes)
-    }
 }

@@ -53,6 +53,15 @@ async fn answer_each(mut socket: TcpStream, answer: &'static [u8]) {
     }
 }
 
+/// A backend that reads one request per connection, writes `answer` and closes it.
+async fn answer_once(answer: &'static [u8]) -> (String, Arc<AtomicUsize>) {
+    raw_backend(move |_, mut socket| async move {
+        read_request(&mut socket).await;
+        let _ = socket.write_all(answer).await;
+    })
+    .await
+}
+
 async fn post(client: &HttpClient, address: &str) -> Result<Response, HttpError> {
     let url = reqwest::Url::parse(&format!("http://{address}/v1/chat/completions")).unwrap();
     client
@@ -176,14 +185,8 @@ async fn an_answer_that_says_close_or_runs_to_the_close_is_not_reused() {
 
 #[tokio::test]
 async fn an_idle_connection_the_backend_closed_is_not_used_again() {
-    let (address, accepted) = raw_backend(|_, mut socket| async move {
-        // One answer, then the backend's own idle timeout closes the connection.
-        read_request(&mut socket).await;
-        let _ = socket
-            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-            .await;
-    })
-    .await;
+    // One answer, then the backend's own idle timeout closes the connection.
+    let (address, accepted) = answer_once(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
     let client = local();
     let first = post(&client, &address).await.unwrap();
     assert_eq!(first.text(1024).await.unwrap(), "ok");
@@ -202,11 +205,7 @@ async fn a_body_cut_off_or_malformed_is_an_error_not_a_short_answer() {
         b"HTTP/1.1 200 OK\r\ncontent-length: 1, 2\r\n\r\nhello",
     ];
     for answer in answers {
-        let (address, _) = raw_backend(move |_, mut socket| async move {
-            read_request(&mut socket).await;
-            let _ = socket.write_all(answer).await;
-        })
-        .await;
+        let (address, _) = answer_once(answer).await;
         let outcome = match post(&local(), &address).await {
             Ok(response) => response.text(1024).await.map(|_| ()),
             Err(error) => Err(error),
@@ -217,13 +216,7 @@ async fn a_body_cut_off_or_malformed_is_an_error_not_a_short_answer() {
 
 #[tokio::test]
 async fn an_answer_that_is_not_http_is_an_error_and_the_connection_is_dropped() {
-    let (address, _) = raw_backend(|_, mut socket| async move {
-        read_request(&mut socket).await;
-        let _ = socket
-            .write_all(b"\x00\x13\xffGARBAGE not http\r\n\r\n")
-            .await;
-    })
-    .await;
+    let (address, _) = answer_once(b"\x00\x13\xffGARBAGE not http\r\n\r\n").await;
     let error = post(&local(), &address).await.unwrap_err();
     assert!(
         error.to_string().contains("not an HTTP/1.1 response"),
