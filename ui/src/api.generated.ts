@@ -341,9 +341,9 @@ export type QueueView = { provider: string, depth: number, };
 export type RequestView = { id: string, model: string, provider: string | null, worker: string | null, state: 'queued' | 'running', streaming: boolean, age_ms: number, ttft_ms: number | null, tokens: number, tokens_per_sec: number | null, 
 /**
  * Why it went to its worker: `cache_hit`, `home_busy`, `new_conversation`,
- * `least_loaded` or `faster_box` (none while queued).
+ * `least_loaded`, `faster_box` or `waking` (none while queued).
  */
-reason: 'cache_hit' | 'home_busy' | 'new_conversation' | 'least_loaded' | 'faster_box' | null, };
+reason: 'cache_hit' | 'home_busy' | 'new_conversation' | 'least_loaded' | 'faster_box' | 'waking' | null, };
 
 export type Roles = { 
 /**

@@ -148,6 +148,7 @@ export const REASON_LABEL: Record<NonNullable<InFlightReason>, string> = {
   new_conversation: 'new conversation',
   least_loaded: 'least loaded',
   faster_box: 'faster box (measured)',
+  waking: 'waited for its box to wake',
 };
 
 type InFlightReason = Status['in_flight'][number]['reason'];

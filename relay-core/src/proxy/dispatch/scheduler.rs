@@ -138,6 +138,8 @@ struct Request {
     prefill_tokens: u32,
     /// Why it went to its worker.
     reason: Option<Reason>,
+    /// It arrived when only a sleeping box served its model: it waited for that box to wake.
+    waited_for_wake: bool,
 }
 
 impl Request {
@@ -275,6 +277,9 @@ impl Scheduler {
                 .clamp(Duration::from_secs(1), Duration::from_secs(30));
             return Err(SubmitError::QueueFull { retry_after });
         }
+        let p = &self.providers[provider];
+        let waits_for_wake = p.asleep.contains(&model)
+            && !p.model_workers.get(&model).is_some_and(|w| !w.is_empty());
         self.track_request(
             request,
             provider,
@@ -290,6 +295,11 @@ impl Scheduler {
             self.providers[provider].queue.served_directly(seat);
             return Ok(Submitted::Dispatched { request, worker });
         }
+        // Only a sleeping box serves the model: the request waits while the hub wakes it.
+        self.requests
+            .get_mut(&request)
+            .expect("tracked above")
+            .waited_for_wake = waits_for_wake;
         self.enqueue(request);
         Ok(Submitted::Queued {
             request,
@@ -322,6 +332,7 @@ impl Scheduler {
                 phase: Phase::Queued,
                 prefill_tokens: 0,
                 reason: None,
+                waited_for_wake: false,
             },
         );
     }
@@ -352,7 +363,11 @@ impl Scheduler {
             (Some(key), Some(Some(at))) if at == worker => self.affinity.context(key),
             _ => 0,
         };
-        let reason = Reason::of(home, worker, faster_box);
+        let reason = if entry.waited_for_wake {
+            Reason::Waking
+        } else {
+            Reason::of(home, worker, faster_box)
+        };
         let entry = self.requests.get_mut(&request).expect("known request");
         entry.phase = Phase::Assigned { worker };
         entry.prefill_tokens = tokens.unwrap_or(0).saturating_sub(held);

@@ -119,16 +119,19 @@ pub enum Reason {
     LeastLoaded,
     /// Cost routing: a faster box answers sooner than the usual choice would.
     FasterBox,
+    /// Only a sleeping box served its model: it waited while the box was woken.
+    Waking,
 }
 
 impl Reason {
     /// Every reason, in the order `/metrics` lists them.
-    pub const ALL: [Reason; 5] = [
+    pub const ALL: [Reason; 6] = [
         Reason::CacheHit,
         Reason::HomeBusy,
         Reason::NewConversation,
         Reason::LeastLoaded,
         Reason::FasterBox,
+        Reason::Waking,
     ];
 
     /// Why a request went to `worker`, given its conversation's home before the placement
@@ -156,6 +159,7 @@ impl Reason {
             Reason::NewConversation => "new_conversation",
             Reason::LeastLoaded => "least_loaded",
             Reason::FasterBox => "faster_box",
+            Reason::Waking => "waking",
         }
     }
 }
@@ -403,6 +407,32 @@ mod tests {
         assert_eq!(known.boxes.len(), KNOWN_BOXES);
         assert!(known.recall("box-0").is_empty(), "the oldest made room");
         assert_eq!(known.recall(&format!("box-{}", KNOWN_BOXES + 9)).len(), 1);
+    }
+
+    #[test]
+    fn a_request_that_waited_for_a_sleeping_box_says_it_waited_for_the_wake() {
+        let now = Instant::now();
+        let mut s = Scheduler::new(vec![("local".to_string(), ProviderLimits::default())]);
+        // Only a box that fell asleep serves "m": the request queues while the hub wakes it.
+        s.set_asleep(&[("local".to_string(), "m".to_string())]);
+        let placement = Placement {
+            affinity: Some(7),
+            ..Placement::default()
+        };
+        let queued = s.submit(1, "m", placement.clone(), now).expect("claimed");
+        assert!(matches!(queued, Submitted::Queued { .. }), "{queued:?}");
+        assert_eq!(s.reason_of(1), None, "no reason while queued");
+        // The box wakes and registers: the request goes to it, and says why it took a while.
+        let woken = register(&mut s, "box", &["m"], 4).worker;
+        assert_eq!(s.reason_of(1), Some(Reason::Waking));
+        // Once awake, the next turn of the same conversation is an ordinary cache hit.
+        let mut actions = Vec::new();
+        assert!(s.finish(woken, 1, &mut actions));
+        let next = s.submit(2, "m", placement, now).expect("accepted");
+        assert!(matches!(next, Submitted::Dispatched { worker, .. } if worker == woken));
+        assert_eq!(s.reason_of(2), Some(Reason::CacheHit));
+        let counts: HashMap<_, _> = s.reason_counts().into_iter().collect();
+        assert_eq!((counts[&Reason::Waking], counts[&Reason::CacheHit]), (1, 1));
     }
 
     #[test]
