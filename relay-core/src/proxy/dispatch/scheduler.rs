@@ -279,7 +279,7 @@ impl Scheduler {
         }
         let p = &self.providers[provider];
         let waits_for_wake = p.asleep.contains(&model)
-            && !p.model_workers.get(&model).is_some_and(|w| !w.is_empty());
+            && p.model_workers.get(&model).is_none_or(|w| w.is_empty());
         self.track_request(
             request,
             provider,
