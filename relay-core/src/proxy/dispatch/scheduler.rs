@@ -278,8 +278,8 @@ impl Scheduler {
             return Err(SubmitError::QueueFull { retry_after });
         }
         let p = &self.providers[provider];
-        let waits_for_wake = p.asleep.contains(&model)
-            && p.model_workers.get(&model).is_none_or(|w| w.is_empty());
+        let waits_for_wake =
+            p.asleep.contains(&model) && p.model_workers.get(&model).is_none_or(|w| w.is_empty());
         self.track_request(
             request,
             provider,
