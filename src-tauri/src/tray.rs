@@ -141,13 +141,11 @@ pub fn run(cli: Cli, hidden: bool) -> ExitCode {
         quitting: false,
     };
     spawn_watchers(&shell, node_events);
-    let mut started = false;
     event_loop.run(move |event, _, control_flow| {
         *control_flow = ControlFlow::Wait;
         match event {
             // The tray is made once the loop runs (macOS requires it; harmless elsewhere).
-            Event::NewEvents(StartCause::Init) if !started => {
-                started = true;
+            Event::NewEvents(StartCause::Init) => {
                 match build_tray(&shell) {
                     Ok(parts) => shell.tray = Some(parts),
                     // No tray host (a bare X session): the node serves on, the window and

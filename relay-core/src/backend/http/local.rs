@@ -106,7 +106,8 @@ impl LocalClient {
 
     /// Idle connections kept for `authority` now (for tests and diagnostics).
     pub fn idle_connections(&self, authority: &str) -> usize {
-        lock(&self.pool(authority).idle).connections.len()
+        let pool = lock(&self.shared.backends).get(authority).cloned();
+        pool.map_or(0, |pool| lock(&pool.idle).connections.len())
     }
 
     fn pool(&self, authority: &str) -> Arc<BackendPool> {

@@ -44,10 +44,9 @@ impl HttpClient {
     ) -> Result<Response, HttpError> {
         match self {
             HttpClient::Local { local, .. } if url.scheme() == "http" => {
+                // An IPv6 host comes bracketed ("[::1]"), as an authority needs it.
                 let authority = match (url.host_str(), url.port_or_known_default()) {
-                    (Some(host), Some(port)) if host.starts_with('[') || !host.contains(':') => {
-                        format!("{host}:{port}")
-                    }
+                    (Some(host), Some(port)) => format!("{host}:{port}"),
                     _ => return Err(HttpError::message(format!("{url} names no host"))),
                 };
                 let target = match url.query() {
