@@ -135,12 +135,16 @@ if [ "${1:-}" = "--inside-xvfb" ]; then
   echo "$(elapsed "$t0" "$t_window") $(elapsed "$t0" "$t_painted")" >"$out/window.time"
   settle_and_sample window
   { python3 "$helper" groups "$app"; echo; python3 "$helper" smaps "$app" 15; } >"$out/window.app-smaps.txt" || true
-  webproc="$(python3 -c 'import json,sys
+  # The window's own processes, each broken down: the dashboard (Tauri, GTK, WebKit's UI side),
+  # WebKit's web process and its network process.
+  for kind in dashboard:modelrelay-dash web:WebKitWebProces net:WebKitNetworkPr; do
+    child="$(python3 -c 'import json,sys
 for p in json.load(open(sys.argv[1]))["processes"]:
-    if p["name"].startswith("WebKitWebProces"): print(p["pid"]); break' "$out/window.json")"
-  if [ -n "$webproc" ]; then
-    { python3 "$helper" groups "$webproc"; echo; python3 "$helper" smaps "$webproc" 15; } >"$out/window.web-smaps.txt" || true
-  fi
+    if p["name"].startswith(sys.argv[2]): print(p["pid"]); break' "$out/window.json" "${kind#*:}")"
+    if [ -n "$child" ]; then
+      { python3 "$helper" groups "$child"; echo; python3 "$helper" smaps "$child" 15; } >"$out/window.${kind%%:*}-smaps.txt" || true
+    fi
+  done
 
   # 3. Window closed: the web view is destroyed, the app stays in the tray.
   python3 "$helper" close "$(find_window)"
@@ -213,7 +217,7 @@ read -r t_window t_painted <"$out/window.time"
     echo
     python3 "$helper" table "$mode" "$out/$mode.json"
   done
-  for f in hidden.app-smaps window.app-smaps window.web-smaps; do
+  for f in hidden.app-smaps window.app-smaps window.dashboard-smaps window.web-smaps window.net-smaps; do
     [ -s "$out/$f.txt" ] || continue
     echo
     echo "PSS by origin, then the biggest mappings ($f):"

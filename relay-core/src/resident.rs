@@ -16,8 +16,14 @@
 //! (copy-on-write) page — `Anonymous: 0 kB` in `/proc/self/smaps`. The relocated read-only data
 //! (`.data.rel.ro`, written by the dynamic loader before it was made read-only) has such pages
 //! and is left alone; dropping it would bring back the unrelocated bytes. Only the executable's
-//! own mappings are considered: they live as long as the process, unlike a library's, which a
-//! `dlopen` elsewhere could replace at the same address between reading the list and dropping.
+//! own mappings are considered by [`release_start_up_code`]: they live as long as the process.
+//!
+//! [`release_loaded_code`] (the dashboard window's process, which runs far more library code to
+//! open its window than to keep it open) also drops loaded shared libraries' read-only mappings.
+//! A library can be unloaded, and something else mapped at its address, between reading the list
+//! and dropping: so each library is first pinned (`dlopen` with `RTLD_NOLOAD | RTLD_NODELETE`,
+//! which finds an already loaded object and marks it never to be unloaded), the list is read
+//! again, and only pinned libraries' mappings are dropped.
 
 use std::time::Duration;
 
@@ -36,9 +42,14 @@ pub struct Released {
 
 /// Spawns a task that calls [`release_start_up_code`] once, [`AFTER_START`] from now.
 pub fn release_start_up_code_soon() {
-    tokio::spawn(async {
+    release_soon(release_start_up_code);
+}
+
+/// Spawns a task that calls `release` (one of this module's) once, [`AFTER_START`] from now.
+pub fn release_soon(release: fn() -> Released) {
+    tokio::spawn(async move {
         tokio::time::sleep(AFTER_START).await;
-        let released = release_start_up_code();
+        let released = release();
         tracing::debug!(
             mappings = released.mappings,
             kib = released.bytes / 1024,
@@ -58,30 +69,102 @@ pub fn release_start_up_code() -> Released {
         let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
             return Released::default();
         };
-        let mut released = Released::default();
-        for mapping in droppable(&smaps, &exe.to_string_lossy()) {
-            // SAFETY: the range is a whole mapping of this process that is read-only and holds no
-            // private page (checked from smaps just now): MADV_DONTNEED only removes its page
-            // table entries, and the next access maps the same file bytes back. No Rust object
-            // lives there (it is the executable's code and constants).
-            let dropped = unsafe {
-                libc::madvise(
-                    mapping.start as *mut libc::c_void,
-                    mapping.end - mapping.start,
-                    libc::MADV_DONTNEED,
-                )
-            };
-            if dropped == 0 {
-                released.mappings += 1;
-                released.bytes += mapping.resident;
-            }
-        }
-        released
+        let exe = exe.to_string_lossy();
+        drop_mappings(droppable(&smaps, |path| path == exe))
     }
     #[cfg(not(target_os = "linux"))]
     {
         Released::default()
     }
+}
+
+/// Drops this process's mappings of its executable's and its loaded shared libraries'
+/// read-only, never-written segments (see the module): what a process keeps mapped after
+/// start-up is then what it runs again. Does nothing where there is no `/proc` (not Linux).
+pub fn release_loaded_code() -> Released {
+    #[cfg(target_os = "linux")]
+    {
+        let Ok(exe) = std::fs::read_link("/proc/self/exe") else {
+            return Released::default();
+        };
+        let exe = exe.to_string_lossy();
+        let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+            return Released::default();
+        };
+        let mut candidates: Vec<&str> = droppable_paths(&smaps)
+            .into_iter()
+            .filter(|path| *path != exe && looks_like_a_shared_library(path))
+            .collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        let pinned: Vec<&str> = candidates.into_iter().filter(|path| pin(path)).collect();
+        // Read again: only now are the pinned libraries' mappings known to stay theirs.
+        let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+            return Released::default();
+        };
+        drop_mappings(droppable(&smaps, |path| {
+            path == exe || pinned.binary_search(&path).is_ok()
+        }))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Released::default()
+    }
+}
+
+/// Whether a mapped file's name is a shared object's (`libx.so`, `libx.so.1.2`): only those
+/// are offered to `dlopen`, which would otherwise open fonts and caches to read their headers.
+fn looks_like_a_shared_library(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.ends_with(".so") || name.contains(".so.")
+}
+
+/// Marks the already loaded shared object at `path` never to be unloaded; false when `path` is
+/// not a loaded object. Loads nothing new (`RTLD_NOLOAD`).
+#[cfg(target_os = "linux")]
+fn pin(path: &str) -> bool {
+    let Ok(name) = std::ffi::CString::new(path) else {
+        return false;
+    };
+    // SAFETY: `name` is a valid C string; with RTLD_NOLOAD dlopen only looks the object up among
+    // those loaded (no constructor runs) and, found, adds RTLD_NODELETE to it. The handle is
+    // closed again at once: the object's reference count is unchanged, and NODELETE stays.
+    unsafe {
+        let handle = libc::dlopen(
+            name.as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
+        );
+        if handle.is_null() {
+            return false;
+        }
+        libc::dlclose(handle);
+    }
+    true
+}
+
+/// `madvise(MADV_DONTNEED)` on each mapping; what was dropped.
+#[cfg(target_os = "linux")]
+fn drop_mappings(mappings: Vec<Mapping>) -> Released {
+    let mut released = Released::default();
+    for mapping in mappings {
+        // SAFETY: the range is a whole mapping of this process that is read-only and holds no
+        // private page (checked from smaps just now), of the executable or of a library that can
+        // no longer be unloaded: MADV_DONTNEED only removes its page table entries, and the next
+        // access maps the same file bytes back. No Rust object lives there (it is code and
+        // constants).
+        let dropped = unsafe {
+            libc::madvise(
+                mapping.start as *mut libc::c_void,
+                mapping.end - mapping.start,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if dropped == 0 {
+            released.mappings += 1;
+            released.bytes += mapping.resident;
+        }
+    }
+    released
 }
 
 /// A mapping [`droppable`] chose.
@@ -93,16 +176,35 @@ pub struct Mapping {
     pub resident: u64,
 }
 
-/// The mappings in `smaps` (the text of `/proc/PID/smaps`) of the file `exe` that are readable,
-/// not writable, have resident pages and no private ones.
-pub fn droppable(smaps: &str, exe: &str) -> Vec<Mapping> {
+/// The mappings in `smaps` (the text of `/proc/PID/smaps`) of the files `keep` accepts that are
+/// readable, not writable, have resident pages and no private ones.
+pub fn droppable(smaps: &str, keep: impl Fn(&str) -> bool) -> Vec<Mapping> {
+    unmodified_file_mappings(smaps)
+        .into_iter()
+        .filter(|(path, _)| keep(path))
+        .map(|(_, mapping)| mapping)
+        .collect()
+}
+
+/// The files that have mappings [`droppable`] would accept.
+#[cfg(target_os = "linux")]
+fn droppable_paths(smaps: &str) -> Vec<&str> {
+    unmodified_file_mappings(smaps)
+        .into_iter()
+        .map(|(path, _)| path)
+        .collect()
+}
+
+/// Every readable, not writable mapping in `smaps` with resident pages and no private one, with
+/// its path (empty for anonymous memory).
+fn unmodified_file_mappings<'a>(smaps: &'a str) -> Vec<(&'a str, Mapping)> {
     let mut found = Vec::new();
-    let mut current: Option<(Mapping, bool)> = None;
+    let mut current: Option<(&'a str, Mapping, bool)> = None;
     let mut anonymous = None;
-    let mut finish = |current: Option<(Mapping, bool)>, anonymous: Option<u64>| {
-        if let Some((mapping, eligible)) = current {
+    let mut finish = |current: Option<(&'a str, Mapping, bool)>, anonymous: Option<u64>| {
+        if let Some((path, mapping, eligible)) = current {
             if eligible && anonymous == Some(0) && mapping.resident > 0 {
-                found.push(mapping);
+                found.push((path, mapping));
             }
         }
     };
@@ -116,7 +218,7 @@ pub fn droppable(smaps: &str, exe: &str) -> Vec<Mapping> {
                     end,
                     resident: 0,
                 };
-                (mapping, eligible && path == exe)
+                (path, mapping, eligible && path.starts_with('/'))
             });
             continue;
         }
@@ -131,7 +233,7 @@ pub fn droppable(smaps: &str, exe: &str) -> Vec<Mapping> {
         };
         match key {
             "Rss" => {
-                if let (Some((mapping, _)), Some(kib)) = (current.as_mut(), kib()) {
+                if let (Some((_, mapping, _)), Some(kib)) = (current.as_mut(), kib()) {
                     mapping.resident = kib * 1024;
                 }
             }
@@ -214,7 +316,7 @@ Anonymous:             0 kB
 
     #[test]
     fn only_the_executables_read_only_unmodified_resident_mappings_are_dropped() {
-        let found = droppable(SMAPS, "/usr/bin/modelrelay");
+        let found = droppable(SMAPS, |path| path == "/usr/bin/modelrelay");
         assert_eq!(
             found,
             [
@@ -235,15 +337,18 @@ Anonymous:             0 kB
     #[test]
     fn a_mapping_without_an_anonymous_line_is_kept() {
         let text = "1000-2000 r-xp 00000000 fe:00 1 /bin/x\nRss: 4 kB\n";
-        assert!(droppable(text, "/bin/x").is_empty());
-        assert!(droppable("garbage\n\nzz-yy r-xp\n", "/bin/x").is_empty());
+        assert!(droppable(text, |path| path == "/bin/x").is_empty());
+        assert!(droppable("garbage\n\nzz-yy r-xp\n", |path| path == "/bin/x").is_empty());
     }
 
     #[test]
     fn a_path_with_spaces_is_read_whole() {
         let text =
             "1000-2000 r-xp 00000000 fe:00 1 /opt/Model Relay/bin/x\nRss: 4 kB\nAnonymous: 0 kB\n";
-        assert_eq!(droppable(text, "/opt/Model Relay/bin/x").len(), 1);
+        assert_eq!(
+            droppable(text, |path| path == "/opt/Model Relay/bin/x").len(),
+            1
+        );
     }
 
     #[cfg(target_os = "linux")]
@@ -253,7 +358,10 @@ Anonymous:             0 kB
         let exe = exe.to_string_lossy();
         let resident = || -> u64 {
             let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-            droppable(&smaps, &exe).iter().map(|m| m.resident).sum()
+            droppable(&smaps, |path| path == exe)
+                .iter()
+                .map(|m| m.resident)
+                .sum()
         };
         let before = resident();
         let released = release_start_up_code();
@@ -262,5 +370,49 @@ Anonymous:             0 kB
         // This code runs on (it maps back as it runs), and far less of the binary is mapped.
         let after = resident();
         assert!(after < before / 2, "{after} of {before} bytes still mapped");
+    }
+
+    #[test]
+    fn only_shared_objects_are_offered_to_the_loader() {
+        for library in [
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1",
+            "/opt/app/libplugin.so",
+        ] {
+            assert!(looks_like_a_shared_library(library), "{library}");
+        }
+        for other in [
+            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+            "/usr/share/mime/mime.cache",
+            "/dev/dri/renderD128",
+            "/SYSV00000000 (deleted)",
+            "/opt/some.solution/data",
+        ] {
+            assert!(!looks_like_a_shared_library(other), "{other}");
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn this_process_lets_go_of_its_libraries_code_and_keeps_running_it() {
+        let libraries = || -> u64 {
+            let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+            droppable(&smaps, |path| path.contains("/libc.so"))
+                .iter()
+                .map(|m| m.resident)
+                .sum()
+        };
+        let before = libraries();
+        assert!(before > 0, "libc's code is mapped");
+        let released = release_loaded_code();
+        assert!(released.mappings >= 2, "{released:?}");
+        // libc runs on (this formats and allocates through it), with far less of it mapped.
+        let text = format!("{:?}", std::fs::read_dir("/proc/self").unwrap().count());
+        assert!(!text.is_empty());
+        let after = libraries();
+        assert!(
+            after < before,
+            "{after} of {before} bytes of libc still mapped"
+        );
     }
 }

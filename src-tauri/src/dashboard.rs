@@ -15,6 +15,7 @@
 use std::io::BufRead;
 use std::process::ExitCode;
 
+use tauri::webview::PageLoadEvent;
 use tauri::{AppHandle, Manager, RunEvent, Url, WebviewUrl, WebviewWindowBuilder};
 
 /// Label of the dashboard window; `capabilities/default.json` grants it nothing.
@@ -83,12 +84,34 @@ pub fn run() -> ExitCode {
 }
 
 fn open_window(app: &AppHandle, url: Url) -> tauri::Result<()> {
+    let settled = std::sync::Once::new();
     WebviewWindowBuilder::new(app, MAIN_WINDOW, WebviewUrl::External(url))
         .title("ModelRelay")
         .inner_size(1100.0, 760.0)
         .min_inner_size(720.0, 480.0)
+        .on_page_load(move |_, page| {
+            if page.event() == PageLoadEvent::Finished {
+                settled.call_once(let_go_of_opening_code_soon);
+            }
+        })
         .build()?;
     Ok(())
+}
+
+/// Opening the window runs a great deal of library code (GTK, WebKit's UI side, the GL driver
+/// WebKit loads) that keeping it open does not: once the first page has loaded and painted, this
+/// process lets go of it (`relay_core::resident`; ~25 MB of the process's 78 MB, BENCHMARKS.md
+/// "what a box pays"). What the open window runs again maps back from the page cache.
+fn let_go_of_opening_code_soon() {
+    std::thread::spawn(|| {
+        std::thread::sleep(relay_core::resident::AFTER_START);
+        let released = relay_core::resident::release_loaded_code();
+        tracing::debug!(
+            mappings = released.mappings,
+            kib = released.bytes / 1024,
+            "let go of the window's opening code"
+        );
+    });
 }
 
 /// Reads the tray's later lines on a thread of its own: `show` raises the window, the end of

@@ -1,5 +1,5 @@
-//! Software rendering for the tray app and its dashboard window, chosen before GTK or WebKit
-//! start (Linux).
+//! Software rendering (and an interpreting JavaScript engine) for the tray app and its dashboard
+//! window, chosen before GTK or WebKit start (Linux).
 //!
 //! The dashboard is text, tables and four small canvas charts, which the CPU draws easily. GPU
 //! rendering costs memory on every box the tray app sits on (BENCHMARKS.md, "2026-11-25, desktop
@@ -20,6 +20,11 @@ pub const SOFTWARE_RENDERING: &[(&str, &str)] = &[
     // WebKit: draw the page without accelerated compositing (its layer buffers and GL
     // context were ~100 MB of the web process).
     ("WEBKIT_DISABLE_COMPOSITING_MODE", "1"),
+    // JavaScriptCore: interpret, do not compile. The dashboard's script is small and mostly
+    // waits for events; the JIT's compiled code and profiling data were 11 MB of the web process
+    // (measured, BENCHMARKS.md "what a box pays") for no CPU saved at rest (3.3% of a core with
+    // and without it, live charts running).
+    ("JSC_useJIT", "0"),
 ];
 
 /// The defaults among `defaults` that `is_set` says the environment does not set yet.
