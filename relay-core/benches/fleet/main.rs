@@ -1,10 +1,9 @@
 //! The fleet bench (issue 29): how each routing policy serves unequal boxes, in simulation.
 //!
 //! `cargo bench -p relay-core --bench fleet` — seconds, no model needed. Three workloads
-//! (agent sessions with side requests, chat, chat with long documents) on two fleets
-//! (equal boxes, a fast box and a 5× slower one; a third with a box asleep waits for cost
-//! routing to weigh waking it), each under
-//! least-loaded, today's affinity, the fast box alone and cost routing, through the proxy's own
+//! (agent sessions with side requests, chat, chat with long documents) on three fleets
+//! (equal boxes; a fast box and a 5× slower one; those two and a second fast box asleep), each
+//! under least-loaded, today's affinity, the fast box alone and cost routing, through the proxy's own
 //! scheduler ([`sim`]). Reports mean and p90 time to first token and to the last token, and for
 //! agent sessions the share of turn-2+ prompt tokens taken from a cache; `FLEET_SEEDS` (default
 //! 5) workloads pooled. Then the targets: cost routing no worse than the best other policy by

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use relay_core::protocol::{RegisterMessage, Timings};
 use relay_core::proxy::dispatch::scheduler::{
-    Action, Placement, ProviderLimits, Reason, RequestId, Scheduler, Submitted, WorkerId,
+    Action, AsleepBox, Placement, ProviderLimits, Reason, Registered, RequestId, Scheduler,
+    Submitted, WorkerId,
 };
 
 /// The simulation's clock step.
@@ -36,6 +37,9 @@ pub struct BoxSpec {
     pub generation_tps: f64,
     /// Requests it runs at once (llama-server's slots; the worker's `max_concurrent`).
     pub slots: u32,
+    /// Asleep when the workload starts, and the seconds it takes to wake (measured the last
+    /// time it was woken, as the proxy remembers it).
+    pub asleep: Option<f64>,
 }
 
 /// One request of a workload.
@@ -155,6 +159,8 @@ struct SimBox {
     worker: WorkerId,
     slots: Vec<Slot>,
     running: Vec<Running>,
+    /// Asleep (`Some(None)`), waking until this time (`Some(Some(t))`), or awake (`None`).
+    sleep: Option<Option<f64>>,
 }
 
 impl SimBox {
@@ -286,6 +292,7 @@ pub fn run(
     let used: Vec<BoxSpec> = if policy == Policy::FastOnly {
         let fastest = fleet
             .iter()
+            .filter(|b| b.asleep.is_none())
             .max_by(|a, b| a.prompt_tps.total_cmp(&b.prompt_tps))
             .copied()
             .expect("a fleet");
@@ -296,23 +303,22 @@ pub fn run(
     let mut boxes: Vec<SimBox> = used
         .iter()
         .map(|spec| {
-            let registered = scheduler
-                .register_worker(
-                    "local",
-                    &RegisterMessage {
-                        worker_name: spec.name.to_string(),
-                        models: vec!["m".to_string()],
-                        max_concurrent: spec.slots,
-                        protocol_version: Some("1".to_string()),
-                        current_load: Some(0),
-                        mac_address: None,
-                        sleeps_when_idle: None,
-                        context_windows: None,
-                    },
-                )
-                .expect("registered");
+            let registered = join(&mut scheduler, spec);
+            if spec.asleep.is_some() {
+                // Measured before it went to sleep, as a proxy would have.
+                let second = Timings {
+                    prompt_tokens: spec.prompt_tps as u32,
+                    prompt_ms: 1000.0,
+                    cached_tokens: None,
+                    generated_tokens: spec.generation_tps as u32,
+                    generation_ms: 1000.0,
+                };
+                scheduler.observe_timings(registered.worker, "m", &second);
+                scheduler.worker_gone(registered.worker, at(0.0));
+            }
             SimBox {
                 spec: *spec,
+                sleep: spec.asleep.map(|_| None),
                 worker: registered.worker,
                 slots: vec![
                     Slot {
@@ -329,11 +335,19 @@ pub fn run(
             }
         })
         .collect();
-    let box_of: HashMap<WorkerId, usize> = boxes
+    let mut box_of: HashMap<WorkerId, usize> = boxes
         .iter()
         .enumerate()
         .map(|(i, b)| (b.worker, i))
         .collect();
+    for b in &boxes {
+        if let Some(wake) = b.spec.asleep {
+            scheduler.learn_wake(b.spec.name, Duration::from_secs_f64(wake));
+        }
+    }
+    scheduler.set_asleep(&asleep(&boxes));
+    // Waiters woken at their queue deadline (a request waiting for a box gives up on it then).
+    let mut waiters: Vec<(f64, RequestId)> = Vec::new();
     let mut pending: HashMap<RequestId, Pending> = HashMap::new();
     let mut next_id: RequestId = 1;
     // Per session: the next turn and when it is due (None while its turn runs).
@@ -346,6 +360,7 @@ pub fn run(
         ..Placement::default()
     };
     let start_on = |boxes: &mut Vec<SimBox>,
+                    box_of: &HashMap<WorkerId, usize>,
                     pending: &mut HashMap<RequestId, Pending>,
                     id: RequestId,
                     worker: WorkerId,
@@ -382,15 +397,56 @@ pub fn run(
                 );
                 match scheduler.submit(id, "m", placement(req), at(now)) {
                     Ok(Submitted::Dispatched { worker, .. }) => {
-                        start_on(&mut boxes, &mut pending, id, worker, now)
+                        start_on(&mut boxes, &box_of, &mut pending, id, worker, now)
                     }
-                    Ok(Submitted::Queued { .. }) => {}
+                    Ok(Submitted::Queued { queue_deadline, .. }) => {
+                        waiters.push((queue_deadline.duration_since(base).as_secs_f64(), id));
+                        // As the hub: wake the box cost routing chose, or every sleeping box
+                        // when nothing awake serves the model.
+                        let wake = scheduler.box_to_wake(id).map(|b| b.map(str::to_string));
+                        let wake = wake.or((!scheduler.is_served("m")).then_some(None));
+                        for b in boxes.iter_mut() {
+                            let wanted = wake.as_ref().is_some_and(|only| {
+                                only.as_deref().is_none_or(|name| name == b.spec.name)
+                            });
+                            if wanted && b.sleep == Some(None) {
+                                let took = b.spec.asleep.expect("a box that sleeps");
+                                b.sleep = Some(Some(now + took));
+                            }
+                        }
+                    }
                     Err(error) => panic!("refused: {error:?}"),
                 }
             }
         }
-        // The boxes work.
+        // Boxes that woke join; waiters whose wait ended ask again.
         let mut dispatches = Vec::new();
+        let mut woke = false;
+        for (i, b) in boxes.iter_mut().enumerate() {
+            if let Some(Some(until)) = b.sleep {
+                if until <= now {
+                    let registered = join(&mut scheduler, &b.spec);
+                    b.worker = registered.worker;
+                    b.sleep = None;
+                    box_of.insert(registered.worker, i);
+                    dispatches.extend(dispatched(registered.actions));
+                    woke = true;
+                }
+            }
+        }
+        if woke {
+            scheduler.set_asleep(&asleep(&boxes));
+        }
+        waiters.retain(|(deadline, id)| {
+            if *deadline > now {
+                return true;
+            }
+            let mut actions = Vec::new();
+            scheduler.stop_waiting_for_wake(*id, at(now), &mut actions);
+            dispatches.extend(dispatched(actions));
+            false
+        });
+        // The boxes work.
         for b in &mut boxes {
             let worker = b.worker;
             let (first, ended) = b.step(now);
@@ -415,10 +471,7 @@ pub fn run(
                 scheduler.learn(worker, id, &timings);
                 let mut actions = Vec::new();
                 assert!(scheduler.finish(worker, id, &mut actions));
-                dispatches.extend(actions.into_iter().filter_map(|a| match a {
-                    Action::Dispatch { request, worker } => Some((request, worker)),
-                    _ => None,
-                }));
+                dispatches.extend(dispatched(actions));
                 outcomes.push(Outcome {
                     ttft: p.first.unwrap_or(now) - p.sent,
                     last: now - p.sent,
@@ -435,7 +488,7 @@ pub fn run(
             }
         }
         for (id, worker) in dispatches {
-            start_on(&mut boxes, &mut pending, id, worker, now);
+            start_on(&mut boxes, &box_of, &mut pending, id, worker, now);
         }
         let done = pending.is_empty()
             && due
@@ -448,4 +501,44 @@ pub fn run(
         now += STEP;
         assert!(now < 100_000.0, "the simulation does not end");
     }
+}
+
+/// Registers the box `spec` as its worker does when it connects.
+fn join(scheduler: &mut Scheduler, spec: &BoxSpec) -> Registered {
+    scheduler
+        .register_worker(
+            "local",
+            &RegisterMessage {
+                worker_name: spec.name.to_string(),
+                models: vec!["m".to_string()],
+                max_concurrent: spec.slots,
+                protocol_version: Some("1".to_string()),
+                current_load: Some(0),
+                mac_address: None,
+                sleeps_when_idle: None,
+                context_windows: None,
+            },
+        )
+        .expect("registered")
+}
+
+/// The boxes asleep (or waking), as the hub tells the scheduler.
+fn asleep(boxes: &[SimBox]) -> Vec<AsleepBox> {
+    boxes
+        .iter()
+        .filter(|b| b.sleep.is_some())
+        .map(|b| AsleepBox {
+            provider: "local".to_string(),
+            name: b.spec.name.to_string(),
+            models: vec!["m".to_string()],
+        })
+        .collect()
+}
+
+/// The requests `actions` send to a worker.
+fn dispatched(actions: Vec<Action>) -> impl Iterator<Item = (RequestId, WorkerId)> {
+    actions.into_iter().filter_map(|a| match a {
+        Action::Dispatch { request, worker } => Some((request, worker)),
+        _ => None,
+    })
 }

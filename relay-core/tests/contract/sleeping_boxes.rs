@@ -10,6 +10,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use axum::http::{HeaderMap, StatusCode};
 use relay_core::protocol::{ModelsUpdateMessage, RegisterMessage, WorkerToServer};
 use relay_core::proxy::{ProxyConfig, RunningProxy};
 use relay_core::wake::MacAddress;
@@ -489,4 +490,137 @@ async fn sleeping_boxes_are_remembered_across_a_proxy_restart_and_still_woken() 
     a_request_wakes_gpu_2_and_is_answered(&second, &card).await;
     second.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Answers `request_id` as llama-server would report it: 1,000 prompt tokens evaluated at
+/// `prompt_tps`.
+async fn answer_timed(worker: &mut ScriptedWorker, request_id: &str, prompt_tps: f64) {
+    worker
+        .send(&WorkerToServer::ResponseComplete(
+            relay_core::protocol::ResponseCompleteMessage {
+                request_id: request_id.to_string(),
+                status_code: 200,
+                headers: [("content-type".to_string(), "application/json".to_string())].into(),
+                body: Some(r#"{"ok":true}"#.to_string()),
+                token_counts: None,
+                timings: Some(relay_core::protocol::Timings {
+                    prompt_tokens: 1000,
+                    prompt_ms: 1000.0 * 1000.0 / prompt_tps,
+                    cached_tokens: None,
+                    generated_tokens: 10,
+                    generation_ms: 100.0,
+                }),
+            },
+        ))
+        .await;
+}
+
+/// The box gpu-fast connects, answers the request `client` sent (at 10,000 prompt tok/s), and
+/// `then_sleeps`: announces it goes to sleep and closes.
+async fn fast_box_answers(
+    proxy: &RunningProxy,
+    client: tokio::task::JoinHandle<(StatusCode, HeaderMap, String)>,
+    then_sleeps: bool,
+) {
+    let mut fast = ScriptedWorker::connect(proxy.addr).await;
+    fast.register_message(register("gpu-fast", &[MODEL], Some(MAC), false))
+        .await;
+    let request = fast.next_request().await;
+    answer_timed(&mut fast, &request.request_id, 10_000.0).await;
+    let (status, _, body) = answer_of(client).await;
+    assert_eq!(status, 200, "{body}");
+    if then_sleeps {
+        fast.send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            models: Vec::new(),
+            current_load: 0,
+            going_to_sleep: Some(true),
+            context_windows: None,
+        }))
+        .await;
+        fast.crash();
+        wait_until("gpu-fast is asleep", || {
+            proxy.hub.sleepers().iter().any(|s| s.name == "gpu-fast")
+        })
+        .await;
+    }
+}
+
+/// A fleet measured as the proxy measures one: gpu-fast (10,000 prompt tok/s) answered a
+/// request, went to sleep, was woken by a request (nothing else served the model: the usual
+/// rule), came back 300 ms after the packet and went to sleep again; gpu-slow (100 tok/s)
+/// answered one request and stays connected. Returned: the proxy and gpu-slow.
+async fn measured_fleet(card: &FakeCard) -> (RunningProxy, ScriptedWorker) {
+    let mut config = config_waking(card, Duration::from_secs(30));
+    config.cost_routing = true;
+    let proxy = start_proxy(config).await;
+    let client = spawn_post(&proxy.url(), "/v1/chat/completions", chat(MODEL));
+    fast_box_answers(&proxy, client, true).await;
+    let client = spawn_post(&proxy.url(), "/v1/chat/completions", chat(MODEL));
+    card.woken().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    fast_box_answers(&proxy, client, true).await;
+
+    let mut slow = ScriptedWorker::connect(proxy.addr).await;
+    slow.register_message(register("gpu-slow", &[MODEL], None, false))
+        .await;
+    let client = spawn_post(&proxy.url(), "/v1/chat/completions", chat(MODEL));
+    let request = slow.next_request().await;
+    answer_timed(&mut slow, &request.request_id, 100.0).await;
+    assert_eq!(answer_of(client).await.0, 200);
+    (proxy, slow)
+}
+
+/// A chat request with a prompt of about 10,000 tokens (the proxy counts 4 bytes a token):
+/// 100 s on gpu-slow, about 1.3 s on gpu-fast counting its wake.
+fn long_chat() -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": "word ".repeat(8_000)}]})
+}
+
+#[tokio::test]
+async fn with_cost_routing_a_long_prompt_wakes_a_faster_sleeping_box_and_waits_for_it() {
+    let card = FakeCard::new().await;
+    let (proxy, mut slow) = measured_fleet(&card).await;
+
+    // A short prompt is sooner on the awake slow box than a wake: it goes there, no packet.
+    let client = spawn_post(&proxy.url(), "/v1/chat/completions", chat(MODEL));
+    let request = slow.next_request().await;
+    answer_timed(&mut slow, &request.request_id, 100.0).await;
+    assert_eq!(answer_of(client).await.0, 200);
+    assert_eq!(card.packet_within(Duration::from_millis(200)).await, None);
+
+    // A long one wakes gpu-fast and waits for it, though gpu-slow is free.
+    let client = spawn_post(&proxy.url(), "/v1/chat/completions", long_chat());
+    card.woken().await;
+    slow.assert_nothing_for(
+        Duration::from_millis(500),
+        "the long prompt waits for gpu-fast",
+    )
+    .await;
+    fast_box_answers(&proxy, client, false).await;
+    let metrics = metrics_text(&proxy.url()).await;
+    assert!(
+        metrics.contains("modelrelay_placements_total{reason=\"waking\"} 2"),
+        "the usual wake and this one: {metrics}"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_faster_box_that_does_not_wake_leaves_the_long_prompt_to_the_awake_one_not_to_a_504() {
+    let card = FakeCard::new().await;
+    let (proxy, mut slow) = measured_fleet(&card).await;
+    let started = Instant::now();
+    let client = spawn_post(&proxy.url(), "/v1/chat/completions", long_chat());
+    card.woken().await;
+    // gpu-fast never comes back: after twice its wake time and 5 s, gpu-slow takes the request.
+    let request = slow.next_request().await;
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(5) && waited < Duration::from_secs(15),
+        "{waited:?}"
+    );
+    answer_timed(&mut slow, &request.request_id, 100.0).await;
+    let (status, _, body) = answer_of(client).await;
+    assert_eq!(status, 200, "{body}");
+    proxy.shutdown().await;
 }

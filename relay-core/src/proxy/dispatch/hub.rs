@@ -17,7 +17,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::proxy::dispatch::scheduler::{
     parse_worker_wire_id, request_wire_id, unusable_name, worker_wire_id, Action, AffinityCounts,
-    CancelOutcome, Expired, ProviderLimits, RegisterError, Scheduler, WorkerId, WorkerSnapshot,
+    AsleepBox, CancelOutcome, Expired, ProviderLimits, RegisterError, Scheduler, WorkerId,
+    WorkerSnapshot,
 };
 use crate::proxy::dispatch::sleepers::{
     Card, Remembered, Sleeper, SleeperLimits, Sleepers, WakeOrder,
@@ -344,8 +345,17 @@ impl Hub {
             }
             Submitted::Queued { .. } => {
                 tracing::debug!(request = %request_wire_id(request), model = %spec.model, "request queued");
-                if !inner.scheduler.is_served(&spec.model) {
-                    let orders = inner.sleepers.wake_for(&spec.model, now, unix_ms());
+                // Nothing awake serves the model, or cost routing found a sleeping box sooner.
+                let wake = inner
+                    .scheduler
+                    .box_to_wake(request)
+                    .map(|b| b.map(str::to_string));
+                let wake = wake.or((!inner.scheduler.is_served(&spec.model)).then_some(None));
+                if let Some(only) = wake {
+                    let orders =
+                        inner
+                            .sleepers
+                            .wake_for(&spec.model, only.as_deref(), now, unix_ms());
                     if !orders.is_empty() {
                         inner.relay_wake_packets(&orders);
                         drop(inner);
@@ -445,6 +455,15 @@ impl Hub {
     /// this is the 504 to answer, naming the model it waited for.
     pub fn expire_queued(&self, request: RequestId) -> Option<ApiError> {
         let mut inner = self.lock();
+        let mut actions = Vec::new();
+        // A request that waited for a box to wake in vain takes an awake one or queues on.
+        if inner
+            .scheduler
+            .stop_waiting_for_wake(request, Instant::now(), &mut actions)
+        {
+            inner.execute(actions);
+            return None;
+        }
         let expired = inner.scheduler.expire_queued(request, Instant::now())?;
         inner.pending.remove(&request);
         inner.release_idle_capacity();
@@ -681,8 +700,14 @@ impl Inner {
     /// Tells the scheduler which models sleeping boxes serve, so requests for them queue at
     /// their provider (and aliases and upstreams leave them alone).
     fn sync_asleep(&mut self) {
-        let models = self.sleepers.models();
-        self.scheduler.set_asleep(&models);
+        let boxes: Vec<AsleepBox> = (self.sleepers.boxes().iter())
+            .map(|s| AsleepBox {
+                provider: s.provider.clone(),
+                name: s.name.clone(),
+                models: s.models.clone(),
+            })
+            .collect();
+        self.scheduler.set_asleep(&boxes);
         // The proxy stores them on every change, so a restart still knows them.
         self.sleepers_changed
             .send_modify(|generation| *generation += 1);

@@ -16,6 +16,7 @@ mod names;
 mod registry;
 mod turns;
 mod views;
+mod wake;
 
 pub use cost::{Reason, Speed};
 pub use events::*;
@@ -138,8 +139,8 @@ struct Request {
     prefill_tokens: u32,
     /// Why it went to its worker.
     reason: Option<Reason>,
-    /// It arrived when only a sleeping box served its model: it waited for that box to wake.
-    waited_for_wake: bool,
+    /// The sleeping box it waits for, when one is woken for it ([`wake`]).
+    wake: Option<wake::WakeWait>,
 }
 
 impl Request {
@@ -277,9 +278,7 @@ impl Scheduler {
                 .clamp(Duration::from_secs(1), Duration::from_secs(30));
             return Err(SubmitError::QueueFull { retry_after });
         }
-        let p = &self.providers[provider];
-        let waits_for_wake =
-            p.asleep.contains(&model) && p.model_workers.get(&model).is_none_or(|w| w.is_empty());
+        let wake = self.wake_plan(provider, &model, &placement, picked.map(|(w, _)| w), now);
         self.track_request(
             request,
             provider,
@@ -289,21 +288,18 @@ impl Scheduler {
             deadline,
             queue_deadline,
         );
-        if let Some((worker, faster)) = picked {
+        if let Some((worker, faster)) = picked.filter(|_| wake.is_none()) {
             self.assign(request, worker, faster);
             let seat = self.requests[&request].seat();
             self.providers[provider].queue.served_directly(seat);
             return Ok(Submitted::Dispatched { request, worker });
         }
-        // Only a sleeping box serves the model: the request waits while the hub wakes it.
-        self.requests
-            .get_mut(&request)
-            .expect("tracked above")
-            .waited_for_wake = waits_for_wake;
+        let waiter_deadline = wake.as_ref().and_then(|w| w.give_up_at);
+        self.requests.get_mut(&request).expect("tracked").wake = wake;
         self.enqueue(request);
         Ok(Submitted::Queued {
             request,
-            queue_deadline,
+            queue_deadline: waiter_deadline.unwrap_or(queue_deadline),
         })
     }
 
@@ -332,7 +328,7 @@ impl Scheduler {
                 phase: Phase::Queued,
                 prefill_tokens: 0,
                 reason: None,
-                waited_for_wake: false,
+                wake: None,
             },
         );
     }
@@ -363,11 +359,7 @@ impl Scheduler {
             (Some(key), Some(Some(at))) if at == worker => self.affinity.context(key),
             _ => 0,
         };
-        let reason = if entry.waited_for_wake {
-            Reason::Waking
-        } else {
-            Reason::of(home, worker, faster_box)
-        };
+        let reason = Reason::of(home, worker, faster_box, self.waited_for(entry, worker));
         let entry = self.requests.get_mut(&request).expect("known request");
         entry.phase = Phase::Assigned { worker };
         entry.prefill_tokens = tokens.unwrap_or(0).saturating_sub(held);
@@ -504,11 +496,10 @@ impl Scheduler {
             if !w.has_capacity() {
                 return;
             }
-            // A queued prompt this worker's window cannot hold waits for one that can, when
-            // one serving its model does: per model, the largest prompt some worker holds
-            // (`None`: a window is unknown, so any).
-            // Only models this worker knows a window for can refuse anything: a worker that
-            // reported none (the usual case) pays nothing here.
+            // A queued prompt this worker's window cannot hold waits for one that can, when one
+            // serving its model does: per model, the largest prompt some worker holds (`None`: a
+            // window is unknown, so any). Only models this worker knows a window for can refuse
+            // anything: a worker that reported none (the usual case) pays nothing here.
             let ceilings: HashMap<&Arc<str>, Option<u32>> = w
                 .models
                 .iter()
@@ -528,6 +519,9 @@ impl Scheduler {
                 let Some(r) = requests.get(&request) else {
                     return true;
                 };
+                if r.wake.as_ref().is_some_and(|wait| wait.keeps_from(&w.name)) {
+                    return false;
+                }
                 let tokens = r.placement.prompt_tokens;
                 if w.fits(&r.model, tokens) {
                     return true;
@@ -723,6 +717,12 @@ impl Scheduler {
             return;
         }
         r.requeues += 1;
+        self.place_again(request, now, actions);
+    }
+
+    /// Places a request that is not queued on a free worker, or queues it again.
+    fn place_again(&mut self, request: RequestId, now: Instant, actions: &mut Vec<Action>) {
+        let r = &self.requests[&request];
         let (provider, model, queue_deadline) = (r.provider, r.model.clone(), r.queue_deadline);
         let (affinity, tokens) = (r.placement.affinity, r.placement.prompt_tokens);
         if let Some((next, faster)) = self.pick_worker(provider, &model, affinity, tokens, now) {

@@ -178,14 +178,22 @@ impl Sleepers {
         self.boxes.len() != before
     }
 
-    /// A request for `model` arrived and no connected worker serves it: the boxes serving it
-    /// that are due a packet (none sent in this attempt within [`SleeperLimits::retry`]),
-    /// marked waking. A flood of requests costs one packet per box per retry interval.
-    pub fn wake_for(&mut self, model: &str, now: Instant, now_unix_ms: u64) -> Vec<WakeOrder> {
+    /// A request for `model` arrived and no connected worker serves it (or cost routing chose
+    /// to wake box `only`): the boxes serving it (that one) that are due a packet (none sent
+    /// in this attempt within [`SleeperLimits::retry`]), marked waking. A flood of requests
+    /// costs one packet per box per retry interval.
+    pub fn wake_for(
+        &mut self,
+        model: &str,
+        only: Option<&str>,
+        now: Instant,
+        now_unix_ms: u64,
+    ) -> Vec<WakeOrder> {
         let retry = self.limits.retry;
         let mut orders = Vec::new();
         for sleeper in self.boxes.iter_mut() {
-            if !sleeper.models.iter().any(|m| m == model) {
+            let wanted = only.is_none_or(|name| sleeper.name == name);
+            if !wanted || !sleeper.models.iter().any(|m| m == model) {
                 continue;
             }
             let Some(mac) = sleeper.mac else {
@@ -291,7 +299,7 @@ mod tests {
         );
         assert_eq!(s.boxes().len(), 1);
         assert_eq!(
-            s.wake_for("m", t0, now_ms).len(),
+            s.wake_for("m", None, t0, now_ms).len(),
             1,
             "a restored box is woken"
         );
@@ -303,18 +311,22 @@ mod tests {
         let t0 = Instant::now();
         assert!(s.fell_asleep("gpu-1", "local", card(mac(1)), vec!["m".into()], t0, 1000));
         assert!(s.fell_asleep("gpu-2", "local", card(None), vec!["m".into()], t0, 1000));
-        let first = s.wake_for("m", t0, 2000);
+        let first = s.wake_for("m", None, t0, 2000);
         assert_eq!(first.len(), 1, "only the box with a card gets a packet");
         assert_eq!(first[0].name, "gpu-1");
         for i in 1..1000 {
             let at = t0 + Duration::from_millis(i * 5);
-            assert!(s.wake_for("m", at, 2000).is_empty());
+            assert!(s.wake_for("m", None, at, 2000).is_empty());
         }
-        assert_eq!(s.wake_for("m", t0 + Duration::from_secs(10), 3000).len(), 1);
+        assert_eq!(
+            s.wake_for("m", None, t0 + Duration::from_secs(10), 3000)
+                .len(),
+            1
+        );
         let attempt = s.boxes()[0].waking.unwrap();
         assert_eq!(attempt.packets, 2);
         assert_eq!(attempt.since_unix_ms, 2000, "the attempt keeps its start");
-        assert!(s.wake_for("other", t0, 0).is_empty());
+        assert!(s.wake_for("other", None, t0, 0).is_empty());
     }
 
     #[test]

@@ -43,6 +43,11 @@ impl Hub {
             .unwrap_or_default()
             .to_string();
         let woke = inner.sleepers.woke(&name, mac);
+        // How long it took, for cost routing to weigh waking it next time.
+        for attempt in woke.iter().filter_map(|s| s.waking) {
+            let took = unix_ms().saturating_sub(attempt.since_unix_ms);
+            (inner.scheduler).learn_wake(&name, Duration::from_millis(took));
+        }
         if !woke.is_empty() {
             inner.sync_asleep();
             log_woke(&woke, &name);

@@ -29,7 +29,7 @@ const MIN_GENERATION_SAMPLE: u32 = 8;
 /// Another worker replaces the usual choice only when its estimate is below this share of the
 /// usual one's: estimates are rough, and the usual rules keep caches warm. On the fleet bench 0.6
 /// kept cost routing within 5% of the best other policy in every cell; 0.8 and 0.9 did not.
-const CLEARLY_SOONER: f64 = 0.6;
+pub(super) const CLEARLY_SOONER: f64 = 0.6;
 
 /// A worker's measured speed on one model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
@@ -69,12 +69,25 @@ impl Speed {
 const KNOWN_BOXES: usize = 256;
 
 /// The speeds of boxes that left, by worker name (a box asleep, restarting or reconnecting),
-/// so that one coming back is routed by what was measured of it at once. Bounded: the box
-/// remembered longest ago makes room.
+/// so that one coming back is routed by what was measured of it at once, and how long each took
+/// to wake; and the boxes asleep now (`wake`). Bounded: the box remembered longest ago makes
+/// room.
 #[derive(Debug, Default)]
 pub(super) struct KnownSpeeds {
-    boxes: HashMap<String, (u64, HashMap<Arc<str>, Speed>)>,
+    boxes: HashMap<String, Known>,
     stamp: u64,
+    asleep: Vec<super::AsleepBox>,
+}
+
+/// What is known of one box.
+#[derive(Debug, Default)]
+struct Known {
+    /// When it was last remembered, for eviction.
+    stamp: u64,
+    speeds: HashMap<Arc<str>, Speed>,
+    /// Seconds from the first Wake-on-LAN packet to its worker's registration (a moving
+    /// average).
+    wake_secs: Option<f64>,
 }
 
 impl KnownSpeeds {
@@ -87,22 +100,52 @@ impl KnownSpeeds {
             let oldest = self
                 .boxes
                 .iter()
-                .min_by_key(|(_, (stamp, _))| *stamp)
+                .min_by_key(|(_, known)| known.stamp)
                 .map(|(name, _)| name.clone());
             if let Some(oldest) = oldest {
                 self.boxes.remove(&oldest);
             }
         }
         self.stamp += 1;
-        self.boxes.insert(name.to_string(), (self.stamp, speeds));
+        let known = self.boxes.entry(name.to_string()).or_default();
+        known.stamp = self.stamp;
+        known.speeds = speeds;
     }
 
     /// What was measured of box `name` before it left (nothing for a new box).
     pub(super) fn recall(&self, name: &str) -> HashMap<Arc<str>, Speed> {
         self.boxes
             .get(name)
-            .map(|(_, speeds)| speeds.clone())
+            .map(|known| known.speeds.clone())
             .unwrap_or_default()
+    }
+
+    /// Box `name`'s speed on `model` when it left.
+    pub(super) fn speed(&self, name: &str, model: &str) -> Option<Speed> {
+        self.boxes.get(name)?.speeds.get(model).copied()
+    }
+
+    /// Box `name` took `secs` to wake; `weight` is how far the estimate moves towards it. Only
+    /// boxes remembered (with their speeds) are kept: a wake time alone routes nothing.
+    pub(super) fn learn_wake(&mut self, name: &str, secs: f64, weight: f64) {
+        if let Some(known) = self.boxes.get_mut(name) {
+            let old = known.wake_secs.unwrap_or(secs);
+            known.wake_secs = Some(old + weight * (secs - old));
+        }
+    }
+
+    /// How long box `name` was measured to take to wake.
+    pub(super) fn wake_secs(&self, name: &str) -> Option<f64> {
+        self.boxes.get(name)?.wake_secs
+    }
+
+    /// The boxes asleep now.
+    pub(super) fn asleep(&self) -> &[super::AsleepBox] {
+        &self.asleep
+    }
+
+    pub(super) fn set_asleep(&mut self, boxes: Vec<super::AsleepBox>) {
+        self.asleep = boxes;
     }
 }
 
@@ -135,9 +178,16 @@ impl Reason {
     ];
 
     /// Why a request went to `worker`, given its conversation's home before the placement
-    /// (`None`: no conversation; `Some(None)`: none yet) and whether cost routing chose it.
-    pub(super) fn of(home: Option<Option<WorkerId>>, worker: WorkerId, faster_box: bool) -> Reason {
+    /// (`None`: no conversation; `Some(None)`: none yet), whether cost routing chose it and
+    /// whether it waited for `worker` to wake.
+    pub(super) fn of(
+        home: Option<Option<WorkerId>>,
+        worker: WorkerId,
+        faster_box: bool,
+        waking: bool,
+    ) -> Reason {
         match (faster_box, home) {
+            _ if waking => Reason::Waking,
             (true, _) => Reason::FasterBox,
             (false, None) => Reason::LeastLoaded,
             (false, Some(None)) => Reason::NewConversation,
@@ -219,7 +269,7 @@ impl Scheduler {
     /// Seconds until the first token of a prompt of `tokens` of conversation `affinity` on
     /// worker `id`: the prompt tokens it has to evaluate, its own and those it is still
     /// evaluating for others, at its measured speed. `None` when its speed is not measured.
-    fn first_token_secs(
+    pub(super) fn first_token_secs(
         &self,
         id: WorkerId,
         model: &str,
@@ -414,7 +464,11 @@ mod tests {
         let now = Instant::now();
         let mut s = Scheduler::new(vec![("local".to_string(), ProviderLimits::default())]);
         // Only a box that fell asleep serves "m": the request queues while the hub wakes it.
-        s.set_asleep(&[("local".to_string(), "m".to_string())]);
+        s.set_asleep(&[super::super::AsleepBox {
+            provider: "local".to_string(),
+            name: "box".to_string(),
+            models: vec!["m".to_string()],
+        }]);
         let placement = Placement {
             affinity: Some(7),
             ..Placement::default()

@@ -209,3 +209,14 @@ pub struct WorkerSnapshot {
     /// How fast it was measured to be, per model.
     pub speeds: std::collections::BTreeMap<String, super::Speed>,
 }
+
+/// A box asleep, as the proxy remembers it: its worker's name, provider and models.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AsleepBox {
+    /// The provider it had joined.
+    pub provider: String,
+    /// Its worker's name.
+    pub name: String,
+    /// The models it served.
+    pub models: Vec<String>,
+}

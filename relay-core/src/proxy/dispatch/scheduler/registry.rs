@@ -204,21 +204,6 @@ impl Scheduler {
             .any(|p| p.model_workers.contains_key(model))
     }
 
-    /// Replaces the (provider, model) pairs sleeping boxes serve: claimed like a listed model
-    /// until the box wakes or is forgotten. Pairs of unknown providers are ignored.
-    pub fn set_asleep(&mut self, asleep: &[(String, String)]) {
-        for p in &mut self.providers {
-            p.asleep.clear();
-        }
-        for (provider, model) in asleep {
-            if let Some(index) = self.provider_index(provider) {
-                self.providers[index]
-                    .asleep
-                    .insert(Arc::from(model.as_str()));
-            }
-        }
-    }
-
     /// `worker` refused `request` as beyond its `max_concurrent` (`worker_busy`): the proxy's
     /// view of its load was wrong (a report still on its way, or a worker that counts
     /// differently). It is full until it reports its load again, and the request goes back to

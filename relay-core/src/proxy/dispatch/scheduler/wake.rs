@@ -1,0 +1,349 @@
+//! Waking a sleeping box as one more way to serve a request, weighed like the others.
+//!
+//! A box that went to sleep is remembered by name with what was measured of it: its speeds (the
+//! [`cost`](super::cost) module's, kept when it left) and how long it took to come back the last
+//! times it was woken (from the first Wake-on-LAN packet to its worker registering again). With
+//! cost routing on, a request whose first token would come clearly sooner on such a box, once
+//! awake, than on any awake one (its wake time plus its prompt at its speed, against the awake
+//! estimate) waits for that box while the hub wakes it; a request that would queue anyway (no
+//! awake box has a free slot) wakes it too, so the queue gains its slots. Either waits at most
+//! twice the box's measured wake time (plus [`WAKE_GRACE`]): a box that does not come back
+//! leaves the request to the awake ones, never to a timeout. Boxes never measured waking, and
+//! requests of unknown size, follow the usual rules, which wake a box only when nothing awake
+//! serves the model.
+
+use std::time::{Duration, Instant};
+
+use super::cost::CLEARLY_SOONER;
+use super::{Action, AsleepBox, Phase, Placement, Request, RequestId, Scheduler, WorkerId};
+
+/// Added to twice a box's measured wake time before a request waiting for it gives up on it.
+pub const WAKE_GRACE: Duration = Duration::from_secs(5);
+
+/// Wake times longer than this are not learnt from: the box was woken by hand, or was off.
+const LONGEST_WAKE: Duration = Duration::from_secs(600);
+
+/// How much one new wake moves a box's wake-time estimate.
+const WAKE_SAMPLE_WEIGHT: f64 = 0.5;
+
+/// A request waiting for a sleeping box to wake.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct WakeWait {
+    /// The box woken for it; `None`: any box of its model (nothing awake serves it).
+    for_box: Option<String>,
+    /// When it stops waiting for the box and takes an awake one, or waits for one like any
+    /// queued request; `None`: it is queued like any request meanwhile.
+    pub(super) give_up_at: Option<Instant>,
+}
+
+impl WakeWait {
+    /// Whether, while it waits, it is kept from the worker named `name`: a request that passed
+    /// up a free awake slot for the box goes to no other until its wait ends (a box that would
+    /// have queued it anyway takes it whenever it frees).
+    pub(super) fn keeps_from(&self, name: &str) -> bool {
+        self.give_up_at.is_some() && !self.met_by(name)
+    }
+
+    /// Whether a placement on the worker named `name` is the one it waited for.
+    pub(super) fn met_by(&self, name: &str) -> bool {
+        self.for_box.as_deref().is_none_or(|wanted| wanted == name)
+    }
+}
+
+impl Scheduler {
+    /// Whether `request` waited for a box to wake and `worker` is that box (its reason is then
+    /// "waking"). The waiter of a request waiting for one is first woken at `give_up_at`.
+    pub(super) fn waited_for(&self, request: &Request, worker: WorkerId) -> bool {
+        let name = self.workers.get(&worker).map_or("", |w| w.name.as_str());
+        request.wake.as_ref().is_some_and(|w| w.met_by(name))
+    }
+
+    /// Replaces the boxes asleep: their models are claimed like listed ones until the box wakes
+    /// or is forgotten (requests for them queue at their provider, and aliases and upstreams
+    /// leave them alone), and cost routing may wake them. Unknown providers are ignored.
+    pub fn set_asleep(&mut self, boxes: &[AsleepBox]) {
+        for p in &mut self.providers {
+            p.asleep.clear();
+        }
+        for b in boxes {
+            if let Some(index) = self.provider_index(&b.provider) {
+                let asleep = &mut self.providers[index].asleep;
+                asleep.extend(b.models.iter().map(|m| std::sync::Arc::from(m.as_str())));
+            }
+        }
+        self.known_speeds.set_asleep(boxes.to_vec());
+    }
+
+    /// Box `name` came back `took` after the first packet that woke it.
+    pub fn learn_wake(&mut self, name: &str, took: Duration) {
+        if took <= LONGEST_WAKE {
+            self.known_speeds
+                .learn_wake(name, took.as_secs_f64(), WAKE_SAMPLE_WEIGHT);
+        }
+    }
+
+    /// How long box `name` was measured to take to wake, if it was.
+    pub fn wake_time(&self, name: &str) -> Option<Duration> {
+        self.known_speeds
+            .wake_secs(name)
+            .map(Duration::from_secs_f64)
+    }
+
+    /// Whether the hub should wake a box for queued `request`: `Some(Some(name))` that box,
+    /// `Some(None)` every sleeping box of its model.
+    pub fn box_to_wake(&self, request: RequestId) -> Option<Option<&str>> {
+        let wait = self.requests.get(&request)?.wake.as_ref()?;
+        Some(wait.for_box.as_deref())
+    }
+
+    /// Whether a request for `model` at `provider`, which the usual rules (and cost routing
+    /// among awake boxes) would place on `picked` (`None`: it would queue), should wait for a
+    /// sleeping box instead (see the module).
+    pub(super) fn wake_plan(
+        &self,
+        provider: usize,
+        model: &str,
+        placement: &Placement,
+        picked: Option<WorkerId>,
+        now: Instant,
+    ) -> Option<WakeWait> {
+        let p = &self.providers[provider];
+        if p.asleep.contains(model) && p.model_workers.get(model).is_none_or(|w| w.is_empty()) {
+            // Only a sleeping box serves the model: the request waits while the hub wakes it.
+            return Some(WakeWait {
+                for_box: None,
+                give_up_at: None,
+            });
+        }
+        let tokens = placement.prompt_tokens.filter(|_| self.cost_routing)?;
+        let (asleep_secs, name, wake_secs) = self
+            .known_speeds
+            .asleep()
+            .iter()
+            .filter(|b| b.provider == p.name && b.models.iter().any(|m| m == model))
+            .filter_map(|b| {
+                let wake = self.known_speeds.wake_secs(&b.name)?;
+                let speed = self.known_speeds.speed(&b.name, model)?.prompt_tps?;
+                Some((wake + f64::from(tokens.max(1)) / speed, &b.name, wake))
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0))?;
+        // The awake estimate: the chosen worker's, or, when every slot is taken, the soonest
+        // any awake worker would evaluate it once free (a lower bound: the answers holding its
+        // slots are not counted).
+        let awake_secs = match picked {
+            Some(worker) => self.first_token_secs(worker, model, placement.affinity, tokens, now),
+            None => p.model_workers.get(model).and_then(|workers| {
+                workers
+                    .iter()
+                    .filter_map(|w| {
+                        self.first_token_secs(*w, model, placement.affinity, tokens, now)
+                    })
+                    .min_by(f64::total_cmp)
+            }),
+        }?;
+        if asleep_secs >= awake_secs * CLEARLY_SOONER {
+            return None;
+        }
+        // A request that passes up a free awake slot waits for the box a bounded time; one that
+        // would queue anyway waits like any queued request.
+        let give_up_after = Duration::from_secs_f64(wake_secs * 2.0) + WAKE_GRACE;
+        Some(WakeWait {
+            for_box: Some(name.clone()),
+            give_up_at: picked.map(|_| now + give_up_after),
+        })
+    }
+
+    /// The waiter of `request` was woken at its wait's end (`give_up_at`): a request still
+    /// queued for a box that has not woken takes a free awake worker now, or waits like any
+    /// queued request until its own queue deadline (its waiter is told, `Action::Requeued`).
+    /// False when the request was not waiting for a box past its wait.
+    pub fn stop_waiting_for_wake(
+        &mut self,
+        request: RequestId,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        let Some(r) = self.requests.get_mut(&request) else {
+            return false;
+        };
+        let waited_out = r.phase == Phase::Queued
+            && r.wake
+                .as_ref()
+                .and_then(|w| w.give_up_at)
+                .is_some_and(|at| at <= now);
+        if !waited_out {
+            return false;
+        }
+        // Still the box's if it wakes before an awake slot frees: the reason stays "waking".
+        if let Some(wait) = r.wake.as_mut() {
+            wait.give_up_at = None;
+        }
+        self.dequeue(request);
+        self.place_again(request, now, actions);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::register;
+    use super::super::{ProviderLimits, Reason, Submitted};
+    use super::*;
+    use crate::protocol::Timings;
+
+    /// A slow box awake (600 prompt tok/s) and a box "fast" (3,000 tok/s) measured, then gone
+    /// to sleep; `wake` is its measured wake time, if any. Cost routing `on`.
+    fn fleet(on: bool, wake: Option<u64>) -> (Scheduler, WorkerId) {
+        let mut s = Scheduler::new(vec![("local".to_string(), ProviderLimits::default())]);
+        s.set_cost_routing(on);
+        let measure = |s: &mut Scheduler, id, tps: f64| {
+            let timings = Timings {
+                prompt_tokens: 1000,
+                prompt_ms: 1000.0 * 1000.0 / tps,
+                cached_tokens: None,
+                generated_tokens: 100,
+                generation_ms: 2000.0,
+            };
+            s.observe_timings(id, "m", &timings);
+        };
+        let slow = register(&mut s, "slow", &["m"], 4).worker;
+        measure(&mut s, slow, 600.0);
+        let fast = register(&mut s, "fast", &["m"], 4).worker;
+        measure(&mut s, fast, 3000.0);
+        s.worker_gone(fast, Instant::now());
+        s.set_asleep(&[AsleepBox {
+            provider: "local".to_string(),
+            name: "fast".to_string(),
+            models: vec!["m".to_string()],
+        }]);
+        if let Some(secs) = wake {
+            s.learn_wake("fast", Duration::from_secs(secs));
+        }
+        (s, slow)
+    }
+
+    fn submit(s: &mut Scheduler, id: RequestId, tokens: u32, now: Instant) -> Submitted {
+        let placement = Placement {
+            affinity: Some(id),
+            prompt_tokens: Some(tokens),
+            ..Placement::default()
+        };
+        s.submit(id, "m", placement, now).expect("accepted")
+    }
+
+    #[test]
+    fn a_long_prompt_waits_for_a_faster_box_to_wake_when_its_first_token_comes_clearly_sooner() {
+        let now = Instant::now();
+        let (mut s, slow) = fleet(true, Some(4));
+        // 12,000 tokens: 20 s on the slow box, 4 s to wake + 4 s on the fast one.
+        match submit(&mut s, 1, 12_000, now) {
+            Submitted::Queued { queue_deadline, .. } => {
+                assert_eq!(
+                    queue_deadline,
+                    now + Duration::from_secs(13),
+                    "2 × 4 s + 5 s"
+                );
+            }
+            other => panic!("should wait for the wake: {other:?}"),
+        }
+        assert_eq!(s.box_to_wake(1), Some(Some("fast")));
+        // While it waits, a slot freeing on the slow box does not take it.
+        let short = submit(&mut s, 2, 300, now);
+        assert!(matches!(short, Submitted::Dispatched { worker, .. } if worker == slow));
+        let mut actions = Vec::new();
+        assert!(s.finish(slow, 2, &mut actions));
+        assert_eq!(actions, [], "kept for the fast box");
+        let woken = register(&mut s, "fast", &["m"], 4);
+        assert_eq!(
+            woken.actions,
+            [Action::Dispatch {
+                request: 1,
+                worker: woken.worker
+            }]
+        );
+        assert_eq!(s.reason_of(1), Some(Reason::Waking));
+    }
+
+    #[test]
+    fn a_short_prompt_is_not_worth_a_wake() {
+        let now = Instant::now();
+        let (mut s, slow) = fleet(true, Some(4));
+        // 300 tokens: 0.5 s on the slow box against 4.1 s.
+        assert!(
+            matches!(submit(&mut s, 1, 300, now), Submitted::Dispatched { worker, .. } if worker == slow)
+        );
+        assert_eq!(s.box_to_wake(1), None);
+    }
+
+    #[test]
+    fn an_unmeasured_wake_or_cost_routing_off_leaves_the_box_asleep() {
+        let now = Instant::now();
+        for (on, wake) in [(true, None), (false, Some(4))] {
+            let (mut s, slow) = fleet(on, wake);
+            let placed = submit(&mut s, 1, 12_000, now);
+            assert!(
+                matches!(placed, Submitted::Dispatched { worker, .. } if worker == slow),
+                "cost routing {on}, wake {wake:?}: {placed:?}"
+            );
+            assert_eq!(s.wake_time("fast"), wake.map(Duration::from_secs));
+        }
+    }
+
+    #[test]
+    fn a_box_that_does_not_wake_leaves_the_request_to_the_awake_ones() {
+        let now = Instant::now();
+        let (mut s, slow) = fleet(true, Some(4));
+        assert!(matches!(
+            submit(&mut s, 1, 12_000, now),
+            Submitted::Queued { .. }
+        ));
+        let mut actions = Vec::new();
+        let early = now + Duration::from_secs(12);
+        assert!(!s.stop_waiting_for_wake(1, early, &mut actions), "not yet");
+        let due = now + Duration::from_secs(13);
+        assert!(s.stop_waiting_for_wake(1, due, &mut actions));
+        assert_eq!(
+            actions,
+            [Action::Dispatch {
+                request: 1,
+                worker: slow
+            }]
+        );
+        assert_eq!(s.reason_of(1), Some(Reason::NewConversation));
+        assert!(!s.stop_waiting_for_wake(1, due, &mut actions), "once");
+    }
+
+    #[test]
+    fn a_request_that_would_queue_wakes_a_measured_box_and_takes_whichever_frees_first() {
+        let now = Instant::now();
+        let (mut s, slow) = fleet(true, Some(4));
+        // Short prompts fill the slow box's four slots (each sooner there than a wake).
+        for id in 1..=4 {
+            assert!(matches!(
+                submit(&mut s, id, 300, now),
+                Submitted::Dispatched { .. }
+            ));
+        }
+        // The next, a long one, would queue: the fast box is woken to add its slots. Its waiter
+        // keeps the usual queue deadline.
+        let limits = ProviderLimits::default();
+        match submit(&mut s, 5, 12_000, now) {
+            Submitted::Queued { queue_deadline, .. } => {
+                assert_eq!(queue_deadline, now + limits.queue_timeout)
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s.box_to_wake(5), Some(Some("fast")));
+        // A slot of the slow box frees first: the request takes it, and says why it went there.
+        let mut actions = Vec::new();
+        assert!(s.finish(slow, 1, &mut actions));
+        assert_eq!(
+            actions,
+            [Action::Dispatch {
+                request: 5,
+                worker: slow
+            }]
+        );
+        assert_ne!(s.reason_of(5), Some(Reason::Waking));
+    }
+}
