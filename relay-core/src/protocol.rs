@@ -318,6 +318,8 @@ pub struct PongMessage {
 pub const MAX_REPORTED_GPUS: usize = 16;
 /// Model states a report keeps.
 pub const MAX_REPORTED_MODELS: usize = 64;
+/// The longest model load a report keeps, in milliseconds (an hour).
+pub const MAX_REPORTED_LOAD_MS: u64 = 3_600_000;
 /// The longest GPU name, model name or state kept, in bytes (cut at a character boundary).
 pub const MAX_REPORT_NAME_BYTES: usize = 128;
 
@@ -371,6 +373,10 @@ pub struct ModelStateReport {
     pub model: String,
     /// Its state.
     pub state: String,
+    /// How long loading it took the last time, in milliseconds (ours, optional): what the
+    /// proxy's cost routing adds for a box where it is not loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_ms: Option<u64>,
 }
 
 /// What a report may hold, whoever sent it.
@@ -424,6 +430,7 @@ impl Bounded for Vec<ModelStateReport> {
         for report in &mut self {
             report.model = cut(std::mem::take(&mut report.model));
             report.state = cut(std::mem::take(&mut report.state));
+            report.load_ms = report.load_ms.map(|ms| ms.min(MAX_REPORTED_LOAD_MS));
         }
         self
     }
@@ -857,16 +864,25 @@ mod report_tests {
         let gpus: Vec<String> = (0..MAX_REPORTED_GPUS + 5)
             .map(|_| format!(r#"{{"name":"{name}","utilization_percent":400,"new":1}}"#))
             .collect();
-        let pong = pong(&format!(
+        let cut_pong = pong(&format!(
             r#","hardware":{{"cpu_percent":101,"gpus":[{}],"future":{{}}}}"#,
             gpus.join(",")
         ));
-        let hardware = pong.hardware.unwrap();
+        let hardware = cut_pong.hardware.unwrap();
         assert_eq!(hardware.cpu_percent, Some(100));
         assert_eq!(hardware.gpus.len(), MAX_REPORTED_GPUS);
         // Two-byte characters: cut at a boundary, never in the middle of one.
         assert_eq!(hardware.gpus[0].name.len(), MAX_REPORT_NAME_BYTES);
         assert_eq!(hardware.gpus[0].utilization_percent, Some(100));
+        // A model's load time: kept as sent, an absurd one cut to an hour, a malformed one
+        // drops the states (the rest of the pong stands).
+        let states = pong(r#","model_states":[{"model":"a","state":"idle","load_ms":12500},{"model":"b","state":"idle","load_ms":99999999999},{"model":"c","state":"loaded"}]"#)
+            .model_states
+            .unwrap();
+        let loads: Vec<_> = states.iter().map(|s| s.load_ms).collect();
+        assert_eq!(loads, [Some(12_500), Some(MAX_REPORTED_LOAD_MS), None]);
+        let bad = pong(r#","model_states":[{"model":"a","state":"idle","load_ms":-5}]"#);
+        assert_eq!((bad.current_load, bad.model_states), (2, None));
     }
 
     #[test]

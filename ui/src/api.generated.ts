@@ -208,7 +208,12 @@ model: string,
 /**
  * Its state.
  */
-state: string, };
+state: string, 
+/**
+ * How long loading it took the last time, in milliseconds (ours, optional): what the
+ * proxy's cost routing adds for a box where it is not loaded.
+ */
+load_ms?: number | null, };
 
 export type ModelStatus = { 
 /**
@@ -250,7 +255,11 @@ last_error: string | null,
 /**
  * While failed: seconds until a start is tried again.
  */
-retry_in_secs: number | null, };
+retry_in_secs: number | null, 
+/**
+ * How long its last start took to serve, in milliseconds (what loading it costs a request).
+ */
+last_load_ms: number | null, };
 
 export type ModelView = { name: string, provider: string, workers: Array<string>, };
 

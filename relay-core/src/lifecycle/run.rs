@@ -206,6 +206,7 @@ async fn supervise(start: &mut Start, spawned: &mut Spawned, command: &str) -> O
         if let Some(entry) = table.entries.get_mut(&model) {
             if entry.phase == Phase::Starting {
                 entry.phase = Phase::Ready;
+                entry.last_load = Some(started.elapsed());
             }
             entry.breaker.record_success(now);
             entry.touch(now);

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
@@ -55,6 +55,8 @@ pub(super) struct Entry {
     /// The size of its model file, read once when the manager is made (a start script has
     /// none): with `vram_mb`, what the free VRAM check compares against.
     pub file_bytes: Option<u64>,
+    /// How long its last start took, from spawning its process to its server answering.
+    pub last_load: Option<Duration>,
 }
 
 impl Entry {
@@ -67,6 +69,7 @@ impl Entry {
         };
         Entry {
             ended_at: None,
+            last_load: None,
             file_bytes,
             spec: Arc::new(spec),
             phase: Phase::Stopped,
@@ -230,6 +233,8 @@ pub struct ModelStatus {
     pub last_error: Option<String>,
     /// While failed: seconds until a start is tried again.
     pub retry_in_secs: Option<u64>,
+    /// How long its last start took to serve, in milliseconds (what loading it costs a request).
+    pub last_load_ms: Option<u64>,
 }
 
 impl ModelStatus {
@@ -260,6 +265,7 @@ impl ModelStatus {
                 BreakerState::Open { until } => Some(until.duration_since(now).as_secs().max(1)),
                 _ => None,
             },
+            last_load_ms: entry.last_load.map(|d| d.as_millis() as u64),
         }
     }
 }

@@ -142,6 +142,7 @@ pub fn model_states(manager: &LifecycleManager) -> Vec<ModelStateReport> {
                 ModelState::Failed => "failed",
             }
             .to_string(),
+            load_ms: status.last_load_ms,
         })
         .collect()
 }

@@ -98,8 +98,13 @@ async fn load_and_unload_by_hand() {
         let pid = starts(&log)[0];
         assert_eq!(harness.manager.status()[0].state, ModelState::Ready);
         assert!(alive(pid));
+        // How long the load took is kept (the server answers after 100 ms): the proxy's cost
+        // routing charges it to a request sent here while the model is unloaded.
+        let load_ms = harness.manager.status()[0].last_load_ms.expect("timed");
+        assert!((100..10_000).contains(&load_ms), "{load_ms} ms");
         harness.manager.unload("m").await.unwrap();
         assert_eq!(harness.manager.status()[0].state, ModelState::Stopped);
+        assert_eq!(harness.manager.status()[0].last_load_ms, Some(load_ms));
         assert!(gone_within(pid, Duration::from_secs(2)).await);
         assert!(
             harness.manager.unload("m").await.is_ok(),

@@ -158,9 +158,9 @@ describe('toLifecycleRows', () => {
   it('offers Load for stopped models and Unload for running ones', () => {
     const rows = toLifecycleRows(
       [
-        { name: 'b', state: 'ready', port: 9001, pid: 42, last_used_unix_ms: NOW - 30_000, restarts: 1, crashes: 0, in_flight: 1, last_error: null, retry_in_secs: null },
-        { name: 'a', state: 'stopped', port: null, pid: null, last_used_unix_ms: null, restarts: 0, crashes: 0, in_flight: 0, last_error: null, retry_in_secs: null },
-        { name: 'c', state: 'failed', port: null, pid: null, last_used_unix_ms: null, restarts: 0, crashes: 3, in_flight: 0, last_error: 'exit 1', retry_in_secs: 20 },
+        { name: 'b', state: 'ready', port: 9001, pid: 42, last_used_unix_ms: NOW - 30_000, restarts: 1, crashes: 0, in_flight: 1, last_error: null, retry_in_secs: null, last_load_ms: 2_400 },
+        { name: 'a', state: 'stopped', port: null, pid: null, last_used_unix_ms: null, restarts: 0, crashes: 0, in_flight: 0, last_error: null, retry_in_secs: null, last_load_ms: null },
+        { name: 'c', state: 'failed', port: null, pid: null, last_used_unix_ms: null, restarts: 0, crashes: 3, in_flight: 0, last_error: 'exit 1', retry_in_secs: 20, last_load_ms: null },
       ],
       NOW,
     );
@@ -169,7 +169,7 @@ describe('toLifecycleRows', () => {
       ['b', 'ok', false, true],
       ['c', 'bad', true, true],
     ]);
-    expect(rows[1].detail).toBe('port 9001 · pid 42');
+    expect(rows[1].detail).toBe('port 9001 · pid 42 · loads in 2.4 s');
     expect(rows[1].lastUsed).toBe('30 s ago');
     expect(rows[0].lastUsed).toBe('never');
     expect(rows[2].detail).toBe('retry in 20 s');

@@ -395,6 +395,8 @@ export function toLifecycleRows(models: ModelStatus[], nowMs: number): Lifecycle
       if (m.port != null) parts.push(`port ${m.port}`);
       if (m.pid != null) parts.push(`pid ${m.pid}`);
       if (m.retry_in_secs != null) parts.push(`retry in ${formatUptime(m.retry_in_secs)}`);
+      // What a request sent while it is unloaded waits first (cost routing weighs it too).
+      if (m.last_load_ms != null) parts.push(`loads in ${(m.last_load_ms / 1000).toFixed(1)} s`);
       return {
         name: m.name,
         state: m.state,

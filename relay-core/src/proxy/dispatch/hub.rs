@@ -30,9 +30,9 @@ use crate::proxy::dispatch::telemetry::unix_ms;
 // records of it — they name here.
 use crate::dialect::ApiError;
 use crate::protocol::{
-    CancelMessage, CancelReason, GracefulShutdownMessage, ModelsRefreshMessage, PingMessage,
-    RegisterAck, RegisterMessage, RequestMessage, ResponseCompleteMessage, ServerToWorker, Timings,
-    WireHeaders, BRIDGE_PROTOCOL_VERSION,
+    CancelMessage, CancelReason, GracefulShutdownMessage, ModelStateReport, ModelsRefreshMessage,
+    PingMessage, RegisterAck, RegisterMessage, RequestMessage, ResponseCompleteMessage,
+    ServerToWorker, Timings, WireHeaders, BRIDGE_PROTOCOL_VERSION,
 };
 pub use crate::proxy::dispatch::scheduler::{
     FailReason, Placement, RequestId, SubmitError, Submitted,

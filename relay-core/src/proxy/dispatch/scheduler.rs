@@ -85,6 +85,8 @@ struct Worker {
     windows: HashMap<Arc<str>, u32>,
     /// How fast it was measured to be, per model.
     speeds: HashMap<Arc<str>, Speed>,
+    /// Models its backend reports not loaded, with how long loading took last (seconds).
+    cold: HashMap<Arc<str>, Option<f64>>,
 }
 
 impl Worker {
@@ -741,18 +743,6 @@ impl Scheduler {
                 queue_deadline,
             });
         }
-    }
-
-    /// Stop routing new work to `worker`; it is closed once idle.
-    pub fn drain_worker(&mut self, worker: WorkerId) -> Vec<Action> {
-        let mut actions = Vec::new();
-        if let Some(w) = self.workers.get_mut(&worker) {
-            w.draining = true;
-            if w.in_flight.is_empty() {
-                actions.push(Action::CloseDrained { worker });
-            }
-        }
-        actions
     }
 
     /// The proxy is shutting down: refuse new work, fail queued requests, drain every worker.

@@ -391,7 +391,8 @@ impl Connection {
                         .telemetry()
                         .heartbeat(&worker_wire_id(self.worker), sent.elapsed());
                 }
-                self.hub.update_load(self.worker, pong.current_load);
+                self.hub
+                    .update_load(self.worker, pong.current_load, pong.model_states.as_deref());
                 self.hub.telemetry().worker_box(
                     &worker_wire_id(self.worker),
                     pong.hardware,

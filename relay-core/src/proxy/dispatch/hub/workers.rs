@@ -162,9 +162,17 @@ impl Hub {
         true
     }
 
-    /// A worker reported its load.
-    pub fn update_load(&self, worker: WorkerId, load: u32) {
+    /// A worker reported its load (and, ours, its models' states: see `Scheduler::set_model_states`).
+    pub fn update_load(
+        &self,
+        worker: WorkerId,
+        load: u32,
+        model_states: Option<&[ModelStateReport]>,
+    ) {
         let mut inner = self.lock();
+        if let Some(states) = model_states {
+            inner.scheduler.set_model_states(worker, states);
+        }
         let actions = inner.scheduler.update_load(worker, load);
         inner.execute(actions);
         drop(inner);

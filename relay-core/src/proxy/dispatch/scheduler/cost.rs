@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{RequestId, Scheduler, Worker, WorkerId};
-use crate::protocol::Timings;
+use crate::protocol::{ModelStateReport, Timings};
 
 /// How much one new sample moves a speed estimate.
 const SAMPLE_WEIGHT: f64 = 0.3;
@@ -215,6 +215,23 @@ impl Reason {
 }
 
 impl Scheduler {
+    /// `worker`'s backend reported its models' states (our worker's model map, in its pongs): a
+    /// model not loaded there costs the time its last load took before a first token; one whose
+    /// load was never timed leaves that box to the usual rules.
+    pub fn set_model_states(&mut self, worker: WorkerId, states: &[ModelStateReport]) {
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        w.cold = states
+            .iter()
+            .filter(|s| s.state != "loaded")
+            .map(|s| {
+                let load_secs = s.load_ms.map(|ms| ms as f64 / 1000.0);
+                (Arc::from(s.model.as_str()), load_secs)
+            })
+            .collect();
+    }
+
     /// Learns `worker`'s speed on `model` from one answer's `timings`.
     pub fn observe_timings(&mut self, worker: WorkerId, model: &str, timings: &Timings) {
         let Some(w) = self.workers.get_mut(&worker) else {
@@ -267,8 +284,9 @@ impl Scheduler {
     }
 
     /// Seconds until the first token of a prompt of `tokens` of conversation `affinity` on
-    /// worker `id`: the prompt tokens it has to evaluate, its own and those it is still
-    /// evaluating for others, at its measured speed. `None` when its speed is not measured.
+    /// worker `id`: loading the model if it is not loaded there, then the prompt tokens it has
+    /// to evaluate, its own and those it is still evaluating for others, at its measured speed.
+    /// `None` when its speed (or a load it needs) is not measured.
     pub(super) fn first_token_secs(
         &self,
         id: WorkerId,
@@ -279,8 +297,12 @@ impl Scheduler {
     ) -> Option<f64> {
         let w = self.workers.get(&id)?;
         let prompt_tps = w.speeds.get(model)?.prompt_tps?;
+        let load_secs = match w.cold.get(model) {
+            None => 0.0,
+            Some(load) => (*load)?,
+        };
         let own = self.tokens_to_evaluate(id, affinity, tokens, now).max(1);
-        Some(f64::from(own.saturating_add(self.prefill_ahead(w))) / prompt_tps)
+        Some(load_secs + f64::from(own.saturating_add(self.prefill_ahead(w))) / prompt_tps)
     }
 
     /// With cost routing on, a worker with a free slot among `candidates` (those that serve
@@ -487,6 +509,33 @@ mod tests {
         assert_eq!(s.reason_of(2), Some(Reason::CacheHit));
         let counts: HashMap<_, _> = s.reason_counts().into_iter().collect();
         assert_eq!((counts[&Reason::Waking], counts[&Reason::CacheHit]), (1, 1));
+    }
+
+    #[test]
+    fn a_box_that_must_load_the_model_first_pays_the_time_its_last_load_took() {
+        let now = Instant::now();
+        let states = |state: &str, load_ms| {
+            vec![ModelStateReport {
+                model: "m".into(),
+                state: state.into(),
+                load_ms,
+            }]
+        };
+        // Equal boxes; the usual rule takes box-0, whose model map unloaded the model (its last
+        // load took 20 s): box-1 has it loaded and answers 20 s sooner.
+        let (mut s, ids) = fleet(true, &[Some(2000.0), Some(2000.0)]);
+        s.set_model_states(ids[0], &states("idle", Some(20_000)));
+        assert_eq!(place(&mut s, 1, 7, 2_000, now), ids[1]);
+        assert_eq!(s.reason_of(1), Some(Reason::FasterBox));
+        // A load never timed: the usual rules.
+        let (mut s, ids) = fleet(true, &[Some(2000.0), Some(2000.0)]);
+        s.set_model_states(ids[0], &states("idle", None));
+        assert_eq!(place(&mut s, 1, 7, 2_000, now), ids[0]);
+        // Loaded again: nothing to pay.
+        let (mut s, ids) = fleet(true, &[Some(2000.0), Some(2000.0)]);
+        s.set_model_states(ids[0], &states("idle", Some(20_000)));
+        s.set_model_states(ids[0], &states("loaded", Some(20_000)));
+        assert_eq!(place(&mut s, 1, 7, 2_000, now), ids[0]);
     }
 
     #[test]

@@ -83,6 +83,7 @@ impl Scheduler {
                 draining: false,
                 windows,
                 speeds,
+                cold: HashMap::new(),
             },
         );
         let mut actions = Vec::new();
@@ -202,6 +203,18 @@ impl Scheduler {
         self.providers
             .iter()
             .any(|p| p.model_workers.contains_key(model))
+    }
+
+    /// Stop routing new work to `worker`; it is closed once idle.
+    pub fn drain_worker(&mut self, worker: WorkerId) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.draining = true;
+            if w.in_flight.is_empty() {
+                actions.push(Action::CloseDrained { worker });
+            }
+        }
+        actions
     }
 
     /// `worker` refused `request` as beyond its `max_concurrent` (`worker_busy`): the proxy's

@@ -182,6 +182,7 @@ mod tests {
         let states = vec![ModelStateReport {
             model: "m".into(),
             state: "loaded".into(),
+            load_ms: Some(1_500),
         }];
         worker.record(Some(report(5)), Some(states.clone()), 1_000);
         worker.record(None, None, 9_000);
