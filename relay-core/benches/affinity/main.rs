@@ -17,8 +17,10 @@
 //! exits). `AFFINITY_TURNS`, `AFFINITY_CONVERSATIONS`, `AFFINITY_SEEDS`, `AFFINITY_SYSTEM`
 //! (`shared`, `own`, `both`), `AFFINITY_LLAMA_ARGS` (more llama-server arguments, the same
 //! for every phase), `AFFINITY_SLOW_ARGS` (more arguments for the second server only: boxes of
-//! unequal speed, for the cost-routing phase) and `AFFINITY_MODEL` (another GGUF file) change
-//! the run.
+//! unequal speed, for the cost-routing phase), `AFFINITY_SIDE_REQUESTS=1` (every request
+//! carries its conversation's Claude Code session header, and every second turn sends a side
+//! request beside it, as Claude Code's titles and summaries: `claude-haiku-*`, aliased to the
+//! model, a prompt of its own) and `AFFINITY_MODEL` (another GGUF file) change the run.
 
 #[allow(dead_code)] // shared with the relay bench, which uses more of it
 #[path = "../relay/procs.rs"]
@@ -145,7 +147,15 @@ async fn start_llama(
 }
 
 fn start_proxy(affinity: bool, cost: bool, data: &std::path::Path) -> (ChildProcess, u16) {
+    // Claude Code's small model is the tiny one too (side requests ask for it).
+    let config = data.join("proxy.toml");
+    std::fs::write(
+        &config,
+        format!("[proxy.aliases]\n\"claude-haiku-*\" = \"{MODEL}\"\n"),
+    )
+    .expect("the proxy's config");
     let mut command = Command::new(modelrelay_binary());
+    command.arg("--config").arg(&config);
     command
         .args([
             "serve",
@@ -215,6 +225,7 @@ async fn turn(
     url: &str,
     messages: &[Value],
     index: usize,
+    session: Option<&str>,
 ) -> (String, Turn) {
     let body = json!({
         "model": MODEL,
@@ -224,8 +235,11 @@ async fn turn(
         "temperature": 0,
     });
     let started = Instant::now();
-    let mut response = client
-        .post(url)
+    let mut request = client.post(url);
+    if let Some(session) = session {
+        request = request.header("x-claude-code-session-id", session);
+    }
+    let mut response = request
         .header("content-type", "application/json")
         .body(body.to_string())
         .send()
@@ -288,13 +302,20 @@ async fn conversation(
     let mut out: Vec<Turn> = Vec::new();
     // Staggered starts, as real sessions begin.
     tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
+    let session = side_requests().then(|| format!("session-{seed}"));
     for index in 1..=turns {
         let question = format!(
             "Turn {index} of conversation {seed}: {}",
             words(&mut rng, 60)
         );
         messages.push(json!({"role": "user", "content": question}));
-        let (answer, mut measured) = turn(&client, &url, &messages, index).await;
+        let main = turn(&client, &url, &messages, index, session.as_deref());
+        let ((answer, mut measured), ()) = match session.as_deref() {
+            Some(session) if index % 2 == 0 => {
+                tokio::join!(main, side_request(&client, &url, session, &question))
+            }
+            _ => (main.await, ()),
+        };
         messages.push(json!({"role": "assistant", "content": answer}));
         if let Some(previous) = out.last() {
             let seen = previous.prompt_n + previous.cache_n + previous.predicted_n;
@@ -306,6 +327,36 @@ async fn conversation(
         tokio::time::sleep(Duration::from_millis(200 + rng.below(1300))).await;
     }
     out
+}
+
+/// `AFFINITY_SIDE_REQUESTS=1`: side requests beside the turns (see the module).
+fn side_requests() -> bool {
+    std::env::var("AFFINITY_SIDE_REQUESTS").is_ok_and(|v| v == "1")
+}
+
+/// A side request of a conversation, as Claude Code sends one (a title for the latest message):
+/// its small model, the conversation's session header, a short prompt of its own.
+async fn side_request(client: &reqwest::Client, url: &str, session: &str, question: &str) {
+    let body = json!({
+        "model": "claude-haiku-4-5",
+        "messages": [
+            {"role": "system", "content": "Write a title of at most five words for the message."},
+            {"role": "user", "content": question},
+        ],
+        "max_tokens": 8,
+        "temperature": 0,
+    });
+    let response = client
+        .post(url)
+        .header("x-claude-code-session-id", session)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("the side request was sent");
+    let status = response.status();
+    assert!(status.is_success(), "a side request got {status}");
+    let _ = response.bytes().await;
 }
 
 /// What the proxy's `/metrics` counted of its affinity placements in a phase.

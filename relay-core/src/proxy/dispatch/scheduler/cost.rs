@@ -38,6 +38,9 @@ pub struct Speed {
     pub prompt_tps: Option<f64>,
     /// Tokens generated per second.
     pub generation_tps: Option<f64>,
+    /// Tokens an answer generates, on average: with the generation speed, how long an answer
+    /// holds its slot (what a queued request waits for).
+    pub typical_output: Option<f64>,
 }
 
 // Rates are finite positive numbers by construction: each compares equal to itself.
@@ -61,6 +64,10 @@ impl Speed {
             MIN_GENERATION_SAMPLE,
         ) {
             self.generation_tps = blend(self.generation_tps, new);
+        }
+        if timings.generated_tokens > 0 {
+            let tokens = f64::from(timings.generated_tokens);
+            self.typical_output = blend(self.typical_output, tokens);
         }
     }
 }
@@ -549,10 +556,17 @@ mod tests {
     fn a_speed_is_learnt_from_samples_big_enough_to_mean_something() {
         let mut speed = Speed::default();
         speed.observe(&timings(10, 5.0, 2, 10.0));
-        assert_eq!(speed, Speed::default(), "too small to learn from");
+        assert_eq!(
+            (speed.prompt_tps, speed.generation_tps),
+            (None, None),
+            "too small to learn a speed from"
+        );
+        assert_eq!(speed.typical_output, Some(2.0), "but an answer of 2 tokens");
         speed.observe(&timings(1000, 500.0, 100, 2000.0));
         assert_eq!(speed.prompt_tps, Some(2000.0));
         assert_eq!(speed.generation_tps, Some(50.0));
+        let typical = speed.typical_output.unwrap();
+        assert!((typical - 31.4).abs() < 1e-9, "{typical}");
         speed.observe(&timings(1000, 1000.0, 100, 2000.0));
         let blended = speed.prompt_tps.unwrap();
         assert!(

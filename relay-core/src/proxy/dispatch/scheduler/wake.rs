@@ -127,18 +127,18 @@ impl Scheduler {
                 Some((wake + f64::from(tokens.max(1)) / speed, &b.name, wake))
             })
             .min_by(|a, b| a.0.total_cmp(&b.0))?;
-        // The awake estimate: the chosen worker's, or, when every slot is taken, the soonest
-        // any awake worker would evaluate it once free (a lower bound: the answers holding its
-        // slots are not counted).
+        // The awake estimate: the chosen worker's, or, when every slot is taken, the wait for
+        // a slot (below) and the soonest an awake worker would evaluate the prompt.
         let awake_secs = match picked {
             Some(worker) => self.first_token_secs(worker, model, placement.affinity, tokens, now),
             None => p.model_workers.get(model).and_then(|workers| {
-                workers
+                let prompt = workers
                     .iter()
                     .filter_map(|w| {
                         self.first_token_secs(*w, model, placement.affinity, tokens, now)
                     })
-                    .min_by(f64::total_cmp)
+                    .min_by(f64::total_cmp)?;
+                Some(self.slot_wait_secs(workers, model, p.queue.len())? + prompt)
             }),
         }?;
         if asleep_secs >= awake_secs * CLEARLY_SOONER {
@@ -151,6 +151,21 @@ impl Scheduler {
             for_box: Some(name.clone()),
             give_up_at: picked.map(|_| now + give_up_after),
         })
+    }
+
+    /// Seconds until a slot frees for a request behind `queued` others, when every slot of
+    /// `workers` is taken: each slot frees once per answer (its box's typical answer length at
+    /// its generation speed), so slots free at the sum of slots over answer times. `None` when
+    /// some worker's answers are not measured.
+    fn slot_wait_secs(&self, workers: &[WorkerId], model: &str, queued: usize) -> Option<f64> {
+        let mut slots_per_sec = 0.0;
+        for id in workers {
+            let w = self.workers.get(id)?;
+            let speed = w.speeds.get(model)?;
+            let answer_secs = speed.typical_output? / speed.generation_tps?;
+            slots_per_sec += f64::from(w.max_concurrent.max(1)) / answer_secs.max(0.001);
+        }
+        (slots_per_sec > 0.0).then(|| (queued as f64 + 1.0) / slots_per_sec)
     }
 
     /// The waiter of `request` was woken at its wait's end (`give_up_at`): a request still
