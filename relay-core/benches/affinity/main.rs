@@ -20,7 +20,8 @@
 //! unequal speed, for the cost-routing phase), `AFFINITY_SIDE_REQUESTS=1` (every request
 //! carries its conversation's Claude Code session header, and every second turn sends a side
 //! request beside it, as Claude Code's titles and summaries: `claude-haiku-*`, aliased to the
-//! model, a prompt of its own) and `AFFINITY_MODEL` (another GGUF file) change the run.
+//! model, a prompt of its own) and `AFFINITY_MODEL` (another GGUF file) change the run;
+//! `AFFINITY_WORKER_LOG` is the workers' log level (`warn` by default).
 
 #[allow(dead_code)] // shared with the relay bench, which uses more of it
 #[path = "../relay/procs.rs"]
@@ -194,7 +195,10 @@ fn start_worker(
         .args(["--proxy-url", &format!("http://127.0.0.1:{proxy}")])
         .args(["--backend-url", &format!("http://127.0.0.1:{backend}")])
         .args(["--max-concurrency", &SLOTS.to_string()])
-        .env("LOG_LEVEL", "warn")
+        .env(
+            "LOG_LEVEL",
+            std::env::var("AFFINITY_WORKER_LOG").unwrap_or_else(|_| "warn".to_string()),
+        )
         .env("MODELRELAY_DATA_DIR", data);
     ChildProcess::start(command, None)
 }

@@ -7,10 +7,13 @@
 //! mixes up conversations that share a long system prompt ([`table`] says how). So the worker
 //! names the slot itself (`id_slot`), for chat and completion requests (see [`body`]) to
 //! backends that said they are llama.cpp servers and how many slots they have (`GET /props`,
-//! asked in the background the first time a backend is used and again every few minutes).
-//! Any other request, or backend, goes as it came.
+//! asked in the background the first time a backend is used and again every few minutes) and
+//! that keep a pinned slot's prompt ([`probe`]: a server with a unified KV cache, llama-server's
+//! default without `-np`, does not, and places conversations better itself). Any other
+//! request, or backend, goes as it came.
 
 mod body;
+pub mod probe;
 pub mod table;
 
 use std::collections::HashMap;
@@ -27,6 +30,13 @@ const RECHECK_AFTER: Duration = Duration::from_secs(300);
 
 /// How long asking a backend for its slots may take.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long [`probe`] may take: three one-token completions, behind whatever the server is
+/// busy with.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A probe that got no answer in time is tried again this long after.
+const PROBE_RETRY: Duration = Duration::from_secs(20);
 
 /// Backends remembered at most (the model lifecycle starts servers on new ports).
 const MAX_BACKENDS: usize = 64;
@@ -49,6 +59,9 @@ struct Backend {
     generation: u64,
     /// When it last answered (or failed to answer) about its slots.
     checked: Option<Instant>,
+    /// The slot count [`probe`] last asked the server about, and whether it keeps pinned
+    /// prompts (asked again only when the count changes).
+    probed: Option<(u32, bool)>,
     asking: bool,
     used: Instant,
 }
@@ -128,6 +141,7 @@ impl SlotPins {
             slots: None,
             generation: 0,
             checked: None,
+            probed: None,
             asking: false,
             used: now,
         });
@@ -158,10 +172,49 @@ impl SlotPins {
     fn ask(&self, client: reqwest::Client, base_url: String) {
         let backends = Arc::clone(&self.backends);
         tokio::spawn(async move {
-            let answer = tokio::time::timeout(ASK_TIMEOUT, fetch_slots(&client, &base_url))
+            let mut answer = tokio::time::timeout(ASK_TIMEOUT, fetch_slots(&client, &base_url))
                 .await
                 .ok()
                 .flatten();
+            if let Some(slots) = answer.filter(|slots| *slots >= 2) {
+                let probed = lock(&backends).get(&base_url).and_then(|b| b.probed);
+                let keeps = match probed {
+                    Some((count, keeps)) if count == slots => keeps,
+                    _ => {
+                        let base = base_url.trim_end_matches('/');
+                        let probe = probe::keeps_pinned_prompts(&client, base);
+                        let found = tokio::time::timeout(PROBE_TIMEOUT, probe)
+                            .await
+                            .unwrap_or(probe::Probe::NotNow);
+                        if found == probe::Probe::NotNow {
+                            // No hints until the server has said; asked again soon.
+                            let mut backends = lock(&backends);
+                            if let Some(backend) = backends.get_mut(&base_url) {
+                                backend.asking = false;
+                                let now = Instant::now();
+                                let soon = now.checked_sub(RECHECK_AFTER - PROBE_RETRY);
+                                backend.checked = Some(soon.unwrap_or(now));
+                            }
+                            return;
+                        }
+                        // A server that does not answer as llama-server does keeps the hints.
+                        let keeps = found != probe::Probe::Clears;
+                        if !keeps {
+                            tracing::info!(
+                                backend = %base_url,
+                                "this llama-server does not keep a prompt pinned to a slot (its KV \
+                                 cache is unified, its default when -np is not given): it places \
+                                 conversations itself, and gets no slot hints"
+                            );
+                        }
+                        if let Some(backend) = lock(&backends).get_mut(&base_url) {
+                            backend.probed = Some((slots, keeps));
+                        }
+                        keeps
+                    }
+                };
+                answer = answer.filter(|_| keeps);
+            }
             let mut backends = lock(&backends);
             let Some(backend) = backends.get_mut(&base_url) else {
                 return;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::header;
+use axum::response::IntoResponse;
 use axum::routing::{get, post as post_route};
 use axum::Json;
 use relay_core::proxy::RunningProxy;
@@ -25,8 +26,45 @@ struct LlamaLike {
     props_asked: Arc<Mutex<usize>>,
 }
 
+/// How a [`LlamaLike`] answers `POST /completion` (the worker's probe): not at all (404), as a
+/// server that keeps each slot's prompt, or as one with a unified KV cache (a new task clears
+/// the idle slots: their prompts went to host memory).
+#[derive(Clone, Copy, PartialEq)]
+enum Kv {
+    NoCompletion,
+    PerSlot,
+    Unified,
+}
+
+/// A `/completion` answer as llama-server gives it: the tokens (here, words) of `prompt` found
+/// in `slot`'s cache and those evaluated.
+fn complete_in_slot(slots: &Mutex<Vec<String>>, kv: Kv, body: &Value) -> Value {
+    let prompt = body["prompt"].as_str().unwrap_or_default().to_string();
+    let slot = body["id_slot"].as_u64().unwrap_or(0) as usize;
+    let mut slots = slots.lock().unwrap();
+    if kv == Kv::Unified {
+        slots.iter_mut().for_each(String::clear);
+    }
+    let held = slots.get(slot).cloned().unwrap_or_default();
+    let cached = prompt
+        .split_whitespace()
+        .zip(held.split_whitespace())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let words = prompt.split_whitespace().count();
+    if let Some(kept) = slots.get_mut(slot) {
+        *kept = prompt;
+    }
+    json!({"content": "x", "timings": {"cache_n": cached, "prompt_n": words - cached}})
+}
+
 impl LlamaLike {
     async fn start(slots: u32, server: &'static str) -> LlamaLike {
+        LlamaLike::start_with(slots, server, Kv::NoCompletion).await
+    }
+
+    async fn start_with(slots: u32, server: &'static str, kv: Kv) -> LlamaLike {
+        let cache = Arc::new(Mutex::new(vec![String::new(); slots as usize]));
         let bodies = Arc::new(Mutex::new(Vec::new()));
         let props_asked = Arc::new(Mutex::new(0));
         let (seen, asked) = (bodies.clone(), props_asked.clone());
@@ -53,6 +91,19 @@ impl LlamaLike {
                     async {
                         Json(json!({"id": "c", "object": "chat.completion", "model": MODEL,
                             "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}))
+                    }
+                }),
+            )
+            .route(
+                "/completion",
+                post_route(move |body: Bytes| {
+                    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    let answer = (kv != Kv::NoCompletion).then(|| complete_in_slot(&cache, kv, &body));
+                    async move {
+                        match answer {
+                            Some(answer) => Json(answer).into_response(),
+                            None => axum::http::StatusCode::NOT_FOUND.into_response(),
+                        }
                     }
                 }),
             )
@@ -194,6 +245,30 @@ async fn a_backend_that_is_not_llama_cpp_or_hints_turned_off_get_the_body_as_sen
             sent,
             "{server}, affinity {affinity}, hints {hints}"
         );
+        worker.stop().await;
+        proxy.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_llama_server_with_a_unified_kv_cache_gets_no_slot_hints_one_that_keeps_slots_does() {
+    for (kv, hinted) in [(Kv::Unified, false), (Kv::PerSlot, true)] {
+        let backend = LlamaLike::start_with(4, "llama.cpp", kv).await;
+        let (proxy, worker) = relay(&backend.url, true, true).await;
+        // The first request asks for the slots, and the worker then asks the server (three
+        // completions pinned to slots 0, 1, 0) whether it keeps a pinned slot's prompt.
+        send(&proxy.url(), &turn("warm-up", 1), "warm-up").await;
+        wait_until("the worker asked for the slots", || {
+            backend.props_asked() >= 1
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = backend.bodies().len();
+        let body = turn("delta", 2);
+        send(&proxy.url(), &body, "delta").await;
+        let (sent, slot, _) = split_hint(backend.bodies()[before].clone());
+        assert_eq!(sent, body);
+        assert_eq!(slot.is_some(), hinted, "unified: no hint; per slot: a hint");
         worker.stop().await;
         proxy.shutdown().await;
     }
