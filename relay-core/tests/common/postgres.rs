@@ -112,36 +112,44 @@ impl TempPostgres {
                 String::from_utf8_lossy(&initdb.stderr)
             ));
         }
-        let port = free_port();
-        let options = format!(
-            "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off",
-            dir.display()
-        );
         let log = dir.join("server.log");
-        let started = as_cluster_owner(
-            &bin.join("pg_ctl"),
-            &[
-                "-D",
-                data.to_str().expect("UTF-8 path"),
-                "-o",
-                &options,
-                "-l",
-                log.to_str().expect("UTF-8 path"),
-                "-w",
-                "-t",
-                "30",
-                "start",
-            ],
-        )
-        .stdout(Stdio::null())
-        .output()
-        .map_err(|e| format!("pg_ctl: {e}"))?;
-        if !started.status.success() {
-            return Err(format!(
-                "PostgreSQL did not start: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            ));
-        }
+        // A port chosen free can be taken by another test before the server binds it: then a
+        // new one is chosen (the server says so in its log).
+        let mut attempts = 0;
+        let port = loop {
+            attempts += 1;
+            let port = free_port();
+            let options = format!(
+                "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off",
+                dir.display()
+            );
+            let _ = std::fs::remove_file(&log);
+            let started = as_cluster_owner(
+                &bin.join("pg_ctl"),
+                &[
+                    "-D",
+                    data.to_str().expect("UTF-8 path"),
+                    "-o",
+                    &options,
+                    "-l",
+                    log.to_str().expect("UTF-8 path"),
+                    "-w",
+                    "-t",
+                    "30",
+                    "start",
+                ],
+            )
+            .stdout(Stdio::null())
+            .output()
+            .map_err(|e| format!("pg_ctl: {e}"))?;
+            if started.status.success() {
+                break port;
+            }
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            if !said.contains("Address already in use") || attempts >= 5 {
+                return Err(format!("PostgreSQL did not start: {said}"));
+            }
+        };
         let cluster = TempPostgres {
             dir,
             bin,
