@@ -5,12 +5,13 @@
 //! times it was woken (from the first Wake-on-LAN packet to its worker registering again). With
 //! cost routing on, a request whose first token would come clearly sooner on such a box, once
 //! awake, than on any awake one (its wake time plus its prompt at its speed, against the awake
-//! estimate) waits for that box while the hub wakes it; a request that would queue anyway (no
-//! awake box has a free slot) wakes it too, so the queue gains its slots. Either waits at most
+//! estimate) waits for that box while the hub wakes it, kept from other workers for at most
 //! twice the box's measured wake time (plus [`WAKE_GRACE`]): a box that does not come back
-//! leaves the request to the awake ones, never to a timeout. Boxes never measured waking, and
-//! requests of unknown size, follow the usual rules, which wake a box only when nothing awake
-//! serves the model.
+//! leaves the request to the awake ones, never to a timeout. A request that would queue anyway
+//! (no awake box has a free slot) wakes such a box too when the measured wait for an awake slot
+//! is clearly longer than the wake, and takes whichever slot comes first. Boxes never measured
+//! waking, and requests of unknown size, follow the usual rules, which wake a box only when
+//! nothing awake serves the model.
 
 use std::time::{Duration, Instant};
 
