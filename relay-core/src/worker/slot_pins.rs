@@ -191,6 +191,9 @@ impl SlotPins {
                             let mut backends = lock(&backends);
                             if let Some(backend) = backends.get_mut(&base_url) {
                                 backend.asking = false;
+                                if backend.slots.take().is_some() {
+                                    backend.generation += 1;
+                                }
                                 let now = Instant::now();
                                 let soon = now.checked_sub(RECHECK_AFTER - PROBE_RETRY);
                                 backend.checked = Some(soon.unwrap_or(now));

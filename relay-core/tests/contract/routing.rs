@@ -4,6 +4,7 @@
 //! `/metrics`.
 
 use axum::routing::{get, post as post_route};
+use relay_core::protocol::{ModelStateReport, PongMessage, WorkerToServer};
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -65,5 +66,86 @@ async fn a_workers_timings_teach_the_proxy_its_speed_and_each_placement_says_why
     );
     assert!(metrics.contains("modelrelay_placements_total{reason=\"faster_box\"} 0"));
     worker.stop().await;
+    proxy.shutdown().await;
+}
+
+/// A chat request of a conversation of its own, with a prompt of about `tokens` tokens (the
+/// proxy counts 4 bytes a token).
+fn chat_of(conversation: &str, tokens: usize) -> Value {
+    let text = format!("{conversation} {}", "word ".repeat(tokens * 4 / 5));
+    json!({"model": MODEL, "messages": [{"role": "user", "content": text}]})
+}
+
+#[tokio::test]
+async fn with_cost_routing_a_box_whose_model_is_unloaded_pays_its_reported_load_time() {
+    let mut config = test_config();
+    config.cost_routing = true;
+    let proxy = start_proxy(config).await;
+    let mut boxes = Vec::new();
+    for name in ["box-a", "box-b"] {
+        let mut worker = ScriptedWorker::connect(proxy.addr).await;
+        worker
+            .register_message(register_message(name, &[MODEL], 4, Some("1"), Some(0)))
+            .await;
+        boxes.push(worker);
+    }
+    // Both measured at 2,000 prompt tokens a second (a new conversation on each).
+    for conversation in ["first", "second"] {
+        let body = chat_of(conversation, 200);
+        let client = spawn_post(&proxy.url(), "/v1/chat/completions", body);
+        let (a, b) = boxes.split_at_mut(1);
+        let (on, request) = next_request_on_either(&mut a[0], &mut b[0]).await;
+        boxes[on].complete_timed(&request.request_id, 2_000.0).await;
+        assert_eq!(answer_of(client).await.0, 200);
+    }
+    // box-a's model map has unloaded the model; loading it took 20 s last time (its pong says).
+    let states = vec![ModelStateReport {
+        model: MODEL.to_string(),
+        state: "idle".to_string(),
+        load_ms: Some(20_000),
+    }];
+    boxes[0]
+        .send(&WorkerToServer::Pong(PongMessage {
+            current_load: 0,
+            timestamp_unix_ms: None,
+            hardware: None,
+            model_states: Some(states),
+        }))
+        .await;
+    // The pong's states reach the scheduler and then the status page, in that order.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (_, status) = get_json(&proxy.url(), "/api/status", &[]).await;
+        let reported = status["workers"].as_array().is_some_and(|workers| {
+            workers
+                .iter()
+                .any(|w| w["model_states"][0]["state"] == "idle")
+        });
+        if reported {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no model states: {status}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // A new conversation of 2,000 tokens: 1 s on either box, 21 s on box-a: box-b takes it,
+    // though the usual rule (equal boxes, the lowest id) picks box-a.
+    let client = spawn_post(
+        &proxy.url(),
+        "/v1/chat/completions",
+        chat_of("third", 2_000),
+    );
+    let (a, b) = boxes.split_at_mut(1);
+    let (on, request) = next_request_on_either(&mut a[0], &mut b[0]).await;
+    assert_eq!(on, 1, "box-b, whose model is loaded");
+    boxes[on].complete_timed(&request.request_id, 2_000.0).await;
+    assert_eq!(answer_of(client).await.0, 200);
+    let metrics = metrics_text(&proxy.url()).await;
+    assert!(
+        metrics.contains("modelrelay_placements_total{reason=\"faster_box\"} 1"),
+        "{metrics}"
+    );
     proxy.shutdown().await;
 }

@@ -492,29 +492,6 @@ async fn sleeping_boxes_are_remembered_across_a_proxy_restart_and_still_woken() 
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Answers `request_id` as llama-server would report it: 1,000 prompt tokens evaluated at
-/// `prompt_tps`.
-async fn answer_timed(worker: &mut ScriptedWorker, request_id: &str, prompt_tps: f64) {
-    worker
-        .send(&WorkerToServer::ResponseComplete(
-            relay_core::protocol::ResponseCompleteMessage {
-                request_id: request_id.to_string(),
-                status_code: 200,
-                headers: [("content-type".to_string(), "application/json".to_string())].into(),
-                body: Some(r#"{"ok":true}"#.to_string()),
-                token_counts: None,
-                timings: Some(relay_core::protocol::Timings {
-                    prompt_tokens: 1000,
-                    prompt_ms: 1000.0 * 1000.0 / prompt_tps,
-                    cached_tokens: None,
-                    generated_tokens: 10,
-                    generation_ms: 100.0,
-                }),
-            },
-        ))
-        .await;
-}
-
 /// The box gpu-fast connects, answers the request `client` sent (at 10,000 prompt tok/s), and
 /// `then_sleeps`: announces it goes to sleep and closes.
 async fn fast_box_answers(
@@ -526,7 +503,7 @@ async fn fast_box_answers(
     fast.register_message(register("gpu-fast", &[MODEL], Some(MAC), false))
         .await;
     let request = fast.next_request().await;
-    answer_timed(&mut fast, &request.request_id, 10_000.0).await;
+    fast.complete_timed(&request.request_id, 10_000.0).await;
     let (status, _, body) = answer_of(client).await;
     assert_eq!(status, 200, "{body}");
     if then_sleeps {
@@ -565,7 +542,7 @@ async fn measured_fleet(card: &FakeCard) -> (RunningProxy, ScriptedWorker) {
         .await;
     let client = spawn_post(&proxy.url(), "/v1/chat/completions", chat(MODEL));
     let request = slow.next_request().await;
-    answer_timed(&mut slow, &request.request_id, 100.0).await;
+    slow.complete_timed(&request.request_id, 100.0).await;
     assert_eq!(answer_of(client).await.0, 200);
     (proxy, slow)
 }
@@ -584,7 +561,7 @@ async fn with_cost_routing_a_long_prompt_wakes_a_faster_sleeping_box_and_waits_f
     // A short prompt is sooner on the awake slow box than a wake: it goes there, no packet.
     let client = spawn_post(&proxy.url(), "/v1/chat/completions", chat(MODEL));
     let request = slow.next_request().await;
-    answer_timed(&mut slow, &request.request_id, 100.0).await;
+    slow.complete_timed(&request.request_id, 100.0).await;
     assert_eq!(answer_of(client).await.0, 200);
     assert_eq!(card.packet_within(Duration::from_millis(200)).await, None);
 
@@ -619,7 +596,7 @@ async fn a_faster_box_that_does_not_wake_leaves_the_long_prompt_to_the_awake_one
         waited >= Duration::from_secs(5) && waited < Duration::from_secs(15),
         "{waited:?}"
     );
-    answer_timed(&mut slow, &request.request_id, 100.0).await;
+    slow.complete_timed(&request.request_id, 100.0).await;
     let (status, _, body) = answer_of(client).await;
     assert_eq!(status, 200, "{body}");
     proxy.shutdown().await;

@@ -27,13 +27,14 @@ struct LlamaLike {
 }
 
 /// How a [`LlamaLike`] answers `POST /completion` (the worker's probe): not at all (404), as a
-/// server that keeps each slot's prompt, or as one with a unified KV cache (a new task clears
-/// the idle slots: their prompts went to host memory).
+/// server that keeps each slot's prompt, as one with a unified KV cache (a new task clears the
+/// idle slots: their prompts went to host memory), or busy (503, every time).
 #[derive(Clone, Copy, PartialEq)]
 enum Kv {
     NoCompletion,
     PerSlot,
     Unified,
+    Busy,
 }
 
 /// A `/completion` answer as llama-server gives it: the tokens (here, words) of `prompt` found
@@ -98,13 +99,14 @@ impl LlamaLike {
                 "/completion",
                 post_route(move |body: Bytes| {
                     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    let answer = (kv != Kv::NoCompletion).then(|| complete_in_slot(&cache, kv, &body));
-                    async move {
-                        match answer {
-                            Some(answer) => Json(answer).into_response(),
-                            None => axum::http::StatusCode::NOT_FOUND.into_response(),
+                    let answer = match kv {
+                        Kv::NoCompletion => axum::http::StatusCode::NOT_FOUND.into_response(),
+                        Kv::Busy => axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response(),
+                        Kv::PerSlot | Kv::Unified => {
+                            Json(complete_in_slot(&cache, kv, &body)).into_response()
                         }
-                    }
+                    };
+                    async move { answer }
                 }),
             )
             .layer(axum::middleware::map_response(
@@ -252,7 +254,8 @@ async fn a_backend_that_is_not_llama_cpp_or_hints_turned_off_get_the_body_as_sen
 
 #[tokio::test]
 async fn a_llama_server_with_a_unified_kv_cache_gets_no_slot_hints_one_that_keeps_slots_does() {
-    for (kv, hinted) in [(Kv::Unified, false), (Kv::PerSlot, true)] {
+    // A server too busy to answer the probe gets none until it has answered (asked again later).
+    for (kv, hinted) in [(Kv::Unified, false), (Kv::PerSlot, true), (Kv::Busy, false)] {
         let backend = LlamaLike::start_with(4, "llama.cpp", kv).await;
         let (proxy, worker) = relay(&backend.url, true, true).await;
         // The first request asks for the slots, and the worker then asks the server (three

@@ -330,6 +330,41 @@ mod tests {
     }
 
     #[test]
+    fn a_short_request_that_would_queue_wakes_a_box_only_when_the_slots_free_slowly() {
+        let now = Instant::now();
+        for long_answers in [false, true] {
+            let (mut s, slow) = fleet(true, Some(4));
+            if long_answers {
+                // The slow box's answers are measured at ~1,000 tokens, 10 tokens a second: a
+                // slot frees every ~25 s.
+                for _ in 0..20 {
+                    let timings = Timings {
+                        prompt_tokens: 1000,
+                        prompt_ms: 1000.0 * 1000.0 / 600.0,
+                        cached_tokens: None,
+                        generated_tokens: 1000,
+                        generation_ms: 100_000.0,
+                    };
+                    s.observe_timings(slow, "m", &timings);
+                }
+            }
+            for id in 1..=4 {
+                assert!(matches!(
+                    submit(&mut s, id, 300, now),
+                    Submitted::Dispatched { .. }
+                ));
+            }
+            // 300 tokens: 0.5 s on the slow box once a slot frees, 4.1 s with the wake.
+            assert!(matches!(
+                submit(&mut s, 5, 300, now),
+                Submitted::Queued { .. }
+            ));
+            let woken = long_answers.then_some(Some("fast"));
+            assert_eq!(s.box_to_wake(5), woken, "long answers: {long_answers}");
+        }
+    }
+
+    #[test]
     fn a_request_that_would_queue_wakes_a_measured_box_and_takes_whichever_frees_first() {
         let now = Instant::now();
         let (mut s, slow) = fleet(true, Some(4));
