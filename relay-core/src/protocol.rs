@@ -203,6 +203,15 @@ pub struct RequestMessage {
         deserialize_with = "lenient_string"
     )]
     pub conversation: Option<String>,
+    /// Extension: a side request of that conversation (Claude Code's titles and summaries),
+    /// which a worker keeps out of the slots its conversations are kept in. Absent, or anything
+    /// but `true`, is an ordinary request.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_bool"
+    )]
+    pub side_request: Option<bool>,
 }
 
 impl RequestMessage {
@@ -707,6 +716,7 @@ mod tests {
             body: "{\"model\":\"m\"}".to_string(),
             headers: WireHeaders::new(),
             conversation: Some(RequestMessage::conversation_of(0xfeed)),
+            side_request: Some(true),
         });
         let text = request.to_json();
         assert_eq!(ServerToWorker::from_json(&text).unwrap(), request);
@@ -724,8 +734,29 @@ mod tests {
         };
         assert_eq!(message.conversation, None);
         assert_eq!(message.conversation_key(), None);
+        assert_eq!(message.side_request, None);
         let written = ServerToWorker::Request(message.clone()).to_json();
         assert!(!written.contains("conversation"), "absent when unset");
+        assert!(!written.contains("side_request"), "absent when unset");
+        // A side request is `true`; anything else a peer might send costs it nothing.
+        for (value, side) in [
+            ("true", Some(true)),
+            ("false", Some(false)),
+            ("null", None),
+            ("1", None),
+            (r#""yes""#, None),
+            ("[true]", None),
+            (r#"{"a":1}"#, None),
+        ] {
+            let text = plain.replace(
+                r#""body":"{}""#,
+                &format!(r#""body":"{{}}","side_request":{value}"#),
+            );
+            let ServerToWorker::Request(message) = ServerToWorker::from_json(&text).unwrap() else {
+                panic!("a request for {value}");
+            };
+            assert_eq!(message.side_request, side, "{value}");
+        }
         let with = |value: &str| {
             let text = plain.replace(
                 r#""body":"{}""#,

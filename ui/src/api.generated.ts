@@ -350,9 +350,9 @@ export type QueueView = { provider: string, depth: number, };
 export type RequestView = { id: string, model: string, provider: string | null, worker: string | null, state: 'queued' | 'running', streaming: boolean, age_ms: number, ttft_ms: number | null, tokens: number, tokens_per_sec: number | null, 
 /**
  * Why it went to its worker: `cache_hit`, `home_busy`, `new_conversation`,
- * `least_loaded`, `faster_box` or `waking` (none while queued).
+ * `least_loaded`, `faster_box`, `waking` or `side_request` (none while queued).
  */
-reason: 'cache_hit' | 'home_busy' | 'new_conversation' | 'least_loaded' | 'faster_box' | 'waking' | null, };
+reason: 'cache_hit' | 'home_busy' | 'new_conversation' | 'least_loaded' | 'faster_box' | 'waking' | 'side_request' | null, };
 
 export type Roles = { 
 /**

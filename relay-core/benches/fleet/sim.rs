@@ -8,8 +8,11 @@
 //! together (they share its prompt-processing speed), generates for each at its generation speed
 //! (slowed a little per extra sequence, as batched decoding is), and keeps one prompt per slot:
 //! a request reuses what its slot holds of the same conversation, or of the same leading prefix
-//! (a shared system prompt), and evaluates the rest. Slots are taken as our worker pins them:
-//! the slot holding the conversation, else one holding its prefix, else the least recently used.
+//! (a shared system prompt), and evaluates the rest. With affinity on, slots are taken as our
+//! worker's slot table pins them (a conversation's own slot, a new one where the fewest are
+//! kept, a side request where none is); without it (least-loaded sends no conversation key), as
+//! llama-server picks on its own (the slot holding the conversation, else one holding its
+//! prefix, else the least recently used).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -159,37 +162,24 @@ struct SimBox {
     worker: WorkerId,
     slots: Vec<Slot>,
     running: Vec<Running>,
+    /// Conversation → the slot our worker keeps it in (with affinity on).
+    pins: HashMap<u64, usize>,
+    /// The slot the last side request took.
+    last_side: Option<usize>,
     /// Asleep (`Some(None)`), waking until this time (`Some(Some(t))`), or awake (`None`).
     sleep: Option<Option<f64>>,
 }
 
 impl SimBox {
-    /// Takes a slot for `req` and starts it at `now`; the tokens it reuses.
-    fn start(&mut self, id: RequestId, req: &Req, now: f64) -> u32 {
-        let pick = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| !s.busy && s.conversation == Some(req.conversation))
-            .map(|(i, _)| i)
-            .next()
-            .or_else(|| {
-                self.slots
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| !s.busy && s.prefix == req.prefix && s.prefix_tokens > 0)
-                    .min_by(|a, b| a.1.used.total_cmp(&b.1.used))
-                    .map(|(i, _)| i)
-            })
-            .or_else(|| {
-                self.slots
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| !s.busy)
-                    .min_by(|a, b| a.1.used.total_cmp(&b.1.used))
-                    .map(|(i, _)| i)
-            })
-            .expect("the scheduler gives a box no more requests than it has slots");
+    /// Takes a slot for `req` and starts it at `now`; the tokens it reuses. With a
+    /// conversation key (`pinned`), as our worker's slot table picks; without, as llama-server
+    /// picks on its own.
+    fn start(&mut self, id: RequestId, req: &Req, pinned: bool, now: f64) -> u32 {
+        let pick = if pinned {
+            self.pinned_slot(req)
+        } else {
+            self.similar_slot(req)
+        };
         let slot = &mut self.slots[pick];
         let reused = if slot.conversation == Some(req.conversation) {
             slot.tokens.min(req.prompt)
@@ -211,6 +201,61 @@ impl SimBox {
             first_token_at: None,
         });
         reused
+    }
+
+    /// llama-server's own choice: the free slot holding the conversation, else one holding its
+    /// prefix (the least recently used of those), else the least recently used.
+    fn similar_slot(&self, req: &Req) -> usize {
+        let free = || self.slots.iter().enumerate().filter(|(_, s)| !s.busy);
+        let lru = |a: &(usize, &Slot), b: &(usize, &Slot)| a.1.used.total_cmp(&b.1.used);
+        free()
+            .find(|(_, s)| s.conversation == Some(req.conversation))
+            .or_else(|| {
+                free()
+                    .filter(|(_, s)| s.prefix == req.prefix && s.prefix_tokens > 0)
+                    .min_by(lru)
+            })
+            .or_else(|| free().min_by(lru))
+            .map(|(i, _)| i)
+            .expect("the scheduler gives a box no more requests than it has slots")
+    }
+
+    /// Our worker's slot table (`worker::slot_pins`): a conversation's own slot while free,
+    /// else the free slot kept for the fewest conversations (then the one idle longest), which
+    /// becomes its own; a side request the free slot kept for the fewest conversations, then
+    /// the one the last side request took, then the one idle longest, nobody's after.
+    fn pinned_slot(&mut self, req: &Req) -> usize {
+        let homes = |slot: usize| self.pins.values().filter(|s| **s == slot).count();
+        let free: Vec<usize> = (0..self.slots.len())
+            .filter(|i| !self.slots[*i].busy)
+            .collect();
+        let used = |i: usize| self.slots[i].used;
+        let pick = if req.side {
+            free.iter().copied().min_by(|a, b| {
+                (homes(*a), self.last_side != Some(*a))
+                    .cmp(&(homes(*b), self.last_side != Some(*b)))
+                    .then(used(*a).total_cmp(&used(*b)))
+            })
+        } else {
+            self.pins
+                .get(&req.conversation)
+                .copied()
+                .filter(|home| free.contains(home))
+                .or_else(|| {
+                    free.iter().copied().min_by(|a, b| {
+                        homes(*a)
+                            .cmp(&homes(*b))
+                            .then(used(*a).total_cmp(&used(*b)))
+                    })
+                })
+        }
+        .expect("the scheduler gives a box no more requests than it has slots");
+        if req.side {
+            self.last_side = Some(pick);
+        } else {
+            self.pins.insert(req.conversation, pick);
+        }
+        pick
     }
 
     /// Advances one step; returns the requests whose first token came, and those that ended
@@ -332,6 +377,8 @@ pub fn run(
                     spec.slots as usize
                 ],
                 running: Vec::new(),
+                pins: HashMap::new(),
+                last_side: None,
             }
         })
         .collect();
@@ -357,6 +404,7 @@ pub fn run(
     let placement = |req: &Req| Placement {
         affinity: (policy != Policy::LeastLoaded).then_some(req.conversation),
         prompt_tokens: Some(req.prompt),
+        side: req.side && policy != Policy::LeastLoaded,
         ..Placement::default()
     };
     let start_on = |boxes: &mut Vec<SimBox>,
@@ -367,7 +415,7 @@ pub fn run(
                     now: f64| {
         let index = box_of[&worker];
         let p = pending.get_mut(&id).expect("pending");
-        p.reused = boxes[index].start(id, &p.req, now);
+        p.reused = boxes[index].start(id, &p.req, policy != Policy::LeastLoaded, now);
         p.served_by = index;
     };
     loop {

@@ -488,11 +488,13 @@ impl BackendAccess {
         request: RequestMessage,
     ) -> (BackendRequest, Option<SlotLease>) {
         let conversation = request.conversation_key();
+        let side = request.side_request == Some(true);
         let mut forwarded = wire::backend_request(request);
         let pinned = self.slot_pins.pin(
             &self.client,
             base_url,
             conversation,
+            side,
             &forwarded.path,
             &forwarded.body,
         );

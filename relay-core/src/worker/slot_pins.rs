@@ -111,7 +111,9 @@ impl SlotPins {
 
     /// Names the slot for conversation `conversation` in `body`, a request for `path` on the
     /// backend at `base_url`, when that backend is a llama.cpp server: the hinted body and the
-    /// lease the request holds while it runs. `None` (send the body as it is) for a request
+    /// lease the request holds while it runs. A `side` request (a title, a summary of that
+    /// conversation) takes a slot kept for no conversation where one is free
+    /// ([`Slots::take_side`]). `None` (send the body as it is) for a request
     /// without a conversation, a route or body that takes no hint, or a backend that is not
     /// known to be llama.cpp's (the first request to a backend asks it, in the background).
     pub fn pin(
@@ -119,6 +121,7 @@ impl SlotPins {
         client: &reqwest::Client,
         base_url: &str,
         conversation: Option<u64>,
+        side: bool,
         path: &str,
         body: &str,
     ) -> Option<(String, SlotLease)> {
@@ -155,7 +158,11 @@ impl SlotPins {
         }
         let generation = backend.generation;
         let slots = backend.slots.as_mut()?;
-        let slot = slots.take(conversation, now);
+        let slot = if side {
+            slots.take_side()
+        } else {
+            slots.take(conversation, now)
+        };
         // Made before the body is checked: a lease dropped right away releases the slot again.
         let lease = SlotLease {
             backends: Arc::clone(&self.backends),

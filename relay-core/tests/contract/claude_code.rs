@@ -200,6 +200,11 @@ async fn side_requests_keep_out_of_the_slot_of_their_conversation() {
         });
         let request = worker.next_request().await;
         keys.push(request.conversation.clone().expect("an affinity key"));
+        let side = model.contains("haiku").then_some(true);
+        assert_eq!(
+            request.side_request, side,
+            "{model}: marked a side request or not"
+        );
         worker
             .complete(&request.request_id, r#"{"type":"message","content":[]}"#)
             .await;
@@ -210,5 +215,67 @@ async fn side_requests_keep_out_of_the_slot_of_their_conversation() {
         "the conversation keeps its key (its session)"
     );
     assert_ne!(keys[1], keys[0], "the side request has its own");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_side_request_goes_where_no_conversation_is_kept_and_becomes_nobodys_home() {
+    // Two boxes of two slots. A conversation takes one box; its title goes to the other, whose
+    // slots hold no conversation; and the next conversation still goes where none is kept, as
+    // if the title had not been there. (Placed as a conversation of its own, each title
+    // counted as one: the next conversation then shared a box with the first while the
+    // other box held none.)
+    let mut config = test_config();
+    config.aliases = ModelAliases::new([("claude-*".to_string(), "m".to_string())], None);
+    let proxy = start_proxy(config).await;
+    let (mut a, _) = ScriptedWorker::join(proxy.addr, "a", &["m"], 2).await;
+    let (mut b, _) = ScriptedWorker::join(proxy.addr, "b", &["m"], 2).await;
+    let mut placed = Vec::new();
+    for (session, model, text) in [
+        ("5e55-1", "claude-opus-5-5", "let us write a parser"),
+        (
+            "5e55-1",
+            "claude-haiku-4-5",
+            "Write a 5-word title for: let us write a parser",
+        ),
+        ("5e55-2", "claude-opus-5-5", "plan a trip to the coast"),
+    ] {
+        let body = json!({"model": model, "max_tokens": 8,
+                          "messages": [{"role": "user", "content": text}]});
+        let url = proxy.url();
+        let client = tokio::spawn(async move {
+            let session = [("x-claude-code-session-id", session)];
+            post_raw(&url, "/v1/messages", body.to_string(), &session).await
+        });
+        let (on, request) = next_request_on_either(&mut a, &mut b).await;
+        placed.push((on, request.side_request));
+        let worker = if on == 0 { &mut a } else { &mut b };
+        worker
+            .complete(&request.request_id, r#"{"type":"message","content":[]}"#)
+            .await;
+        let (status, _, text) = client.await.unwrap();
+        assert_eq!(status, 200, "{text}");
+    }
+    assert_eq!(
+        placed[1].1,
+        Some(true),
+        "the title is marked a side request"
+    );
+    assert_eq!((placed[0].1, placed[2].1), (None, None));
+    assert_ne!(
+        placed[1].0, placed[0].0,
+        "the title goes to the box that keeps no conversation"
+    );
+    assert_ne!(
+        placed[2].0, placed[0].0,
+        "the second conversation goes where none is kept: the title is nobody's home"
+    );
+    let metrics = metrics_text(&proxy.url()).await;
+    for line in [
+        "modelrelay_placements_total{reason=\"side_request\"} 1",
+        "modelrelay_placements_total{reason=\"new_conversation\"} 2",
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
+    }
     proxy.shutdown().await;
 }

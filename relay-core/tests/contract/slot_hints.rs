@@ -276,3 +276,98 @@ async fn a_llama_server_with_a_unified_kv_cache_gets_no_slot_hints_one_that_keep
         proxy.shutdown().await;
     }
 }
+
+#[tokio::test]
+async fn side_requests_take_the_slot_kept_for_no_conversation_and_leave_the_conversations_slots_alone(
+) {
+    // Three slots, two conversations. Claude Code's titles (its small model, the
+    // conversation's session) go to the third slot, one after another: pinned as conversations
+    // of their own, the second title found every slot kept for one conversation and took the
+    // slot idle longest — a conversation's, whose next turn evaluated its history again.
+    let backend = LlamaLike::start(3, "llama.cpp").await;
+    let mut proxy_config = test_config();
+    proxy_config.aliases = relay_core::proxy::serving::aliases::ModelAliases::new(
+        [("claude-*".to_string(), MODEL.to_string())],
+        None,
+    );
+    let proxy = start_proxy(proxy_config).await;
+    let mut config = WorkerConfig::new(&proxy.url(), SECRET, &backend.url);
+    config.max_concurrent = 4;
+    config.model_refresh_interval = Duration::from_secs(600);
+    let worker = RunningWorker::start_with(config);
+    wait_until("the worker registers", || !proxy.hub.models().is_empty()).await;
+    send(&proxy.url(), &turn("warm-up", 1), "warm-up").await;
+    wait_until("the worker asked for the slots", || {
+        backend.props_asked() >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let first_hinted = backend.bodies().len();
+
+    let title = |n: usize| {
+        json!({"model": "claude-haiku-4-5", "messages": [
+            {"role": "system", "content": "Write a five-word title for the conversation."},
+            {"role": "user", "content": format!("alpha: question {n}")}]})
+    };
+    let mut sent = Vec::new();
+    for n in 1..=2 {
+        for conversation in ["alpha", "beta"] {
+            sent.push((conversation, turn(conversation, n)));
+        }
+    }
+    for n in 1..=3 {
+        sent.push(("title", title(n)));
+    }
+    for conversation in ["alpha", "beta"] {
+        sent.push((conversation, turn(conversation, 3)));
+    }
+    sent.push(("gamma", turn("gamma", 1)));
+    for (conversation, body) in &sent {
+        let session = if *conversation == "title" {
+            "alpha"
+        } else {
+            conversation
+        };
+        send(&proxy.url(), body, session).await;
+    }
+    let seen = backend.bodies()[first_hinted..].to_vec();
+    assert_eq!(seen.len(), sent.len());
+    let slots: Vec<(&str, u64)> = sent
+        .iter()
+        .zip(seen)
+        .map(|((conversation, _), seen)| {
+            let (_, slot, _) = split_hint(seen);
+            (*conversation, slot.expect("a slot hint"))
+        })
+        .collect();
+    let slot_of = |name: &str| -> Vec<u64> {
+        slots
+            .iter()
+            .filter(|(c, _)| *c == name)
+            .map(|(_, s)| *s)
+            .collect()
+    };
+    let (alpha, beta, titles) = (slot_of("alpha"), slot_of("beta"), slot_of("title"));
+    assert!(
+        alpha.iter().all(|s| *s == alpha[0]),
+        "alpha keeps its slot: {slots:?}"
+    );
+    assert!(
+        beta.iter().all(|s| *s == beta[0]),
+        "beta keeps its slot: {slots:?}"
+    );
+    assert_ne!(alpha[0], beta[0]);
+    let free = 3 - alpha[0] - beta[0];
+    assert_eq!(
+        titles,
+        vec![free; 3],
+        "every title in the third slot: {slots:?}"
+    );
+    assert_eq!(
+        slot_of("gamma"),
+        vec![free],
+        "a new conversation still finds the third slot kept for none: {slots:?}"
+    );
+    worker.stop().await;
+    proxy.shutdown().await;
+}

@@ -389,6 +389,7 @@ fn absent_optional_fields_are_omitted_not_sent_as_null() {
         body: "{}".to_string(),
         headers: BTreeMap::new(),
         conversation: None,
+        side_request: None,
     }))
     .unwrap();
     assert_eq!(

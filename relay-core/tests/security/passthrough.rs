@@ -296,6 +296,7 @@ fn request(id: &str, path: &str, headers: &[(&str, &str)]) -> ServerToWorker {
             .map(|(n, v)| (n.to_string(), v.to_string()))
             .collect(),
         conversation: None,
+        side_request: None,
     })
 }
 

@@ -149,6 +149,7 @@ export const REASON_LABEL: Record<NonNullable<InFlightReason>, string> = {
   least_loaded: 'least loaded',
   faster_box: 'faster box (measured)',
   waking: 'waited for its box to wake',
+  side_request: 'side request (kept off the conversations\' slots)',
 };
 
 type InFlightReason = Status['in_flight'][number]['reason'];

@@ -295,6 +295,7 @@ impl Hub {
             body: spec.body,
             headers: spec.headers,
             conversation: spec.placement.affinity.map(RequestMessage::conversation_of),
+            side_request: spec.placement.side.then_some(true),
         });
         let frame = Utf8Bytes::from(wire.to_json());
         // A second frame only on the opt-in path, so the default one costs nothing more.

@@ -14,6 +14,7 @@ mod cost;
 mod events;
 mod names;
 mod registry;
+mod side;
 mod turns;
 mod views;
 mod wake;
@@ -262,13 +263,7 @@ impl Scheduler {
             .get_key_value(model)
             .map(|(k, _)| k.clone())
             .unwrap_or_else(|| Arc::from(model));
-        let picked = self.pick_worker(
-            provider,
-            &model,
-            placement.affinity,
-            placement.prompt_tokens,
-            now,
-        );
+        let picked = self.pick_worker(provider, &model, &placement, now);
         let p = &self.providers[provider];
         // 0 is no limit, as the published relay reads it (its runbook uses it).
         let full = p.limits.max_queue_len != 0 && p.queue.len() >= p.limits.max_queue_len;
@@ -361,13 +356,17 @@ impl Scheduler {
             (Some(key), Some(Some(at))) if at == worker => self.affinity.context(key),
             _ => 0,
         };
-        let reason = Reason::of(home, worker, faster_box, self.waited_for(entry, worker));
+        let waited = self.waited_for(entry, worker);
+        let side = entry.placement.side && !faster_box && !waited;
+        let reason = side.then_some(Reason::SideRequest);
+        let reason = reason.unwrap_or_else(|| Reason::of(home, worker, faster_box, waited));
         let entry = self.requests.get_mut(&request).expect("known request");
         entry.phase = Phase::Assigned { worker };
         entry.prefill_tokens = tokens.unwrap_or(0).saturating_sub(held);
         entry.reason = Some(reason);
         self.reasons[reason.index()] += 1;
-        if let Some(key) = affinity {
+        // A side request is nobody's home ([`side`]).
+        if let Some(key) = affinity.filter(|_| !entry.placement.side) {
             self.affinity.record(key, worker, entry.arrived);
             self.affinity.set_context(key, tokens.unwrap_or(0));
         }
@@ -392,10 +391,10 @@ impl Scheduler {
         &mut self,
         provider: usize,
         model: &str,
-        affinity: Option<u64>,
-        prompt_tokens: Option<u32>,
+        placement: &Placement,
         now: Instant,
     ) -> Option<(WorkerId, bool)> {
+        let (affinity, prompt_tokens) = (placement.affinity, placement.prompt_tokens);
         let p = &self.providers[provider];
         let candidates = p.model_workers.get(model)?;
         // A worker whose window holds the prompt, when any does: a smaller one would only
@@ -404,12 +403,21 @@ impl Scheduler {
             .iter()
             .any(|id| self.workers[id].fits(model, prompt_tokens));
         let eligible = |w: &Worker| w.has_capacity() && (!any_fits || w.fits(model, prompt_tokens));
+        let roomy = placement
+            .side
+            .then(|| self.roomy(candidates, &eligible, now));
+        let candidates: &[WorkerId] = roomy
+            .as_ref()
+            .and_then(Option::as_deref)
+            .unwrap_or(candidates);
         let home = affinity
+            .filter(|_| !placement.side)
             .and_then(|key| self.affinity.home(key, now))
             .filter(|home| candidates.contains(home))
             .filter(|home| self.workers.get(home).is_some_and(eligible));
         let usual = match (home, affinity) {
             (Some(home), _) => Some(home),
+            _ if placement.side => self.pick_side_slot(candidates, &eligible, now),
             (None, Some(_)) => self.pick_new_home(provider, model, &eligible),
             (None, None) => self.least_loaded(p.round_robin, candidates, &eligible),
         }?;
@@ -726,8 +734,8 @@ impl Scheduler {
     fn place_again(&mut self, request: RequestId, now: Instant, actions: &mut Vec<Action>) {
         let r = &self.requests[&request];
         let (provider, model, queue_deadline) = (r.provider, r.model.clone(), r.queue_deadline);
-        let (affinity, tokens) = (r.placement.affinity, r.placement.prompt_tokens);
-        if let Some((next, faster)) = self.pick_worker(provider, &model, affinity, tokens, now) {
+        let placement = r.placement.clone();
+        if let Some((next, faster)) = self.pick_worker(provider, &model, &placement, now) {
             self.assign(request, next, faster);
             actions.push(Action::Dispatch {
                 request,

@@ -312,8 +312,9 @@ pub fn render(hub: &Hub, admin_failures: u64, storage: &StorageView) -> String {
         "counter",
         "Requests placed on a worker, by why it was that one: cache_hit (its conversation's \
          home), home_busy (the home had no free slot), new_conversation, least_loaded (no \
-         conversation), faster_box (cost routing: measured speeds said it answers sooner) or \
-         waking (only a sleeping box served the model: the request waited while it woke).",
+         conversation), faster_box (cost routing: measured speeds said it answers sooner), \
+         waking (only a sleeping box served the model: the request waited while it woke) or \
+         side_request (a side request of a conversation, where no conversation's slot is taken).",
     );
     for (reason, count) in hub.reason_counts() {
         out.sample("modelrelay_placements_total", &[("reason", reason)], count);

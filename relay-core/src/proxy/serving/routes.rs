@@ -124,6 +124,8 @@ struct ReadRequest {
     affinity: Option<u64>,
     /// That key comes from a session header, not from the body.
     session_header: bool,
+    /// A side request of a conversation, keyed by its own prompt.
+    side_request: bool,
 }
 
 /// Reads the body within the configured limit and pulls out `model`, `stream` and, when
@@ -203,6 +205,7 @@ async fn read_request(
         is_streaming,
         affinity,
         session_header,
+        side_request,
     })
 }
 
@@ -296,6 +299,7 @@ async fn relay(
         is_streaming,
         affinity,
         session_header,
+        side_request,
     } = match tokio::time::timeout(state.config.body_read_timeout, reading).await {
         Ok(Ok(parts)) => parts,
         Ok(Err(error)) => return turn_away(error),
@@ -305,6 +309,7 @@ async fn relay(
     let _ = held.split(held.num_permits().saturating_sub(body.len()));
     let mut head = RequestHead::new(uri, headers, placement);
     head.placement.affinity = affinity;
+    head.placement.side = side_request && affinity.is_some();
     let (model, body) = match apply_aliases(&state, model, body) {
         Ok(parts) => parts,
         Err(error) => return turn_away(error),

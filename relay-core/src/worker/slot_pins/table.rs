@@ -25,6 +25,8 @@ pub struct Slots {
     /// When each slot was last given a request (a counter): ties go to the one idle longest.
     last_given: Vec<u64>,
     given: u64,
+    /// The slot the last side request took.
+    last_side: Option<u32>,
 }
 
 impl Slots {
@@ -36,6 +38,7 @@ impl Slots {
             busy: vec![0; count],
             last_given: vec![0; count],
             given: 0,
+            last_side: None,
         }
     }
 
@@ -63,24 +66,55 @@ impl Slots {
                     .min_by_key(|&slot| (self.pins.homes_of(slot), self.last_given[slot as usize]));
                 // Every slot busy: the conversation's own slot if it has one (its cache is
                 // there), else the least busy.
-                free.or(home).unwrap_or_else(|| {
-                    (0..count)
-                        .min_by_key(|&slot| {
-                            (
-                                self.busy[slot as usize],
-                                self.pins.homes_of(slot),
-                                self.last_given[slot as usize],
-                            )
-                        })
-                        .unwrap_or(0)
-                })
+                free.or(home).unwrap_or_else(|| self.least_busy())
             }
         };
         self.pins.record(key, slot, now);
+        self.give(slot);
+        slot
+    }
+
+    /// The slot for a side request of a conversation (Claude Code's titles and summaries:
+    /// one-off prompts, each keyed by its own), counted busy until [`Slots::release`]. The free
+    /// slot kept for the fewest conversations, then the one the last side request took (the
+    /// side requests' shared leading prompt may still be there), then the one idle longest.
+    /// It becomes nobody's home: pinned like a conversation, each title would count as one, and
+    /// the slot that takes them would soon look the most crowded, so the next title would take
+    /// a conversation's slot instead.
+    pub fn take_side(&mut self) -> u32 {
+        let count = self.count();
+        let slot = (0..count)
+            .filter(|&slot| self.busy[slot as usize] == 0)
+            .min_by_key(|&slot| {
+                (
+                    self.pins.homes_of(slot),
+                    self.last_side != Some(slot),
+                    self.last_given[slot as usize],
+                )
+            })
+            .unwrap_or_else(|| self.least_busy());
+        self.last_side = Some(slot);
+        self.give(slot);
+        slot
+    }
+
+    /// With every slot busy: the least busy, kept for the fewest conversations, idle longest.
+    fn least_busy(&self) -> u32 {
+        (0..self.count())
+            .min_by_key(|&slot| {
+                (
+                    self.busy[slot as usize],
+                    self.pins.homes_of(slot),
+                    self.last_given[slot as usize],
+                )
+            })
+            .unwrap_or(0)
+    }
+
+    fn give(&mut self, slot: u32) {
         self.busy[slot as usize] += 1;
         self.given += 1;
         self.last_given[slot as usize] = self.given;
-        slot
     }
 
     /// A request given `slot` ended.
@@ -163,6 +197,35 @@ mod tests {
         slots.release(a);
         slots.release(a);
         assert_eq!(slots.busy(a), 0, "releases never go below zero");
+    }
+
+    #[test]
+    fn side_requests_take_a_slot_kept_for_no_conversation_and_are_nobodys_home() {
+        let mut slots = Slots::new(3);
+        let t = Instant::now();
+        let (a, b) = (slots.take(10, t), slots.take(20, t));
+        slots.release(a);
+        slots.release(b);
+        let spare = 3 - a - b;
+        for _ in 0..5 {
+            let side = slots.take_side();
+            assert_eq!(side, spare, "the slot kept for no conversation, every time");
+            slots.release(side);
+        }
+        assert_eq!(slots.pins.homes_of(spare), 0, "no title is pinned");
+        // With that slot busy, a title takes a conversation's after all (the one idle longest)
+        // rather than wait.
+        let busy = slots.take_side();
+        let next = slots.take_side();
+        assert_eq!((busy, next), (spare, a));
+        slots.release(busy);
+        slots.release(next);
+        assert_eq!(slots.take(10, t), a, "the conversation keeps its slot");
+        assert_eq!(
+            slots.take(30, t),
+            spare,
+            "a new one finds the slot kept for none"
+        );
     }
 
     #[test]

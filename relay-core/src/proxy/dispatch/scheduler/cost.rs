@@ -171,17 +171,20 @@ pub enum Reason {
     FasterBox,
     /// Only a sleeping box served its model: it waited while the box was woken.
     Waking,
+    /// A side request (a title, a summary): where a slot is kept for no conversation.
+    SideRequest,
 }
 
 impl Reason {
     /// Every reason, in the order `/metrics` lists them.
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 7] = [
         Reason::CacheHit,
         Reason::HomeBusy,
         Reason::NewConversation,
         Reason::LeastLoaded,
         Reason::FasterBox,
         Reason::Waking,
+        Reason::SideRequest,
     ];
 
     /// Why a request went to `worker`, given its conversation's home before the placement
@@ -217,6 +220,7 @@ impl Reason {
             Reason::LeastLoaded => "least_loaded",
             Reason::FasterBox => "faster_box",
             Reason::Waking => "waking",
+            Reason::SideRequest => "side_request",
         }
     }
 }
@@ -334,13 +338,22 @@ impl Scheduler {
         let tokens = tokens.filter(|_| self.cost_routing)?;
         let estimate = |id| self.first_token_secs(id, model, affinity, tokens, now);
         let usual_secs = estimate(usual)?;
+        // A conversation starts on or moves to a box whose slots are all kept for
+        // conversations only when the usual choice has none spare either: this turn would
+        // start sooner there, but one of those conversations would evaluate its whole history
+        // again on its next turn (and move on, evicting another).
+        let crowded = |id| affinity.is_some() && self.spare_slots(id, now) <= 0;
+        let usual_roomy = !crowded(usual);
         let mut best: Option<(f64, WorkerId)> = None;
         for &id in candidates {
             if id == usual || !self.workers.get(&id).is_some_and(eligible) {
                 continue;
             }
             // Every candidate measured, or the comparison is not fair to the unmeasured.
-            let secs = estimate(id)?;
+            let mut secs = estimate(id)?;
+            if usual_roomy && crowded(id) {
+                secs += self.first_token_secs(id, model, None, tokens, now)?;
+            }
             if best.is_none_or(|(b, _)| secs < b) {
                 best = Some((secs, id));
             }

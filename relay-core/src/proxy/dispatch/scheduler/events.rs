@@ -65,6 +65,9 @@ pub struct Placement {
     /// The prompt's size in tokens, estimated: sent where a worker's context window holds it
     /// when one's does ([`Scheduler::context_limit`]).
     pub prompt_tokens: Option<u32>,
+    /// A side request of a conversation (Claude Code's titles and summaries, keyed by their own
+    /// prompt): placed where a slot is kept for no conversation, and nobody's home after.
+    pub side: bool,
 }
 
 /// Why a request failed inside the relay.

@@ -128,11 +128,11 @@ pub struct RequestView {
     tokens: u64,
     tokens_per_sec: Option<f64>,
     /// Why it went to its worker: `cache_hit`, `home_busy`, `new_conversation`,
-    /// `least_loaded`, `faster_box` or `waking` (none while queued).
+    /// `least_loaded`, `faster_box`, `waking` or `side_request` (none while queued).
     #[cfg_attr(
         test,
         ts(
-            type = "'cache_hit' | 'home_busy' | 'new_conversation' | 'least_loaded' | 'faster_box' | 'waking' | null"
+            type = "'cache_hit' | 'home_busy' | 'new_conversation' | 'least_loaded' | 'faster_box' | 'waking' | 'side_request' | null"
         )
     )]
     reason: Option<&'static str>,

@@ -1,0 +1,194 @@
+//! Where a side request goes: Claude Code's titles and summaries (`claude-haiku-*` with the main
+//! conversation's session), short and one-off, each keyed by its own prompt.
+//!
+//! Placed as new conversations they became homes of their own, one per title: the count of
+//! conversations per slot that places real conversations filled with them, and on a box whose
+//! slots all held conversations a title took the slot of one whose next turn then evaluated its
+//! whole history again. A side request instead goes to the box with the most slots kept for no
+//! conversation, and is nobody's home after (its worker keeps it out of the conversations' slots
+//! the same way: `worker::slot_pins`).
+
+use std::cmp::Reverse;
+use std::time::Instant;
+
+use super::{Scheduler, Worker, WorkerId};
+
+impl Scheduler {
+    /// The `eligible` candidates with a spare slot, when any has one: a side request goes to
+    /// none of the others, whatever cost routing would say (a faster box whose slots all hold
+    /// conversations answers the title sooner, and the conversation it evicts pays for it).
+    pub(super) fn roomy(
+        &self,
+        candidates: &[WorkerId],
+        eligible: &dyn Fn(&Worker) -> bool,
+        now: Instant,
+    ) -> Option<Vec<WorkerId>> {
+        let roomy: Vec<WorkerId> = candidates
+            .iter()
+            .copied()
+            .filter(|id| eligible(&self.workers[id]) && self.spare_slots(*id, now) > 0)
+            .collect();
+        (!roomy.is_empty()).then_some(roomy)
+    }
+
+    /// The `eligible` candidate with the most spare slots ([`Scheduler::spare_slots`]), then
+    /// the least loaded, then the lowest id.
+    pub(super) fn pick_side_slot(
+        &self,
+        candidates: &[WorkerId],
+        eligible: &dyn Fn(&Worker) -> bool,
+        now: Instant,
+    ) -> Option<WorkerId> {
+        candidates
+            .iter()
+            .filter(|id| eligible(&self.workers[*id]))
+            .max_by_key(|id| {
+                let w = &self.workers[*id];
+                (
+                    self.spare_slots(**id, now),
+                    Reverse(w.load()),
+                    Reverse(**id),
+                )
+            })
+            .copied()
+    }
+
+    /// `worker`'s slots less those kept for conversations: one per conversation homed there,
+    /// whether it runs now or waits for its user's next turn, and one per request it runs for
+    /// no conversation of its own (side requests, requests without a conversation, a
+    /// conversation's request while its home is elsewhere). Negative when conversations
+    /// outnumber the slots.
+    pub(super) fn spare_slots(&self, worker: WorkerId, now: Instant) -> i64 {
+        let Some(w) = self.workers.get(&worker) else {
+            return 0;
+        };
+        let homed_here = |request: &super::RequestId| {
+            self.requests.get(request).is_some_and(|r| {
+                !r.placement.side
+                    && r.placement
+                        .affinity
+                        .is_some_and(|key| self.affinity.home(key, now) == Some(worker))
+            })
+        };
+        let strangers = w.in_flight.iter().filter(|r| !homed_here(r)).count();
+        let kept = self.affinity.homes_of(worker) + strangers + w.external_load as usize;
+        i64::from(w.max_concurrent) - kept as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::super::tests::register;
+    use super::super::{Placement, ProviderLimits, Reason, Submitted};
+    use super::*;
+    use crate::protocol::Timings;
+
+    /// Boxes of these (prompt tokens per second, slots), ids in order, each holding the
+    /// conversations `homes` gives it; cost routing `on`.
+    fn fleet(on: bool, boxes: &[(f64, u32, u64)], now: Instant) -> (Scheduler, Vec<WorkerId>) {
+        let mut s = Scheduler::new(vec![("local".to_string(), ProviderLimits::default())]);
+        s.set_cost_routing(on);
+        let mut conversation = 1000;
+        let ids = boxes
+            .iter()
+            .enumerate()
+            .map(|(i, &(tps, slots, homes))| {
+                let id = register(&mut s, &format!("box-{i}"), &["m"], slots).worker;
+                let second = Timings {
+                    prompt_tokens: tps as u32,
+                    prompt_ms: 1000.0,
+                    cached_tokens: None,
+                    generated_tokens: 40,
+                    generation_ms: 1000.0,
+                };
+                s.observe_timings(id, "m", &second);
+                for _ in 0..homes {
+                    conversation += 1;
+                    s.affinity.record(conversation, id, now);
+                }
+                id
+            })
+            .collect();
+        (s, ids)
+    }
+
+    fn place(s: &mut Scheduler, id: RequestId, tokens: u32, side: bool, now: Instant) -> WorkerId {
+        let placement = Placement {
+            affinity: Some(7),
+            prompt_tokens: Some(tokens),
+            side,
+            ..Placement::default()
+        };
+        match s.submit(id, "m", placement, now).expect("accepted") {
+            Submitted::Dispatched { worker, .. } => worker,
+            other => panic!("not placed: {other:?}"),
+        }
+    }
+
+    use super::super::RequestId;
+
+    #[test]
+    fn a_side_request_takes_the_box_with_the_most_slots_kept_for_no_conversation() {
+        let now = Instant::now();
+        // Four slots and one conversation against two slots and none: a new conversation goes
+        // where conversations per slot are fewest (the second), a title where the most slots
+        // are kept for none (the first).
+        let (mut s, ids) = fleet(false, &[(2000.0, 4, 1), (2000.0, 2, 0)], now);
+        assert_eq!(place(&mut s, 1, 1000, false, now), ids[1]);
+        let (mut s, ids) = fleet(false, &[(2000.0, 4, 1), (2000.0, 2, 0)], now);
+        assert_eq!(place(&mut s, 1, 1000, true, now), ids[0]);
+        assert_eq!(s.reason_of(1), Some(Reason::SideRequest));
+        assert_eq!(
+            (s.affinity.homes_of(ids[0]), s.affinity.homes_of(ids[1])),
+            (1, 0),
+            "the title is nobody's home"
+        );
+        assert_eq!(s.affinity.home(7, now), None);
+        // Running, it holds a slot kept for none.
+        assert_eq!(s.spare_slots(ids[0], now), 2);
+        assert_eq!(
+            place(&mut s, 2, 1000, true, now),
+            ids[1],
+            "2 and 2: less loaded"
+        );
+        assert_eq!(
+            place(&mut s, 3, 1000, true, now),
+            ids[0],
+            "2 spare against 1"
+        );
+    }
+
+    #[test]
+    fn with_cost_routing_a_side_request_keeps_off_a_faster_box_whose_slots_all_hold_conversations()
+    {
+        let now = Instant::now();
+        let (mut s, ids) = fleet(true, &[(600.0, 2, 0), (3000.0, 2, 2)], now);
+        assert_eq!(place(&mut s, 1, 1000, true, now), ids[0]);
+        assert_eq!(s.reason_of(1), Some(Reason::SideRequest));
+        // With a slot kept for none there, the faster box takes it.
+        let (mut s, ids) = fleet(true, &[(600.0, 2, 0), (3000.0, 2, 1)], now);
+        assert_eq!(place(&mut s, 1, 1000, true, now), ids[1]);
+        assert_eq!(s.reason_of(1), Some(Reason::FasterBox));
+    }
+
+    #[test]
+    fn a_conversation_moves_to_a_faster_box_whose_slots_all_hold_conversations_only_when_sooner_counting_the_one_it_evicts(
+    ) {
+        let now = Instant::now();
+        // 12,000 tokens: 20 s on the slow box, 9.2 s on one 2.2x faster — clearly sooner, so
+        // it goes there while a slot is kept for none there.
+        let (mut s, ids) = fleet(true, &[(600.0, 2, 0), (1300.0, 4, 2)], now);
+        assert_eq!(place(&mut s, 1, 12_000, false, now), ids[1]);
+        assert_eq!(s.reason_of(1), Some(Reason::FasterBox));
+        // The same box with its two slots both kept for conversations: one of them would
+        // evaluate about as much again on its next turn (18.5 s in all), not clearly sooner.
+        let (mut s, ids) = fleet(true, &[(600.0, 2, 0), (1300.0, 2, 2)], now);
+        assert_eq!(place(&mut s, 1, 12_000, false, now), ids[0]);
+        assert_eq!(s.reason_of(1), Some(Reason::NewConversation));
+        // Five times faster, it is still worth it.
+        let (mut s, ids) = fleet(true, &[(600.0, 2, 0), (3000.0, 2, 2)], now);
+        assert_eq!(place(&mut s, 1, 12_000, false, now), ids[1]);
+    }
+}
