@@ -338,10 +338,12 @@ impl Scheduler {
         let tokens = tokens.filter(|_| self.cost_routing)?;
         let estimate = |id| self.first_token_secs(id, model, affinity, tokens, now);
         let usual_secs = estimate(usual)?;
-        // A conversation starts on or moves to a box whose slots are all kept for
-        // conversations only when the usual choice has none spare either: this turn would
-        // start sooner there, but one of those conversations would evaluate its whole history
-        // again on its next turn (and move on, evicting another).
+        // A conversation that would start on or move to a box whose slots are all kept for
+        // conversations, while the usual choice has one to spare, is charged its prompt three
+        // times there: this turn, and one of those conversations evaluating about as much again
+        // on its next turn, which then evicts another (with more conversations than slots the
+        // evictions chain). On the fleet bench twice was not enough (agent sessions lost more
+        // of their cache on the fast box) and five times kept short chats on the slow box.
         let crowded = |id| affinity.is_some() && self.spare_slots(id, now) <= 0;
         let usual_roomy = !crowded(usual);
         let mut best: Option<(f64, WorkerId)> = None;
@@ -352,7 +354,7 @@ impl Scheduler {
             // Every candidate measured, or the comparison is not fair to the unmeasured.
             let mut secs = estimate(id)?;
             if usual_roomy && crowded(id) {
-                secs += self.first_token_secs(id, model, None, tokens, now)?;
+                secs += 2.0 * self.first_token_secs(id, model, None, tokens, now)?;
             }
             if best.is_none_or(|(b, _)| secs < b) {
                 best = Some((secs, id));

@@ -174,7 +174,7 @@ mod tests {
     }
 
     #[test]
-    fn a_conversation_moves_to_a_faster_box_whose_slots_all_hold_conversations_only_when_sooner_counting_the_one_it_evicts(
+    fn a_conversation_moves_to_a_faster_box_whose_slots_all_hold_conversations_only_when_sooner_counting_the_ones_it_evicts(
     ) {
         let now = Instant::now();
         // 12,000 tokens: 20 s on the slow box, 9.2 s on one 2.2x faster — clearly sooner, so
@@ -182,13 +182,16 @@ mod tests {
         let (mut s, ids) = fleet(true, &[(600.0, 2, 0), (1300.0, 4, 2)], now);
         assert_eq!(place(&mut s, 1, 12_000, false, now), ids[1]);
         assert_eq!(s.reason_of(1), Some(Reason::FasterBox));
-        // The same box with its two slots both kept for conversations: one of them would
-        // evaluate about as much again on its next turn (18.5 s in all), not clearly sooner.
+        // The same box with its two slots both kept for conversations: the evicted ones would
+        // evaluate about as much again (27.7 s in all), not clearly sooner; nor on one five
+        // times faster (12 s, not under 60% of 20 s).
         let (mut s, ids) = fleet(true, &[(600.0, 2, 0), (1300.0, 2, 2)], now);
         assert_eq!(place(&mut s, 1, 12_000, false, now), ids[0]);
         assert_eq!(s.reason_of(1), Some(Reason::NewConversation));
-        // Five times faster, it is still worth it.
         let (mut s, ids) = fleet(true, &[(600.0, 2, 0), (3000.0, 2, 2)], now);
+        assert_eq!(place(&mut s, 1, 12_000, false, now), ids[0]);
+        // Ten times faster, it is still worth it (6 s).
+        let (mut s, ids) = fleet(true, &[(600.0, 2, 0), (6000.0, 2, 2)], now);
         assert_eq!(place(&mut s, 1, 12_000, false, now), ids[1]);
     }
 }
