@@ -161,6 +161,15 @@ async fn send(proxy: &str, body: &Value, session: &str) {
 async fn relay(backend: &str, affinity: bool, slot_hints: bool) -> (RunningProxy, RunningWorker) {
     let mut proxy_config = test_config();
     proxy_config.affinity = affinity;
+    relay_with(backend, proxy_config, slot_hints).await
+}
+
+/// A proxy of `proxy_config` and a real worker in front of `backend`.
+async fn relay_with(
+    backend: &str,
+    proxy_config: relay_core::proxy::ProxyConfig,
+    slot_hints: bool,
+) -> (RunningProxy, RunningWorker) {
     let proxy = start_proxy(proxy_config).await;
     let mut config = WorkerConfig::new(&proxy.url(), SECRET, backend);
     config.max_concurrent = 4;
@@ -169,6 +178,19 @@ async fn relay(backend: &str, affinity: bool, slot_hints: bool) -> (RunningProxy
     let worker = RunningWorker::start_with(config);
     wait_until("the worker registers", || !proxy.hub.models().is_empty()).await;
     (proxy, worker)
+}
+
+/// Sends a first request, which makes the worker ask `backend` for its slots in the background,
+/// and waits until it has: the number of bodies the backend has seen by then (later ones carry
+/// hints).
+async fn warm_up(proxy: &RunningProxy, backend: &LlamaLike) -> usize {
+    send(&proxy.url(), &turn("warm-up", 1), "warm-up").await;
+    wait_until("the worker asked for the slots", || {
+        backend.props_asked() >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    backend.bodies().len()
 }
 
 /// The body without the hint, and the hint.
@@ -183,14 +205,7 @@ fn split_hint(mut body: Value) -> (Value, Option<u64>, Option<bool>) {
 async fn each_conversation_keeps_one_llama_server_slot_turn_after_turn() {
     let backend = LlamaLike::start(2, "llama.cpp").await;
     let (proxy, worker) = relay(&backend.url, true, true).await;
-    // The first request to a backend asks it for its slots, in the background.
-    send(&proxy.url(), &turn("warm-up", 1), "warm-up").await;
-    wait_until("the worker asked for the slots", || {
-        backend.props_asked() >= 1
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let first_hinted = backend.bodies().len();
+    let first_hinted = warm_up(&proxy, &backend).await;
 
     let mut sent = Vec::new();
     for n in 1..=3 {
@@ -290,19 +305,8 @@ async fn side_requests_take_the_slot_kept_for_no_conversation_and_leave_the_conv
         [("claude-*".to_string(), MODEL.to_string())],
         None,
     );
-    let proxy = start_proxy(proxy_config).await;
-    let mut config = WorkerConfig::new(&proxy.url(), SECRET, &backend.url);
-    config.max_concurrent = 4;
-    config.model_refresh_interval = Duration::from_secs(600);
-    let worker = RunningWorker::start_with(config);
-    wait_until("the worker registers", || !proxy.hub.models().is_empty()).await;
-    send(&proxy.url(), &turn("warm-up", 1), "warm-up").await;
-    wait_until("the worker asked for the slots", || {
-        backend.props_asked() >= 1
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let first_hinted = backend.bodies().len();
+    let (proxy, worker) = relay_with(&backend.url, proxy_config, true).await;
+    let first_hinted = warm_up(&proxy, &backend).await;
 
     let title = |n: usize| {
         json!({"model": "claude-haiku-4-5", "messages": [
