@@ -172,6 +172,29 @@ impl ScriptedWorker {
 
     /// Answers `request_id` with a 200 JSON body.
     pub async fn complete(&mut self, request_id: &str, body: &str) {
+        self.answer(request_id, body, None).await;
+    }
+
+    /// Answers `request_id` with a 200 JSON body and the timings llama-server would report for
+    /// 1,000 prompt tokens evaluated at `prompt_tps` (what the proxy learns a box's speed from).
+    pub async fn complete_timed(&mut self, request_id: &str, prompt_tps: f64) {
+        let timings = relay_core::protocol::Timings {
+            prompt_tokens: 1000,
+            prompt_ms: 1000.0 * 1000.0 / prompt_tps,
+            cached_tokens: None,
+            generated_tokens: 10,
+            generation_ms: 100.0,
+        };
+        self.answer(request_id, r#"{"ok":true}"#, Some(timings))
+            .await;
+    }
+
+    async fn answer(
+        &mut self,
+        request_id: &str,
+        body: &str,
+        timings: Option<relay_core::protocol::Timings>,
+    ) {
         self.send(&WorkerToServer::ResponseComplete(
             relay_core::protocol::ResponseCompleteMessage {
                 request_id: request_id.to_string(),
@@ -182,32 +205,7 @@ impl ScriptedWorker {
                 )]),
                 body: Some(body.to_string()),
                 token_counts: None,
-                timings: None,
-            },
-        ))
-        .await;
-    }
-
-    /// Answers `request_id` with a 200 JSON body and the timings llama-server would report for
-    /// 1,000 prompt tokens evaluated at `prompt_tps` (what the proxy learns a box's speed from).
-    pub async fn complete_timed(&mut self, request_id: &str, prompt_tps: f64) {
-        self.send(&WorkerToServer::ResponseComplete(
-            relay_core::protocol::ResponseCompleteMessage {
-                request_id: request_id.to_string(),
-                status_code: 200,
-                headers: BTreeMap::from([(
-                    "content-type".to_string(),
-                    "application/json".to_string(),
-                )]),
-                body: Some(r#"{"ok":true}"#.to_string()),
-                token_counts: None,
-                timings: Some(relay_core::protocol::Timings {
-                    prompt_tokens: 1000,
-                    prompt_ms: 1000.0 * 1000.0 / prompt_tps,
-                    cached_tokens: None,
-                    generated_tokens: 10,
-                    generation_ms: 100.0,
-                }),
+                timings,
             },
         ))
         .await;
