@@ -53,6 +53,8 @@ tree="$tmp/squashfs-root"
 for program in modelrelay-desktop modelrelay-dashboard; do
   [ -x "$tree/usr/bin/$program" ] || fail "no executable usr/bin/$program"
 done
+[ -f "$tree/usr/lib/modelrelay/libmodelrelay_webkit_trim.so" ] ||
+  fail "no usr/lib/modelrelay/libmodelrelay_webkit_trim.so (the window's WebKit trim)"
 for entry in "$tree"/*.desktop "$tree"/usr/share/applications/*.desktop; do
   [ -f "$entry" ] || fail "no menu entry (.desktop) at the root or in usr/share/applications"
   grep -q '^Name=ModelRelay$' "$entry" || fail "menu entry ${entry#"$tree"/} is not named ModelRelay"

@@ -6,7 +6,8 @@
 #      image into ~/.cache/modelrelay/appimage/<hash> on the first start instead of mounting it
 #      with FUSE, then execs AppRun), and patches the AppImage magic "AI\x02" into its byte 8;
 #   2. lays out the AppDir: AppRun, the menu entry and the icon at the root (as AppImage tools
-#      expect) and under usr/share, the binary in usr/bin;
+#      expect) and under usr/share, the binaries in usr/bin, the library the window preloads
+#      into WebKit's processes in usr/lib/modelrelay (as the .deb has it);
 #   3. packs it with mksquashfs (gzip: the runtime reads it in pure Rust; reproducible: fixed
 #      times, all files root's) and appends it to the runtime.
 # Like the .deb, the AppImage bundles no libraries: it runs on the system's WebKitGTK 4.1, GTK 3
@@ -27,7 +28,10 @@ bin="$target/release/modelrelay-desktop"
 # The tray process and the dashboard window's process: the tray starts the window from beside
 # itself.
 window_bin="$target/release/modelrelay-dashboard"
-for program in "$bin" "$window_bin"; do
+# The library the window preloads into WebKit's processes (src-tauri's webkit_trim.rs), which
+# scripts/desktop-bundle.sh builds on Linux.
+trim_lib="$target/release/libmodelrelay_webkit_trim.so"
+for program in "$bin" "$window_bin" "$trim_lib"; do
   [ -x "$program" ] || fail "no release build at $program: run scripts/desktop-bundle.sh deb first"
 done
 command -v mksquashfs >/dev/null ||
@@ -55,6 +59,7 @@ appdir="$work/AppDir"
 # 2. The AppDir.
 install -D -m 0755 "$bin" "$appdir/usr/bin/modelrelay-desktop"
 install -D -m 0755 "$window_bin" "$appdir/usr/bin/modelrelay-dashboard"
+install -D -m 0644 "$trim_lib" "$appdir/usr/lib/modelrelay/libmodelrelay_webkit_trim.so"
 cat >"$appdir/AppRun" <<'EOF'
 #!/bin/sh
 # Starts ModelRelay from the unpacked AppImage. The runtime sets APPDIR; without it

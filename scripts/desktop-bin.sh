@@ -6,7 +6,8 @@ desktop_bin() {
   if [ -n "${DESKTOP_BIN:-}" ]; then
     bin="$DESKTOP_BIN"
   else
-    cargo build -p relay-desktop
+    # The window's WebKit trim library too: the dashboard looks for it beside itself.
+    cargo build -p relay-desktop -p modelrelay-webkit-trim
     bin="${CARGO_TARGET_DIR:-$root/target}/debug/modelrelay-desktop"
   fi
   [ -x "$bin" ] || { echo "$1: no binary at $bin" >&2; exit 1; }

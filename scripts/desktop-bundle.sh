@@ -28,9 +28,21 @@ npm ci --no-audit --no-fund
 # profile; a caller's own setting wins.
 export CARGO_PROFILE_RELEASE_LTO="${CARGO_PROFILE_RELEASE_LTO:-thin}"
 export CARGO_PROFILE_RELEASE_CODEGEN_UNITS="${CARGO_PROFILE_RELEASE_CODEGEN_UNITS:-4}"
-npx --no-install tauri build --ci --bundles "$bundles"
-
 target="${CARGO_TARGET_DIR:-$root/target}"
+config=()
+if [ "$(uname -s)" = Linux ]; then
+  # The library the dashboard preloads into WebKit's processes (webkit-trim; src-tauri's
+  # webkit_trim.rs looks for it in ../lib/modelrelay from its binary): built first, then added
+  # to the .deb by a config merged over tauri.conf.json (the build's own target folder, which
+  # the static config cannot name).
+  cargo build --release --locked -p modelrelay-webkit-trim
+  library="$target/release/libmodelrelay_webkit_trim.so"
+  config=(--config "$(python3 -c 'import json, sys
+print(json.dumps({"bundle": {"linux": {"deb": {"files": {
+    "/usr/lib/modelrelay/libmodelrelay_webkit_trim.so": sys.argv[1]}}}}}))' "$library")")
+fi
+npx --no-install tauri build --ci --bundles "$bundles" "${config[@]}"
+
 echo "desktop-bundle: built:"
 find "$target/release/bundle" -maxdepth 2 -type f \( -name '*.deb' -o -name '*.rpm' -o -name '*.AppImage' \
   -o -name '*.dmg' -o -name '*.msi' -o -name '*.exe' \) \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the .deb that scripts/desktop-bundle.sh built, the way a newcomer would meet it:
 #   1. its control data names the package "modelrelay" and depends on the WebKitGTK runtime;
-#   2. it holds the tray's binary and the window's, the menu entry and the icons;
+#   2. it holds the tray's binary and the window's, the library the window preloads into
+#      WebKit's processes, the menu entry and the icons;
 #   3. apt can install it here (a simulated `apt-get install ./modelrelay_*.deb`: resolves every
 #      dependency without touching the machine);
 #   4. the binary *from the package* passes scripts/desktop-smoke.sh (real window under Xvfb,
@@ -33,6 +34,7 @@ echo "deb-check: package $package $(dpkg-deb --field "$deb" Version), depends: $
 contents="$(dpkg-deb --contents "$deb")"
 # dpkg-deb lists paths as "usr/..." or "./usr/..." depending on how the archive was made.
 for path in usr/bin/modelrelay-desktop usr/bin/modelrelay-dashboard \
+  usr/lib/modelrelay/libmodelrelay_webkit_trim.so \
   usr/share/icons/hicolor/128x128/apps/modelrelay-desktop.png; do
   grep -qE " (\./)?$path\$" <<<"$contents" || fail "the package has no /$path"
 done

@@ -17,6 +17,9 @@
 # rest uses more than FOOTPRINT_MAX_HIDDEN_CPU percent of a core (default 5; a task that wakes
 # itself in a loop uses ~100, an idle tray ~0).
 #
+# It also checks that WebKit's web and network processes run with the window's trim library
+# (MODELRELAY_TRIM_WEBKIT=0 turns that off, and the check with it, to measure without).
+#
 # Usage: scripts/desktop-footprint.sh            (builds relay-desktop first, debug profile)
 #        DESKTOP_BIN=path/to/modelrelay-desktop scripts/desktop-footprint.sh
 #        FOOTPRINT_SETTLE_SECS=20 ...            (how long each mode runs before it is sampled)
@@ -144,6 +147,15 @@ for p in json.load(open(sys.argv[1]))["processes"]:
     if [ -n "$child" ]; then
       { python3 "$helper" groups "$child"; echo; python3 "$helper" smaps "$child" 15; } >"$out/window.${kind%%:*}-smaps.txt" || true
     fi
+    # WebKit's processes run with the window's trim library preloaded (src-tauri's
+    # webkit_trim.rs), unless it was turned off to compare.
+    if [ "${kind%%:*}" != dashboard ] && [ "${MODELRELAY_TRIM_WEBKIT:-1}" != 0 ]; then
+      [ -n "$child" ] || { echo "footprint: FAIL no ${kind#*:}* process under the window" >&2; exit 1; }
+      grep -q '/libmodelrelay_webkit_trim\.so$' "/proc/$child/maps" || {
+        echo "footprint: FAIL WebKit's ${kind%%:*} process ($child) runs without libmodelrelay_webkit_trim.so" >&2
+        exit 1
+      }
+    fi
   done
 
   # 3. Window closed: the web view is destroyed, the app stays in the tray.
@@ -191,7 +203,8 @@ wait_for 10 curl -sf --max-time 1 "http://127.0.0.1:$backend_port/v1/models" ||
   { echo "footprint: the smoke model server did not start" >&2; exit 1; }
 printf '[worker]\nbackend_url = "http://127.0.0.1:%s"\n' "$backend_port" >"$tmp/config.toml"
 
-timeout 600 xvfb-run -a -s "-screen 0 1280x800x24" \
+# Four modes of $settle seconds each, plus starting and rendering each.
+timeout $((600 + 5 * settle)) xvfb-run -a -s "-screen 0 1280x800x24" \
   dbus-run-session -- bash "$0" --inside-xvfb "$bin" "$tmp" "$tmp/out"
 
 out="$tmp/out"

@@ -50,7 +50,14 @@ pub fn node_page(address: &str) -> Result<Url, String> {
 pub fn run() -> ExitCode {
     // Before any thread or the display exists (see `rendering`).
     crate::rendering::prefer_software_rendering();
+    let trim = crate::webkit_trim::trim_webkit_processes();
     crate::launch::init_logging(None);
+    match trim {
+        Ok(library) => {
+            tracing::debug!(library = %library.display(), "WebKit's processes will let go of their start-up code")
+        }
+        Err(why) => tracing::info!("WebKit's processes keep their start-up code: {why}"),
+    }
     let mut first = String::new();
     // The lock ends with this statement: the thread that follows the tray reads on.
     let _ = std::io::stdin().lock().read_line(&mut first);

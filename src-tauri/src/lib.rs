@@ -10,6 +10,8 @@
 //! - [`tray_state`]: node state → tray icon, tooltip, status line (pure, unit-tested).
 //! - [`notifications`], [`autostart`], [`clipboard`]: the OS integrations, each failing softly.
 //! - [`rendering`]: software rendering for GTK and WebKit, which keeps the tray app small.
+//! - [`webkit_trim`]: preloads the `webkit-trim` library into WebKit's processes, which lets
+//!   them go of the code their start-up ran.
 
 pub mod autostart;
 pub mod clipboard;
@@ -20,6 +22,7 @@ pub mod notifications;
 pub mod rendering;
 pub mod tray;
 pub mod tray_state;
+pub mod webkit_trim;
 
 use std::process::ExitCode;
 

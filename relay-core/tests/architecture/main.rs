@@ -461,3 +461,28 @@ fn files_stay_small_and_the_proxy_keeps_to_its_folders() {
         "{proxy_root} files directly in proxy/: its folders hold the rest"
     );
 }
+
+/// The `[dependencies]` of the workspace crate in `dir` (a folder beside `relay-core`).
+fn dependencies_of(dir: &str) -> Vec<String> {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(dir)
+        .join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let manifest: toml::Table = text.parse().unwrap();
+    let mut names: Vec<String> = manifest
+        .get("dependencies")
+        .and_then(toml::Value::as_table)
+        .map(|table| table.keys().cloned().collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// The library preloaded into WebKit's processes runs in programs that are not ours: it links
+/// `relay-resident` alone, and that nothing but libc (ARCHITECTURE.md, "Workspace").
+#[test]
+fn the_library_preloaded_into_webkit_links_nothing_but_relay_resident_and_libc() {
+    assert_eq!(dependencies_of("webkit-trim"), ["relay-resident"]);
+    assert_eq!(dependencies_of("resident"), ["libc"]);
+}
