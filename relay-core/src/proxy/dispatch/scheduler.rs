@@ -36,8 +36,7 @@ use turns::{Seat, Turns};
 
 /// Id of one worker connection.
 pub type WorkerId = u64;
-/// Id of one client request, allocated by the caller in arrival order; it doubles as the FIFO
-/// sequence number, so ids must grow.
+/// Id of one client request, allocated by the caller in arrival order: the FIFO order, so ids grow.
 pub type RequestId = u64;
 
 /// A request is put back in the queue at most this many times after its worker dies.
@@ -192,6 +191,8 @@ pub struct Scheduler {
     affinity: AffinityTable,
     /// Placements by why they went where they did (indexed by [`Reason::index`]).
     reasons: [u64; Reason::ALL.len()],
+    /// When side requests last arrived ([`side`]).
+    side_flow: side::SideFlow,
     /// Whether measured speeds may override the usual rules ([`cost`]).
     cost_routing: bool,
     /// Speeds of boxes that left, by worker name: a box that reconnects keeps what was measured.
@@ -220,6 +221,7 @@ impl Scheduler {
             requests: HashMap::new(),
             affinity: AffinityTable::default(),
             reasons: [0; Reason::ALL.len()],
+            side_flow: side::SideFlow::default(),
             cost_routing: false,
             known_speeds: cost::KnownSpeeds::default(),
             next_worker: 1,
@@ -365,6 +367,7 @@ impl Scheduler {
         entry.prefill_tokens = tokens.unwrap_or(0).saturating_sub(held);
         entry.reason = Some(reason);
         self.reasons[reason.index()] += 1;
+        self.side_flow.saw(&entry.placement, entry.arrived);
         // A side request is nobody's home ([`side`]).
         if let Some(key) = affinity.filter(|_| !entry.placement.side) {
             self.affinity.record(key, worker, entry.arrived);

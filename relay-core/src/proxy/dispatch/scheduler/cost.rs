@@ -344,7 +344,19 @@ impl Scheduler {
         // on its next turn, which then evicts another (with more conversations than slots the
         // evictions chain). On the fleet bench twice was not enough (agent sessions lost more
         // of their cache on the fast box) and five times kept short chats on the slow box.
-        let crowded = |id| affinity.is_some() && self.spare_slots(id, now) <= 0;
+        //
+        // While side requests flow (Claude Code), a box is crowded once conversations would fill
+        // all its slots but one, and is not chosen at all over a usual choice that is not: a box
+        // filled with conversations turns every side request into an eviction, and the
+        // conversation evicted evaluates its whole history again on its next turn (the fleet
+        // bench's fast + 5× slower agent sessions lost 4 points of reuse and doubled their p90
+        // that way; BENCHMARKS.md, "2026-11-27, night").
+        let side_flow = self.side_flow.flowing(now);
+        let crowded = |id| match affinity {
+            Some(key) if side_flow => self.leaves_no_side_slot(id, key, now),
+            Some(_) => self.spare_slots(id, now) <= 0,
+            None => false,
+        };
         let usual_roomy = !crowded(usual);
         let mut best: Option<(f64, WorkerId)> = None;
         for &id in candidates {
@@ -354,6 +366,9 @@ impl Scheduler {
             // Every candidate measured, or the comparison is not fair to the unmeasured.
             let mut secs = estimate(id)?;
             if usual_roomy && crowded(id) {
+                if side_flow {
+                    continue;
+                }
                 secs += 2.0 * self.first_token_secs(id, model, None, tokens, now)?;
             }
             if best.is_none_or(|(b, _)| secs < b) {

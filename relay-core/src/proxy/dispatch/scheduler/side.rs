@@ -9,9 +9,35 @@
 //! the same way: `worker::slot_pins`).
 
 use std::cmp::Reverse;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::{Scheduler, Worker, WorkerId};
+use super::{Placement, Scheduler, Worker, WorkerId};
+
+/// How long after the last side request boxes keep a slot for the next: Claude Code sends one
+/// beside many of its turns, and its user's pauses between turns are minutes at most.
+const SIDE_FLOW: Duration = Duration::from_secs(600);
+
+/// When the last side request arrived: while they flow, cost routing keeps a slot on each box
+/// for them ([`Scheduler::leaves_no_side_slot`]).
+#[derive(Debug, Default)]
+pub(super) struct SideFlow {
+    last: Option<Instant>,
+}
+
+impl SideFlow {
+    /// A request with this `placement`, arrived `at`, was placed.
+    pub(super) fn saw(&mut self, placement: &Placement, at: Instant) {
+        if placement.side {
+            self.last = Some(self.last.map_or(at, |last| last.max(at)));
+        }
+    }
+
+    /// Whether a side request arrived within [`SIDE_FLOW`] of `now`.
+    pub(super) fn flowing(&self, now: Instant) -> bool {
+        self.last
+            .is_some_and(|last| now.saturating_duration_since(last) < SIDE_FLOW)
+    }
+}
 
 impl Scheduler {
     /// The `eligible` candidates with a spare slot, when any has one: a side request goes to
@@ -51,6 +77,19 @@ impl Scheduler {
                 )
             })
             .copied()
+    }
+
+    /// Whether conversation `key` would leave `worker` no slot for side requests: homes there,
+    /// with this one, fill all its slots but none (a conversation already homed there adds
+    /// nothing). Side requests that run there now are not counted: they end in seconds, and
+    /// the conversations stay.
+    pub(super) fn leaves_no_side_slot(&self, worker: WorkerId, key: u64, now: Instant) -> bool {
+        let Some(w) = self.workers.get(&worker) else {
+            return false;
+        };
+        let already = self.affinity.home(key, now) == Some(worker);
+        let homes = self.affinity.homes_of(worker) + usize::from(!already);
+        !already && homes + 1 > w.max_concurrent as usize
     }
 
     /// `worker`'s slots less those kept for conversations: one per conversation homed there,
@@ -193,5 +232,28 @@ mod tests {
         // Ten times faster, it is still worth it (6 s).
         let (mut s, ids) = fleet(true, &[(600.0, 2, 0), (6000.0, 2, 2)], now);
         assert_eq!(place(&mut s, 1, 12_000, false, now), ids[1]);
+    }
+
+    #[test]
+    fn while_side_requests_flow_a_new_conversation_leaves_every_box_a_slot_for_them() {
+        let now = Instant::now();
+        // A fast box with four slots holding three conversations, a slow one holding one.
+        // 12,000 tokens: 4 s on the fast box, 20 s on the slow one. No side request yet: the
+        // fast box still has a slot to spare, and takes the conversation.
+        let boxes = [(600.0, 4, 1), (3000.0, 4, 3)];
+        let (mut s, ids) = fleet(true, &boxes, now);
+        assert_eq!(place(&mut s, 1, 12_000, false, now), ids[1]);
+        assert_eq!(s.reason_of(1), Some(Reason::FasterBox));
+        // After a side request (Claude Code's title) it would fill the fast box's slots, and
+        // every later title there would evict a conversation: it stays on the slow box.
+        let (mut s, ids) = fleet(true, &boxes, now);
+        let title = place(&mut s, 1, 900, true, now);
+        assert!(s.finish(title, 1, &mut Vec::new()));
+        assert_eq!(place(&mut s, 2, 12_000, false, now), ids[0]);
+        assert_eq!(s.reason_of(2), Some(Reason::NewConversation));
+        // Ten minutes without one, the flow has stopped.
+        let later = now + Duration::from_secs(601);
+        assert!(!s.side_flow.flowing(later));
+        assert!(s.side_flow.flowing(now + Duration::from_secs(599)));
     }
 }
