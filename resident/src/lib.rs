@@ -348,6 +348,11 @@ Anonymous:             0 kB
         // threads: this crate's test binary is small, so that is a good part of it), and less of
         // the binary is mapped.
         let after = resident();
+        assert!(
+            released.bytes >= before / 2,
+            "{} of {before} bytes let go",
+            released.bytes
+        );
         assert!(after < before, "{after} of {before} bytes still mapped");
     }
 

@@ -87,9 +87,11 @@ impl Scheduler {
         let Some(w) = self.workers.get(&worker) else {
             return false;
         };
-        let already = self.affinity.home(key, now) == Some(worker);
-        let homes = self.affinity.homes_of(worker) + usize::from(!already);
-        !already && homes + 1 > w.max_concurrent as usize
+        if self.affinity.home(key, now) == Some(worker) {
+            return false;
+        }
+        // The homes there, this conversation, and one slot for side requests.
+        self.affinity.homes_of(worker) + 2 > w.max_concurrent as usize
     }
 
     /// `worker`'s slots less those kept for conversations: one per conversation homed there,
@@ -251,6 +253,9 @@ mod tests {
         assert!(s.finish(title, 1, &mut Vec::new()));
         assert_eq!(place(&mut s, 2, 12_000, false, now), ids[0]);
         assert_eq!(s.reason_of(2), Some(Reason::NewConversation));
+        // A conversation the fast box is already home to takes nothing new there.
+        assert!(!s.leaves_no_side_slot(ids[1], 1002, now));
+        assert!(s.leaves_no_side_slot(ids[1], 70, now));
         // Ten minutes without one, the flow has stopped.
         let later = now + Duration::from_secs(601);
         assert!(!s.side_flow.flowing(later));
