@@ -279,10 +279,21 @@ pub async fn rows(count: usize) -> Vec<Row> {
     );
     let mut direct = run(stack.backend_port, count, EVENTS, INTERVAL, || {}).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut floor = run(
+        crate::floor::start(stack.backend_port),
+        count,
+        EVENTS,
+        INTERVAL,
+        || {},
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let worker_before = stack.worker.rss();
-    let mut at_peak = 0;
+    let proxy_before = stack.proxy.rss();
+    let (mut at_peak, mut proxy_at_peak) = (0, 0);
     let mut relay = run(stack.proxy_port, count, EVENTS, INTERVAL, || {
         at_peak = stack.worker.rss();
+        proxy_at_peak = stack.proxy.rss();
     })
     .await;
     // VmHWM is updated lazily by the kernel: never below what was seen at the peak.
@@ -302,6 +313,10 @@ pub async fn rows(count: usize) -> Vec<Row> {
         stack.worker.open_fds(),
     );
     let (d99, r99) = (direct.quantile_ms(0.99), relay.quantile_ms(0.99));
+    eprintln!(
+        "burst: bare forwarder (the floor under any relay) {} complete / {} failed, {:?}",
+        floor.complete, floor.failed, floor.kernel
+    );
     vec![
         info(
             scenario,
@@ -323,6 +338,22 @@ pub async fn rows(count: usize) -> Vec<Row> {
             target: "≤ direct + 50 ms".to_string(),
             met: Some(r99 <= d99 + 50.0),
         },
+        info(
+            scenario,
+            figure(format!(
+                "first byte p50 (ms), {count} streams, bare forwarder in place of the relay"
+            )),
+            Some(direct.quantile_ms(0.5)),
+            floor.quantile_ms(0.5),
+        ),
+        info(
+            scenario,
+            figure(format!(
+                "first byte p99 (ms), {count} streams, bare forwarder in place of the relay"
+            )),
+            Some(d99),
+            floor.quantile_ms(0.99),
+        ),
         Row {
             scenario,
             figure: "streams completed",
@@ -356,6 +387,14 @@ pub async fn rows(count: usize) -> Vec<Row> {
             "worker KB per open stream (RSS at the peak − before)",
             None,
             at_peak.saturating_sub(worker_before) as f64 / KB / count as f64,
+        ),
+        // Every KB a stream needs is a page the kernel first faults in and zeroes: in the
+        // proxy that is about half its CPU during a burst (BENCHMARKS.md, 2026-11-28).
+        info(
+            scenario,
+            "proxy KB per open stream (RSS at the peak − before)",
+            None,
+            proxy_at_peak.saturating_sub(proxy_before) as f64 / KB / count as f64,
         ),
     ]
 }

@@ -13,6 +13,7 @@ mod backend;
 mod burst;
 mod cpu;
 mod fake_workers;
+mod floor;
 mod load;
 mod native_backend;
 mod procs;
