@@ -176,7 +176,7 @@ impl SimBox {
     /// picks on its own.
     fn start(&mut self, id: RequestId, req: &Req, pinned: bool, now: f64) -> u32 {
         let pick = if pinned {
-            self.pinned_slot(req)
+            self.pinned_slot(req, now)
         } else {
             self.similar_slot(req)
         };
@@ -220,11 +220,18 @@ impl SimBox {
             .expect("the scheduler gives a box no more requests than it has slots")
     }
 
+    /// What losing slot `i`'s cached prompt would cost, as our worker's slot table weighs it
+    /// (`Slots::worth`): its tokens, halved every 120 s unused, in steps of 4,096.
+    fn worth(&self, i: usize, now: f64) -> u64 {
+        let slot = &self.slots[i];
+        (f64::from(slot.tokens) * 0.5f64.powf((now - slot.used) / 120.0) / 4_096.0) as u64
+    }
+
     /// Our worker's slot table (`worker::slot_pins`): a conversation's own slot while free,
-    /// else the free slot kept for the fewest conversations (then the one idle longest), which
-    /// becomes its own; a side request the free slot kept for the fewest conversations, then
+    /// else the free slot kept for the fewest conversations (then the one whose cached prompt
+    /// is worth least, then the one idle longest), which becomes its own; a side request the free slot kept for the fewest conversations, then
     /// the one the last side request took, then the one idle longest, nobody's after.
-    fn pinned_slot(&mut self, req: &Req) -> usize {
+    fn pinned_slot(&mut self, req: &Req, now: f64) -> usize {
         let homes = |slot: usize| self.pins.values().filter(|s| **s == slot).count();
         let free: Vec<usize> = (0..self.slots.len())
             .filter(|i| !self.slots[*i].busy)
@@ -245,6 +252,7 @@ impl SimBox {
                     free.iter().copied().min_by(|a, b| {
                         homes(*a)
                             .cmp(&homes(*b))
+                            .then(self.worth(*a, now).cmp(&self.worth(*b, now)))
                             .then(used(*a).total_cmp(&used(*b)))
                     })
                 })

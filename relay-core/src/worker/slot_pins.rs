@@ -88,7 +88,7 @@ impl Drop for SlotLease {
         if let Some(backend) = backends.get_mut(&self.backend) {
             if backend.generation == self.generation {
                 if let Some(slots) = backend.slots.as_mut() {
-                    slots.release(self.slot);
+                    slots.release(self.slot, Instant::now());
                 }
             }
         }
@@ -158,10 +158,13 @@ impl SlotPins {
         }
         let generation = backend.generation;
         let slots = backend.slots.as_mut()?;
+        // What the slot will cache, roughly: a token is about four bytes of text, and the JSON
+        // around it weighs alike on every request, so sizes compare fairly.
+        let tokens = u32::try_from(body.len() / 4).unwrap_or(u32::MAX);
         let slot = if side {
-            slots.take_side()
+            slots.take_side(tokens)
         } else {
-            slots.take(conversation, now)
+            slots.take(conversation, tokens, now)
         };
         // Made before the body is checked: a lease dropped right away releases the slot again.
         let lease = SlotLease {

@@ -6,14 +6,25 @@
 //! used one. Conversations that share a long system prompt all look alike to that rule, so one
 //! conversation's turn takes the slot that holds another's history, and that conversation's
 //! next turn evaluates its history again. Keeping each conversation in a slot of its own, and
-//! new conversations where the fewest are kept, stops that.
+//! new conversations where the fewest are kept, stops that. Where as many are kept in two free
+//! slots, a new conversation takes the one whose cached prompt is cheaper to lose: a chat's
+//! thousand tokens rather than a pasted document's twenty thousand, which its next question
+//! would otherwise evaluate again.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::affinity::AffinityTable;
 
 /// Conversations remembered per backend at most (each ~80 bytes).
 pub const PINNED_CONVERSATIONS: usize = 4_096;
+
+/// What a slot's cached prompt is worth halves every this long it stays unused: a document
+/// asked about a minute ago is likely asked about again, one left for half an hour is not.
+const WORTH_HALF_LIFE: Duration = Duration::from_secs(120);
+
+/// Cached prompts within this many tokens of each other are worth the same (the sizes are
+/// estimates), and the slot idle longest is taken among them.
+const WORTH_STEP: f64 = 4_096.0;
 
 /// A llama-server's slots as this worker uses them.
 #[derive(Debug)]
@@ -24,6 +35,10 @@ pub struct Slots {
     busy: Vec<u32>,
     /// When each slot was last given a request (a counter): ties go to the one idle longest.
     last_given: Vec<u64>,
+    /// The prompt tokens (an estimate) of the last request given each slot: what it caches.
+    held: Vec<u32>,
+    /// When each slot's last request ended; `None` while one runs, or before any.
+    freed: Vec<Option<Instant>>,
     given: u64,
     /// The slot the last side request took.
     last_side: Option<u32>,
@@ -37,6 +52,8 @@ impl Slots {
             pins: AffinityTable::new(PINNED_CONVERSATIONS, crate::affinity::AFFINITY_TTL),
             busy: vec![0; count],
             last_given: vec![0; count],
+            held: vec![0; count],
+            freed: vec![None; count],
             given: 0,
             last_side: None,
         }
@@ -47,15 +64,17 @@ impl Slots {
         self.busy.len() as u32
     }
 
-    /// The slot for conversation `key`'s next request, counted busy until [`Slots::release`].
+    /// The slot for conversation `key`'s next request, a prompt of about `tokens`, counted busy
+    /// until [`Slots::release`].
     ///
     /// Its own slot while none of this worker's requests is in it. When one is (the same
     /// conversation asking twice at once, or another conversation kept in the same slot), a
     /// free slot instead, which becomes the conversation's: evaluating the prompt again costs
     /// a bounded amount, while waiting for the slot may mean waiting for a long generation
     /// (the proxy's affinity yields the same way). A new conversation goes to the free slot
-    /// kept for the fewest conversations, then the one idle longest.
-    pub fn take(&mut self, key: u64, now: Instant) -> u32 {
+    /// kept for the fewest conversations, then the one whose cached prompt is worth least
+    /// ([`Slots::worth`]), then the one idle longest.
+    pub fn take(&mut self, key: u64, tokens: u32, now: Instant) -> u32 {
         let count = self.count();
         let home = self.pins.home(key, now).filter(|&slot| slot < count);
         let slot = match home {
@@ -63,15 +82,34 @@ impl Slots {
             _ => {
                 let free = (0..count)
                     .filter(|&slot| self.busy[slot as usize] == 0)
-                    .min_by_key(|&slot| (self.pins.homes_of(slot), self.last_given[slot as usize]));
+                    .min_by_key(|&slot| {
+                        (
+                            self.pins.homes_of(slot),
+                            self.worth(slot, now),
+                            self.last_given[slot as usize],
+                        )
+                    });
                 // Every slot busy: the conversation's own slot if it has one (its cache is
                 // there), else the least busy.
                 free.or(home).unwrap_or_else(|| self.least_busy())
             }
         };
         self.pins.record(key, slot, now);
-        self.give(slot);
+        self.give(slot, tokens);
         slot
+    }
+
+    /// What losing `slot`'s cached prompt would cost, in steps of [`WORTH_STEP`] tokens: the
+    /// tokens its last request left there, halved for every [`WORTH_HALF_LIFE`] it has been
+    /// unused since. On the fleet bench's equal boxes with long documents among chats this
+    /// kept documents' second questions cached, and the 90th percentile fell 18.6 → 16.8 s
+    /// (BENCHMARKS.md, 2026-11-28).
+    fn worth(&self, slot: u32, now: Instant) -> u64 {
+        let slot = slot as usize;
+        let idle =
+            self.freed[slot].map_or(Duration::ZERO, |freed| now.saturating_duration_since(freed));
+        let kept = 0.5f64.powf(idle.as_secs_f64() / WORTH_HALF_LIFE.as_secs_f64());
+        (f64::from(self.held[slot]) * kept / WORTH_STEP) as u64
     }
 
     /// The slot for a side request of a conversation (Claude Code's titles and summaries:
@@ -80,8 +118,8 @@ impl Slots {
     /// side requests' shared leading prompt may still be there), then the one idle longest.
     /// It becomes nobody's home: pinned like a conversation, each title would count as one, and
     /// the slot that takes them would soon look the most crowded, so the next title would take
-    /// a conversation's slot instead.
-    pub fn take_side(&mut self) -> u32 {
+    /// a conversation's slot instead. `tokens`: its prompt's, about.
+    pub fn take_side(&mut self, tokens: u32) -> u32 {
         let count = self.count();
         let slot = (0..count)
             .filter(|&slot| self.busy[slot as usize] == 0)
@@ -94,7 +132,7 @@ impl Slots {
             })
             .unwrap_or_else(|| self.least_busy());
         self.last_side = Some(slot);
-        self.give(slot);
+        self.give(slot, tokens);
         slot
     }
 
@@ -111,16 +149,22 @@ impl Slots {
             .unwrap_or(0)
     }
 
-    fn give(&mut self, slot: u32) {
-        self.busy[slot as usize] += 1;
+    fn give(&mut self, slot: u32, tokens: u32) {
+        let slot = slot as usize;
+        self.busy[slot] += 1;
         self.given += 1;
-        self.last_given[slot as usize] = self.given;
+        self.last_given[slot] = self.given;
+        self.held[slot] = tokens;
+        self.freed[slot] = None;
     }
 
-    /// A request given `slot` ended.
-    pub fn release(&mut self, slot: u32) {
+    /// A request given `slot` ended at `now`.
+    pub fn release(&mut self, slot: u32, now: Instant) {
         if let Some(busy) = self.busy.get_mut(slot as usize) {
             *busy = busy.saturating_sub(1);
+            if *busy == 0 {
+                self.freed[slot as usize] = Some(now);
+            }
         }
     }
 
@@ -141,8 +185,8 @@ mod tests {
         let t = Instant::now();
         let mut kept = Vec::new();
         for conversation in [10, 20, 30] {
-            let slot = slots.take(conversation, t);
-            slots.release(slot);
+            let slot = slots.take(conversation, 1_000, t);
+            slots.release(slot, t);
             kept.push(slot);
         }
         kept.sort_unstable();
@@ -150,9 +194,9 @@ mod tests {
         for turn in 1..5u64 {
             for (conversation, slot) in [10, 20, 30].into_iter().zip(0..) {
                 let now = t + Duration::from_secs(turn);
-                let taken = slots.take(conversation, now);
+                let taken = slots.take(conversation, 1_000, now);
                 assert_eq!(taken, slot, "conversation {conversation} turn {turn}");
-                slots.release(taken);
+                slots.release(taken, now);
             }
         }
     }
@@ -161,15 +205,15 @@ mod tests {
     fn a_conversation_whose_slot_is_busy_moves_to_a_free_one_and_stays_there() {
         let mut slots = Slots::new(2);
         let t = Instant::now();
-        let first = slots.take(1, t);
+        let first = slots.take(1, 1_000, t);
         // The same conversation asks again while its first request still runs.
-        let second = slots.take(1, t);
+        let second = slots.take(1, 1_000, t);
         assert_ne!(first, second);
         assert_eq!((slots.busy(first), slots.busy(second)), (1, 1));
-        slots.release(first);
-        slots.release(second);
+        slots.release(first, t);
+        slots.release(second, t);
         assert_eq!(
-            slots.take(1, t),
+            slots.take(1, 1_000, t),
             second,
             "the slot it moved to is its own now"
         );
@@ -180,22 +224,22 @@ mod tests {
         let mut slots = Slots::new(2);
         let t = Instant::now();
         for conversation in 0..4 {
-            let slot = slots.take(conversation, t);
-            slots.release(slot);
+            let slot = slots.take(conversation, 1_000, t);
+            slots.release(slot, t);
         }
         let kept: Vec<u32> = (0..2)
             .map(|slot| slots.pins.homes_of(slot) as u32)
             .collect();
         assert_eq!(kept, [2, 2], "four conversations share two slots evenly");
-        let a = slots.take(100, t);
-        let b = slots.take(101, t);
+        let a = slots.take(100, 1_000, t);
+        let b = slots.take(101, 1_000, t);
         assert_ne!(a, b);
-        let c = slots.take(102, t);
+        let c = slots.take(102, 1_000, t);
         assert_eq!(slots.busy(c), 2, "every slot busy: it still gets one");
         assert_eq!(slots.busy(a) + slots.busy(b), 3);
-        slots.release(a);
-        slots.release(a);
-        slots.release(a);
+        slots.release(a, t);
+        slots.release(a, t);
+        slots.release(a, t);
         assert_eq!(slots.busy(a), 0, "releases never go below zero");
     }
 
@@ -203,29 +247,64 @@ mod tests {
     fn side_requests_take_a_slot_kept_for_no_conversation_and_are_nobodys_home() {
         let mut slots = Slots::new(3);
         let t = Instant::now();
-        let (a, b) = (slots.take(10, t), slots.take(20, t));
-        slots.release(a);
-        slots.release(b);
+        let (a, b) = (slots.take(10, 1_000, t), slots.take(20, 1_000, t));
+        slots.release(a, t);
+        slots.release(b, t);
         let spare = 3 - a - b;
         for _ in 0..5 {
-            let side = slots.take_side();
+            let side = slots.take_side(1_000);
             assert_eq!(side, spare, "the slot kept for no conversation, every time");
-            slots.release(side);
+            slots.release(side, t);
         }
         assert_eq!(slots.pins.homes_of(spare), 0, "no title is pinned");
         // With that slot busy, a title takes a conversation's after all (the one idle longest)
         // rather than wait.
-        let busy = slots.take_side();
-        let next = slots.take_side();
+        let busy = slots.take_side(1_000);
+        let next = slots.take_side(1_000);
         assert_eq!((busy, next), (spare, a));
-        slots.release(busy);
-        slots.release(next);
-        assert_eq!(slots.take(10, t), a, "the conversation keeps its slot");
+        slots.release(busy, t);
+        slots.release(next, t);
         assert_eq!(
-            slots.take(30, t),
+            slots.take(10, 1_000, t),
+            a,
+            "the conversation keeps its slot"
+        );
+        assert_eq!(
+            slots.take(30, 1_000, t),
             spare,
             "a new one finds the slot kept for none"
         );
+    }
+
+    #[test]
+    fn a_new_conversation_takes_the_slot_whose_cached_prompt_is_cheapest_to_lose() {
+        let t = Instant::now();
+        let later = |secs| t + Duration::from_secs(secs);
+        // A pasted document in one slot, a short chat in the other, both asked before the chat.
+        let document_and_chat = || {
+            let mut slots = Slots::new(2);
+            let document = slots.take(1, 20_000, t);
+            let chat = slots.take(2, 900, t);
+            slots.release(document, t);
+            slots.release(chat, later(5));
+            (slots, document, chat)
+        };
+        let (mut slots, document, chat) = document_and_chat();
+        assert_eq!(
+            slots.take(3, 900, later(10)),
+            chat,
+            "the chat's slot, though the document's has been idle longer"
+        );
+        assert_eq!(
+            slots.take(1, 21_000, later(20)),
+            document,
+            "the document's next question finds it cached"
+        );
+        // Unused for half an hour, the document is worth no more than a chat: the slot idle
+        // longest goes first again.
+        let (mut slots, document, _) = document_and_chat();
+        assert_eq!(slots.worth(document, later(1_800)), 0);
+        assert_eq!(slots.take(3, 900, later(1_800)), document);
     }
 
     #[test]
@@ -233,8 +312,8 @@ mod tests {
         let mut slots = Slots::new(4);
         let t = Instant::now();
         for conversation in 0..(PINNED_CONVERSATIONS as u64 * 3) {
-            let slot = slots.take(conversation, t);
-            slots.release(slot);
+            let slot = slots.take(conversation, 1_000, t);
+            slots.release(slot, t);
         }
         assert_eq!(
             slots.pins.counts().entries,
