@@ -1,7 +1,8 @@
 //! The fleet bench (issue 29): how each routing policy serves unequal boxes, in simulation.
 //!
-//! `cargo bench -p relay-core --bench fleet` — seconds, no model needed. Three workloads
-//! (agent sessions with side requests, chat, chat with long documents) on three fleets
+//! `cargo bench -p relay-core --bench fleet` — seconds, no model needed. Five workloads
+//! (agent sessions with side requests, chat, chat with long documents, and the last two at a
+//! home's load: a few users, where the others keep the boxes busy) on three fleets
 //! (equal boxes; a fast box and a 5× slower one; those two and a second fast box asleep), each
 //! under least-loaded, today's affinity, the fast box alone and cost routing, through the proxy's own
 //! scheduler ([`sim`]). Reports mean, p90 and p99 time to first token, mean and p90 to the last token, and for
@@ -79,7 +80,13 @@ fn main() {
         let unequal = fleet
             .iter()
             .any(|b| (b.prompt_tps - fleet[0].prompt_tps).abs() > 1.0);
-        for workload in ["agent sessions", "chat", "chat + long documents"] {
+        for workload in [
+            "agent sessions",
+            "chat",
+            "chat + long documents",
+            "chat, a home's load",
+            "chat + long documents, a home's load",
+        ] {
             println!("\n## {fleet_name} — {workload}\n");
             println!("| policy | TTFT mean | TTFT p90 | TTFT p99 | last token mean | last token p90 | turn-2+ reuse | on box 1 | placements |");
             println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
@@ -94,7 +101,9 @@ fn main() {
                         let sessions = match workload {
                             "agent sessions" => workloads::agent_sessions(&mut rng, 6, 10),
                             "chat" => workloads::chat(&mut rng, 40),
-                            _ => workloads::mixed(&mut rng, 30, 8),
+                            "chat + long documents" => workloads::mixed(&mut rng, 30, 8),
+                            "chat, a home's load" => workloads::chat(&mut rng, 8),
+                            _ => workloads::mixed(&mut rng, 6, 2),
                         };
                         let (run, counts) = sim::run(&fleet, &sessions, policy);
                         outcomes.extend(run);
