@@ -31,6 +31,13 @@ const MIN_GENERATION_SAMPLE: u32 = 8;
 /// kept cost routing within 5% of the best other policy in every cell; 0.8 and 0.9 did not.
 pub(super) const CLEARLY_SOONER: f64 = 0.6;
 
+/// A fleet with at least this share of its slots free is quiet: a new conversation there is
+/// placed where its answer would end first, not only where its first token would come. At a
+/// home's load (a few users) on a fast box and one five times slower, new conversations on the
+/// slow box answered at a fifth of the speed for all their turns; 0.5 also changed busy
+/// fleets' cells, 0.75 none (BENCHMARKS.md, 2026-11-28).
+const QUIET_FLEET: f64 = 0.75;
+
 /// A worker's measured speed on one model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct Speed {
@@ -338,6 +345,25 @@ impl Scheduler {
         let tokens = tokens.filter(|_| self.cost_routing)?;
         let estimate = |id| self.first_token_secs(id, model, affinity, tokens, now);
         let usual_secs = estimate(usual)?;
+        // What an answer takes on a candidate beyond what it takes on the usual choice, for a
+        // conversation cached nowhere yet in a quiet fleet (see [`QUIET_FLEET`]), where the two
+        // generate at clearly different speeds: boxes that generate alike (measured speeds
+        // wander with the load) are compared as before. A conversation with a home is not moved
+        // for its answer's speed: on the fleet bench that filled the fast box with agent
+        // sessions, whose evictions cost more than their answers gained.
+        let homeless = affinity.is_none_or(|key| self.affinity.home(key, now).is_none());
+        let answer_gap = |id| {
+            let answer = |id| self.answer_secs(id, model);
+            let gap = || {
+                let (there, usual) = (answer(id)?, answer(usual)?);
+                let alike = there.min(usual) >= CLEARLY_SOONER * there.max(usual);
+                Some(if alike { 0.0 } else { there - usual })
+            };
+            (homeless && self.quiet(candidates))
+                .then(gap)
+                .flatten()
+                .unwrap_or(0.0)
+        };
         // A conversation that would start on or move to a box whose slots are all kept for
         // conversations, while the usual choice has one to spare, is charged its prompt three
         // times there: this turn, and one of those conversations evaluating about as much again
@@ -364,7 +390,7 @@ impl Scheduler {
                 continue;
             }
             // Every candidate measured, or the comparison is not fair to the unmeasured.
-            let mut secs = estimate(id)?;
+            let mut secs = estimate(id)? + answer_gap(id);
             if usual_roomy && crowded(id) {
                 if side_flow {
                     continue;
@@ -377,6 +403,27 @@ impl Scheduler {
         }
         best.filter(|(secs, _)| *secs < usual_secs * CLEARLY_SOONER)
             .map(|(_, id)| id)
+    }
+
+    /// Seconds a typical answer of `model` takes on worker `id` once it has started, where both
+    /// its length and the worker's generation speed are measured.
+    fn answer_secs(&self, id: WorkerId, model: &str) -> Option<f64> {
+        let speed = self.workers.get(&id)?.speeds.get(model)?;
+        Some(speed.typical_output? / speed.generation_tps?)
+    }
+
+    /// Whether at least [`QUIET_FLEET`] of the `candidates`' slots are free.
+    fn quiet(&self, candidates: &[WorkerId]) -> bool {
+        let (free, slots) = candidates
+            .iter()
+            .filter_map(|id| self.workers.get(id))
+            .fold((0, 0), |(free, slots), w| {
+                (
+                    free + w.max_concurrent.saturating_sub(w.load()),
+                    slots + w.max_concurrent,
+                )
+            });
+        f64::from(free) >= QUIET_FLEET * f64::from(slots)
     }
 
     /// Prompt tokens `w` is still evaluating: those of its requests that have not started
@@ -485,6 +532,50 @@ mod tests {
         // becomes the conversation's home.
         assert_eq!(place(&mut s, 3, 7, 40_000, now), ids[1]);
         assert_eq!(s.reason_of(3), Some(Reason::FasterBox));
+    }
+
+    #[test]
+    fn in_a_quiet_fleet_a_new_conversation_goes_where_its_answer_ends_first() {
+        let now = Instant::now();
+        // Prompts evaluated alike; box 1 generates five times faster (typical answer 100
+        // tokens: 2 s there, 10 s on box 0).
+        let (mut s, ids) = fleet(true, &[Some(2000.0), Some(2000.0)]);
+        s.observe_timings(ids[0], "m", &timings(1000, 500.0, 100, 10_000.0));
+        s.observe_timings(ids[1], "m", &timings(1000, 500.0, 100, 2_000.0));
+        for _ in 0..20 {
+            s.observe_timings(ids[0], "m", &timings(1000, 500.0, 100, 10_000.0));
+        }
+        assert_eq!(place(&mut s, 1, 7, 1_000, now), ids[1]);
+        assert_eq!(s.reason_of(1), Some(Reason::FasterBox));
+        // Its next turn stays home, whatever the other box generates.
+        let mut actions = Vec::new();
+        assert!(s.finish(ids[1], 1, &mut actions));
+        assert_eq!(place(&mut s, 2, 7, 1_200, now), ids[1]);
+        // A conversation already at home on the slower box is not moved for its answers.
+        let (mut s, ids) = fleet(true, &[Some(2000.0), Some(2000.0)]);
+        s.observe_timings(ids[1], "m", &timings(1000, 500.0, 100, 500.0));
+        s.set_cost_routing(false);
+        assert_eq!(place(&mut s, 1, 8, 1_000, now), ids[0]);
+        assert!(s.finish(ids[0], 1, &mut actions));
+        s.set_cost_routing(true);
+        assert_eq!(place(&mut s, 2, 8, 1_200, now), ids[0]);
+        assert_eq!(s.reason_of(2), Some(Reason::CacheHit));
+        // In a busy fleet (six of eight slots taken) the first token alone decides: a tie, so
+        // the usual rule's choice, as with cost routing off.
+        let busy = |on| {
+            let (mut s, ids) = fleet(false, &[Some(2000.0), Some(2000.0)]);
+            s.observe_timings(ids[1], "m", &timings(1000, 500.0, 100, 500.0));
+            for request in 10..16 {
+                place(&mut s, request, 100 + request, 50, now);
+            }
+            s.set_cost_routing(on);
+            (s, ids)
+        };
+        let (mut usual, _) = busy(false);
+        let (mut s, ids) = busy(true);
+        let placed = place(&mut s, 1, 9, 1_000, now);
+        assert_eq!(placed, place(&mut usual, 1, 9, 1_000, now));
+        assert_eq!(placed, ids[0], "not the box that answers faster");
     }
 
     fn timings(prompt_tokens: u32, prompt_ms: f64, generated: u32, generation_ms: f64) -> Timings {
