@@ -345,25 +345,6 @@ impl Scheduler {
         let tokens = tokens.filter(|_| self.cost_routing)?;
         let estimate = |id| self.first_token_secs(id, model, affinity, tokens, now);
         let usual_secs = estimate(usual)?;
-        // What an answer takes on a candidate beyond what it takes on the usual choice, for a
-        // conversation cached nowhere yet in a quiet fleet (see [`QUIET_FLEET`]), where the two
-        // generate at clearly different speeds: boxes that generate alike (measured speeds
-        // wander with the load) are compared as before. A conversation with a home is not moved
-        // for its answer's speed: on the fleet bench that filled the fast box with agent
-        // sessions, whose evictions cost more than their answers gained.
-        let homeless = affinity.is_none_or(|key| self.affinity.home(key, now).is_none());
-        let answer_gap = |id| {
-            let answer = |id| self.answer_secs(id, model);
-            let gap = || {
-                let (there, usual) = (answer(id)?, answer(usual)?);
-                let alike = there.min(usual) >= CLEARLY_SOONER * there.max(usual);
-                Some(if alike { 0.0 } else { there - usual })
-            };
-            (homeless && self.quiet(candidates))
-                .then(gap)
-                .flatten()
-                .unwrap_or(0.0)
-        };
         // A conversation that would start on or move to a box whose slots are all kept for
         // conversations, while the usual choice has one to spare, is charged its prompt three
         // times there: this turn, and one of those conversations evaluating about as much again
@@ -384,6 +365,20 @@ impl Scheduler {
             None => false,
         };
         let usual_roomy = !crowded(usual);
+        // In a quiet fleet (see [`QUIET_FLEET`]) a request goes where its answer would end
+        // first: each candidate is also charged the time its answer takes beyond the usual
+        // choice's. A conversation with a home moves for that only where it crowds nobody and
+        // no side requests flow: moving agent sessions to the fast box for their answers filled
+        // it, and their evictions cost more than the answers gained (BENCHMARKS.md, 2026-11-28).
+        let homeless = affinity.is_none_or(|key| self.affinity.home(key, now).is_none());
+        let quiet = self.quiet(candidates);
+        let answer_gap = |id| {
+            let movable = homeless || (!side_flow && !crowded(id));
+            (quiet && movable)
+                .then(|| self.longer_answer_secs(id, usual, model))
+                .flatten()
+                .unwrap_or(0.0)
+        };
         let mut best: Option<(f64, WorkerId)> = None;
         for &id in candidates {
             if id == usual || !self.workers.get(&id).is_some_and(eligible) {
@@ -405,11 +400,19 @@ impl Scheduler {
             .map(|(_, id)| id)
     }
 
-    /// Seconds a typical answer of `model` takes on worker `id` once it has started, where both
-    /// its length and the worker's generation speed are measured.
-    fn answer_secs(&self, id: WorkerId, model: &str) -> Option<f64> {
-        let speed = self.workers.get(&id)?.speeds.get(model)?;
-        Some(speed.typical_output? / speed.generation_tps?)
+    /// Seconds longer a typical answer of `model` takes on worker `id` than on `usual` (less
+    /// than zero where it is faster): the answer's length as measured on `usual` (a property of
+    /// the workload, so one length for both), at each worker's measured generation speed. Zero
+    /// where the two generate alike (one within [`CLEARLY_SOONER`] of the other: measured speeds
+    /// wander with the load); `None` where something is not measured.
+    fn longer_answer_secs(&self, id: WorkerId, usual: WorkerId, model: &str) -> Option<f64> {
+        let (there, here) = (self.speed(id, model)?, self.speed(usual, model)?);
+        let (there_tps, here_tps) = (there.generation_tps?, here.generation_tps?);
+        if there_tps.min(here_tps) >= CLEARLY_SOONER * there_tps.max(here_tps) {
+            return Some(0.0);
+        }
+        let tokens = here.typical_output.or(there.typical_output)?;
+        Some(tokens / there_tps - tokens / here_tps)
     }
 
     /// Whether at least [`QUIET_FLEET`] of the `candidates`' slots are free.
@@ -535,7 +538,7 @@ mod tests {
     }
 
     #[test]
-    fn in_a_quiet_fleet_a_new_conversation_goes_where_its_answer_ends_first() {
+    fn in_a_quiet_fleet_a_request_goes_where_its_answer_ends_first() {
         let now = Instant::now();
         // Prompts evaluated alike; box 1 generates five times faster (typical answer 100
         // tokens: 2 s there, 10 s on box 0).
@@ -551,15 +554,38 @@ mod tests {
         let mut actions = Vec::new();
         assert!(s.finish(ids[1], 1, &mut actions));
         assert_eq!(place(&mut s, 2, 7, 1_200, now), ids[1]);
-        // A conversation already at home on the slower box is not moved for its answers.
-        let (mut s, ids) = fleet(true, &[Some(2000.0), Some(2000.0)]);
-        s.observe_timings(ids[1], "m", &timings(1000, 500.0, 100, 500.0));
-        s.set_cost_routing(false);
-        assert_eq!(place(&mut s, 1, 8, 1_000, now), ids[0]);
-        assert!(s.finish(ids[0], 1, &mut actions));
-        s.set_cost_routing(true);
-        assert_eq!(place(&mut s, 2, 8, 1_200, now), ids[0]);
-        assert_eq!(s.reason_of(2), Some(Reason::CacheHit));
+        // A conversation at home on the box that answers slower moves to one with room, but
+        // not while side requests flow (agent sessions: the moves crowd the faster box).
+        let at_home_on_the_slower_box = |side_requests: bool| {
+            let (mut s, ids) = fleet(false, &[Some(2000.0), Some(2000.0)]);
+            s.observe_timings(ids[1], "m", &timings(1000, 500.0, 100, 500.0));
+            let mut actions = Vec::new();
+            if side_requests {
+                let title = Placement {
+                    affinity: Some(99),
+                    prompt_tokens: Some(100),
+                    side: true,
+                    ..Placement::default()
+                };
+                let Ok(Submitted::Dispatched { worker, .. }) = s.submit(30, "m", title, now) else {
+                    panic!("the title was not placed");
+                };
+                assert!(s.finish(worker, 30, &mut actions));
+            }
+            assert_eq!(place(&mut s, 1, 8, 1_000, now), ids[0]);
+            assert!(s.finish(ids[0], 1, &mut actions));
+            s.set_cost_routing(true);
+            let placed = place(&mut s, 2, 8, 1_200, now);
+            (placed == ids[1], s.reason_of(2))
+        };
+        assert_eq!(
+            at_home_on_the_slower_box(false),
+            (true, Some(Reason::FasterBox))
+        );
+        assert_eq!(
+            at_home_on_the_slower_box(true),
+            (false, Some(Reason::CacheHit))
+        );
         // In a busy fleet (six of eight slots taken) the first token alone decides: a tie, so
         // the usual rule's choice, as with cost routing off.
         let busy = |on| {
