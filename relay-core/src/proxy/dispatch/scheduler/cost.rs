@@ -31,11 +31,12 @@ const MIN_GENERATION_SAMPLE: u32 = 8;
 /// kept cost routing within 5% of the best other policy in every cell; 0.8 and 0.9 did not.
 pub(super) const CLEARLY_SOONER: f64 = 0.6;
 
-/// A fleet with at least this share of its slots free is quiet: a new conversation there is
-/// placed where its answer would end first, not only where its first token would come. At a
-/// home's load (a few users) on a fast box and one five times slower, new conversations on the
-/// slow box answered at a fifth of the speed for all their turns; 0.5 also changed busy
-/// fleets' cells, 0.75 none (BENCHMARKS.md, 2026-11-28).
+/// A fleet with at least this share of its slots free is quiet: a request there goes where its
+/// answer would end first, not only where its first token would come. At a home's load (a few
+/// users) on a fast box and one five times slower, conversations on the slow box answered at a
+/// fifth of the speed for all their turns. With 0.5 the rule also reached the fleet bench's busy
+/// fleets and moved their cells; with 0.75 it leaves every busy cell as it was (BENCHMARKS.md,
+/// 2026-11-28).
 const QUIET_FLEET: f64 = 0.75;
 
 /// A worker's measured speed on one model.
