@@ -8,7 +8,10 @@
 //! conversation's home still holds) plus what the box is still evaluating for requests that have
 //! not started answering, at its measured speed. The soonest wins when it is clearly sooner than
 //! what the usual rules chose ([`CLEARLY_SOONER`]); missing measurements, unknown prompt sizes
-//! and near ties keep the usual choice, so a fleet of equal boxes is routed as before.
+//! and near ties keep the usual choice, so a fleet of equal boxes is routed as before. In a
+//! quiet fleet ([`QUIET_FLEET`]) the answer's time counts too, where boxes generate at clearly
+//! different speeds: with room for everyone, a box five times slower at generating should not
+//! answer anyone.
 
 use std::collections::HashMap;
 use std::sync::Arc;
