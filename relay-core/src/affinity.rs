@@ -17,6 +17,13 @@ pub const AFFINITY_ENTRIES: usize = 16_384;
 /// A conversation idle this long is forgotten.
 pub const AFFINITY_TTL: Duration = Duration::from_secs(30 * 60);
 
+/// The prompt tokens a request body of `bytes` carries, about: a token is some four bytes of
+/// text, and the JSON around it weighs alike on every request, so sizes compare fairly. The
+/// proxy weighs a prompt's cost with it; a worker, what a slot will cache.
+pub fn estimated_prompt_tokens(bytes: usize) -> u32 {
+    u32::try_from(bytes / 4).unwrap_or(u32::MAX)
+}
+
 /// How a request with an affinity key was placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -189,6 +196,13 @@ impl<H: Copy + Eq + Hash> AffinityTable<H> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prompt_is_estimated_at_four_bytes_a_token_and_never_overflows() {
+        assert_eq!(estimated_prompt_tokens(0), 0);
+        assert_eq!(estimated_prompt_tokens(4_001), 1_000);
+        assert_eq!(estimated_prompt_tokens(usize::MAX), u32::MAX);
+    }
 
     #[test]
     fn a_conversation_placed_again_on_its_home_is_a_hit_elsewhere_a_miss_that_moves_it() {

@@ -229,8 +229,9 @@ impl SimBox {
 
     /// Our worker's slot table (`worker::slot_pins`): a conversation's own slot while free,
     /// else the free slot kept for the fewest conversations (then the one whose cached prompt
-    /// is worth least, then the one idle longest), which becomes its own; a side request the free slot kept for the fewest conversations, then
-    /// the one the last side request took, then the one idle longest, nobody's after.
+    /// is worth least, then the one idle longest), which becomes its own; a side request the
+    /// free slot kept for the fewest conversations, then the one the last side request took,
+    /// then the one idle longest, nobody's after.
     fn pinned_slot(&mut self, req: &Req, now: f64) -> usize {
         let homes = |slot: usize| self.pins.values().filter(|s| **s == slot).count();
         let free: Vec<usize> = (0..self.slots.len())

@@ -158,9 +158,8 @@ impl SlotPins {
         }
         let generation = backend.generation;
         let slots = backend.slots.as_mut()?;
-        // What the slot will cache, roughly: a token is about four bytes of text, and the JSON
-        // around it weighs alike on every request, so sizes compare fairly.
-        let tokens = u32::try_from(body.len() / 4).unwrap_or(u32::MAX);
+        // What the slot will cache, roughly.
+        let tokens = crate::affinity::estimated_prompt_tokens(body.len());
         let slot = if side {
             slots.take_side(tokens)
         } else {

@@ -317,10 +317,9 @@ async fn relay(
     if let Err(error) = identity.check_model(&model) {
         return turn_away(error);
     }
-    // The prompt's size, from the body's (about four bytes a token, structure included): long
-    // prompts go to a worker whose window holds them, and one far beyond every window is
-    // refused at once (the scheduler's `PromptTooLong`).
-    head.placement.prompt_tokens = Some(u32::try_from(body.len() / 4).unwrap_or(u32::MAX));
+    // The prompt's size, from the body's: long prompts go to a worker whose window holds them,
+    // and one far beyond every window is refused at once (the scheduler's `PromptTooLong`).
+    head.placement.prompt_tokens = Some(crate::affinity::estimated_prompt_tokens(body.len()));
     if identity.key.is_some() {
         // The relay's own key: it opens this relay, not the backends behind it.
         head.client_auth.clear();

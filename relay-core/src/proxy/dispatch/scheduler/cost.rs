@@ -376,8 +376,8 @@ impl Scheduler {
         // it, and their evictions cost more than the answers gained (BENCHMARKS.md, 2026-11-28).
         let homeless = affinity.is_none_or(|key| self.affinity.home(key, now).is_none());
         let quiet = self.quiet(candidates);
-        let answer_gap = |id| {
-            let movable = homeless || (!side_flow && !crowded(id));
+        let answer_gap = |id, crowded_there: bool| {
+            let movable = homeless || (!side_flow && !crowded_there);
             (quiet && movable)
                 .then(|| self.longer_answer_secs(id, usual, model))
                 .flatten()
@@ -388,9 +388,10 @@ impl Scheduler {
             if id == usual || !self.workers.get(&id).is_some_and(eligible) {
                 continue;
             }
+            let crowded_there = crowded(id);
             // Every candidate measured, or the comparison is not fair to the unmeasured.
-            let mut secs = estimate(id)? + answer_gap(id);
-            if usual_roomy && crowded(id) {
+            let mut secs = estimate(id)? + answer_gap(id, crowded_there);
+            if usual_roomy && crowded_there {
                 if side_flow {
                     continue;
                 }
