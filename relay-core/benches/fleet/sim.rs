@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use relay_core::protocol::{RegisterMessage, Timings};
 use relay_core::proxy::dispatch::scheduler::{
-    Action, AsleepBox, Placement, ProviderLimits, Reason, Registered, RequestId, Scheduler,
-    Submitted, WorkerId,
+    Action, AsleepBox, KnownBox, Placement, ProviderLimits, Reason, Registered, RequestId,
+    Scheduler, Submitted, WorkerId,
 };
 
 /// The simulation's clock step.
@@ -60,6 +60,8 @@ pub struct Req {
     pub prefix_tokens: u32,
     /// A side request (a title, a summary) rather than a turn of the conversation.
     pub side: bool,
+    /// Sent by Claude Code (its session header on every request, side requests beside turns).
+    pub claude_code: bool,
 }
 
 /// One turn of a session: the main request, side requests sent with it, and the pause after
@@ -92,17 +94,22 @@ pub enum Policy {
     Affinity,
     /// Affinity on the fastest box alone (the others unused).
     FastOnly,
-    /// Affinity with cost routing (measured speeds).
+    /// Affinity with cost routing (measured speeds), on a proxy started afresh: it knows no
+    /// box until each has answered.
     Cost,
+    /// Cost routing on a proxy restarted with its store: it starts with the speeds an earlier
+    /// run measured (a home's proxy after its first day).
+    CostRestarted,
 }
 
 impl Policy {
     /// Every policy, in report order.
-    pub const ALL: [Policy; 4] = [
+    pub const ALL: [Policy; 5] = [
         Policy::LeastLoaded,
         Policy::Affinity,
         Policy::FastOnly,
         Policy::Cost,
+        Policy::CostRestarted,
     ];
 
     /// Its name in the report.
@@ -111,8 +118,14 @@ impl Policy {
             Policy::LeastLoaded => "least-loaded",
             Policy::Affinity => "affinity",
             Policy::FastOnly => "fast box only",
-            Policy::Cost => "cost",
+            Policy::Cost => "cost, first run",
+            Policy::CostRestarted => "cost",
         }
+    }
+
+    /// Whether it routes by measured speeds.
+    pub fn by_cost(self) -> bool {
+        matches!(self, Policy::Cost | Policy::CostRestarted)
     }
 }
 
@@ -326,13 +339,18 @@ struct Pending {
     served_by: usize,
 }
 
-/// Runs `sessions` on `fleet` under `policy`; every request's outcome, and the scheduler's
-/// placements by reason.
+/// What one run gives: every request's outcome, the scheduler's placements by reason, and what
+/// it measured of the boxes (what its store would keep).
+pub type Run = (Vec<Outcome>, Vec<(Reason, u64)>, Vec<KnownBox>);
+
+/// Runs `sessions` on `fleet` under `policy`, on a proxy that starts knowing `remembered` (what
+/// a store gives a restarted proxy).
 pub fn run(
     fleet: &[BoxSpec],
     sessions: &[Session],
     policy: Policy,
-) -> (Vec<Outcome>, Vec<(Reason, u64)>) {
+    remembered: &[KnownBox],
+) -> Run {
     let base = Instant::now();
     let at = |t: f64| base + Duration::from_secs_f64(t);
     let limits = ProviderLimits {
@@ -342,7 +360,8 @@ pub fn run(
         ..ProviderLimits::default()
     };
     let mut scheduler = Scheduler::new(vec![("local".to_string(), limits)]);
-    scheduler.set_cost_routing(policy == Policy::Cost);
+    scheduler.set_cost_routing(policy.by_cost());
+    scheduler.restore_known(remembered.to_vec());
     let used: Vec<BoxSpec> = if policy == Policy::FastOnly {
         let fastest = fleet
             .iter()
@@ -414,6 +433,7 @@ pub fn run(
         affinity: (policy != Policy::LeastLoaded).then_some(req.conversation),
         prompt_tokens: Some(req.prompt),
         side: req.side && policy != Policy::LeastLoaded,
+        expects_side_requests: req.claude_code && !req.side,
         ..Placement::default()
     };
     let start_on = |boxes: &mut Vec<SimBox>,
@@ -553,7 +573,7 @@ pub fn run(
                 .zip(sessions)
                 .all(|((turn, _), session)| *turn >= session.steps.len());
         if done {
-            return (outcomes, scheduler.reason_counts());
+            return (outcomes, scheduler.reason_counts(), scheduler.known_boxes());
         }
         now += STEP;
         assert!(now < 100_000.0, "the simulation does not end");

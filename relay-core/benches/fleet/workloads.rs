@@ -95,6 +95,7 @@ pub fn agent_sessions(rng: &mut Rng, sessions: usize, turns: usize) -> Vec<Sessi
                         prefix: 1,
                         prefix_tokens: SYSTEM,
                         side: false,
+                        claude_code: true,
                     };
                     let side = if rng.chance(0.5) {
                         vec![Req {
@@ -104,6 +105,7 @@ pub fn agent_sessions(rng: &mut Rng, sessions: usize, turns: usize) -> Vec<Sessi
                             prefix: 2,
                             prefix_tokens: 600,
                             side: true,
+                            claude_code: true,
                         }]
                     } else {
                         Vec::new()
@@ -149,6 +151,7 @@ fn turns(rng: &mut Rng, shape: Shape) -> Vec<Step> {
                 prefix: shape.prefix,
                 prefix_tokens: shape.prefix_tokens,
                 side: false,
+                claude_code: false,
             };
             prompt += output + rng.between(shape.grow.0, shape.grow.1);
             Step {

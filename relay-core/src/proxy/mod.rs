@@ -25,6 +25,7 @@ use access::client_keys::KeyLimits;
 use access::credentials::{FailureLimiter, FailureLimits};
 use dispatch::hub::{Hub, HubSettings};
 use dispatch::scheduler::{ProviderLimits, Scheduler};
+use dispatch::speed_store::MeasuredBoxes;
 use dispatch::worker_socket::SocketSettings;
 use observation::control::{NodeInfo, SharedNodeInfo};
 use serving::aliases::{LiveAliases, ModelAliases};
@@ -268,6 +269,7 @@ pub struct RunningProxy {
     /// Where model names go now (the tray's "Claude Code uses" line).
     pub names: serving::claude_code::NameRoutes,
     usage: UsageLog,
+    measured: MeasuredBoxes,
     /// Who may use the control API (and `/metrics`).
     pub admin: AdminAccess,
     drain_timeout: Duration,
@@ -291,6 +293,8 @@ pub struct Built {
     pub names: serving::claude_code::NameRoutes,
     /// Where finished requests are accounted (flushed on shutdown).
     pub usage: UsageLog,
+    /// What was measured of each box, kept in the store (flushed on shutdown).
+    pub measured: MeasuredBoxes,
     /// Who may use the control API (and `/metrics`).
     pub admin: AdminAccess,
 }
@@ -411,7 +415,8 @@ pub async fn router(
             wake_target: config.wake_target,
         },
     );
-    dispatch::sleeper_store::restore_and_keep(&hub, db).await;
+    dispatch::sleeper_store::restore_and_keep(&hub, db.clone()).await;
+    let measured = dispatch::speed_store::restore_and_keep(&hub, db).await;
     // One limiter for every credential check: worker secrets, admin tokens, client keys.
     let limiter = Arc::new(FailureLimiter::new(config.auth_failures.clone()));
     let admin = AdminAccess::new(
@@ -505,6 +510,7 @@ pub async fn router(
         aliases,
         names,
         usage,
+        measured,
         admin,
     })
 }
@@ -533,6 +539,7 @@ pub async fn start_with(
         aliases,
         names,
         usage,
+        measured,
         admin,
     } = router(config, addr, extra).await?;
     observation::control::spawn_sampler(&hub);
@@ -549,6 +556,7 @@ pub async fn start_with(
         aliases,
         names,
         usage,
+        measured,
         admin,
         drain_timeout,
         stop,
@@ -581,6 +589,9 @@ impl RunningProxy {
         self.hub.close_all_workers("proxy shutting down");
         // What the last requests used is stored before the process may exit.
         self.usage.flush().await;
+        // And what was measured of the boxes since the last write (the workers closed above
+        // are remembered by then).
+        self.measured.flush().await;
         let mut task = self.task;
         if tokio::time::timeout(Duration::from_secs(5), &mut task)
             .await

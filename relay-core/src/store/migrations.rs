@@ -100,6 +100,14 @@ const STEPS: &[&str] = &[
         models TEXT NOT NULL,
         since_ms BIGINT NOT NULL
     );",
+    // 7: what was measured of each box (speeds per model as JSON, time to wake), so a
+    // restarted proxy routes by it at once.
+    "CREATE TABLE box_speeds (
+        name TEXT PRIMARY KEY,
+        speeds TEXT NOT NULL,
+        wake_ms BIGINT,
+        written_ms BIGINT NOT NULL
+    );",
 ];
 
 /// The schema version this build writes.

@@ -2,6 +2,7 @@
 //! in the data directory, or in PostgreSQL (`DATABASE_URL`) so that proxies behind one load
 //! balancer share them. Imports nothing of the proxy: the proxy calls in.
 
+pub mod box_speeds;
 pub mod dates;
 pub mod db;
 pub mod health;

@@ -3,8 +3,11 @@
 //! dashboard; every placement says why it went where it did, on the dashboard and in
 //! `/metrics`.
 
+use std::time::Duration;
+
 use axum::routing::{get, post as post_route};
 use relay_core::protocol::{ModelStateReport, PongMessage, WorkerToServer};
+use relay_core::proxy::RunningProxy;
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -148,4 +151,96 @@ async fn with_cost_routing_a_box_whose_model_is_unloaded_pays_its_reported_load_
         "{metrics}"
     );
     proxy.shutdown().await;
+}
+
+/// Day two for cost routing: what was measured of each box is kept in the proxy's store, so a
+/// proxy killed outright or stopped gracefully routes by it before any box answers again (at a
+/// home's load a slow box may answer nothing for minutes, and an unmeasured box cannot be
+/// compared with the others).
+#[tokio::test]
+async fn a_restarted_proxy_knows_each_boxs_speed_before_the_box_answers_again() {
+    let dir = std::env::temp_dir().join(format!("relay-speeds-{}", std::process::id()));
+    let file = dir.join("relay.db");
+    let config = || {
+        let mut config = test_config();
+        config.database = relay_core::store::DatabaseSetting::Sqlite(file.clone());
+        config
+    };
+    let first = start_proxy(config()).await;
+    let gpu = answers_timed(&first, None, 2000.0).await;
+    // Written at once: a proxy killed now (this one is left running, its box gone) keeps it.
+    let db = relay_core::store::Database::open(&relay_core::store::DatabaseSetting::Sqlite(
+        file.clone(),
+    ))
+    .await
+    .unwrap();
+    let stored = tokio::time::timeout(WAIT, async {
+        loop {
+            let boxes = relay_core::store::box_speeds::load(&db).await.unwrap();
+            if let Some(gpu_a) = boxes.into_iter().find(|b| b.name == "gpu-a") {
+                return gpu_a;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the first measurement is stored at once");
+    assert_eq!(stored.speeds[MODEL].prompt_tps, Some(2000.0));
+    gpu.crash();
+
+    let second = start_proxy(config()).await;
+    let mut gpu = ScriptedWorker::connect(second.addr).await;
+    gpu.register("gpu-a", &[MODEL], 2).await;
+    assert_eq!(
+        prompt_speed(&second).await,
+        Some(2000.0),
+        "known before any answer"
+    );
+    // Two more answers, at 1,000 tokens/s: 1,700 then 1,490 (a moving average). The second
+    // comes within the store's write interval: only the graceful stop writes it.
+    let gpu = answers_timed(&second, Some(gpu), 1000.0).await;
+    let gpu = answers_timed(&second, Some(gpu), 1000.0).await;
+    gpu.crash();
+    second.shutdown().await;
+
+    let third = start_proxy(config()).await;
+    let mut gpu = ScriptedWorker::connect(third.addr).await;
+    gpu.register("gpu-a", &[MODEL], 2).await;
+    assert_eq!(prompt_speed(&third).await, Some(1490.0));
+    gpu.crash();
+    third.shutdown().await;
+    first.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Box "gpu-a" (`worker`, or a new one registered on `proxy`) answers one request with the
+/// timings of 1,000 prompt tokens at `prompt_tps`.
+async fn answers_timed(
+    proxy: &RunningProxy,
+    worker: Option<ScriptedWorker>,
+    prompt_tps: f64,
+) -> ScriptedWorker {
+    let mut gpu = match worker {
+        Some(worker) => worker,
+        None => {
+            ScriptedWorker::join(proxy.addr, "gpu-a", &[MODEL], 2)
+                .await
+                .0
+        }
+    };
+    let url = proxy.url();
+    let client =
+        tokio::spawn(async move { post(&url, "/v1/chat/completions", &chat_of("c", 10)).await });
+    let request = gpu.next_request().await;
+    gpu.complete_timed(&request.request_id, prompt_tps).await;
+    let (status, _, body) = client.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    gpu
+}
+
+/// The prompt speed the dashboard shows for the proxy's one worker.
+async fn prompt_speed(proxy: &RunningProxy) -> Option<f64> {
+    let (code, status) = get_json(&proxy.url(), "/api/status", &[]).await;
+    assert_eq!(code, 200);
+    status["workers"][0]["speeds"][MODEL]["prompt_tps"].as_f64()
 }

@@ -35,11 +35,12 @@ use crate::protocol::{
     ServerToWorker, Timings, WireHeaders, BRIDGE_PROTOCOL_VERSION,
 };
 pub use crate::proxy::dispatch::scheduler::{
-    FailReason, Placement, RequestId, SubmitError, Submitted,
+    FailReason, KnownBox, Placement, RequestId, SubmitError, Submitted,
 };
 pub use crate::proxy::dispatch::telemetry::{Telemetry, TrackedRequest};
 
 mod answers;
+mod kept;
 mod workers;
 
 use answers::*;
@@ -166,6 +167,8 @@ struct Inner {
     sleepers: Sleepers,
     /// Bumped on every change of `sleepers`, for the proxy's store.
     sleepers_changed: watch::Sender<u64>,
+    /// Bumped whenever a box is measured (an answer's timings, a wake), for the proxy's store.
+    measured: watch::Sender<u64>,
     telemetry: Arc<Telemetry>,
 }
 
@@ -235,6 +238,7 @@ impl Hub {
                 drained_names: HashSet::new(),
                 sleepers: Sleepers::new(settings.sleepers),
                 sleepers_changed: watch::Sender::new(0),
+                measured: watch::Sender::new(0),
                 telemetry: Arc::clone(&telemetry),
             }),
             next_request: AtomicU64::new(1),
@@ -508,6 +512,7 @@ impl Hub {
         let mut inner = self.lock();
         if let Some(timings) = timings {
             inner.scheduler.learn(worker, request, timings);
+            inner.measured.send_modify(|generation| *generation += 1);
         }
         let mut actions = Vec::new();
         let known = inner.scheduler.finish(worker, request, &mut actions);
@@ -588,25 +593,6 @@ impl Hub {
         }
         models.sort();
         models
-    }
-
-    /// Changes whenever a box falls asleep, wakes or is forgotten.
-    pub fn sleeper_changes(&self) -> watch::Receiver<u64> {
-        self.lock().sleepers_changed.subscribe()
-    }
-
-    /// Boxes a previous run of the proxy knew asleep (`since_unix_ms` each): listed and woken
-    /// as if they had fallen asleep in this run, for what is left of their remembered time.
-    pub fn restore_sleepers(&self, boxes: Vec<Remembered>) {
-        let mut inner = self.lock();
-        let (now, now_unix_ms) = (Instant::now(), unix_ms());
-        let mut any = false;
-        for remembered in boxes {
-            any |= inner.sleepers.restore(remembered, now, now_unix_ms);
-        }
-        if any {
-            inner.sync_asleep();
-        }
     }
 
     /// The sleeping boxes, oldest sleeper first.

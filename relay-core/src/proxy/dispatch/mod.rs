@@ -8,6 +8,7 @@ pub mod hub;
 pub mod scheduler;
 pub mod sleeper_store;
 pub mod sleepers;
+pub mod speed_store;
 pub(crate) mod stream_pause;
 pub mod telemetry;
 pub mod worker_socket;

@@ -12,6 +12,7 @@ use crate::protocol::RegisterMessage;
 
 mod cost;
 mod events;
+mod known;
 mod names;
 mod registry;
 mod side;
@@ -21,6 +22,7 @@ mod wake;
 
 pub use cost::{Reason, Speed};
 pub use events::*;
+pub use known::KnownBox;
 use names::*;
 pub use names::{
     parse_request_wire_id, parse_worker_wire_id, request_wire_id, sanitize_models, unusable_name,
@@ -196,7 +198,7 @@ pub struct Scheduler {
     /// Whether measured speeds may override the usual rules ([`cost`]).
     cost_routing: bool,
     /// Speeds of boxes that left, by worker name: a box that reconnects keeps what was measured.
-    known_speeds: cost::KnownSpeeds,
+    known_speeds: known::KnownSpeeds,
     next_worker: WorkerId,
     shutting_down: bool,
 }
@@ -223,7 +225,7 @@ impl Scheduler {
             reasons: [0; Reason::ALL.len()],
             side_flow: side::SideFlow::default(),
             cost_routing: false,
-            known_speeds: cost::KnownSpeeds::default(),
+            known_speeds: known::KnownSpeeds::default(),
             next_worker: 1,
             shutting_down: false,
         }
@@ -258,6 +260,7 @@ impl Scheduler {
         if !limits.enabled {
             return Err(SubmitError::ProviderDisabled);
         }
+        self.side_flow.expect(&placement, now);
         let deadline = now + limits.request_timeout;
         let queue_deadline = (now + limits.queue_timeout).min(deadline);
         let model: Arc<str> = self.providers[provider]
@@ -484,19 +487,6 @@ impl Scheduler {
                 (PerSlot(homes, slots), w.load(), **id)
             })
             .copied()
-    }
-
-    /// The largest context window among the workers serving `model`, when every one of them
-    /// reported its own (else `None`: some window is unknown, so nothing is too long).
-    pub fn context_limit(&self, model: &str) -> Option<u32> {
-        let mut largest = None;
-        for provider in &self.providers {
-            for id in provider.model_workers.get(model).into_iter().flatten() {
-                let window = *self.workers[id].windows.get(model)?;
-                largest = largest.max(Some(window));
-            }
-        }
-        largest
     }
 
     /// Hands queued work to `worker` while it has free slots: the request whose turn it is among

@@ -94,6 +94,12 @@ pub fn side_request_key(hints: &BodyFields<'_>) -> Option<u64> {
     prefix_key(hints)
 }
 
+/// Whether `headers` carry Claude Code's session header: its client sends side requests (titles,
+/// summaries) beside its turns.
+pub fn from_claude_code(headers: &HeaderMap) -> bool {
+    headers.contains_key(SESSION_HEADERS[0])
+}
+
 /// Whether `headers` name a session: the key then does not depend on the body.
 pub fn has_session_header(headers: &HeaderMap) -> bool {
     session_header(headers).is_some()

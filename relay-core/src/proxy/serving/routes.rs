@@ -28,7 +28,7 @@ use crate::proxy::dispatch::hub::RequestSpec;
 use crate::proxy::dispatch::hub::{Placement, SubmitError, Submitted};
 use crate::proxy::edge::answers;
 use crate::proxy::serving::conversation::{
-    affinity_key, has_session_header, key_of_body, side_request_key, BodyFields,
+    affinity_key, from_claude_code, has_session_header, key_of_body, side_request_key, BodyFields,
 };
 use crate::proxy::serving::response::{AnswerObserver, AnswerSource, CancelGuard, Waiter};
 use crate::proxy::serving::responses_api;
@@ -307,9 +307,11 @@ async fn relay(
     };
     // Keep only what the body takes.
     let _ = held.split(held.num_permits().saturating_sub(body.len()));
+    let expects_side_requests = affinity.is_some() && from_claude_code(&headers);
     let mut head = RequestHead::new(uri, headers, placement);
     head.placement.affinity = affinity;
     head.placement.side = side_request && affinity.is_some();
+    head.placement.expects_side_requests = expects_side_requests && !head.placement.side;
     let (model, body) = match apply_aliases(&state, model, body) {
         Ok(parts) => parts,
         Err(error) => return turn_away(error),

@@ -47,6 +47,7 @@ impl Hub {
         for attempt in woke.iter().filter_map(|s| s.waking) {
             let took = unix_ms().saturating_sub(attempt.since_unix_ms);
             (inner.scheduler).learn_wake(&name, Duration::from_millis(took));
+            inner.measured.send_modify(|generation| *generation += 1);
         }
         if !woke.is_empty() {
             inner.sync_asleep();

@@ -13,7 +13,6 @@
 //! different speeds: with room for everyone, a box five times slower at generating should not
 //! answer anyone.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{RequestId, Scheduler, Worker, WorkerId};
@@ -80,90 +79,6 @@ impl Speed {
             let tokens = f64::from(timings.generated_tokens);
             self.typical_output = blend(self.typical_output, tokens);
         }
-    }
-}
-
-/// Boxes remembered with their speeds after they left, at most.
-const KNOWN_BOXES: usize = 256;
-
-/// The speeds of boxes that left, by worker name (a box asleep, restarting or reconnecting),
-/// so that one coming back is routed by what was measured of it at once, and how long each took
-/// to wake; and the boxes asleep now (`wake`). Bounded: the box remembered longest ago makes
-/// room.
-#[derive(Debug, Default)]
-pub(super) struct KnownSpeeds {
-    boxes: HashMap<String, Known>,
-    stamp: u64,
-    asleep: Vec<super::AsleepBox>,
-}
-
-/// What is known of one box.
-#[derive(Debug, Default)]
-struct Known {
-    /// When it was last remembered, for eviction.
-    stamp: u64,
-    speeds: HashMap<Arc<str>, Speed>,
-    /// Seconds from the first Wake-on-LAN packet to its worker's registration (a moving
-    /// average).
-    wake_secs: Option<f64>,
-}
-
-impl KnownSpeeds {
-    /// Box `name` left with these `speeds`.
-    pub(super) fn remember(&mut self, name: &str, speeds: HashMap<Arc<str>, Speed>) {
-        if speeds.is_empty() {
-            return;
-        }
-        if self.boxes.len() >= KNOWN_BOXES && !self.boxes.contains_key(name) {
-            let oldest = self
-                .boxes
-                .iter()
-                .min_by_key(|(_, known)| known.stamp)
-                .map(|(name, _)| name.clone());
-            if let Some(oldest) = oldest {
-                self.boxes.remove(&oldest);
-            }
-        }
-        self.stamp += 1;
-        let known = self.boxes.entry(name.to_string()).or_default();
-        known.stamp = self.stamp;
-        known.speeds = speeds;
-    }
-
-    /// What was measured of box `name` before it left (nothing for a new box).
-    pub(super) fn recall(&self, name: &str) -> HashMap<Arc<str>, Speed> {
-        self.boxes
-            .get(name)
-            .map(|known| known.speeds.clone())
-            .unwrap_or_default()
-    }
-
-    /// Box `name`'s speed on `model` when it left.
-    pub(super) fn speed(&self, name: &str, model: &str) -> Option<Speed> {
-        self.boxes.get(name)?.speeds.get(model).copied()
-    }
-
-    /// Box `name` took `secs` to wake; `weight` is how far the estimate moves towards it. Only
-    /// boxes remembered (with their speeds) are kept: a wake time alone routes nothing.
-    pub(super) fn learn_wake(&mut self, name: &str, secs: f64, weight: f64) {
-        if let Some(known) = self.boxes.get_mut(name) {
-            let old = known.wake_secs.unwrap_or(secs);
-            known.wake_secs = Some(old + weight * (secs - old));
-        }
-    }
-
-    /// How long box `name` was measured to take to wake.
-    pub(super) fn wake_secs(&self, name: &str) -> Option<f64> {
-        self.boxes.get(name)?.wake_secs
-    }
-
-    /// The boxes asleep now.
-    pub(super) fn asleep(&self) -> &[super::AsleepBox] {
-        &self.asleep
-    }
-
-    pub(super) fn set_asleep(&mut self, boxes: Vec<super::AsleepBox>) {
-        self.asleep = boxes;
     }
 }
 
@@ -447,7 +362,8 @@ impl Scheduler {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
+    use std::collections::HashMap;
     use std::time::Instant;
 
     use super::super::tests::register;
@@ -456,7 +372,7 @@ mod tests {
 
     /// A scheduler with cost routing `on` and workers of these prompt speeds (tokens/s), 4 slots
     /// each, ids in order; speeds of `None` are not measured.
-    fn fleet(on: bool, speeds: &[Option<f64>]) -> (Scheduler, Vec<WorkerId>) {
+    pub(in super::super) fn fleet(on: bool, speeds: &[Option<f64>]) -> (Scheduler, Vec<WorkerId>) {
         let mut s = Scheduler::new(vec![("local".to_string(), ProviderLimits::default())]);
         s.set_cost_routing(on);
         let ids = speeds
@@ -474,7 +390,7 @@ mod tests {
         (s, ids)
     }
 
-    fn place(
+    pub(in super::super) fn place(
         s: &mut Scheduler,
         id: RequestId,
         conversation: u64,
@@ -617,27 +533,6 @@ mod tests {
             generated_tokens: generated,
             generation_ms,
         }
-    }
-
-    #[test]
-    fn a_box_that_reconnects_keeps_its_measured_speed_and_the_memory_stays_bounded() {
-        let now = Instant::now();
-        let (mut s, ids) = fleet(true, &[Some(600.0), Some(3000.0)]);
-        let measured = s.speed(ids[1], "m");
-        assert!(measured.is_some());
-        s.worker_gone(ids[1], now);
-        let back = register(&mut s, "box-1", &["m"], 4).worker;
-        assert_ne!(back, ids[1], "a new connection");
-        assert_eq!(s.speed(back, "m"), measured, "known at once");
-        assert_eq!(place(&mut s, 1, 7, 12_000, now), back, "and routed by it");
-        let mut known = KnownSpeeds::default();
-        let one = HashMap::from([(Arc::from("m"), Speed::default())]);
-        for i in 0..(KNOWN_BOXES + 10) {
-            known.remember(&format!("box-{i}"), one.clone());
-        }
-        assert_eq!(known.boxes.len(), KNOWN_BOXES);
-        assert!(known.recall("box-0").is_empty(), "the oldest made room");
-        assert_eq!(known.recall(&format!("box-{}", KNOWN_BOXES + 9)).len(), 1);
     }
 
     #[test]

@@ -68,6 +68,10 @@ pub struct Placement {
     /// A side request of a conversation (Claude Code's titles and summaries, keyed by their own
     /// prompt): placed where a slot is kept for no conversation, and nobody's home after.
     pub side: bool,
+    /// Its client sends side requests beside its turns (Claude Code, named by its session
+    /// header): boxes keep a slot for them from the session's first turn, not only once the
+    /// first side request came ([`Scheduler::leaves_no_side_slot`]).
+    pub expects_side_requests: bool,
 }
 
 /// Why a request failed inside the relay.

@@ -96,6 +96,19 @@ impl Scheduler {
         })
     }
 
+    /// The largest context window among the workers serving `model`, when every one of them
+    /// reported its own (else `None`: some window is unknown, so nothing is too long).
+    pub fn context_limit(&self, model: &str) -> Option<u32> {
+        let mut largest = None;
+        for provider in &self.providers {
+            for id in provider.model_workers.get(model).into_iter().flatten() {
+                let window = *self.workers[id].windows.get(model)?;
+                largest = largest.max(Some(window));
+            }
+        }
+        largest
+    }
+
     pub(super) fn index_models(&mut self, provider: usize, worker: WorkerId, models: &[Arc<str>]) {
         let p = &mut self.providers[provider];
         for model in models {

@@ -17,7 +17,7 @@ use super::{Placement, Scheduler, Worker, WorkerId};
 /// beside many of its turns, and its user's pauses between turns are minutes at most.
 const SIDE_FLOW: Duration = Duration::from_secs(600);
 
-/// When the last side request arrived: while they flow, cost routing keeps a slot on each box
+/// When the last side request (or a turn of a client that sends them) arrived: while they flow, cost routing keeps a slot on each box
 /// for them ([`Scheduler::leaves_no_side_slot`]).
 #[derive(Debug, Default)]
 pub(super) struct SideFlow {
@@ -25,11 +25,23 @@ pub(super) struct SideFlow {
 }
 
 impl SideFlow {
-    /// A request with this `placement`, arrived `at`, was placed.
+    /// A request with this `placement`, arrived `at`, was placed: a side request flows.
     pub(super) fn saw(&mut self, placement: &Placement, at: Instant) {
         if placement.side {
-            self.last = Some(self.last.map_or(at, |last| last.max(at)));
+            self.flows_at(at);
         }
+    }
+
+    /// A request with this `placement` arrived `at`: a turn of a client known to send side
+    /// requests says they flow before it is placed, so its own placement leaves them a slot.
+    pub(super) fn expect(&mut self, placement: &Placement, at: Instant) {
+        if placement.expects_side_requests && !placement.side {
+            self.flows_at(at);
+        }
+    }
+
+    fn flows_at(&mut self, at: Instant) {
+        self.last = Some(self.last.map_or(at, |last| last.max(at)));
     }
 
     /// Whether a side request arrived within [`SIDE_FLOW`] of `now`.
@@ -253,7 +265,25 @@ mod tests {
         assert!(s.finish(title, 1, &mut Vec::new()));
         assert_eq!(place(&mut s, 2, 12_000, false, now), ids[0]);
         assert_eq!(s.reason_of(2), Some(Reason::NewConversation));
+        // So does the first turn of a Claude Code session, before any title came: its client
+        // is known to send them (the first turn's own slot counts as the fast box's third).
+        let (mut s, ids) = fleet(true, &boxes, now);
+        let claude_code = Placement {
+            affinity: Some(8),
+            prompt_tokens: Some(12_000),
+            expects_side_requests: true,
+            ..Placement::default()
+        };
+        let placed = s.submit(1, "m", claude_code, now).expect("accepted");
+        assert!(
+            matches!(placed, Submitted::Dispatched { worker, .. } if worker == ids[0]),
+            "{placed:?}"
+        );
+        assert!(s.side_flow.flowing(now));
         // A conversation the fast box is already home to takes nothing new there.
+        let (mut s, ids) = fleet(true, &boxes, now);
+        let title = place(&mut s, 1, 900, true, now);
+        assert!(s.finish(title, 1, &mut Vec::new()));
         assert!(!s.leaves_no_side_slot(ids[1], 1002, now));
         assert!(s.leaves_no_side_slot(ids[1], 70, now));
         // Ten minutes without one, the flow has stopped.
