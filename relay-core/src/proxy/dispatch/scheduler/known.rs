@@ -60,7 +60,7 @@ impl Scheduler {
 
     /// Takes back what an earlier run of the proxy knew of `boxes` (the one remembered longest
     /// ago first). What this run has measured already wins; rates that are not finite positive
-    /// numbers (a damaged store) are dropped.
+    /// numbers and wake times beyond the longest one measured (a damaged store) are dropped.
     pub fn restore_known(&mut self, boxes: Vec<KnownBox>) {
         for known in boxes {
             let speeds: HashMap<Arc<str>, Speed> = known
@@ -68,7 +68,9 @@ impl Scheduler {
                 .into_iter()
                 .filter_map(|(model, speed)| Some((Arc::from(model.as_str()), sane(speed)?)))
                 .collect();
-            let wake_secs = known.wake_secs.filter(|s| s.is_finite() && *s >= 0.0);
+            // The same bound as a wake measured in this run.
+            let longest = super::wake::LONGEST_WAKE.as_secs_f64();
+            let wake_secs = known.wake_secs.filter(|s| (0.0..=longest).contains(s));
             if speeds.is_empty() || self.known_speeds.boxes.contains_key(&known.name) {
                 continue;
             }
@@ -282,11 +284,17 @@ mod tests {
                 speeds: vec![("m".into(), half), ("n".into(), broken)],
                 wake_secs: Some(-1.0),
             },
+            KnownBox {
+                name: "a year to wake".into(),
+                speeds: vec![("m".into(), half)],
+                wake_secs: Some(3.2e7),
+            },
         ]);
         assert_eq!(s.speed(ids[0], "m"), mine, "this run's measurement kept");
         let known = s.known_boxes();
         let names: Vec<&str> = known.iter().map(|b| b.name.as_str()).collect();
-        assert_eq!(names, ["half", "box-0"], "{known:?}");
+        assert_eq!(names, ["half", "a year to wake", "box-0"], "{known:?}");
+        assert_eq!(known[1].wake_secs, None);
         let expected = Speed {
             prompt_tps: None,
             ..half

@@ -22,7 +22,7 @@ use super::{Action, AsleepBox, Phase, Placement, Request, RequestId, Scheduler, 
 pub const WAKE_GRACE: Duration = Duration::from_secs(5);
 
 /// Wake times longer than this are not learnt from: the box was woken by hand, or was off.
-const LONGEST_WAKE: Duration = Duration::from_secs(600);
+pub(super) const LONGEST_WAKE: Duration = Duration::from_secs(600);
 
 /// How much one new wake moves a box's wake-time estimate.
 const WAKE_SAMPLE_WEIGHT: f64 = 0.5;
