@@ -6,7 +6,8 @@
 //! request the proxy then estimates, per candidate, the seconds until its first token: the
 //! prompt tokens that box would have to evaluate (all of them, or only those beyond what the
 //! conversation's home still holds) plus what the box is still evaluating for requests that have
-//! not started answering, at its measured speed. The soonest wins when it is clearly sooner than
+//! not started answering, at its measured speed, and what placing it there delays those
+//! requests by (a box evaluates its prompts together). The soonest wins when it is clearly sooner than
 //! what the usual rules chose ([`CLEARLY_SOONER`]); missing measurements, unknown prompt sizes
 //! and near ties keep the usual choice, so a fleet of equal boxes is routed as before. In a
 //! quiet fleet ([`QUIET_FLEET`]) the answer's time counts too, where boxes generate at clearly
@@ -262,7 +263,12 @@ impl Scheduler {
         now: std::time::Instant,
     ) -> Option<WorkerId> {
         let tokens = tokens.filter(|_| self.cost_routing)?;
-        let estimate = |id| self.first_token_secs(id, model, affinity, tokens, now);
+        let estimate = |id| {
+            Some(
+                self.first_token_secs(id, model, affinity, tokens, now)?
+                    + self.delay_to_others(id, model, affinity, tokens, now)?,
+            )
+        };
         let usual_secs = estimate(usual)?;
         // A conversation that would start on or move to a box whose slots are all kept for
         // conversations, while the usual choice has one to spare, is charged its prompt three
@@ -347,6 +353,30 @@ impl Scheduler {
                 )
             });
         f64::from(free) >= QUIET_FLEET * f64::from(slots)
+    }
+
+    /// Seconds the prompts `w` is still evaluating would wait longer for this one: a box
+    /// evaluates its prompts together, so each is delayed by as much of this prompt as it has
+    /// left itself.
+    fn delay_to_others(
+        &self,
+        id: WorkerId,
+        model: &str,
+        affinity: Option<u64>,
+        tokens: u32,
+        now: std::time::Instant,
+    ) -> Option<f64> {
+        let w = self.workers.get(&id)?;
+        let prompt_tps = w.speeds.get(model)?.prompt_tps?;
+        let own = self.tokens_to_evaluate(id, affinity, tokens, now).max(1);
+        let delayed: u32 = w
+            .in_flight
+            .iter()
+            .filter_map(|r: &RequestId| self.requests.get(r))
+            .filter(|r| !r.started)
+            .map(|r| r.prefill_tokens.min(own))
+            .fold(0u32, u32::saturating_add);
+        Some(f64::from(delayed) / prompt_tps)
     }
 
     /// Prompt tokens `w` is still evaluating: those of its requests that have not started
@@ -456,6 +486,22 @@ pub(super) mod tests {
         // becomes the conversation's home.
         assert_eq!(place(&mut s, 3, 7, 40_000, now), ids[1]);
         assert_eq!(s.reason_of(3), Some(Reason::FasterBox));
+    }
+
+    #[test]
+    fn a_burst_of_new_conversations_is_not_queued_on_the_fast_box_alone() {
+        let now = Instant::now();
+        let (mut s, ids) = fleet(true, &[Some(600.0), Some(3000.0)]);
+        // 12,000 tokens: 4 s on the fast box, 20 s on the slow one.
+        assert_eq!(place(&mut s, 1, 1, 12_000, now), ids[1]);
+        // The fast box would give the second its first token in 8 s (clearly sooner than 20),
+        // but it evaluates prompts together: the first would wait 4 s longer for it. 12 s in
+        // all is not clearly sooner.
+        assert_eq!(place(&mut s, 2, 2, 12_000, now), ids[0]);
+        assert_eq!(s.reason_of(2), Some(Reason::NewConversation));
+        // Once the first answers, the fast box is clearly sooner again.
+        s.mark_started(1);
+        assert_eq!(place(&mut s, 3, 3, 12_000, now), ids[1]);
     }
 
     #[test]
