@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::db::{Columns, Database, DbError, Kind, Statement};
+use super::db::{changed_rows, Columns, Database, DbError, Kind};
 
 /// One box's measurements as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,14 +40,7 @@ const COLUMNS: Columns = Columns(&[
 /// Every stored box, the one written longest ago first.
 pub async fn load(db: &Database) -> Result<Vec<StoredBox>, DbError> {
     let rows = db
-        .query(
-            &format!(
-                "SELECT {} FROM box_speeds ORDER BY written_ms, name",
-                COLUMNS.list()
-            ),
-            vec![],
-            &COLUMNS.kinds(),
-        )
+        .select_all(&COLUMNS, "FROM box_speeds ORDER BY written_ms, name")
         .await?;
     Ok(rows
         .iter()
@@ -64,43 +57,31 @@ pub async fn load(db: &Database) -> Result<Vec<StoredBox>, DbError> {
 }
 
 /// Makes the stored boxes `now` (by name), given what was stored `before`, at `now_unix_ms`:
-/// writes only what changed, so proxies sharing a database do not erase each other's boxes
-/// wholesale.
+/// writes only what changed ([`changed_rows`]).
 pub async fn save(
     db: &Database,
     before: &HashMap<String, StoredBox>,
     now: &HashMap<String, StoredBox>,
     now_unix_ms: i64,
 ) -> Result<(), DbError> {
-    let mut statements: Vec<Statement> = before
-        .keys()
-        .filter(|name| !now.contains_key(*name))
-        .map(|name| {
-            (
-                "DELETE FROM box_speeds WHERE name = $1".to_string(),
-                vec![name.as_str().into()],
-            )
-        })
-        .collect();
-    for (name, measured) in now {
-        if before.get(name) == Some(measured) {
-            continue;
-        }
-        statements.push((
-            "INSERT INTO box_speeds (name, speeds, wake_ms, written_ms) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (name) DO UPDATE SET speeds = excluded.speeds, \
-             wake_ms = excluded.wake_ms, written_ms = excluded.written_ms"
-                .to_string(),
+    let statements = changed_rows(
+        "box_speeds",
+        "INSERT INTO box_speeds (name, speeds, wake_ms, written_ms) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (name) DO UPDATE SET speeds = excluded.speeds, \
+         wake_ms = excluded.wake_ms, written_ms = excluded.written_ms",
+        before,
+        now,
+        |name, measured| {
             vec![
-                name.as_str().into(),
+                name.into(),
                 serde_json::to_string(&measured.speeds)
                     .unwrap_or_else(|_| "{}".into())
                     .into(),
                 measured.wake_ms.into(),
                 now_unix_ms.into(),
-            ],
-        ));
-    }
+            ]
+        },
+    );
     if statements.is_empty() {
         return Ok(());
     }

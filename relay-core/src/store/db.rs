@@ -173,6 +173,31 @@ impl NamedRow<'_> {
 /// A statement and its parameters, for [`Database::transaction`].
 pub type Statement = (String, Vec<Param>);
 
+/// The statements that make `table`'s rows (keyed by their `name` column) `now`, given what was
+/// stored `before`: a delete for each name gone, `upsert` (with the parameters `params` gives)
+/// for each row new or changed; none when nothing changed. Writing only what changed keeps
+/// proxies that share a database from erasing each other's rows wholesale.
+pub fn changed_rows<T: PartialEq>(
+    table: &str,
+    upsert: &str,
+    before: &std::collections::HashMap<String, T>,
+    now: &std::collections::HashMap<String, T>,
+    params: impl Fn(&str, &T) -> Vec<Param>,
+) -> Vec<Statement> {
+    let gone = before
+        .keys()
+        .filter(|name| !now.contains_key(*name))
+        .map(|name| {
+            let delete = format!("DELETE FROM {table} WHERE name = $1");
+            (delete, vec![name.as_str().into()])
+        });
+    let changed = now
+        .iter()
+        .filter(|(name, row)| before.get(*name) != Some(*row))
+        .map(|(name, row)| (upsert.to_string(), params(name, row)));
+    gone.chain(changed).collect()
+}
+
 /// Which database a proxy keeps its keys and usage in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DatabaseSetting {
@@ -370,6 +395,13 @@ impl Database {
                 result.map_err(|e| pg.failed(&mut guard, "a write", e))
             }
         }
+    }
+
+    /// Every row of `SELECT <columns> <from>` (`from`: the table and what orders or filters it,
+    /// without parameters).
+    pub async fn select_all(&self, columns: &Columns, from: &str) -> Result<Vec<Row>, DbError> {
+        let sql = format!("SELECT {} {from}", columns.list());
+        self.query(&sql, vec![], &columns.kinds()).await
     }
 
     /// Runs a query whose columns have the types `kinds`.

@@ -323,14 +323,7 @@ impl KeyStore {
 
     /// Reads every key again.
     pub async fn reload(&self) -> Result<(), DbError> {
-        let rows = self
-            .db
-            .query(
-                &format!("SELECT {} FROM api_keys", KEY_COLUMNS.list()),
-                vec![],
-                &KEY_COLUMNS.kinds(),
-            )
-            .await?;
+        let rows = self.db.select_all(&KEY_COLUMNS, "FROM api_keys").await?;
         let map: KeyMap = rows
             .iter()
             .map(|row| {

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::db::{Columns, Database, DbError, Kind, Statement};
+use super::db::{changed_rows, Columns, Database, DbError, Kind};
 
 /// A sleeping box as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,14 +35,7 @@ const COLUMNS: Columns = Columns(&[
 /// Every stored sleeping box.
 pub async fn load(db: &Database) -> Result<Vec<StoredSleeper>, DbError> {
     let rows = db
-        .query(
-            &format!(
-                "SELECT {} FROM sleeping_boxes ORDER BY since_ms",
-                COLUMNS.list()
-            ),
-            vec![],
-            &COLUMNS.kinds(),
-        )
+        .select_all(&COLUMNS, "FROM sleeping_boxes ORDER BY since_ms")
         .await?;
     Ok(rows
         .iter()
@@ -62,34 +55,23 @@ pub async fn load(db: &Database) -> Result<Vec<StoredSleeper>, DbError> {
 }
 
 /// Makes the stored boxes `now` (by name), given what was stored `before`: writes only what
-/// changed, so proxies sharing a database do not erase each other's boxes wholesale.
+/// changed ([`changed_rows`]).
 pub async fn save(
     db: &Database,
     before: &HashMap<String, StoredSleeper>,
     now: &HashMap<String, StoredSleeper>,
 ) -> Result<(), DbError> {
-    let mut statements: Vec<Statement> = before
-        .keys()
-        .filter(|name| !now.contains_key(*name))
-        .map(|name| {
-            (
-                "DELETE FROM sleeping_boxes WHERE name = $1".to_string(),
-                vec![name.as_str().into()],
-            )
-        })
-        .collect();
-    for (name, sleeper) in now {
-        if before.get(name) == Some(sleeper) {
-            continue;
-        }
-        statements.push((
-            "INSERT INTO sleeping_boxes (name, provider, mac, address, models, since_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (name) DO UPDATE SET \
-             provider = excluded.provider, mac = excluded.mac, address = excluded.address, \
-             models = excluded.models, since_ms = excluded.since_ms"
-                .to_string(),
+    let statements = changed_rows(
+        "sleeping_boxes",
+        "INSERT INTO sleeping_boxes (name, provider, mac, address, models, since_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (name) DO UPDATE SET \
+         provider = excluded.provider, mac = excluded.mac, address = excluded.address, \
+         models = excluded.models, since_ms = excluded.since_ms",
+        before,
+        now,
+        |name, sleeper| {
             vec![
-                name.as_str().into(),
+                name.into(),
                 sleeper.provider.as_str().into(),
                 sleeper.mac.clone().into(),
                 sleeper.address.clone().into(),
@@ -97,9 +79,9 @@ pub async fn save(
                     .unwrap_or_else(|_| "[]".into())
                     .into(),
                 sleeper.since_unix_ms.into(),
-            ],
-        ));
-    }
+            ]
+        },
+    );
     if statements.is_empty() {
         return Ok(());
     }

@@ -222,9 +222,11 @@ impl Scheduler {
     }
 
     /// Seconds until the first token of a prompt of `tokens` of conversation `affinity` on
-    /// worker `id`: loading the model if it is not loaded there, then the prompt tokens it has
-    /// to evaluate, its own and those it is still evaluating for others, at its measured speed.
-    /// `None` when its speed (or a load it needs) is not measured.
+    /// worker `id` — loading the model if it is not loaded there, then the prompt tokens it has
+    /// to evaluate, its own and those it is still evaluating for others, at its measured speed —
+    /// and the seconds the prompt would delay those others: a box evaluates its prompts
+    /// together, so each waits longer by as much of this one as it has left itself. `None` when
+    /// its speed (or a load it needs) is not measured.
     pub(super) fn first_token_secs(
         &self,
         id: WorkerId,
@@ -232,7 +234,7 @@ impl Scheduler {
         affinity: Option<u64>,
         tokens: u32,
         now: std::time::Instant,
-    ) -> Option<f64> {
+    ) -> Option<(f64, f64)> {
         let w = self.workers.get(&id)?;
         let prompt_tps = w.speeds.get(model)?.prompt_tps?;
         let load_secs = match w.cold.get(model) {
@@ -240,7 +242,21 @@ impl Scheduler {
             Some(load) => (*load)?,
         };
         let own = self.tokens_to_evaluate(id, affinity, tokens, now).max(1);
-        Some(load_secs + f64::from(own.saturating_add(self.prefill_ahead(w))) / prompt_tps)
+        // Prompt tokens of requests placed there that have not started answering, as estimated
+        // when they were placed.
+        let (ahead, delayed) = w
+            .in_flight
+            .iter()
+            .filter_map(|r: &RequestId| self.requests.get(r))
+            .filter(|r| !r.started)
+            .fold((0u32, 0u32), |(ahead, delayed), r| {
+                (
+                    ahead.saturating_add(r.prefill_tokens),
+                    delayed.saturating_add(r.prefill_tokens.min(own)),
+                )
+            });
+        let first_token = load_secs + f64::from(own.saturating_add(ahead)) / prompt_tps;
+        Some((first_token, f64::from(delayed) / prompt_tps))
     }
 
     /// With cost routing on, a worker with a free slot among `candidates` (those that serve
@@ -264,10 +280,8 @@ impl Scheduler {
     ) -> Option<WorkerId> {
         let tokens = tokens.filter(|_| self.cost_routing)?;
         let estimate = |id| {
-            Some(
-                self.first_token_secs(id, model, affinity, tokens, now)?
-                    + self.delay_to_others(id, model, affinity, tokens, now)?,
-            )
+            let (first_token, delay) = self.first_token_secs(id, model, affinity, tokens, now)?;
+            Some(first_token + delay)
         };
         let usual_secs = estimate(usual)?;
         // A conversation that would start on or move to a box whose slots are all kept for
@@ -316,7 +330,7 @@ impl Scheduler {
                 if side_flow {
                     continue;
                 }
-                secs += 2.0 * self.first_token_secs(id, model, None, tokens, now)?;
+                secs += 2.0 * self.first_token_secs(id, model, None, tokens, now)?.0;
             }
             if best.is_none_or(|(b, _)| secs < b) {
                 best = Some((secs, id));
@@ -353,41 +367,6 @@ impl Scheduler {
                 )
             });
         f64::from(free) >= QUIET_FLEET * f64::from(slots)
-    }
-
-    /// Seconds the prompts `w` is still evaluating would wait longer for this one: a box
-    /// evaluates its prompts together, so each is delayed by as much of this prompt as it has
-    /// left itself.
-    fn delay_to_others(
-        &self,
-        id: WorkerId,
-        model: &str,
-        affinity: Option<u64>,
-        tokens: u32,
-        now: std::time::Instant,
-    ) -> Option<f64> {
-        let w = self.workers.get(&id)?;
-        let prompt_tps = w.speeds.get(model)?.prompt_tps?;
-        let own = self.tokens_to_evaluate(id, affinity, tokens, now).max(1);
-        let delayed: u32 = w
-            .in_flight
-            .iter()
-            .filter_map(|r: &RequestId| self.requests.get(r))
-            .filter(|r| !r.started)
-            .map(|r| r.prefill_tokens.min(own))
-            .fold(0u32, u32::saturating_add);
-        Some(f64::from(delayed) / prompt_tps)
-    }
-
-    /// Prompt tokens `w` is still evaluating: those of its requests that have not started
-    /// answering, as estimated when they were placed.
-    fn prefill_ahead(&self, w: &Worker) -> u32 {
-        w.in_flight
-            .iter()
-            .filter_map(|id: &RequestId| self.requests.get(id))
-            .filter(|r| !r.started)
-            .map(|r| r.prefill_tokens)
-            .fold(0u32, u32::saturating_add)
     }
 }
 

@@ -131,12 +131,15 @@ impl Scheduler {
         // The awake estimate: the chosen worker's, or, when every slot is taken, the wait for
         // a slot (below) and the soonest an awake worker would evaluate the prompt.
         let awake_secs = match picked {
-            Some(worker) => self.first_token_secs(worker, model, placement.affinity, tokens, now),
+            Some(worker) => self
+                .first_token_secs(worker, model, placement.affinity, tokens, now)
+                .map(|(secs, _)| secs),
             None => p.model_workers.get(model).and_then(|workers| {
                 let prompt = workers
                     .iter()
                     .filter_map(|w| {
                         self.first_token_secs(*w, model, placement.affinity, tokens, now)
+                            .map(|(secs, _)| secs)
                     })
                     .min_by(f64::total_cmp)?;
                 Some(self.slot_wait_secs(workers, model, p.queue.len())? + prompt)
