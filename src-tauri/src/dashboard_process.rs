@@ -62,9 +62,7 @@ impl DashboardWindow {
             let _ = open.child.wait();
         }
         *running = None;
-        let mut child = Command::new(&self.program)
-            .stdin(Stdio::piped())
-            .spawn()
+        let mut child = spawn_piped(&self.program)
             .map_err(|e| format!("cannot start {} ({e})", self.program.display()))?;
         let mut input = child.stdin.take().expect("stdin was piped");
         if let Err(error) = writeln!(input, "{}", address()).and_then(|()| input.flush()) {
@@ -107,6 +105,25 @@ impl DashboardWindow {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Running>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Starts `program` with its standard input on a pipe. A program file written a moment ago can
+/// be busy ("text file busy": a process forked meanwhile holds it open for writing until it
+/// execs — right after an upgrade, or in tests that write one while others spawn): tried again
+/// for a short while.
+fn spawn_piped(program: &std::path::Path) -> std::io::Result<Child> {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match Command::new(program).stdin(Stdio::piped()).spawn() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ExecutableFileBusy
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            started => return started,
+        }
     }
 }
 
