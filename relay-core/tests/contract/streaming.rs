@@ -782,7 +782,9 @@ async fn backend_held_back(backend: &MockBackend) -> usize {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let now = backend.streamed_events();
         still = if now == last && now > 0 { still + 1 } else { 0 };
-        if still == 4 {
+        // Two seconds without a write: on a loaded two-core machine the pipeline can stall for
+        // one second and go on (seen in CI: 68 events still for a second, then 89).
+        if still == 8 {
             return now;
         }
         assert!(
