@@ -184,6 +184,22 @@ impl<H: Copy + Eq + Hash> AffinityTable<H> {
         self.per_worker.get(&worker).copied().unwrap_or(0)
     }
 
+    /// The fewest prompt tokens a conversation homed on `worker` has there (`None`: no home
+    /// there with a known size): what a new conversation placed on a worker whose slots are all
+    /// kept for conversations costs the one evicted, which its backend chooses as the one
+    /// cheapest to lose.
+    pub fn least_context_of(&self, worker: H, now: Instant) -> Option<u32> {
+        if self.homes_of(worker) == 0 {
+            return None;
+        }
+        self.homes
+            .values()
+            .filter(|home| home.worker == worker && home.context > 0)
+            .filter(|home| now.saturating_duration_since(home.used) < self.ttl)
+            .map(|home| home.context)
+            .min()
+    }
+
     /// The counts so far, with the current number of entries.
     pub fn counts(&self) -> AffinityCounts {
         AffinityCounts {
@@ -230,6 +246,30 @@ mod tests {
         table.record(7, 2, t);
         assert_eq!(table.context(7), 0, "a new home holds nothing yet");
         assert_eq!(table.context(99), 0);
+    }
+
+    #[test]
+    fn the_cheapest_cache_to_lose_on_a_worker_is_its_smallest_known_live_home() {
+        let mut table = AffinityTable::<u64>::new(8, Duration::from_secs(60));
+        let t = Instant::now();
+        assert_eq!(table.least_context_of(1, t), None, "no home there");
+        for (key, tokens) in [(7, 12_000), (8, 900), (9, 0)] {
+            table.record(key, 1, t);
+            table.set_context(key, tokens);
+        }
+        table.record(10, 2, t);
+        table.set_context(10, 50);
+        // Size unknown (0) is not "nothing to lose"; another worker's home is not counted.
+        assert_eq!(table.least_context_of(1, t), Some(900));
+        table.record(8, 1, t + Duration::from_secs(30));
+        table.set_context(8, 1_500);
+        assert_eq!(table.least_context_of(1, t), Some(1_500));
+        // Past the TTL only the conversation used later is still there.
+        assert_eq!(
+            table.least_context_of(1, t + Duration::from_secs(61)),
+            Some(1_500)
+        );
+        assert_eq!(table.least_context_of(2, t + Duration::from_secs(61)), None);
     }
 
     #[test]

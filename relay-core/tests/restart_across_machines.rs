@@ -12,8 +12,8 @@ mod netns;
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::thread;
 
 use binary::*;

@@ -285,11 +285,12 @@ impl Scheduler {
         };
         let usual_secs = estimate(usual)?;
         // A conversation that would start on or move to a box whose slots are all kept for
-        // conversations, while the usual choice has one to spare, is charged its prompt three
-        // times there: this turn, and one of those conversations evaluating about as much again
-        // on its next turn, which then evicts another (with more conversations than slots the
-        // evictions chain). On the fleet bench twice was not enough (agent sessions lost more
-        // of their cache on the fast box) and five times kept short chats on the slow box.
+        // conversations, while the usual choice has one to spare, is charged twice the cache it
+        // evicts there ([`Scheduler::eviction_secs`]): the conversation evicted evaluates it
+        // again on its next turn, and evicts another (with more conversations than slots the
+        // evictions chain). On the fleet bench (when the charge was the new prompt's own size)
+        // once was not enough (agent sessions lost more of their cache on the fast box) and four
+        // times kept short chats on the slow box.
         //
         // While side requests flow (Claude Code), a box is crowded once conversations would fill
         // all its slots but one, and is not chosen at all over a usual choice that is not: a box
@@ -330,7 +331,7 @@ impl Scheduler {
                 if side_flow {
                     continue;
                 }
-                secs += 2.0 * self.first_token_secs(id, model, None, tokens, now)?.0;
+                secs += 2.0 * self.eviction_secs(id, model, tokens, now)?;
             }
             if best.is_none_or(|(b, _)| secs < b) {
                 best = Some((secs, id));
@@ -338,6 +339,27 @@ impl Scheduler {
         }
         best.filter(|(secs, _)| *secs < usual_secs * CLEARLY_SOONER)
             .map(|(_, id)| id)
+    }
+
+    /// Seconds of prompt evaluation that placing a new prompt of `tokens` on worker `id`, whose
+    /// slots are all kept for conversations, costs the conversation it evicts: our worker's slot
+    /// table gives up the slot cheapest to lose, so the conversation holding the fewest tokens
+    /// there evaluates them again — never more than this prompt itself costs there (with more
+    /// conversations than slots, the newcomer is evicted in turn when it is the cheapest). A
+    /// long document placed among short chats costs one chat's prompt, not its own twice over:
+    /// charged its own size, documents queued on the slow box for minutes (BENCHMARKS.md,
+    /// 2026-11-28, "what an eviction costs").
+    fn eviction_secs(
+        &self,
+        id: WorkerId,
+        model: &str,
+        tokens: u32,
+        now: std::time::Instant,
+    ) -> Option<f64> {
+        let own = self.first_token_secs(id, model, None, tokens, now)?.0;
+        let prompt_tps = self.speed(id, model)?.prompt_tps?;
+        let cheapest = self.affinity.least_context_of(id, now);
+        Some(cheapest.map_or(own, |held| own.min(f64::from(held) / prompt_tps)))
     }
 
     /// Seconds longer a typical answer of `model` takes on worker `id` than on `usual` (less
@@ -481,6 +503,28 @@ pub(super) mod tests {
         // Once the first answers, the fast box is clearly sooner again.
         s.mark_started(1);
         assert_eq!(place(&mut s, 3, 3, 12_000, now), ids[1]);
+    }
+
+    #[test]
+    fn a_long_document_among_short_chats_is_charged_one_chats_cache_not_its_own_twice() {
+        let now = Instant::now();
+        let (mut s, ids) = fleet(true, &[Some(1000.0), Some(3000.0)]);
+        // Four short chats make the fast box their home, all its slots; their users type.
+        let mut actions = Vec::new();
+        for chat in 1..=4 {
+            assert_eq!(place(&mut s, chat, chat, 500, now), ids[1]);
+            assert!(s.finish(ids[1], chat, &mut actions));
+        }
+        // A 12,000-token document: 12 s on the slow box, which has every slot to spare; 4 s on
+        // the fast one, where it evicts a chat of 500 tokens (0.17 s to evaluate again). Charged
+        // its own 4 s twice more, it would wait the 12 s.
+        assert_eq!(place(&mut s, 5, 5, 12_000, now), ids[1]);
+        assert_eq!(s.reason_of(5), Some(Reason::FasterBox));
+        assert!(s.finish(ids[1], 5, &mut actions));
+        // A new short chat still goes where a slot is spare: evicting another chat costs as much
+        // as its own prompt there.
+        assert_eq!(place(&mut s, 6, 6, 600, now), ids[0]);
+        assert_eq!(s.reason_of(6), Some(Reason::NewConversation));
     }
 
     #[test]
