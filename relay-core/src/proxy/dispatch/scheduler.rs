@@ -427,11 +427,13 @@ impl Scheduler {
             (None, Some(_)) => self.pick_new_home(provider, model, &eligible),
             (None, None) => self.least_loaded(p.round_robin, candidates, &eligible),
         }?;
+        // A side request is nobody's home: it crowds no box, and only among boxes with a slot
+        // to spare (`roomy`), so the one that answers it soonest takes it.
         let sooner = self.sooner_than(
             model,
             candidates,
             &eligible,
-            affinity,
+            affinity.filter(|_| !placement.side),
             prompt_tokens,
             usual,
             now,

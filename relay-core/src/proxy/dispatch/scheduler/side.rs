@@ -224,6 +224,12 @@ mod tests {
         let (mut s, ids) = fleet(true, &[(600.0, 2, 0), (3000.0, 2, 1)], now);
         assert_eq!(place(&mut s, 1, 1000, true, now), ids[1]);
         assert_eq!(s.reason_of(1), Some(Reason::FasterBox));
+        // And so does every title after it: while titles flow, that slot is kept for them, and
+        // a title is nobody's home, so it crowds nothing there.
+        assert!(s.finish(ids[1], 1, &mut Vec::new()));
+        assert_eq!(place(&mut s, 2, 1000, true, now), ids[1]);
+        assert_eq!(s.reason_of(2), Some(Reason::FasterBox));
+        assert_eq!(s.affinity.homes_of(ids[1]), 1);
     }
 
     #[test]
