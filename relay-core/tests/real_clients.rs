@@ -69,9 +69,7 @@ impl LlamaServer {
             log,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
-            || http("GET", &format!("{}/health", server.url), None).0 != 200
-        {
+        while !answers_200(&format!("{}/health", server.url)) {
             assert!(
                 Instant::now() < deadline,
                 "llama-server not healthy: {}",

@@ -283,6 +283,29 @@ pub fn run_to_exit(command: Command) -> (ExitStatus, String, String) {
     (status, running.stdout(), running.stderr())
 }
 
+/// Whether `GET url` (plain HTTP) answers 200 now: false on any failure, a connection refused
+/// or reset included — for waiting on a server that is still starting (llama-server accepts,
+/// then resets, connections while it loads its model).
+pub fn answers_200(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let (host, path) = match rest.split_once('/') {
+        Some((host, path)) => (host, format!("/{path}")),
+        None => (rest, "/".to_string()),
+    };
+    let Ok(mut stream) = TcpStream::connect(host) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(WAIT));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let mut raw = Vec::new();
+    if stream.write_all(request.as_bytes()).is_err() || stream.read_to_end(&mut raw).is_err() {
+        return false;
+    }
+    String::from_utf8_lossy(&raw).split_whitespace().nth(1) == Some("200")
+}
+
 /// A plain HTTP/1.1 exchange with `Connection: close`; returns the status and the body.
 pub fn http(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
     let reply = exchange(method, url, &[], body);
