@@ -18,7 +18,6 @@ use std::thread;
 
 use binary::*;
 use netns::FarSide;
-use serde_json::Value;
 
 /// Prompt tokens in each answer's timings: above the least a speed is learnt from.
 const PROMPT_TOKENS: u32 = 1000;
@@ -55,26 +54,12 @@ fn timed_model_server(ip: &str, speed: Arc<AtomicU32>, answered: Arc<AtomicU32>)
     port
 }
 
-fn admin_token(data: &Path) -> String {
-    std::fs::read_to_string(data.join("admin-token"))
-        .expect("the node stored its admin token")
-        .trim()
-        .to_string()
-}
-
 /// The prompt speed on `m1` the proxy's dashboard shows for the box named `far-box`, once that
 /// box is connected (`None`: connected, nothing known of its speed).
 fn far_box_speed(url: &str, data: &Path, proxy: &Running) -> Option<f64> {
-    let bearer = format!("Bearer {}", admin_token(data));
     let mut shown = None;
     eventually("the far box is connected to the proxy", proxy, || {
-        let reply = exchange(
-            "GET",
-            &format!("{url}/api/status"),
-            &[("authorization", &bearer)],
-            None,
-        );
-        let status: Value = serde_json::from_str(&reply.body).unwrap_or(Value::Null);
+        let status = owner_get_json(&format!("{url}/api/status"), data);
         let workers = status["workers"].as_array().cloned().unwrap_or_default();
         match workers.iter().find(|w| w["name"] == "far-box") {
             Some(far) => {
@@ -138,9 +123,13 @@ fn a_proxy_killed_or_stopped_knows_a_far_boxs_speed_before_the_box_answers_again
             .env("WORKER_SECRET", "speed-secret");
         command
     };
+    let start_proxy = || {
+        let mut proxy = Running::spawn(proxy_command());
+        proxy.wait_for_stdout_line("ModelRelay is serving at");
+        proxy
+    };
     let local = format!("http://127.0.0.1:{port}");
-    let mut proxy = Running::spawn(proxy_command());
-    proxy.wait_for_stdout_line("ModelRelay is serving at");
+    let mut proxy = start_proxy();
 
     // The worker on the other machine, joined over the link.
     let worker_data = TempDir::new("speeds-far-worker");
@@ -179,8 +168,7 @@ fn a_proxy_killed_or_stopped_knows_a_far_boxs_speed_before_the_box_answers_again
     // The proxy started again: once the far worker is back by itself, the box's speed is shown
     // before the box has answered anything more (`answered` answers so far).
     let restarted = |how: &str, speed: f64, answered_so_far: u32| {
-        let mut proxy = Running::spawn(proxy_command());
-        proxy.wait_for_stdout_line("ModelRelay is serving at");
+        let proxy = start_proxy();
         assert_eq!(
             far_box_speed(&local, proxy_data.path(), &proxy),
             Some(speed),

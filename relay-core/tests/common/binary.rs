@@ -287,13 +287,7 @@ pub fn run_to_exit(command: Command) -> (ExitStatus, String, String) {
 /// or reset included — for waiting on a server that is still starting (llama-server accepts,
 /// then resets, connections while it loads its model).
 pub fn answers_200(url: &str) -> bool {
-    let Some(rest) = url.strip_prefix("http://") else {
-        return false;
-    };
-    let (host, path) = match rest.split_once('/') {
-        Some((host, path)) => (host, format!("/{path}")),
-        None => (rest, "/".to_string()),
-    };
+    let (host, path) = host_and_path(url);
     let Ok(mut stream) = TcpStream::connect(host) else {
         return false;
     };
@@ -343,12 +337,17 @@ pub fn exchange(method: &str, url: &str, headers: &[(&str, &str)], body: Option<
 }
 
 /// A plain connection to `url`'s host, with its host and path.
-fn connect(url: &str) -> (TcpStream, String, String) {
+/// The host (with its port) and the path of a plain `http://` URL.
+fn host_and_path(url: &str) -> (&str, &str) {
     let rest = url.strip_prefix("http://").expect("http URL");
-    let (host, path) = match rest.find('/') {
+    match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
-    };
+    }
+}
+
+fn connect(url: &str) -> (TcpStream, String, String) {
+    let (host, path) = host_and_path(url);
     let stream = TcpStream::connect(host).unwrap_or_else(|e| panic!("connect {host}: {e}"));
     stream.set_read_timeout(Some(WAIT)).unwrap();
     stream.set_write_timeout(Some(WAIT)).unwrap();
