@@ -10,7 +10,8 @@
 //! a request reuses what its slot holds of the same conversation, or of the same leading prefix
 //! (a shared system prompt), and evaluates the rest. With affinity on, slots are taken as our
 //! worker's slot table pins them (a conversation's own slot, a new one where the fewest are
-//! kept, a side request where none is); without it (least-loaded sends no conversation key), as
+//! kept, a side request where none is; a turn whose own slot a side request holds waits for it,
+//! up to 5 s); without it (least-loaded sends no conversation key), as
 //! llama-server picks on its own (the slot holding the conversation, else one holding its
 //! prefix, else the least recently used).
 
@@ -167,6 +168,8 @@ struct Running {
     generate_left: f64,
     started_at: f64,
     first_token_at: Option<f64>,
+    /// A side request's prompt tokens (`None` for a turn): a turn whose slot it holds waits.
+    side_prompt: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -181,9 +184,53 @@ struct SimBox {
     last_side: Option<usize>,
     /// Asleep (`Some(None)`), waking until this time (`Some(Some(t))`), or awake (`None`).
     sleep: Option<Option<f64>>,
+    /// Turns waiting for their own slot, which a side request holds, until a deadline.
+    waiting: Vec<(RequestId, Req, f64)>,
 }
 
+/// How long a turn waits for its own slot while a side request holds it (as our worker's
+/// `SIDE_WAIT`).
+const SIDE_WAIT: f64 = 5.0;
+
 impl SimBox {
+    /// Whether `req`, a turn, waits for its own slot: a side request no larger than it holds
+    /// the slot (as our worker's `Slots::home_held_by_side`).
+    fn waits_for_home(&self, req: &Req) -> bool {
+        let Some(&home) = self.pins.get(&req.conversation) else {
+            return false;
+        };
+        !req.side
+            && self
+                .running
+                .iter()
+                .any(|r| r.slot == home && r.side_prompt.is_some_and(|tokens| tokens <= req.prompt))
+    }
+
+    /// Starts `req` at `now` unless it waits for its own slot ([`SimBox::waits_for_home`];
+    /// then it is started by [`SimBox::start_waiting`]); the tokens it reuses when started.
+    fn admit(&mut self, id: RequestId, req: &Req, pinned: bool, now: f64) -> Option<u32> {
+        if pinned && self.waits_for_home(req) {
+            self.waiting.push((id, *req, now + SIDE_WAIT));
+            return None;
+        }
+        Some(self.start(id, req, pinned, now))
+    }
+
+    /// Starts the waiting turns whose own slot came free or whose wait is over; each with the
+    /// tokens it reuses.
+    fn start_waiting(&mut self, now: f64) -> Vec<(RequestId, u32)> {
+        let waiting = std::mem::take(&mut self.waiting);
+        let mut started = Vec::new();
+        for (id, req, deadline) in waiting {
+            if now < deadline && self.waits_for_home(&req) {
+                self.waiting.push((id, req, deadline));
+            } else {
+                started.push((id, self.start(id, &req, true, now)));
+            }
+        }
+        started
+    }
+
     /// Takes a slot for `req` and starts it at `now`; the tokens it reuses. With a
     /// conversation key (`pinned`), as our worker's slot table picks; without, as llama-server
     /// picks on its own.
@@ -212,6 +259,7 @@ impl SimBox {
             generate_left: f64::from(req.output.max(1)),
             started_at: now,
             first_token_at: None,
+            side_prompt: req.side.then_some(req.prompt),
         });
         reused
     }
@@ -407,6 +455,7 @@ pub fn run(
                 running: Vec::new(),
                 pins: HashMap::new(),
                 last_side: None,
+                waiting: Vec::new(),
             }
         })
         .collect();
@@ -444,8 +493,10 @@ pub fn run(
                     now: f64| {
         let index = box_of[&worker];
         let p = pending.get_mut(&id).expect("pending");
-        p.reused = boxes[index].start(id, &p.req, policy != Policy::LeastLoaded, now);
         p.served_by = index;
+        if let Some(reused) = boxes[index].admit(id, &p.req, policy != Policy::LeastLoaded, now) {
+            p.reused = reused;
+        }
     };
     loop {
         // Turns that are due.
@@ -566,6 +617,11 @@ pub fn run(
         }
         for (id, worker) in dispatches {
             start_on(&mut boxes, &box_of, &mut pending, id, worker, now);
+        }
+        for b in &mut boxes {
+            for (id, reused) in b.start_waiting(now) {
+                pending.get_mut(&id).expect("pending").reused = reused;
+            }
         }
         let done = pending.is_empty()
             && due

@@ -89,7 +89,7 @@ async fn relay(
     let (tx, mut rx) = mpsc::channel(16);
     let backend = access.backend(lease.base_url());
     // The slot, like the lease, is held until this request's task ends.
-    let (forwarded, _slot) = access.request_for(lease.base_url(), request);
+    let (forwarded, _slot) = access.request_for(lease.base_url(), request).await;
     let forwarding = backend.serve(forwarded, tx);
     tokio::pin!(forwarding);
     let mut forwarded = false;

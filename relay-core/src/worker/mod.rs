@@ -481,8 +481,9 @@ impl BackendAccess {
 
     /// The backend request for `request` to the backend at `base_url`: with the slot hint of
     /// its conversation when that backend is a llama.cpp server ([`slot_pins`]), and then the
-    /// lease on the slot, which the request's task holds until it ends.
-    pub fn request_for(
+    /// lease on the slot, which the request's task holds until it ends. A conversation's turn
+    /// may first wait (seconds at most) for its own slot to be free of a side request.
+    pub async fn request_for(
         &self,
         base_url: &str,
         request: RequestMessage,
@@ -490,14 +491,17 @@ impl BackendAccess {
         let conversation = request.conversation_key();
         let side = request.side_request == Some(true);
         let mut forwarded = wire::backend_request(request);
-        let pinned = self.slot_pins.pin(
-            &self.client,
-            base_url,
-            conversation,
-            side,
-            &forwarded.path,
-            &forwarded.body,
-        );
+        let pinned = self
+            .slot_pins
+            .pin(
+                &self.client,
+                base_url,
+                conversation,
+                side,
+                &forwarded.path,
+                &forwarded.body,
+            )
+            .await;
         let lease = pinned.map(|(hinted, lease)| {
             forwarded.body = hinted;
             lease

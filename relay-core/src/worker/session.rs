@@ -602,9 +602,11 @@ impl Session<'_> {
             }
             Target::Backend(url) => {
                 let backend = self.access.backend(&url);
-                let (forwarded, slot) = self.access.request_for(&url, request);
+                let access = self.access.clone();
                 tokio::spawn(async move {
-                    let _slot = slot;
+                    // Held until the answer ends; a cancel while the turn waits for its slot
+                    // ends the wait.
+                    let (forwarded, _slot) = access.request_for(&url, request).await;
                     backend.serve(forwarded, events).await;
                 })
             }

@@ -41,6 +41,11 @@ const PROBE_RETRY: Duration = Duration::from_secs(20);
 /// Backends remembered at most (the model lifecycle starts servers on new ports).
 const MAX_BACKENDS: usize = 64;
 
+/// How long a conversation's turn waits for its own slot while a side request holds it
+/// ([`Slots::home_held_by_side`]) before it takes another after all: a title on a slow box
+/// (a thousand prompt tokens at 600 a second, thirty tokens of answer at 12) takes about five.
+const SIDE_WAIT: Duration = Duration::from_secs(5);
+
 /// The slot hints of one worker's backends, shared by its request tasks.
 #[derive(Debug, Clone, Default)]
 pub struct SlotPins {
@@ -64,6 +69,8 @@ struct Backend {
     probed: Option<(u32, bool)>,
     asking: bool,
     used: Instant,
+    /// Counts the requests that ended in a slot: what a turn waiting for its own slot watches.
+    released: tokio::sync::watch::Sender<u64>,
 }
 
 /// A slot a request holds until it ends (dropping this, however the request task ends).
@@ -73,6 +80,7 @@ pub struct SlotLease {
     backend: String,
     generation: u64,
     slot: u32,
+    side: bool,
 }
 
 impl SlotLease {
@@ -88,9 +96,12 @@ impl Drop for SlotLease {
         if let Some(backend) = backends.get_mut(&self.backend) {
             if backend.generation == self.generation {
                 if let Some(slots) = backend.slots.as_mut() {
-                    slots.release(self.slot, Instant::now());
+                    slots.release(self.slot, self.side, Instant::now());
                 }
             }
+            backend
+                .released
+                .send_modify(|count| *count = count.wrapping_add(1));
         }
     }
 }
@@ -113,10 +124,11 @@ impl SlotPins {
     /// backend at `base_url`, when that backend is a llama.cpp server: the hinted body and the
     /// lease the request holds while it runs. A `side` request (a title, a summary of that
     /// conversation) takes a slot kept for no conversation where one is free
-    /// ([`Slots::take_side`]). `None` (send the body as it is) for a request
+    /// ([`Slots::take_side`]); a turn whose own slot only a side request holds waits for it,
+    /// up to [`SIDE_WAIT`]. `None` (send the body as it is) for a request
     /// without a conversation, a route or body that takes no hint, or a backend that is not
     /// known to be llama.cpp's (the first request to a backend asks it, in the background).
-    pub fn pin(
+    pub async fn pin(
         &self,
         client: &reqwest::Client,
         base_url: &str,
@@ -129,6 +141,51 @@ impl SlotPins {
         if !body::takes_slot_hint(path) {
             return None;
         }
+        // What the slot will cache, roughly.
+        let tokens = crate::affinity::estimated_prompt_tokens(body.len());
+        if !side {
+            self.wait_for_home(base_url, conversation, tokens).await;
+        }
+        self.take(client, base_url, conversation, side, tokens, body)
+    }
+
+    /// Returns once conversation `conversation`'s own slot on `base_url` is no longer held by
+    /// side requests alone, or after [`SIDE_WAIT`].
+    async fn wait_for_home(&self, base_url: &str, conversation: u64, tokens: u32) {
+        let deadline = tokio::time::Instant::now() + SIDE_WAIT;
+        loop {
+            let mut released = {
+                let backends = lock(&self.backends);
+                let Some(backend) = backends.get(base_url) else {
+                    return;
+                };
+                let waits = backend.slots.as_ref().is_some_and(|slots| {
+                    slots.home_held_by_side(conversation, tokens, Instant::now())
+                });
+                if !waits {
+                    return;
+                }
+                // Subscribed under the lock: a release after the check is seen.
+                backend.released.subscribe()
+            };
+            match tokio::time::timeout_at(deadline, released.changed()).await {
+                Ok(Ok(())) => continue,
+                // The deadline passed, or the backend was forgotten.
+                Ok(Err(_)) | Err(_) => return,
+            }
+        }
+    }
+
+    /// [`SlotPins::pin`] once any wait is over.
+    fn take(
+        &self,
+        client: &reqwest::Client,
+        base_url: &str,
+        conversation: u64,
+        side: bool,
+        tokens: u32,
+        body: &str,
+    ) -> Option<(String, SlotLease)> {
         let now = Instant::now();
         let mut backends = lock(&self.backends);
         if !backends.contains_key(base_url) && backends.len() >= MAX_BACKENDS {
@@ -147,6 +204,7 @@ impl SlotPins {
             probed: None,
             asking: false,
             used: now,
+            released: tokio::sync::watch::Sender::new(0),
         });
         backend.used = now;
         let due = backend
@@ -158,8 +216,6 @@ impl SlotPins {
         }
         let generation = backend.generation;
         let slots = backend.slots.as_mut()?;
-        // What the slot will cache, roughly.
-        let tokens = crate::affinity::estimated_prompt_tokens(body.len());
         let slot = if side {
             slots.take_side(tokens)
         } else {
@@ -171,6 +227,7 @@ impl SlotPins {
             backend: base_url.to_string(),
             generation,
             slot,
+            side,
         };
         drop(backends);
         let hinted = body::with_slot(body, slot)?;

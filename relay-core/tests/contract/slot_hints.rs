@@ -18,6 +18,10 @@ use crate::support::*;
 
 const MODEL: &str = "slotted";
 
+/// A chat body with this in it is answered after [`SLOW_ANSWER`] (a title on a busy box).
+const SLOW: &str = "(answered slowly)";
+const SLOW_ANSWER: Duration = Duration::from_millis(800);
+
 /// A server that answers like llama-server (`Server: llama.cpp`, `/props` with its slots) and
 /// keeps every chat body it gets.
 struct LlamaLike {
@@ -89,7 +93,11 @@ impl LlamaLike {
                     seen.lock()
                         .unwrap()
                         .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
-                    async {
+                    let slow = String::from_utf8_lossy(&body).contains(SLOW);
+                    async move {
+                        if slow {
+                            tokio::time::sleep(SLOW_ANSWER).await;
+                        }
                         Json(json!({"id": "c", "object": "chat.completion", "model": MODEL,
                             "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}))
                     }
@@ -371,6 +379,65 @@ async fn side_requests_take_the_slot_kept_for_no_conversation_and_leave_the_conv
         slot_of("gamma"),
         vec![free],
         "a new conversation still finds the third slot kept for none: {slots:?}"
+    );
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_turn_whose_slot_a_title_holds_waits_for_it_instead_of_taking_another_conversations_slot()
+{
+    // Two slots, two conversations: a title of the first conversation, sent while both are
+    // between turns, takes the slot idle longest — the first conversation's. Its next turn came
+    // while the title was still answered, and took the other conversation's slot: with a system
+    // prompt both share, llama-server kept that slot's prefix and both conversations evaluated
+    // their histories again.
+    let backend = LlamaLike::start(2, "llama.cpp").await;
+    let mut proxy_config = test_config();
+    proxy_config.aliases = relay_core::proxy::serving::aliases::ModelAliases::new(
+        [("claude-*".to_string(), MODEL.to_string())],
+        None,
+    );
+    let (proxy, worker) = relay_with(&backend.url, proxy_config, true).await;
+    let first_hinted = warm_up(&proxy, &backend).await;
+    send(&proxy.url(), &turn("alpha", 1), "alpha").await;
+    send(&proxy.url(), &turn("beta", 1), "beta").await;
+
+    let title = json!({"model": "claude-haiku-4-5", "messages": [
+        {"role": "system", "content": format!("Write a five-word title. {SLOW}")},
+        {"role": "user", "content": "alpha: first question"}]});
+    let url = proxy.url();
+    let titled = tokio::spawn(async move { send(&url, &title, "alpha").await });
+    wait_until("the title reached the server", || {
+        backend.bodies().len() == first_hinted + 3
+    })
+    .await;
+    let asked = std::time::Instant::now();
+    send(&proxy.url(), &turn("alpha", 2), "alpha").await;
+    let waited = asked.elapsed();
+    send(&proxy.url(), &turn("beta", 2), "beta").await;
+    titled.await.expect("the title was answered");
+
+    let slots: Vec<u64> = backend.bodies()[first_hinted..]
+        .iter()
+        .map(|body| split_hint(body.clone()).1.expect("a slot hint"))
+        .collect();
+    let [alpha, beta, title, alpha_again, beta_again] = slots[..] else {
+        panic!("five requests, each with a hint: {slots:?}");
+    };
+    assert_ne!(alpha, beta);
+    assert_eq!(
+        title, alpha,
+        "the title took the slot idle longest: {slots:?}"
+    );
+    assert_eq!(
+        alpha_again, alpha,
+        "alpha waited for its own slot: {slots:?}"
+    );
+    assert_eq!(beta_again, beta, "beta's slot was left alone: {slots:?}");
+    assert!(
+        waited >= SLOW_ANSWER / 4,
+        "alpha's turn went after the title was answered ({waited:?})"
     );
     worker.stop().await;
     proxy.shutdown().await;

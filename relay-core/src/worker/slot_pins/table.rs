@@ -33,6 +33,8 @@ pub struct Slots {
     pins: AffinityTable<u32>,
     /// This worker's requests in flight in each slot.
     busy: Vec<u32>,
+    /// Of those, the side requests.
+    side_busy: Vec<u32>,
     /// When each slot was last given a request (a counter): ties go to the one idle longest.
     last_given: Vec<u64>,
     /// The prompt tokens (an estimate) of the last request given each slot: what it caches.
@@ -51,6 +53,7 @@ impl Slots {
         Slots {
             pins: AffinityTable::new(PINNED_CONVERSATIONS, crate::affinity::AFFINITY_TTL),
             busy: vec![0; count],
+            side_busy: vec![0; count],
             last_given: vec![0; count],
             held: vec![0; count],
             freed: vec![None; count],
@@ -71,7 +74,8 @@ impl Slots {
     /// conversation asking twice at once, or another conversation kept in the same slot), a
     /// free slot instead, which becomes the conversation's: evaluating the prompt again costs
     /// a bounded amount, while waiting for the slot may mean waiting for a long generation
-    /// (the proxy's affinity yields the same way). A new conversation goes to the free slot
+    /// (the proxy's affinity yields the same way). Held by a title only, the worker waits for
+    /// it first ([`Slots::home_held_by_side`]). A new conversation goes to the free slot
     /// kept for the fewest conversations, then the one whose cached prompt is worth least
     /// ([`Slots::worth`]), then the one idle longest.
     pub fn take(&mut self, key: u64, tokens: u32, now: Instant) -> u32 {
@@ -132,8 +136,28 @@ impl Slots {
             })
             .unwrap_or_else(|| self.least_busy());
         self.last_side = Some(slot);
+        self.side_busy[slot as usize] += 1;
         self.give(slot, tokens);
         slot
+    }
+
+    /// Whether conversation `key`'s next turn, a prompt of about `tokens`, should wait for its
+    /// own slot rather than take another: only side requests are in it (a title took it while
+    /// the conversation was between turns), none of them larger than the turn.
+    ///
+    /// Moving costs the conversation its cached history, and the conversation whose slot it
+    /// moves to loses its own; a title's answer is a few dozen tokens. With a system prompt
+    /// shared by all conversations the move is worse than it looks: llama-server keeps the
+    /// slot moved into for the shared prefix and skips its host-memory prompt cache both ways,
+    /// so neither conversation's history comes back from there. The wait is the worker's own
+    /// (`SlotPins::pin`): a llama-server asked for a busy slot defers the request, but first
+    /// runs its prompt-cache update on that busy slot.
+    pub fn home_held_by_side(&self, key: u64, tokens: u32, now: Instant) -> bool {
+        let Some(home) = self.pins.home(key, now).filter(|&slot| slot < self.count()) else {
+            return false;
+        };
+        let home = home as usize;
+        self.busy[home] > 0 && self.side_busy[home] == self.busy[home] && self.held[home] <= tokens
     }
 
     /// With every slot busy: the least busy, kept for the fewest conversations, idle longest.
@@ -158,8 +182,13 @@ impl Slots {
         self.freed[slot] = None;
     }
 
-    /// A request given `slot` ended at `now`.
-    pub fn release(&mut self, slot: u32, now: Instant) {
+    /// A request given `slot` (a side request's, `side`) ended at `now`.
+    pub fn release(&mut self, slot: u32, side: bool, now: Instant) {
+        if side {
+            if let Some(busy) = self.side_busy.get_mut(slot as usize) {
+                *busy = busy.saturating_sub(1);
+            }
+        }
         if let Some(busy) = self.busy.get_mut(slot as usize) {
             *busy = busy.saturating_sub(1);
             if *busy == 0 {
@@ -186,7 +215,7 @@ mod tests {
         let mut kept = Vec::new();
         for conversation in [10, 20, 30] {
             let slot = slots.take(conversation, 1_000, t);
-            slots.release(slot, t);
+            slots.release(slot, false, t);
             kept.push(slot);
         }
         kept.sort_unstable();
@@ -196,7 +225,7 @@ mod tests {
                 let now = t + Duration::from_secs(turn);
                 let taken = slots.take(conversation, 1_000, now);
                 assert_eq!(taken, slot, "conversation {conversation} turn {turn}");
-                slots.release(taken, now);
+                slots.release(taken, false, now);
             }
         }
     }
@@ -210,8 +239,8 @@ mod tests {
         let second = slots.take(1, 1_000, t);
         assert_ne!(first, second);
         assert_eq!((slots.busy(first), slots.busy(second)), (1, 1));
-        slots.release(first, t);
-        slots.release(second, t);
+        slots.release(first, false, t);
+        slots.release(second, false, t);
         assert_eq!(
             slots.take(1, 1_000, t),
             second,
@@ -225,7 +254,7 @@ mod tests {
         let t = Instant::now();
         for conversation in 0..4 {
             let slot = slots.take(conversation, 1_000, t);
-            slots.release(slot, t);
+            slots.release(slot, false, t);
         }
         let kept: Vec<u32> = (0..2)
             .map(|slot| slots.pins.homes_of(slot) as u32)
@@ -237,9 +266,9 @@ mod tests {
         let c = slots.take(102, 1_000, t);
         assert_eq!(slots.busy(c), 2, "every slot busy: it still gets one");
         assert_eq!(slots.busy(a) + slots.busy(b), 3);
-        slots.release(a, t);
-        slots.release(a, t);
-        slots.release(a, t);
+        slots.release(a, false, t);
+        slots.release(a, false, t);
+        slots.release(a, false, t);
         assert_eq!(slots.busy(a), 0, "releases never go below zero");
     }
 
@@ -248,13 +277,13 @@ mod tests {
         let mut slots = Slots::new(3);
         let t = Instant::now();
         let (a, b) = (slots.take(10, 1_000, t), slots.take(20, 1_000, t));
-        slots.release(a, t);
-        slots.release(b, t);
+        slots.release(a, false, t);
+        slots.release(b, false, t);
         let spare = 3 - a - b;
         for _ in 0..5 {
             let side = slots.take_side(1_000);
             assert_eq!(side, spare, "the slot kept for no conversation, every time");
-            slots.release(side, t);
+            slots.release(side, true, t);
         }
         assert_eq!(slots.pins.homes_of(spare), 0, "no title is pinned");
         // With that slot busy, a title takes a conversation's after all (the one idle longest)
@@ -262,8 +291,8 @@ mod tests {
         let busy = slots.take_side(1_000);
         let next = slots.take_side(1_000);
         assert_eq!((busy, next), (spare, a));
-        slots.release(busy, t);
-        slots.release(next, t);
+        slots.release(busy, true, t);
+        slots.release(next, true, t);
         assert_eq!(
             slots.take(10, 1_000, t),
             a,
@@ -277,6 +306,50 @@ mod tests {
     }
 
     #[test]
+    fn a_turn_waits_for_its_own_slot_only_while_a_smaller_side_request_alone_holds_it() {
+        let mut slots = Slots::new(2);
+        let t = Instant::now();
+        let (a, b) = (slots.take(10, 3_000, t), slots.take(20, 3_000, t));
+        slots.release(a, false, t);
+        slots.release(b, false, t);
+        assert!(!slots.home_held_by_side(10, 3_000, t), "its slot is free");
+        // A title takes the slot idle longest: the first conversation's.
+        let title = slots.take_side(800);
+        assert_eq!(title, a);
+        assert!(
+            slots.home_held_by_side(10, 3_000, t),
+            "a title alone holds it"
+        );
+        assert!(
+            !slots.home_held_by_side(20, 3_000, t),
+            "the other's slot is free"
+        );
+        assert!(
+            !slots.home_held_by_side(10, 500, t),
+            "a side request larger than the turn is not waited for"
+        );
+        assert!(
+            !slots.home_held_by_side(30, 3_000, t),
+            "no home: nothing to wait for"
+        );
+        // With every slot busy a new conversation joins the title in that slot: a turn in it
+        // may run for minutes, and is not waited for.
+        let other = slots.take(20, 3_000, t);
+        assert_eq!(other, b);
+        let newcomer = slots.take(30, 3_000, t);
+        assert_eq!(newcomer, a, "the least busy, given longest ago");
+        assert!(!slots.home_held_by_side(10, 3_000, t));
+        slots.release(newcomer, false, t);
+        assert!(
+            slots.home_held_by_side(10, 3_000, t),
+            "the title alone again"
+        );
+        slots.release(title, true, t);
+        assert!(!slots.home_held_by_side(10, 3_000, t), "free again");
+        assert_eq!(slots.take(10, 3_000, t), a, "and its own");
+    }
+
+    #[test]
     fn a_new_conversation_takes_the_slot_whose_cached_prompt_is_cheapest_to_lose() {
         let t = Instant::now();
         let later = |secs| t + Duration::from_secs(secs);
@@ -285,8 +358,8 @@ mod tests {
             let mut slots = Slots::new(2);
             let document = slots.take(1, 20_000, t);
             let chat = slots.take(2, 900, t);
-            slots.release(document, t);
-            slots.release(chat, later(5));
+            slots.release(document, false, t);
+            slots.release(chat, false, later(5));
             (slots, document, chat)
         };
         let (mut slots, document, chat) = document_and_chat();
@@ -313,7 +386,7 @@ mod tests {
         let t = Instant::now();
         for conversation in 0..(PINNED_CONVERSATIONS as u64 * 3) {
             let slot = slots.take(conversation, 1_000, t);
-            slots.release(slot, t);
+            slots.release(slot, false, t);
         }
         assert_eq!(
             slots.pins.counts().entries,
