@@ -20,7 +20,7 @@ const MODEL: &str = "slotted";
 
 /// A chat body with this in it is answered after [`SLOW_ANSWER`] (a title on a busy box).
 const SLOW: &str = "(answered slowly)";
-const SLOW_ANSWER: Duration = Duration::from_millis(800);
+const SLOW_ANSWER: Duration = Duration::from_millis(1500);
 
 /// A server that answers like llama-server (`Server: llama.cpp`, `/props` with its slots) and
 /// keeps every chat body it gets.
@@ -201,6 +201,20 @@ async fn warm_up(proxy: &RunningProxy, backend: &LlamaLike) -> usize {
     backend.bodies().len()
 }
 
+/// A llama-server look-alike with `slots` slots behind a proxy that serves Claude Code's models
+/// (`claude-*`) with its model, and a worker with slot hints, warmed up ([`warm_up`]).
+async fn claude_code_relay(slots: u32) -> (LlamaLike, RunningProxy, RunningWorker, usize) {
+    let backend = LlamaLike::start(slots, "llama.cpp").await;
+    let mut proxy_config = test_config();
+    proxy_config.aliases = relay_core::proxy::serving::aliases::ModelAliases::new(
+        [("claude-*".to_string(), MODEL.to_string())],
+        None,
+    );
+    let (proxy, worker) = relay_with(&backend.url, proxy_config, true).await;
+    let first_hinted = warm_up(&proxy, &backend).await;
+    (backend, proxy, worker, first_hinted)
+}
+
 /// The body without the hint, and the hint.
 fn split_hint(mut body: Value) -> (Value, Option<u64>, Option<bool>) {
     let object = body.as_object_mut().expect("an object");
@@ -307,14 +321,7 @@ async fn side_requests_take_the_slot_kept_for_no_conversation_and_leave_the_conv
     // conversation's session) go to the third slot, one after another: pinned as conversations
     // of their own, the second title found every slot kept for one conversation and took the
     // slot idle longest — a conversation's, whose next turn evaluated its history again.
-    let backend = LlamaLike::start(3, "llama.cpp").await;
-    let mut proxy_config = test_config();
-    proxy_config.aliases = relay_core::proxy::serving::aliases::ModelAliases::new(
-        [("claude-*".to_string(), MODEL.to_string())],
-        None,
-    );
-    let (proxy, worker) = relay_with(&backend.url, proxy_config, true).await;
-    let first_hinted = warm_up(&proxy, &backend).await;
+    let (backend, proxy, worker, first_hinted) = claude_code_relay(3).await;
 
     let title = |n: usize| {
         json!({"model": "claude-haiku-4-5", "messages": [
@@ -392,14 +399,7 @@ async fn a_turn_whose_slot_a_title_holds_waits_for_it_instead_of_taking_another_
     // while the title was still answered, and took the other conversation's slot: with a system
     // prompt both share, llama-server kept that slot's prefix and both conversations evaluated
     // their histories again.
-    let backend = LlamaLike::start(2, "llama.cpp").await;
-    let mut proxy_config = test_config();
-    proxy_config.aliases = relay_core::proxy::serving::aliases::ModelAliases::new(
-        [("claude-*".to_string(), MODEL.to_string())],
-        None,
-    );
-    let (proxy, worker) = relay_with(&backend.url, proxy_config, true).await;
-    let first_hinted = warm_up(&proxy, &backend).await;
+    let (backend, proxy, worker, first_hinted) = claude_code_relay(2).await;
     send(&proxy.url(), &turn("alpha", 1), "alpha").await;
     send(&proxy.url(), &turn("beta", 1), "beta").await;
 
