@@ -157,6 +157,80 @@ async fn a_saturated_home_yields_and_the_worker_that_took_the_turn_becomes_the_h
     assert_eq!(placements(&url).await, (3, 1, 1));
 }
 
+/// Claude Code's title for the conversation of `session`, placed on its `home` worker (of
+/// one slot each): a stranger's conversation holds the other worker's only slot while the
+/// title comes, then its answer ends. The title's request, held, and its client.
+async fn title_on_home(
+    url: &str,
+    workers: &mut [ScriptedWorker; 2],
+    home: usize,
+    session: &[(&str, &str)],
+) -> (
+    relay_core::protocol::RequestMessage,
+    tokio::task::JoinHandle<u16>,
+) {
+    let title = json!({"model": "claude-haiku-4-5",
+        "messages": [{"role": "user", "content": "Write a five-word title for: coding"}]});
+    let other = 1 - home;
+    let stranger = send(url, conversation("stranger", 1), &[]);
+    let held = workers[other].next_request().await;
+    let titled = send(url, title, session);
+    let title = workers[home].next_request().await;
+    workers[other].complete(&held.request_id, "{}").await;
+    assert_eq!(stranger.await.expect("client"), 200);
+    (title, titled)
+}
+
+#[tokio::test]
+async fn a_turn_whose_home_a_title_fills_waits_for_the_title_and_moves_only_when_the_wait_runs_out()
+{
+    let mut config = config(true);
+    config.aliases = relay_core::proxy::serving::aliases::ModelAliases::new(
+        [("claude-*".to_string(), "m".to_string())],
+        None,
+    );
+    let proxy = start_proxy(config).await;
+    let mut workers = two_workers(proxy.addr, 1).await;
+    let url = proxy.url();
+    let session = [("x-session-id", "coding")];
+    let home = turn(&url, &mut workers, conversation("coding", 1), &session).await;
+    let other = 1 - home;
+    let (title_request, titled) = title_on_home(&url, &mut workers, home, &session).await;
+    // The next turn finds its home full with the title and the other worker free: it waits.
+    let second = send(&url, conversation("coding", 2), &session);
+    workers[other]
+        .assert_nothing_for(
+            std::time::Duration::from_millis(600),
+            "the turn waits for its home",
+        )
+        .await;
+    workers[home]
+        .complete(&title_request.request_id, "{}")
+        .await;
+    assert_eq!(titled.await.expect("client"), 200);
+    let went_home = workers[home].next_request().await;
+    workers[home].complete(&went_home.request_id, "{}").await;
+    assert_eq!(second.await.expect("client"), 200);
+    assert_eq!(placements(&url).await.1, 0, "no turn left its home");
+
+    // A title that outlasts the wait (5 s): the turn moves, as any turn of a full home does.
+    let (title_request, titled) = title_on_home(&url, &mut workers, home, &session).await;
+    let asked = std::time::Instant::now();
+    let third = send(&url, conversation("coding", 3), &session);
+    let moved = workers[other].next_request().await;
+    assert!(
+        asked.elapsed() >= std::time::Duration::from_secs(4),
+        "it moved only after its wait ({:?})",
+        asked.elapsed()
+    );
+    workers[other].complete(&moved.request_id, "{}").await;
+    assert_eq!(third.await.expect("client"), 200);
+    workers[home]
+        .complete(&title_request.request_id, "{}")
+        .await;
+    assert_eq!(titled.await.expect("client"), 200);
+}
+
 #[tokio::test]
 async fn a_home_that_left_yields_to_a_worker_still_connected() {
     let proxy = start_proxy(config(true)).await;

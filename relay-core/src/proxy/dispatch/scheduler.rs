@@ -280,7 +280,9 @@ impl Scheduler {
                 .clamp(Duration::from_secs(1), Duration::from_secs(30));
             return Err(SubmitError::QueueFull { retry_after });
         }
-        let wake = self.wake_plan(provider, &model, &placement, picked.map(|(w, _)| w), now);
+        let picked_worker = picked.map(|(w, _)| w);
+        let wake = self.wake_plan(provider, &model, &placement, picked_worker, now);
+        let wake = wake.or_else(|| self.home_wait(&model, &placement, picked_worker, now));
         self.track_request(
             request,
             provider,

@@ -6,12 +6,19 @@
 //! slots all held conversations a title took the slot of one whose next turn then evaluated its
 //! whole history again. A side request instead goes to the box with the most slots kept for no
 //! conversation, and is nobody's home after (its worker keeps it out of the conversations' slots
-//! the same way: `worker::slot_pins`).
+//! the same way: `worker::slot_pins`). A turn whose home is full while a title runs there waits
+//! for it a few seconds rather than move ([`Scheduler::home_wait`]).
 
 use std::cmp::Reverse;
 use std::time::{Duration, Instant};
 
+use super::wake::WakeWait;
 use super::{Placement, Scheduler, Worker, WorkerId};
+
+/// How long a turn waits for its conversation's own worker while a side request fills its last
+/// slot ([`Scheduler::home_wait`]): a title on a slow box (a thousand prompt tokens at 600 a
+/// second, thirty tokens of answer at 12) takes about five.
+const HOME_WAIT: Duration = Duration::from_secs(5);
 
 /// How long after the last side request boxes keep a slot for the next: Claude Code sends one
 /// beside many of its turns, and its user's pauses between turns are minutes at most.
@@ -52,6 +59,39 @@ impl SideFlow {
 }
 
 impl Scheduler {
+    /// Whether a turn the usual rules would move off its conversation's home (`picked`: the
+    /// worker they chose instead) waits for the home instead: the home is full, and a side
+    /// request is among what it runs. A title's answer is seconds away; moving costs the turn
+    /// its whole prompt on the other box, and the conversation it evicts there its history (the
+    /// affinity bench on real llama-servers lost 4 of 150 turns this way in a run: a title
+    /// beside one conversation's turn filled their worker, and another conversation's next
+    /// turn moved). It waits at most [`HOME_WAIT`], kept from other workers, then is placed as
+    /// it would have been. A turn that would queue anyway (`picked` is `None`) takes whatever
+    /// frees first, as before.
+    pub(super) fn home_wait(
+        &self,
+        model: &str,
+        placement: &Placement,
+        picked: Option<WorkerId>,
+        now: Instant,
+    ) -> Option<WakeWait> {
+        let picked = picked.filter(|_| !placement.side)?;
+        let home = self.affinity.home(placement.affinity?, now)?;
+        let w = self.workers.get(&home).filter(|_| home != picked)?;
+        let serves = w.models.iter().any(|m| **m == *model);
+        let full = serves && !w.draining && !w.has_capacity();
+        let title_there = w
+            .in_flight
+            .iter()
+            .filter_map(|request| self.requests.get(request))
+            .any(|request| request.placement.side);
+        (full && title_there).then(|| WakeWait {
+            for_box: Some(w.name.clone()),
+            give_up_at: Some(now + HOME_WAIT),
+            for_home: true,
+        })
+    }
+
     /// The `eligible` candidates with a spare slot, when any has one: a side request goes to
     /// none of the others, whatever cost routing would say (a faster box whose slots all hold
     /// conversations answers the title sooner, and the conversation it evicts pays for it).
@@ -134,7 +174,7 @@ mod tests {
     use std::time::Instant;
 
     use super::super::tests::register;
-    use super::super::{Placement, ProviderLimits, Reason, Submitted};
+    use super::super::{Action, Placement, ProviderLimits, Reason, Submitted};
     use super::*;
     use crate::protocol::Timings;
 
@@ -181,6 +221,74 @@ mod tests {
     }
 
     use super::super::RequestId;
+
+    #[test]
+    fn a_turn_whose_home_a_title_fills_waits_for_it_and_moves_only_when_the_wait_runs_out() {
+        let t = Instant::now();
+        let turn = |conversation, side| Placement {
+            affinity: Some(conversation),
+            prompt_tokens: Some(3_000),
+            side,
+            ..Placement::default()
+        };
+        // A box of two slots holding conversations 1 and 2, and one of one slot. While the small
+        // box answers a new conversation, conversation 1's turn and its title fill the first
+        // box; then the small box frees, and conversation 2's next turn comes.
+        let setup = |title: bool| {
+            let (mut s, ids) = fleet(false, &[(2000.0, 2, 0), (2000.0, 1, 0)], t);
+            for conversation in [1, 2, 3] {
+                s.affinity.record(conversation, ids[0], t);
+            }
+            let mut placed = |id, placement| match s.submit(id, "m", placement, t) {
+                Ok(Submitted::Dispatched { worker, .. }) => worker,
+                other => panic!("not placed: {other:?}"),
+            };
+            assert_eq!(placed(1, turn(1, false)), ids[0]);
+            assert_eq!(placed(10, turn(9, false)), ids[1], "a new conversation");
+            // The title, or a turn of conversation 3 at home there.
+            let beside = if title { turn(1, true) } else { turn(3, false) };
+            assert_eq!(placed(2, beside), ids[0]);
+            assert!(s.finish(ids[1], 10, &mut Vec::new()));
+            (s, ids)
+        };
+        let (mut s, ids) = setup(true);
+        let queued = s.submit(3, "m", turn(2, false), t).expect("accepted");
+        let Submitted::Queued { queue_deadline, .. } = queued else {
+            panic!("the turn waits for its home: {queued:?}");
+        };
+        assert_eq!(queue_deadline, t + HOME_WAIT, "for a bounded time");
+        assert_eq!(s.box_to_wake(3), None, "nothing is woken for it");
+        // The title ends: the turn goes home.
+        let mut actions = Vec::new();
+        assert!(s.finish(ids[0], 2, &mut actions));
+        assert!(
+            actions
+                .iter()
+                .any(|a| matches!(a, Action::Dispatch { request: 3, worker } if *worker == ids[0])),
+            "{actions:?}"
+        );
+        assert_eq!(s.reason_of(3), Some(Reason::CacheHit));
+
+        // The title outlasts the wait: the turn moves as it would have.
+        let (mut s, ids) = setup(true);
+        s.submit(3, "m", turn(2, false), t).expect("accepted");
+        let mut actions = Vec::new();
+        assert!(s.stop_waiting_for_wake(3, t + HOME_WAIT, &mut actions));
+        assert!(
+            actions
+                .iter()
+                .any(|a| matches!(a, Action::Dispatch { request: 3, worker } if *worker == ids[1])),
+            "{actions:?}"
+        );
+        assert_eq!(s.reason_of(3), Some(Reason::HomeBusy));
+
+        // A home full of turns (no title): the turn moves at once, as before.
+        let (mut s, ids) = setup(false);
+        match s.submit(3, "m", turn(2, false), t).expect("accepted") {
+            Submitted::Dispatched { worker, .. } => assert_eq!(worker, ids[1]),
+            other => panic!("moves at once: {other:?}"),
+        }
+    }
 
     #[test]
     fn a_side_request_takes_the_box_with_the_most_slots_kept_for_no_conversation() {

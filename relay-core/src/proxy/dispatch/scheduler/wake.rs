@@ -31,10 +31,14 @@ const WAKE_SAMPLE_WEIGHT: f64 = 0.5;
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct WakeWait {
     /// The box woken for it; `None`: any box of its model (nothing awake serves it).
-    for_box: Option<String>,
+    pub(super) for_box: Option<String>,
     /// When it stops waiting for the box and takes an awake one, or waits for one like any
     /// queued request; `None`: it is queued like any request meanwhile.
     pub(super) give_up_at: Option<Instant>,
+    /// Not a wake: a turn waiting for its conversation's own worker, full while a side request
+    /// runs there ([`Scheduler::home_wait`]). Nothing is woken for it, and where it ends up
+    /// says why as any placement does.
+    pub(super) for_home: bool,
 }
 
 impl WakeWait {
@@ -56,7 +60,10 @@ impl Scheduler {
     /// "waking"). The waiter of a request waiting for one is first woken at `give_up_at`.
     pub(super) fn waited_for(&self, request: &Request, worker: WorkerId) -> bool {
         let name = self.workers.get(&worker).map_or("", |w| w.name.as_str());
-        request.wake.as_ref().is_some_and(|w| w.met_by(name))
+        request
+            .wake
+            .as_ref()
+            .is_some_and(|w| !w.for_home && w.met_by(name))
     }
 
     /// Replaces the boxes asleep: their models are claimed like listed ones until the box wakes
@@ -94,7 +101,7 @@ impl Scheduler {
     /// `Some(None)` every sleeping box of its model.
     pub fn box_to_wake(&self, request: RequestId) -> Option<Option<&str>> {
         let wait = self.requests.get(&request)?.wake.as_ref()?;
-        Some(wait.for_box.as_deref())
+        (!wait.for_home).then_some(wait.for_box.as_deref())
     }
 
     /// Whether a request for `model` at `provider`, which the usual rules (and cost routing
@@ -114,6 +121,7 @@ impl Scheduler {
             return Some(WakeWait {
                 for_box: None,
                 give_up_at: None,
+                for_home: false,
             });
         }
         let tokens = placement.prompt_tokens.filter(|_| self.cost_routing)?;
@@ -154,6 +162,7 @@ impl Scheduler {
         Some(WakeWait {
             for_box: Some(name.clone()),
             give_up_at: picked.map(|_| now + give_up_after),
+            for_home: false,
         })
     }
 
@@ -173,9 +182,10 @@ impl Scheduler {
     }
 
     /// The waiter of `request` was woken at its wait's end (`give_up_at`): a request still
-    /// queued for a box that has not woken takes a free awake worker now, or waits like any
-    /// queued request until its own queue deadline (its waiter is told, `Action::Requeued`).
-    /// False when the request was not waiting for a box past its wait.
+    /// queued for a box that has not woken (or for its conversation's home, still full) takes a
+    /// free worker now, or waits like any queued request until its own queue deadline (its
+    /// waiter is told, `Action::Requeued`). False when the request was not waiting for a box
+    /// past its wait.
     pub fn stop_waiting_for_wake(
         &mut self,
         request: RequestId,
