@@ -601,3 +601,41 @@ async fn a_faster_box_that_does_not_wake_leaves_the_long_prompt_to_the_awake_one
     assert_eq!(status, 200, "{body}");
     proxy.shutdown().await;
 }
+
+/// Issue 29: a full house wakes the sleeping box for its queue. Requests queued behind a busy
+/// gpu-slow (a slot frees every 0.1 s, as measured) are each served sooner there than by a
+/// wake; once those queued have waited, together, as long as gpu-fast takes to wake, the next
+/// one wakes it, and gpu-fast takes one of them as it comes.
+#[tokio::test]
+async fn with_cost_routing_a_queue_that_has_waited_as_long_as_a_wake_wakes_the_sleeping_box() {
+    let card = FakeCard::new().await;
+    let (proxy, mut slow) = measured_fleet(&card).await;
+    let url = proxy.url();
+    let held = spawn_post(&url, "/v1/chat/completions", chat(MODEL));
+    let held_request = slow.next_request().await;
+    let oldest = spawn_post(&url, "/v1/chat/completions", chat(MODEL));
+    wait_until("the second request queues", || proxy.hub.counts().1 == 1).await;
+    assert_eq!(
+        card.packet_within(Duration::from_millis(200)).await,
+        None,
+        "one queued request is served sooner by gpu-slow than by a wake"
+    );
+    // gpu-fast came back about 0.3 s after its packet; the oldest has now waited 2 s.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let newest = spawn_post(&url, "/v1/chat/completions", chat(MODEL));
+    card.woken().await;
+    let mut fast = ScriptedWorker::connect(proxy.addr).await;
+    fast.register_message(register("gpu-fast", &[MODEL], Some(MAC), false))
+        .await;
+    let request = fast.next_request().await;
+    fast.complete_timed(&request.request_id, 10_000.0).await;
+    // gpu-slow frees its slot and serves the other.
+    slow.complete_timed(&held_request.request_id, 100.0).await;
+    let request = slow.next_request().await;
+    slow.complete_timed(&request.request_id, 100.0).await;
+    for client in [held, oldest, newest] {
+        let (status, _, body) = answer_of(client).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    proxy.shutdown().await;
+}

@@ -9,9 +9,11 @@
 //! twice the box's measured wake time (plus [`WAKE_GRACE`]): a box that does not come back
 //! leaves the request to the awake ones, never to a timeout. A request that would queue anyway
 //! (no awake box has a free slot) wakes such a box too when the measured wait for an awake slot
-//! is clearly longer than the wake, and takes whichever slot comes first. Boxes never measured
-//! waking, and requests of unknown size, follow the usual rules, which wake a box only when
-//! nothing awake serves the model.
+//! is clearly longer than the wake, and takes whichever slot comes first; so does one that
+//! queues behind requests that have already waited, together, as long as the box takes to wake
+//! (a house full for a while: the box is worth waking for the queue, not for one request).
+//! Boxes never measured waking, and requests of unknown size, follow the usual rules, which
+//! wake a box only when nothing awake serves the model.
 
 use std::time::{Duration, Instant};
 
@@ -153,7 +155,11 @@ impl Scheduler {
                 Some(self.slot_wait_secs(workers, model, p.queue.len())? + prompt)
             }),
         }?;
-        if asleep_secs >= awake_secs * CLEARLY_SOONER {
+        // A full house whose queued requests have lost, together, as long waiting as the box
+        // takes to wake: the box is woken for the queue, even when this request alone would not
+        // gain by it (it takes whichever slot frees first).
+        let backlog = picked.is_none() && self.queued_wait_secs(provider, model, now) >= wake_secs;
+        if asleep_secs >= awake_secs * CLEARLY_SOONER && !backlog {
             return None;
         }
         // A request that passes up a free awake slot waits for the box a bounded time; one that
@@ -164,6 +170,18 @@ impl Scheduler {
             give_up_at: picked.map(|_| now + give_up_after),
             for_home: false,
         })
+    }
+
+    /// The seconds the requests for `model` queued at `provider` have waited for a slot, added
+    /// up (requests waiting for a box to wake or for their home are not counted: every slot
+    /// being taken is not what keeps them).
+    fn queued_wait_secs(&self, provider: usize, model: &str, now: Instant) -> f64 {
+        self.requests
+            .values()
+            .filter(|r| r.provider == provider && r.phase == Phase::Queued && r.wake.is_none())
+            .filter(|r| &*r.model == model)
+            .map(|r| now.saturating_duration_since(r.arrived).as_secs_f64())
+            .sum()
     }
 
     /// Seconds until a slot frees for a request behind `queued` others, when every slot of
@@ -409,5 +427,46 @@ mod tests {
             }]
         );
         assert_ne!(s.reason_of(5), Some(Reason::Waking));
+    }
+
+    #[test]
+    fn a_house_whose_queue_has_waited_as_long_as_a_wake_wakes_the_sleeping_box() {
+        let now = Instant::now();
+        // Answers of 100 tokens in 2 s: a slot of the slow box frees every half second, so no
+        // short request alone is worth a 4 s wake.
+        let (mut s, _slow) = fleet(true, Some(4));
+        for id in 1..=4 {
+            assert!(matches!(
+                submit(&mut s, id, 300, now),
+                Submitted::Dispatched { .. }
+            ));
+        }
+        for id in 5..=8 {
+            assert!(matches!(
+                submit(&mut s, id, 300, now),
+                Submitted::Queued { .. }
+            ));
+            assert_eq!(s.box_to_wake(id), None, "one request does not gain by it");
+        }
+        // Half a second later the four have waited 2 s together: not yet.
+        let soon = now + Duration::from_millis(500);
+        assert!(matches!(
+            submit(&mut s, 9, 300, soon),
+            Submitted::Queued { .. }
+        ));
+        assert_eq!(s.box_to_wake(9), None);
+        // At 1.5 s the five queued have waited 6.5 s together, none of them 4 s: the box is
+        // woken for the queue, and the request still takes whichever slot frees first.
+        let later = now + Duration::from_millis(1500);
+        match submit(&mut s, 10, 300, later) {
+            Submitted::Queued { queue_deadline, .. } => {
+                assert_eq!(
+                    queue_deadline,
+                    later + ProviderLimits::default().queue_timeout
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s.box_to_wake(10), Some(Some("fast")));
     }
 }
