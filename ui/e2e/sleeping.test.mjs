@@ -84,6 +84,7 @@ test('the dashboard shows a sleeping box, then the box waking for a request, the
   await waitFor(() => card.packets >= 1, { ms: 20_000, what: 'the magic packet' });
   await waitFor(async () => (await row.getAttribute('data-state')) === 'waking', { what: 'the box to show waking' });
   assert.equal(await row.getByTestId('sleeper-state').innerText(), 'waking (1 packet)');
+  assert.equal(await row.getByTestId('sleeper-cause').innerText(), 'a request for a model no awake box serves');
   assert.notEqual(await row.getByTestId('sleeper-waking').innerText(), '—');
   mkdirSync(path.dirname(SCREENSHOT), { recursive: true });
   await page.screenshot({ path: SCREENSHOT, fullPage: true });

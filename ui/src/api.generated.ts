@@ -406,7 +406,13 @@ proxy: ProxyValues,
  */
 worker: WorkerValues, };
 
-export type SleeperView = { name: string, provider: string, models: Array<string>, mac_address: string | null, since_unix_ms: number, state: 'asleep' | 'waking', waking_since_unix_ms: number | null, wake_packets: number, };
+export type SleeperView = { name: string, provider: string, models: Array<string>, mac_address: string | null, since_unix_ms: number, state: 'asleep' | 'waking', waking_since_unix_ms: number | null, wake_packets: number, 
+/**
+ * Why it is being woken (none while asleep): a request for a model no awake box serves,
+ * a long prompt whose first token comes sooner there, a request that would wait longer for
+ * an awake slot than the wake, or a queue that has waited as long as the wake.
+ */
+wake_cause: 'nothing_awake' | 'first_token_sooner' | 'slot_wait' | 'queue_waited' | null, };
 
 export type SpeedView = { 
 /**

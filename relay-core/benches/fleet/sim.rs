@@ -531,7 +531,9 @@ pub fn run(
                         waiters.push((queue_deadline.duration_since(base).as_secs_f64(), id));
                         // As the hub: wake the box cost routing chose, or every sleeping box
                         // when nothing awake serves the model.
-                        let wake = scheduler.box_to_wake(id).map(|b| b.map(str::to_string));
+                        let wake = scheduler
+                            .box_to_wake(id)
+                            .map(|(b, _)| b.map(str::to_string));
                         let wake = wake.or((!scheduler.is_served("m")).then_some(None));
                         for b in boxes.iter_mut() {
                             let wanted = wake.as_ref().is_some_and(|only| {

@@ -117,6 +117,7 @@ async fn box_with_card_goes_to_sleep(
 async fn a_request_wakes_gpu_2_and_is_answered(proxy: &RunningProxy, card: &FakeCard) {
     let client = spawn_post(&proxy.url(), "/v1/chat/completions", chat(MODEL));
     card.woken().await;
+    assert_eq!(wake_causes(proxy).await, ["nothing_awake"]);
     let mut worker = ScriptedWorker::connect(proxy.addr).await;
     worker
         .register_message(register("gpu-2", &[MODEL], Some(MAC), false))
@@ -131,6 +132,15 @@ async fn status_sleepers(proxy: &RunningProxy) -> Vec<Value> {
     let (code, status) = get_json(&proxy.url(), "/api/status", &[]).await;
     assert_eq!(code, 200, "{status}");
     status["sleepers"].as_array().expect("sleepers").clone()
+}
+
+/// Why each box being woken is woken, as `/api/status` says it.
+async fn wake_causes(proxy: &RunningProxy) -> Vec<String> {
+    status_sleepers(proxy)
+        .await
+        .iter()
+        .filter_map(|s| s["wake_cause"].as_str().map(str::to_string))
+        .collect()
 }
 
 async fn listed_models(proxy: &RunningProxy) -> Vec<String> {
@@ -568,6 +578,7 @@ async fn with_cost_routing_a_long_prompt_wakes_a_faster_sleeping_box_and_waits_f
     // A long one wakes gpu-fast and waits for it, though gpu-slow is free.
     let client = spawn_post(&proxy.url(), "/v1/chat/completions", long_chat());
     card.woken().await;
+    assert_eq!(wake_causes(&proxy).await, ["first_token_sooner"]);
     slow.assert_nothing_for(
         Duration::from_millis(500),
         "the long prompt waits for gpu-fast",
@@ -624,6 +635,11 @@ async fn with_cost_routing_a_queue_that_has_waited_as_long_as_a_wake_wakes_the_s
     tokio::time::sleep(Duration::from_secs(2)).await;
     let newest = spawn_post(&url, "/v1/chat/completions", chat(MODEL));
     card.woken().await;
+    assert_eq!(
+        wake_causes(&proxy).await,
+        ["queue_waited"],
+        "the dashboard says why"
+    );
     let mut fast = ScriptedWorker::connect(proxy.addr).await;
     fast.register_message(register("gpu-fast", &[MODEL], Some(MAC), false))
         .await;

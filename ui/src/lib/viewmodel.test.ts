@@ -127,8 +127,8 @@ describe('toSleeperRows', () => {
     const rows = toSleeperRows(
       {
         sleepers: [
-          { name: 'b-asleep', provider: 'local', models: ['m1'], mac_address: null, since_unix_ms: now - 3_600_000, state: 'asleep', waking_since_unix_ms: null, wake_packets: 0 },
-          { name: 'a-waking', provider: 'gpu', models: ['m2'], mac_address: '02:00:00:00:00:01', since_unix_ms: now - 60_000, state: 'waking', waking_since_unix_ms: now - 5_000, wake_packets: 2 },
+          { name: 'b-asleep', provider: 'local', models: ['m1'], mac_address: null, since_unix_ms: now - 3_600_000, state: 'asleep', waking_since_unix_ms: null, wake_packets: 0, wake_cause: null },
+          { name: 'a-waking', provider: 'gpu', models: ['m2'], mac_address: '02:00:00:00:00:01', since_unix_ms: now - 60_000, state: 'waking', waking_since_unix_ms: now - 5_000, wake_packets: 2, wake_cause: 'queue_waited' },
         ],
       },
       now,
@@ -137,7 +137,9 @@ describe('toSleeperRows', () => {
     expect(rows[0].stateLabel).toBe('waking (2 packets)');
     expect(rows[0].tone).toBe('warn');
     expect(rows[0].wakingFor).not.toBe(rows[1].wakingFor);
+    expect(rows[0].wakeCause).toBe('requests have waited, together, as long as the wake takes');
     expect(rows[1].stateLabel).toBe('asleep');
+    expect(rows[1].wakeCause).toBeNull();
     expect(rows[1].mac).toMatch(/cannot be woken/);
   });
 

@@ -343,8 +343,18 @@ export interface SleeperRow {
   asleepFor: string;
   /** How long since the first Wake-on-LAN packet of this attempt; a dash when asleep. */
   wakingFor: string;
+  /** Why it is being woken, in words; null when asleep. */
+  wakeCause: string | null;
   mac: string;
 }
+
+/** Why the proxy wakes a box, as the dashboard says it. */
+const WAKE_CAUSES: Record<NonNullable<Status['sleepers'][number]['wake_cause']>, string> = {
+  nothing_awake: 'a request for a model no awake box serves',
+  first_token_sooner: 'a long prompt, answered sooner there once awake',
+  slot_wait: 'a request would wait longer for a slot than the wake takes',
+  queue_waited: 'requests have waited, together, as long as the wake takes',
+};
 
 /** The sleeping boxes, waking ones first, then by name. */
 export function toSleeperRows(status: Partial<Pick<Status, 'sleepers'>>, nowMs: number): SleeperRow[] {
@@ -360,6 +370,7 @@ export function toSleeperRows(status: Partial<Pick<Status, 'sleepers'>>, nowMs: 
         s.state === 'waking' ? `waking (${s.wake_packets} packet${s.wake_packets === 1 ? '' : 's'})` : 'asleep',
       asleepFor: formatSince(s.since_unix_ms, nowMs),
       wakingFor: s.state === 'waking' ? formatSince(s.waking_since_unix_ms, nowMs) : DASH,
+      wakeCause: s.state === 'waking' && s.wake_cause ? WAKE_CAUSES[s.wake_cause] : null,
       mac: s.mac_address ?? 'unknown (cannot be woken)',
     }));
 }

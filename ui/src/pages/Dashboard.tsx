@@ -413,6 +413,11 @@ function SleepersCard({ rows }: { rows: SleeperRow[] }) {
               <Badge tone={s.tone} testid="sleeper-state">
                 {s.stateLabel}
               </Badge>
+              {s.wakeCause ? (
+                <div class="muted small" data-testid="sleeper-cause">
+                  {s.wakeCause}
+                </div>
+              ) : null}
             </td>
             <td data-testid="sleeper-since">{s.asleepFor}</td>
             <td data-testid="sleeper-waking">{s.wakingFor}</td>

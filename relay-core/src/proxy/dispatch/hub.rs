@@ -17,8 +17,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::proxy::dispatch::scheduler::{
     parse_worker_wire_id, request_wire_id, unusable_name, worker_wire_id, Action, AffinityCounts,
-    AsleepBox, CancelOutcome, Expired, ProviderLimits, RegisterError, Scheduler, WorkerId,
-    WorkerSnapshot,
+    AsleepBox, CancelOutcome, Expired, ProviderLimits, RegisterError, Scheduler, WakeCause,
+    WorkerId, WorkerSnapshot,
 };
 use crate::proxy::dispatch::sleepers::{
     Card, Remembered, Sleeper, SleeperLimits, Sleepers, WakeOrder,
@@ -354,13 +354,17 @@ impl Hub {
                 let wake = inner
                     .scheduler
                     .box_to_wake(request)
-                    .map(|b| b.map(str::to_string));
-                let wake = wake.or((!inner.scheduler.is_served(&spec.model)).then_some(None));
-                if let Some(only) = wake {
-                    let orders =
-                        inner
-                            .sleepers
-                            .wake_for(&spec.model, only.as_deref(), now, unix_ms());
+                    .map(|(b, cause)| (b.map(str::to_string), cause));
+                let nothing_awake = !inner.scheduler.is_served(&spec.model);
+                let wake = wake.or(nothing_awake.then_some((None, WakeCause::NothingAwake)));
+                if let Some((only, cause)) = wake {
+                    let orders = inner.sleepers.wake_for(
+                        &spec.model,
+                        only.as_deref(),
+                        cause,
+                        now,
+                        unix_ms(),
+                    );
                     if !orders.is_empty() {
                         inner.relay_wake_packets(&orders);
                         drop(inner);
@@ -389,7 +393,7 @@ impl Hub {
             for order in orders {
                 match crate::wake::send_magic_packet(order.mac, target).await {
                     Ok(()) => {
-                        tracing::info!(name = %order.name, mac = %order.mac, %target, "Wake-on-LAN packet sent")
+                        tracing::info!(name = %order.name, mac = %order.mac, %target, cause = order.cause.as_str(), "Wake-on-LAN packet sent")
                     }
                     Err(error) => {
                         tracing::warn!(name = %order.name, mac = %order.mac, %target, "Wake-on-LAN packet not sent: {error}")

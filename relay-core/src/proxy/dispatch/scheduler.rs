@@ -28,6 +28,7 @@ pub use names::{
     parse_request_wire_id, parse_worker_wire_id, request_wire_id, sanitize_models, unusable_name,
     worker_wire_id, MAX_NAME_BYTES,
 };
+pub use wake::WakeCause;
 
 pub use crate::affinity::{AffinityCounts, Outcome as AffinityOutcome};
 

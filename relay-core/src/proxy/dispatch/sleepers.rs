@@ -11,6 +11,7 @@
 use std::net::IpAddr;
 use std::time::Instant;
 
+use super::scheduler::WakeCause;
 use crate::wake::MacAddress;
 
 pub use crate::settings::SleeperLimits;
@@ -43,6 +44,8 @@ pub struct WakeAttempt {
     last_packet: Instant,
     /// Packets sent in this attempt.
     pub packets: u32,
+    /// Why the attempt began.
+    pub cause: WakeCause,
 }
 
 /// How a sleeping box is reached: its network card, and the address its worker connected from
@@ -64,6 +67,8 @@ pub struct WakeOrder {
     pub mac: MacAddress,
     /// Where its worker connected from, for choosing workers on its LAN to relay the packet.
     pub address: Option<IpAddr>,
+    /// Why it is woken.
+    pub cause: WakeCause,
 }
 
 /// A box a previous run of the proxy knew asleep, as its store kept it.
@@ -179,13 +184,14 @@ impl Sleepers {
     }
 
     /// A request for `model` arrived and no connected worker serves it (or cost routing chose
-    /// to wake box `only`): the boxes serving it (that one) that are due a packet (none sent
+    /// to wake box `only`, for `cause`): the boxes serving it (that one) that are due a packet (none sent
     /// in this attempt within [`SleeperLimits::retry`]), marked waking. A flood of requests
     /// costs one packet per box per retry interval.
     pub fn wake_for(
         &mut self,
         model: &str,
         only: Option<&str>,
+        cause: WakeCause,
         now: Instant,
         now_unix_ms: u64,
     ) -> Vec<WakeOrder> {
@@ -210,6 +216,7 @@ impl Sleepers {
                 since_unix_ms: now_unix_ms,
                 last_packet: now,
                 packets: 0,
+                cause,
             });
             attempt.last_packet = now;
             attempt.packets += 1;
@@ -217,6 +224,7 @@ impl Sleepers {
                 name: sleeper.name.clone(),
                 mac,
                 address: sleeper.address,
+                cause: attempt.cause,
             });
         }
         orders
@@ -299,7 +307,8 @@ mod tests {
         );
         assert_eq!(s.boxes().len(), 1);
         assert_eq!(
-            s.wake_for("m", None, t0, now_ms).len(),
+            s.wake_for("m", None, WakeCause::NothingAwake, t0, now_ms)
+                .len(),
             1,
             "a restored box is woken"
         );
@@ -311,22 +320,32 @@ mod tests {
         let t0 = Instant::now();
         assert!(s.fell_asleep("gpu-1", "local", card(mac(1)), vec!["m".into()], t0, 1000));
         assert!(s.fell_asleep("gpu-2", "local", card(None), vec!["m".into()], t0, 1000));
-        let first = s.wake_for("m", None, t0, 2000);
+        let first = s.wake_for("m", None, WakeCause::NothingAwake, t0, 2000);
         assert_eq!(first.len(), 1, "only the box with a card gets a packet");
         assert_eq!(first[0].name, "gpu-1");
         for i in 1..1000 {
             let at = t0 + Duration::from_millis(i * 5);
-            assert!(s.wake_for("m", None, at, 2000).is_empty());
+            assert!(s
+                .wake_for("m", None, WakeCause::NothingAwake, at, 2000)
+                .is_empty());
         }
         assert_eq!(
-            s.wake_for("m", None, t0 + Duration::from_secs(10), 3000)
-                .len(),
+            s.wake_for(
+                "m",
+                None,
+                WakeCause::NothingAwake,
+                t0 + Duration::from_secs(10),
+                3000
+            )
+            .len(),
             1
         );
         let attempt = s.boxes()[0].waking.unwrap();
         assert_eq!(attempt.packets, 2);
         assert_eq!(attempt.since_unix_ms, 2000, "the attempt keeps its start");
-        assert!(s.wake_for("other", None, t0, 0).is_empty());
+        assert!(s
+            .wake_for("other", None, WakeCause::NothingAwake, t0, 0)
+            .is_empty());
     }
 
     #[test]

@@ -88,7 +88,7 @@ impl Scheduler {
         (full && title_there).then(|| WakeWait {
             for_box: Some(w.name.clone()),
             give_up_at: Some(now + HOME_WAIT),
-            for_home: true,
+            cause: None,
         })
     }
 

@@ -29,6 +29,31 @@ pub(super) const LONGEST_WAKE: Duration = Duration::from_secs(600);
 /// How much one new wake moves a box's wake-time estimate.
 const WAKE_SAMPLE_WEIGHT: f64 = 0.5;
 
+/// Why a sleeping box is woken: the dashboard and the log say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeCause {
+    /// A request for a model that no awake box serves.
+    NothingAwake,
+    /// A request whose first token comes clearly sooner there, once awake, than on any awake box.
+    FirstTokenSooner,
+    /// A request that would queue, and would wait for an awake slot clearly longer than the wake.
+    SlotWait,
+    /// Requests queued for a slot have waited, together, as long as the box takes to wake.
+    QueueWaited,
+}
+
+impl WakeCause {
+    /// Its name in the status API and the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WakeCause::NothingAwake => "nothing_awake",
+            WakeCause::FirstTokenSooner => "first_token_sooner",
+            WakeCause::SlotWait => "slot_wait",
+            WakeCause::QueueWaited => "queue_waited",
+        }
+    }
+}
+
 /// A request waiting for a sleeping box to wake.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct WakeWait {
@@ -37,10 +62,10 @@ pub(super) struct WakeWait {
     /// When it stops waiting for the box and takes an awake one, or waits for one like any
     /// queued request; `None`: it is queued like any request meanwhile.
     pub(super) give_up_at: Option<Instant>,
-    /// Not a wake: a turn waiting for its conversation's own worker, full while a side request
-    /// runs there ([`Scheduler::home_wait`]). Nothing is woken for it, and where it ends up
-    /// says why as any placement does.
-    pub(super) for_home: bool,
+    /// Why the box is woken. `None`: not a wake, a turn waiting for its conversation's own
+    /// worker, full while a side request runs there ([`Scheduler::home_wait`]); nothing is
+    /// woken for it, and where it ends up says why as any placement does.
+    pub(super) cause: Option<WakeCause>,
 }
 
 impl WakeWait {
@@ -65,7 +90,7 @@ impl Scheduler {
         request
             .wake
             .as_ref()
-            .is_some_and(|w| !w.for_home && w.met_by(name))
+            .is_some_and(|w| w.cause.is_some() && w.met_by(name))
     }
 
     /// Replaces the boxes asleep: their models are claimed like listed ones until the box wakes
@@ -99,11 +124,11 @@ impl Scheduler {
             .map(Duration::from_secs_f64)
     }
 
-    /// Whether the hub should wake a box for queued `request`: `Some(Some(name))` that box,
-    /// `Some(None)` every sleeping box of its model.
-    pub fn box_to_wake(&self, request: RequestId) -> Option<Option<&str>> {
+    /// Whether the hub should wake a box for queued `request`, and why: `Some(Some(name))`
+    /// that box, `Some(None)` every sleeping box of its model.
+    pub fn box_to_wake(&self, request: RequestId) -> Option<(Option<&str>, WakeCause)> {
         let wait = self.requests.get(&request)?.wake.as_ref()?;
-        (!wait.for_home).then_some(wait.for_box.as_deref())
+        Some((wait.for_box.as_deref(), wait.cause?))
     }
 
     /// Whether a request for `model` at `provider`, which the usual rules (and cost routing
@@ -123,7 +148,7 @@ impl Scheduler {
             return Some(WakeWait {
                 for_box: None,
                 give_up_at: None,
-                for_home: false,
+                cause: Some(WakeCause::NothingAwake),
             });
         }
         let tokens = placement.prompt_tokens.filter(|_| self.cost_routing)?;
@@ -158,17 +183,24 @@ impl Scheduler {
         // A full house whose queued requests have lost, together, as long waiting as the box
         // takes to wake: the box is woken for the queue, even when this request alone would not
         // gain by it (it takes whichever slot frees first).
-        let backlog = picked.is_none() && self.queued_wait_secs(provider, model, now) >= wake_secs;
-        if asleep_secs >= awake_secs * CLEARLY_SOONER && !backlog {
+        let cause = if asleep_secs < awake_secs * CLEARLY_SOONER {
+            if picked.is_some() {
+                WakeCause::FirstTokenSooner
+            } else {
+                WakeCause::SlotWait
+            }
+        } else if picked.is_none() && self.queued_wait_secs(provider, model, now) >= wake_secs {
+            WakeCause::QueueWaited
+        } else {
             return None;
-        }
+        };
         // A request that passes up a free awake slot waits for the box a bounded time; one that
         // would queue anyway waits like any queued request.
         let give_up_after = Duration::from_secs_f64(wake_secs * 2.0) + WAKE_GRACE;
         Some(WakeWait {
             for_box: Some(name.clone()),
             give_up_at: picked.map(|_| now + give_up_after),
-            for_home: false,
+            cause: Some(cause),
         })
     }
 
@@ -293,7 +325,10 @@ mod tests {
             }
             other => panic!("should wait for the wake: {other:?}"),
         }
-        assert_eq!(s.box_to_wake(1), Some(Some("fast")));
+        assert_eq!(
+            s.box_to_wake(1),
+            Some((Some("fast"), WakeCause::FirstTokenSooner))
+        );
         // While it waits, a slot freeing on the slow box does not take it.
         let short = submit(&mut s, 2, 300, now);
         assert!(matches!(short, Submitted::Dispatched { worker, .. } if worker == slow));
@@ -390,7 +425,7 @@ mod tests {
                 submit(&mut s, 5, 300, now),
                 Submitted::Queued { .. }
             ));
-            let woken = long_answers.then_some(Some("fast"));
+            let woken = long_answers.then_some((Some("fast"), WakeCause::SlotWait));
             assert_eq!(s.box_to_wake(5), woken, "long answers: {long_answers}");
         }
     }
@@ -415,7 +450,7 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(s.box_to_wake(5), Some(Some("fast")));
+        assert_eq!(s.box_to_wake(5), Some((Some("fast"), WakeCause::SlotWait)));
         // A slot of the slow box frees first: the request takes it, and says why it went there.
         let mut actions = Vec::new();
         assert!(s.finish(slow, 1, &mut actions));
@@ -467,6 +502,9 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(s.box_to_wake(10), Some(Some("fast")));
+        assert_eq!(
+            s.box_to_wake(10),
+            Some((Some("fast"), WakeCause::QueueWaited))
+        );
     }
 }

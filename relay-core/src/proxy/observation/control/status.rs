@@ -102,6 +102,14 @@ pub struct SleeperView {
     state: &'static str,
     waking_since_unix_ms: Option<u64>,
     wake_packets: u32,
+    /// Why it is being woken (none while asleep): a request for a model no awake box serves,
+    /// a long prompt whose first token comes sooner there, a request that would wait longer for
+    /// an awake slot than the wake, or a queue that has waited as long as the wake.
+    #[cfg_attr(
+        test,
+        ts(type = "'nothing_awake' | 'first_token_sooner' | 'slot_wait' | 'queue_waited' | null")
+    )]
+    wake_cause: Option<&'static str>,
 }
 
 /// One provider's queue.
@@ -298,6 +306,7 @@ pub fn snapshot(state: &AppState) -> Status {
                 },
                 waking_since_unix_ms: s.waking.map(|w| w.since_unix_ms),
                 wake_packets: s.waking.map_or(0, |w| w.packets),
+                wake_cause: s.waking.map(|w| w.cause.as_str()),
                 mac_address: s.mac.map(|m| m.to_string()),
                 name: s.name,
                 provider: s.provider,
