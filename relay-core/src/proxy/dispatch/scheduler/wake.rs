@@ -11,9 +11,9 @@
 //! (no awake box has a free slot) wakes such a box too when the measured wait for an awake slot
 //! is clearly longer than the wake, and takes whichever slot comes first; so does one that
 //! queues behind requests that have already waited, together, as long as the box takes to wake
-//! (a house full for a while: the box is worth waking for the queue, not for one request).
-//! Boxes never measured waking, and requests of unknown size, follow the usual rules, which
-//! wake a box only when nothing awake serves the model.
+//! (a house full for a while: the box is worth waking for the queue, not for one request,
+//! whatever its size). Boxes never measured waking follow the usual rules, which wake a box only
+//! when nothing awake serves the model; so do requests of unknown size, but for the queue's.
 
 use std::time::{Duration, Instant};
 
@@ -151,20 +151,37 @@ impl Scheduler {
                 cause: Some(WakeCause::NothingAwake),
             });
         }
-        let tokens = placement.prompt_tokens.filter(|_| self.cost_routing)?;
+        if !self.cost_routing {
+            return None;
+        }
+        let soonest = self.sooner_once_awake(provider, model, placement, picked, now);
+        match picked {
+            None => soonest.or_else(|| self.wake_for_queue(provider, model, now)),
+            Some(_) => soonest,
+        }
+    }
+
+    /// The sleeping box of `model` whose first token for this request, once awake, comes
+    /// clearly sooner than the awake estimate (`picked`'s, or, when every slot is taken, the
+    /// wait for a slot and the soonest an awake worker would evaluate the prompt). Needs the
+    /// request's size and the box's measured wake time and speed.
+    fn sooner_once_awake(
+        &self,
+        provider: usize,
+        model: &str,
+        placement: &Placement,
+        picked: Option<WorkerId>,
+        now: Instant,
+    ) -> Option<WakeWait> {
+        let p = &self.providers[provider];
+        let tokens = placement.prompt_tokens?;
         let (asleep_secs, name, wake_secs) = self
-            .known_speeds
-            .asleep()
-            .iter()
-            .filter(|b| b.provider == p.name && b.models.iter().any(|m| m == model))
-            .filter_map(|b| {
-                let wake = self.known_speeds.wake_secs(&b.name)?;
-                let speed = self.known_speeds.speed(&b.name, model)?.prompt_tps?;
-                Some((wake + f64::from(tokens.max(1)) / speed, &b.name, wake))
+            .sleepers_of(provider, model)
+            .filter_map(|(name, wake)| {
+                let speed = self.known_speeds.speed(name, model)?.prompt_tps?;
+                Some((wake + f64::from(tokens.max(1)) / speed, name, wake))
             })
             .min_by(|a, b| a.0.total_cmp(&b.0))?;
-        // The awake estimate: the chosen worker's, or, when every slot is taken, the wait for
-        // a slot (below) and the soonest an awake worker would evaluate the prompt.
         let awake_secs = match picked {
             Some(worker) => self
                 .first_token_secs(worker, model, placement.affinity, tokens, now)
@@ -180,28 +197,50 @@ impl Scheduler {
                 Some(self.slot_wait_secs(workers, model, p.queue.len())? + prompt)
             }),
         }?;
-        // A full house whose queued requests have lost, together, as long waiting as the box
-        // takes to wake: the box is woken for the queue, even when this request alone would not
-        // gain by it (it takes whichever slot frees first).
-        let cause = if asleep_secs < awake_secs * CLEARLY_SOONER {
-            if picked.is_some() {
-                WakeCause::FirstTokenSooner
-            } else {
-                WakeCause::SlotWait
-            }
-        } else if picked.is_none() && self.queued_wait_secs(provider, model, now) >= wake_secs {
-            WakeCause::QueueWaited
-        } else {
+        if asleep_secs >= awake_secs * CLEARLY_SOONER {
             return None;
-        };
+        }
         // A request that passes up a free awake slot waits for the box a bounded time; one that
         // would queue anyway waits like any queued request.
         let give_up_after = Duration::from_secs_f64(wake_secs * 2.0) + WAKE_GRACE;
         Some(WakeWait {
-            for_box: Some(name.clone()),
+            for_box: Some(name.to_string()),
             give_up_at: picked.map(|_| now + give_up_after),
-            cause: Some(cause),
+            cause: Some(if picked.is_some() {
+                WakeCause::FirstTokenSooner
+            } else {
+                WakeCause::SlotWait
+            }),
         })
+    }
+
+    /// A full house whose queued requests have lost, together, as long waiting as a sleeping
+    /// box of `model` takes to wake: the quickest such box is woken for the queue, whatever
+    /// this request's size (it takes whichever slot frees first, as queued requests do).
+    fn wake_for_queue(&self, provider: usize, model: &str, now: Instant) -> Option<WakeWait> {
+        let (name, wake_secs) = self
+            .sleepers_of(provider, model)
+            .min_by(|a, b| a.1.total_cmp(&b.1))?;
+        (self.queued_wait_secs(provider, model, now) >= wake_secs).then(|| WakeWait {
+            for_box: Some(name.to_string()),
+            give_up_at: None,
+            cause: Some(WakeCause::QueueWaited),
+        })
+    }
+
+    /// The sleeping boxes of `provider` that serve `model` and were measured waking: names and
+    /// wake times (seconds).
+    fn sleepers_of<'a>(
+        &'a self,
+        provider: usize,
+        model: &'a str,
+    ) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+        let provider = self.providers[provider].name.as_str();
+        self.known_speeds
+            .asleep()
+            .iter()
+            .filter(move |b| b.provider == provider && b.models.iter().any(|m| m == model))
+            .filter_map(|b| Some((b.name.as_str(), self.known_speeds.wake_secs(&b.name)?)))
     }
 
     /// The seconds the requests for `model` queued at `provider` have waited for a slot, added
@@ -506,5 +545,35 @@ mod tests {
             s.box_to_wake(10),
             Some((Some("fast"), WakeCause::QueueWaited))
         );
+        // Whatever the request's size: one of unknown size wakes it for the queue too.
+        let unsized_request = Placement {
+            affinity: Some(11),
+            ..Placement::default()
+        };
+        assert!(matches!(
+            s.submit(11, "m", unsized_request, later),
+            Ok(Submitted::Queued { .. })
+        ));
+        assert_eq!(
+            s.box_to_wake(11),
+            Some((Some("fast"), WakeCause::QueueWaited))
+        );
+    }
+
+    #[test]
+    fn a_queue_does_not_wake_a_box_never_measured_waking_or_with_cost_routing_off() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(30);
+        for (on, wake) in [(true, None), (false, Some(4))] {
+            let (mut s, _slow) = fleet(on, wake);
+            for id in 1..=6 {
+                submit(&mut s, id, 300, now);
+            }
+            assert!(matches!(
+                submit(&mut s, 7, 300, later),
+                Submitted::Queued { .. }
+            ));
+            assert_eq!(s.box_to_wake(7), None, "cost routing {on}, wake {wake:?}");
+        }
     }
 }
