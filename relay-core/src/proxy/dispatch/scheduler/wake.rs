@@ -349,6 +349,17 @@ mod tests {
         s.submit(id, "m", placement, now).expect("accepted")
     }
 
+    /// Requests 1–4, short prompts, take the slow box's four slots (each sooner there than a
+    /// wake).
+    fn fill_slow_box(s: &mut Scheduler, now: Instant) {
+        for id in 1..=4 {
+            assert!(matches!(
+                submit(s, id, 300, now),
+                Submitted::Dispatched { .. }
+            ));
+        }
+    }
+
     #[test]
     fn a_long_prompt_waits_for_a_faster_box_to_wake_when_its_first_token_comes_clearly_sooner() {
         let now = Instant::now();
@@ -453,12 +464,7 @@ mod tests {
                     s.observe_timings(slow, "m", &timings);
                 }
             }
-            for id in 1..=4 {
-                assert!(matches!(
-                    submit(&mut s, id, 300, now),
-                    Submitted::Dispatched { .. }
-                ));
-            }
+            fill_slow_box(&mut s, now);
             // 300 tokens: 0.5 s on the slow box once a slot frees, 4.1 s with the wake.
             assert!(matches!(
                 submit(&mut s, 5, 300, now),
@@ -473,13 +479,7 @@ mod tests {
     fn a_request_that_would_queue_wakes_a_measured_box_and_takes_whichever_frees_first() {
         let now = Instant::now();
         let (mut s, slow) = fleet(true, Some(4));
-        // Short prompts fill the slow box's four slots (each sooner there than a wake).
-        for id in 1..=4 {
-            assert!(matches!(
-                submit(&mut s, id, 300, now),
-                Submitted::Dispatched { .. }
-            ));
-        }
+        fill_slow_box(&mut s, now);
         // The next, a long one, would queue: the fast box is woken to add its slots. Its waiter
         // keeps the usual queue deadline.
         let limits = ProviderLimits::default();
@@ -509,12 +509,7 @@ mod tests {
         // Answers of 100 tokens in 2 s: a slot of the slow box frees every half second, so no
         // short request alone is worth a 4 s wake.
         let (mut s, _slow) = fleet(true, Some(4));
-        for id in 1..=4 {
-            assert!(matches!(
-                submit(&mut s, id, 300, now),
-                Submitted::Dispatched { .. }
-            ));
-        }
+        fill_slow_box(&mut s, now);
         for id in 5..=8 {
             assert!(matches!(
                 submit(&mut s, id, 300, now),
