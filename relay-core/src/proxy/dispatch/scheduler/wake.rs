@@ -154,27 +154,28 @@ impl Scheduler {
         if !self.cost_routing {
             return None;
         }
-        let soonest = self.sooner_once_awake(provider, model, placement, picked, now);
+        let soonest = placement.prompt_tokens.and_then(|tokens| {
+            self.sooner_once_awake(provider, model, (tokens, placement.affinity), picked, now)
+        });
         match picked {
             None => soonest.or_else(|| self.wake_for_queue(provider, model, now)),
             Some(_) => soonest,
         }
     }
 
-    /// The sleeping box of `model` whose first token for this request, once awake, comes
-    /// clearly sooner than the awake estimate (`picked`'s, or, when every slot is taken, the
-    /// wait for a slot and the soonest an awake worker would evaluate the prompt). Needs the
-    /// request's size and the box's measured wake time and speed.
+    /// The sleeping box of `model` whose first token for a request of `tokens` (of conversation
+    /// `affinity`), once awake, comes clearly sooner than the awake estimate (`picked`'s, or,
+    /// when every slot is taken, the wait for a slot and the soonest an awake worker would
+    /// evaluate the prompt). Needs the box's measured wake time and speed.
     fn sooner_once_awake(
         &self,
         provider: usize,
         model: &str,
-        placement: &Placement,
+        (tokens, affinity): (u32, Option<u64>),
         picked: Option<WorkerId>,
         now: Instant,
     ) -> Option<WakeWait> {
         let p = &self.providers[provider];
-        let tokens = placement.prompt_tokens?;
         let (asleep_secs, name, wake_secs) = self
             .sleepers_of(provider, model)
             .filter_map(|(name, wake)| {
@@ -184,13 +185,13 @@ impl Scheduler {
             .min_by(|a, b| a.0.total_cmp(&b.0))?;
         let awake_secs = match picked {
             Some(worker) => self
-                .first_token_secs(worker, model, placement.affinity, tokens, now)
+                .first_token_secs(worker, model, affinity, tokens, now)
                 .map(|(secs, _)| secs),
             None => p.model_workers.get(model).and_then(|workers| {
                 let prompt = workers
                     .iter()
                     .filter_map(|w| {
-                        self.first_token_secs(*w, model, placement.affinity, tokens, now)
+                        self.first_token_secs(*w, model, affinity, tokens, now)
                             .map(|(secs, _)| secs)
                     })
                     .min_by(f64::total_cmp)?;
