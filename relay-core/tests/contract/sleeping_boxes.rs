@@ -653,5 +653,13 @@ async fn with_cost_routing_a_queue_that_has_waited_as_long_as_a_wake_wakes_the_s
         let (status, _, body) = answer_of(client).await;
         assert_eq!(status, 200, "{body}");
     }
+    let metrics = metrics_text(&url).await;
+    for counted in [
+        "modelrelay_wake_attempts_total{cause=\"nothing_awake\"} 1",
+        "modelrelay_wake_attempts_total{cause=\"queue_waited\"} 1",
+        "modelrelay_wake_attempts_total{cause=\"slot_wait\"} 0",
+    ] {
+        assert!(metrics.contains(counted), "{counted}: {metrics}");
+    }
     proxy.shutdown().await;
 }

@@ -636,6 +636,13 @@ impl Hub {
             .collect()
     }
 
+    /// Wake attempts begun so far, by cause.
+    pub fn wake_counts(&self) -> Vec<(&'static str, u64)> {
+        let inner = self.lock();
+        let counts = inner.sleepers.attempt_counts().into_iter();
+        counts.map(|(cause, n)| (cause.as_str(), n)).collect()
+    }
+
     /// Conversation affinity placements so far (see [`Scheduler::affinity_counts`]). Counted
     /// inside the scheduler, under the lock every placement already takes, so the hot path pays
     /// three plain increments and no atomics.

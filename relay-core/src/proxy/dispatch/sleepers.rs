@@ -92,6 +92,8 @@ pub struct Sleepers {
     limits: SleeperLimits,
     /// In the order they fell asleep (oldest first): eviction takes the front.
     boxes: Vec<Sleeper>,
+    /// Wake attempts begun, by cause (in [`WakeCause::ALL`]'s order).
+    attempts: [u64; WakeCause::ALL.len()],
 }
 
 impl Sleepers {
@@ -100,6 +102,7 @@ impl Sleepers {
         Sleepers {
             limits,
             boxes: Vec::new(),
+            attempts: [0; WakeCause::ALL.len()],
         }
     }
 
@@ -212,6 +215,9 @@ impl Sleepers {
             if !due {
                 continue;
             }
+            if sleeper.waking.is_none() {
+                self.attempts[cause as usize] += 1;
+            }
             let attempt = sleeper.waking.get_or_insert(WakeAttempt {
                 since_unix_ms: now_unix_ms,
                 last_packet: now,
@@ -228,6 +234,14 @@ impl Sleepers {
             });
         }
         orders
+    }
+
+    /// Wake attempts begun since the proxy started, by cause (every cause listed).
+    pub fn attempt_counts(&self) -> Vec<(WakeCause, u64)> {
+        WakeCause::ALL
+            .iter()
+            .map(|cause| (*cause, self.attempts[*cause as usize]))
+            .collect()
     }
 
     /// A request for `model` gave up waiting: the boxes serving it that were being woken (and
@@ -343,6 +357,9 @@ mod tests {
         let attempt = s.boxes()[0].waking.unwrap();
         assert_eq!(attempt.packets, 2);
         assert_eq!(attempt.since_unix_ms, 2000, "the attempt keeps its start");
+        assert_eq!(attempt.cause, WakeCause::NothingAwake);
+        let attempts: Vec<u64> = s.attempt_counts().iter().map(|(_, n)| *n).collect();
+        assert_eq!(attempts, [1, 0, 0, 0], "one attempt, however many packets");
         assert!(s
             .wake_for("other", None, WakeCause::NothingAwake, t0, 0)
             .is_empty());

@@ -320,6 +320,17 @@ pub fn render(hub: &Hub, admin_failures: u64, storage: &StorageView) -> String {
         out.sample("modelrelay_placements_total", &[("reason", reason)], count);
     }
     out.family(
+        "modelrelay_wake_attempts_total",
+        "counter",
+        "Sleeping boxes the proxy began waking (Wake-on-LAN), by why: nothing_awake (no awake \
+         box serves a requested model), first_token_sooner (a long prompt is answered sooner \
+         there once awake), slot_wait (a request would wait longer for an awake slot than the \
+         wake) or queue_waited (queued requests had waited, together, as long as the wake).",
+    );
+    for (cause, count) in hub.wake_counts() {
+        out.sample("modelrelay_wake_attempts_total", &[("cause", cause)], count);
+    }
+    out.family(
         "modelrelay_storage_writable",
         "gauge",
         "1 while the proxy's database takes writes; 0 when its disk is full or its data \

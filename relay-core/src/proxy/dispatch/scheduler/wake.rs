@@ -43,6 +43,14 @@ pub enum WakeCause {
 }
 
 impl WakeCause {
+    /// Every cause, in the order `/metrics` lists them.
+    pub const ALL: [WakeCause; 4] = [
+        WakeCause::NothingAwake,
+        WakeCause::FirstTokenSooner,
+        WakeCause::SlotWait,
+        WakeCause::QueueWaited,
+    ];
+
     /// Its name in the status API and the log.
     pub fn as_str(self) -> &'static str {
         match self {
