@@ -187,9 +187,9 @@ impl Sleepers {
     }
 
     /// A request for `model` arrived and no connected worker serves it (or cost routing chose
-    /// to wake box `only`, for `cause`): the boxes serving it (that one) that are due a packet (none sent
-    /// in this attempt within [`SleeperLimits::retry`]), marked waking. A flood of requests
-    /// costs one packet per box per retry interval.
+    /// to wake box `only`, for `cause`): the boxes serving it (that one) that are due a packet
+    /// (none sent in this attempt within [`SleeperLimits::retry`]), marked waking. A flood of
+    /// requests costs one packet per box per retry interval.
     pub fn wake_for(
         &mut self,
         model: &str,

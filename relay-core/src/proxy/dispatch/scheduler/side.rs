@@ -222,6 +222,11 @@ mod tests {
 
     use super::super::RequestId;
 
+    /// Whether `actions` dispatch `request` to `worker`.
+    fn dispatches(actions: &[Action], request: RequestId, worker: WorkerId) -> bool {
+        actions.contains(&Action::Dispatch { request, worker })
+    }
+
     #[test]
     fn a_turn_whose_home_a_title_fills_waits_for_it_and_moves_only_when_the_wait_runs_out() {
         let t = Instant::now();
@@ -261,12 +266,7 @@ mod tests {
         // The title ends: the turn goes home.
         let mut actions = Vec::new();
         assert!(s.finish(ids[0], 2, &mut actions));
-        assert!(
-            actions
-                .iter()
-                .any(|a| matches!(a, Action::Dispatch { request: 3, worker } if *worker == ids[0])),
-            "{actions:?}"
-        );
+        assert!(dispatches(&actions, 3, ids[0]), "{actions:?}");
         assert_eq!(s.reason_of(3), Some(Reason::CacheHit));
 
         // The title outlasts the wait: the turn moves as it would have.
@@ -274,12 +274,7 @@ mod tests {
         s.submit(3, "m", turn(2, false), t).expect("accepted");
         let mut actions = Vec::new();
         assert!(s.stop_waiting_for_wake(3, t + HOME_WAIT, &mut actions));
-        assert!(
-            actions
-                .iter()
-                .any(|a| matches!(a, Action::Dispatch { request: 3, worker } if *worker == ids[1])),
-            "{actions:?}"
-        );
+        assert!(dispatches(&actions, 3, ids[1]), "{actions:?}");
         assert_eq!(s.reason_of(3), Some(Reason::HomeBusy));
 
         // A home full of turns (no title): the turn moves at once, as before.

@@ -253,12 +253,14 @@ impl Scheduler {
     }
 
     /// The seconds the requests for `model` queued at `provider` have waited for a slot, added
-    /// up (requests waiting for a box to wake or for their home are not counted: every slot
-    /// being taken is not what keeps them).
+    /// up. Requests held for one box (one being woken, or their home) are not counted: every
+    /// slot being taken is not what keeps them; those that asked for a wake but take whichever
+    /// slot frees first are, so a box that does not come is asked again while the queue waits.
     fn queued_wait_secs(&self, provider: usize, model: &str, now: Instant) -> f64 {
+        let held = |r: &Request| r.wake.as_ref().is_some_and(|w| w.give_up_at.is_some());
         self.requests
             .values()
-            .filter(|r| r.provider == provider && r.phase == Phase::Queued && r.wake.is_none())
+            .filter(|r| r.provider == provider && r.phase == Phase::Queued && !held(r))
             .filter(|r| &*r.model == model)
             .map(|r| now.saturating_duration_since(r.arrived).as_secs_f64())
             .sum()
@@ -517,7 +519,7 @@ mod tests {
         let now = Instant::now();
         // Answers of 100 tokens in 2 s: a slot of the slow box frees every half second, so no
         // short request alone is worth a 4 s wake.
-        let (mut s, _slow) = fleet(true, Some(4));
+        let (mut s, slow) = fleet(true, Some(4));
         fill_slow_box(&mut s, now);
         for id in 5..=8 {
             assert!(matches!(
@@ -561,6 +563,21 @@ mod tests {
         assert_eq!(
             s.box_to_wake(11),
             Some((Some("fast"), WakeCause::QueueWaited))
+        );
+        // The box does not come; the slow box's slots serve 5–9, and 10 and 11 (which asked for
+        // the wake) still wait for a slot: their waits count, and a later request asks again.
+        for id in 1..=5 {
+            assert!(s.finish(slow, id, &mut Vec::new()));
+        }
+        let much_later = later + Duration::from_secs(3);
+        assert!(matches!(
+            submit(&mut s, 12, 300, much_later),
+            Submitted::Queued { .. }
+        ));
+        assert_eq!(
+            s.box_to_wake(12),
+            Some((Some("fast"), WakeCause::QueueWaited)),
+            "10 and 11 have waited 6 s together"
         );
     }
 
