@@ -54,29 +54,48 @@ impl RawHttpClient {
         }
     }
 
-    /// Reads until the bytes received so far contain `needle`; returns them as text.
+    /// Reads until the bytes received so far contain `needle`; returns them as text. Each read
+    /// searches only the new bytes (and the needle's length before them): a stream of megabytes
+    /// read 64 KiB at a time stays linear, not a rescan of everything per read.
     pub async fn read_until(&mut self, needle: &str) -> String {
         use tokio::io::AsyncReadExt;
         let deadline = tokio::time::Instant::now() + WAIT;
-        while !String::from_utf8_lossy(&self.received).contains(needle) {
-            let mut buf = [0u8; 4096];
+        let needle_bytes = needle.as_bytes();
+        let mut searched: usize = 0;
+        loop {
+            let from = searched.saturating_sub(needle_bytes.len());
+            if self.received[from..]
+                .windows(needle_bytes.len().max(1))
+                .any(|window| window == needle_bytes)
+            {
+                return String::from_utf8_lossy(&self.received).into_owned();
+            }
+            searched = self.received.len();
+            let mut buf = vec![0u8; 64 * 1024];
             let n = tokio::time::timeout_at(deadline, self.stream.read(&mut buf))
                 .await
                 .unwrap_or_else(|_| {
                     panic!(
-                        "timed out waiting for {needle:?}; got {:?}",
-                        String::from_utf8_lossy(&self.received)
+                        "timed out waiting for {needle:?}; {} bytes, ending {:?}",
+                        self.received.len(),
+                        self.tail()
                     )
                 })
                 .expect("read");
             assert!(
                 n > 0,
-                "connection closed before {needle:?}; got {:?}",
-                String::from_utf8_lossy(&self.received)
+                "connection closed before {needle:?}; {} bytes, ending {:?}",
+                self.received.len(),
+                self.tail()
             );
             self.received.extend_from_slice(&buf[..n]);
         }
-        String::from_utf8_lossy(&self.received).into_owned()
+    }
+
+    /// The last 2 KiB received, as text (for failure messages: a stream can be megabytes).
+    fn tail(&self) -> String {
+        let from = self.received.len().saturating_sub(2048);
+        String::from_utf8_lossy(&self.received[from..]).into_owned()
     }
 
     /// Reads a chunked answer to its last chunk, within `within`; returns the body, de-chunked.
