@@ -7,7 +7,9 @@
 //! under least-loaded, today's affinity, the fast box alone and cost routing, through the proxy's own
 //! scheduler ([`sim`]). Reports mean, p90 and p99 time to first token, mean and p90 to the last token, and for
 //! agent sessions the share of turn-2+ prompt tokens taken from a cache; `FLEET_SEEDS` (default
-//! 5) workloads pooled. Then the targets: cost routing no worse than the best other policy by
+//! 20: with 5, several cells' verdicts depended on which five) workloads pooled.
+//! `FLEET_PREFILL=slot-order` has each box evaluate waiting prompts one after another in slot
+//! order, as llama-server fills its batches, instead of together ([`sim::Prefill`]). Then the targets: cost routing no worse than the best other policy by
 //! more than 5% on mean and p90 TTFT; on unequal fleets a p90 TTFT at least 2× lower than
 //! least-loaded's; turn-2+ reuse ≥ 95% with side requests. Each cell also shows its floor
 //! ([`floors`]): where half of least-loaded's p90 is below it, the 2× target is listed as one
@@ -17,7 +19,7 @@ mod sim;
 mod workloads;
 
 use relay_core::proxy::dispatch::scheduler::Reason;
-use sim::{Outcome, Policy};
+use sim::{Outcome, Policy, Prefill};
 
 /// Seeds of the day before, for what a restarted proxy remembers: apart from the measured ones.
 const YESTERDAY: u64 = 1000;
@@ -51,7 +53,13 @@ fn stats(values: &mut [f64]) -> (f64, f64) {
 }
 
 /// `policy`'s numbers on `workload` and `fleet`, `seeds` workloads pooled.
-fn pooled(fleet: &[sim::BoxSpec], workload: &str, policy: Policy, seeds: u64) -> Row {
+fn pooled(
+    fleet: &[sim::BoxSpec],
+    prefill: Prefill,
+    workload: &str,
+    policy: Policy,
+    seeds: u64,
+) -> Row {
     let mut outcomes = Vec::new();
     let mut reasons: Vec<(Reason, u64)> = Reason::ALL.iter().map(|r| (*r, 0)).collect();
     for seed in 0..seeds {
@@ -59,12 +67,12 @@ fn pooled(fleet: &[sim::BoxSpec], workload: &str, policy: Policy, seeds: u64) ->
         // another day's work.
         let remembered = if policy == Policy::CostRestarted {
             let yesterday = sessions_of(workload, YESTERDAY + seed);
-            sim::run(fleet, &yesterday, Policy::Cost, &[]).2
+            sim::run(fleet, prefill, &yesterday, Policy::Cost, &[]).2
         } else {
             Vec::new()
         };
         let sessions = sessions_of(workload, seed + 1);
-        let (run, counts, _) = sim::run(fleet, &sessions, policy, &remembered);
+        let (run, counts, _) = sim::run(fleet, prefill, &sessions, policy, &remembered);
         outcomes.extend(run);
         for ((_, total), (_, n)) in reasons.iter_mut().zip(counts) {
             *total += n;
@@ -145,11 +153,23 @@ fn main() {
     let seeds: u64 = std::env::var("FLEET_SEEDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+        .unwrap_or(20);
+    let prefill = match std::env::var("FLEET_PREFILL").as_deref() {
+        Ok("slot-order") => Prefill::SlotOrder,
+        Ok("together") | Err(_) => Prefill::Together,
+        Ok(other) => panic!("FLEET_PREFILL={other}: use together (the default) or slot-order"),
+    };
     let mut failures = Vec::new();
     let mut first_runs = Vec::new();
     let mut unreachable = Vec::new();
-    println!("fleet bench: {seeds} seeds pooled per cell; times in seconds (virtual)");
+    println!(
+        "fleet bench: {seeds} seeds pooled per cell; prompts evaluated {}; times in seconds \
+         (virtual)",
+        match prefill {
+            Prefill::Together => "together (FLEET_PREFILL=slot-order: one after another)",
+            Prefill::SlotOrder => "one after another in slot order, as llama-server does",
+        }
+    );
     for (fleet_name, fleet) in workloads::fleets() {
         let unequal = fleet
             .iter()
@@ -167,7 +187,7 @@ fn main() {
             println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
             let rows: Vec<Row> = Policy::ALL
                 .iter()
-                .map(|&policy| pooled(&fleet, workload, policy, seeds))
+                .map(|&policy| pooled(&fleet, prefill, workload, policy, seeds))
                 .collect();
             let mut floor: Vec<f64> = (0..seeds)
                 .flat_map(|seed| floors(&fleet, &sessions_of(workload, seed + 1)))

@@ -5,7 +5,8 @@
 //! an input): the simulation submits each request as the hub would, carries out its dispatch
 //! decisions, and reports each answer's timings as a worker does, so cost routing learns the
 //! boxes' speeds the way it does in a proxy. A box evaluates the prompts of its running requests
-//! together (they share its prompt-processing speed), generates for each at its generation speed
+//! together (they share its prompt-processing speed; or, with [`Prefill::SlotOrder`], one after
+//! another in slot order, as llama-server does), generates for each at its generation speed
 //! (slowed a little per extra sequence, as batched decoding is), and keeps one prompt per slot:
 //! a request reuses what its slot holds of the same conversation, or of the same leading prefix
 //! (a shared system prompt), and evaluates the rest. With affinity on, slots are taken as our
@@ -172,9 +173,23 @@ struct Running {
     side_prompt: Option<u32>,
 }
 
+/// How a box evaluates the prompts of several requests that wait for their first token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefill {
+    /// Together, each at an equal share of the box's prompt speed: short prompts among long
+    /// ones come out soon (the bench's model until 2026-11-29, and its default).
+    Together,
+    /// One after another in slot order, as llama-server fills each batch: every pending prompt
+    /// token of a slot before any of the next slot's (`update_slots` in its
+    /// `tools/server/server-context.cpp`), so a short prompt in a later slot waits for the long
+    /// ones before it.
+    SlotOrder,
+}
+
 #[derive(Debug)]
 struct SimBox {
     spec: BoxSpec,
+    prefill: Prefill,
     worker: WorkerId,
     slots: Vec<Slot>,
     running: Vec<Running>,
@@ -342,9 +357,19 @@ impl SimBox {
             / (1.0 + DECODE_CROWDING * decoding.saturating_sub(1) as f64);
         let mut first = Vec::new();
         let mut ended = Vec::new();
-        for r in &mut self.running {
+        // What is left of the step's prompt budget, for `Prefill::SlotOrder`: slots in order.
+        let mut budget = self.spec.prompt_tps * STEP;
+        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        order.sort_by_key(|i| self.running[*i].slot);
+        for i in order {
+            let r = &mut self.running[i];
             if r.prefill_left > 0.0 {
-                r.prefill_left -= prompt_share;
+                let evaluated = match self.prefill {
+                    Prefill::Together => prompt_share,
+                    Prefill::SlotOrder => budget.min(r.prefill_left),
+                };
+                r.prefill_left -= evaluated;
+                budget -= evaluated;
                 if r.prefill_left <= 0.0 {
                     r.first_token_at = Some(now);
                     first.push(r.id);
@@ -391,10 +416,11 @@ struct Pending {
 /// it measured of the boxes (what its store would keep).
 pub type Run = (Vec<Outcome>, Vec<(Reason, u64)>, Vec<KnownBox>);
 
-/// Runs `sessions` on `fleet` under `policy`, on a proxy that starts knowing `remembered` (what
-/// a store gives a restarted proxy).
+/// Runs `sessions` on `fleet` (its boxes evaluating prompts as `prefill` says) under `policy`,
+/// on a proxy that starts knowing `remembered` (what a store gives a restarted proxy).
 pub fn run(
     fleet: &[BoxSpec],
+    prefill: Prefill,
     sessions: &[Session],
     policy: Policy,
     remembered: &[KnownBox],
@@ -439,6 +465,7 @@ pub fn run(
             }
             SimBox {
                 spec: *spec,
+                prefill,
                 sleep: spec.asleep.map(|_| None),
                 worker: registered.worker,
                 slots: vec![

@@ -29,6 +29,10 @@ pub struct StoredSpeed {
     pub generation_tps: Option<f64>,
     /// Tokens an answer generates, on average.
     pub typical_output: Option<f64>,
+    /// Tokens a conversation's turn generates, on average (absent in rows written before it
+    /// was measured).
+    #[serde(default)]
+    pub typical_turn_output: Option<f64>,
 }
 
 const COLUMNS: Columns = Columns(&[
@@ -98,6 +102,7 @@ mod tests {
             prompt_tps: Some(prompt_tps),
             generation_tps: Some(prompt_tps / 20.0),
             typical_output: None,
+            typical_turn_output: None,
         };
         StoredBox {
             name: name.into(),
@@ -149,5 +154,28 @@ mod tests {
         let loaded = load(&db).await.unwrap();
         assert_eq!(loaded.len(), 3);
         assert!(loaded.iter().all(|b| b.speeds.is_empty()), "{loaded:?}");
+    }
+
+    #[tokio::test]
+    async fn a_row_written_before_turns_were_measured_apart_keeps_its_speeds() {
+        let db = Database::open(&DatabaseSetting::Memory).await.unwrap();
+        let older = r#"{"m1":{"prompt_tps":600.0,"generation_tps":12.0,"typical_output":40.0}}"#;
+        db.execute(
+            "INSERT INTO box_speeds (name, speeds, wake_ms, written_ms) VALUES ($1, $2, $3, $4)",
+            vec!["slow".into(), older.into(), None::<i64>.into(), 1.into()],
+        )
+        .await
+        .unwrap();
+        let loaded = load(&db).await.unwrap();
+        let speed = StoredSpeed {
+            prompt_tps: Some(600.0),
+            generation_tps: Some(12.0),
+            typical_output: Some(40.0),
+            typical_turn_output: None,
+        };
+        assert_eq!(
+            loaded[0].speeds,
+            BTreeMap::from([("m1".to_string(), speed)])
+        );
     }
 }

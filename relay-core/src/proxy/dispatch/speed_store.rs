@@ -105,6 +105,7 @@ fn stored_form(known: &KnownBox) -> StoredBox {
                     prompt_tps: speed.prompt_tps,
                     generation_tps: speed.generation_tps,
                     typical_output: speed.typical_output,
+                    typical_turn_output: speed.typical_turn_output,
                 };
                 (model.clone(), stored)
             })
@@ -126,6 +127,7 @@ fn known_form(stored: &StoredBox) -> KnownBox {
                     prompt_tps: speed.prompt_tps,
                     generation_tps: speed.generation_tps,
                     typical_output: speed.typical_output,
+                    typical_turn_output: speed.typical_turn_output,
                 };
                 (model.clone(), known)
             })

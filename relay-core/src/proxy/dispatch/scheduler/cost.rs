@@ -52,14 +52,19 @@ pub struct Speed {
     /// Tokens an answer generates, on average: with the generation speed, how long an answer
     /// holds its slot (what a queued request waits for).
     pub typical_output: Option<f64>,
+    /// Tokens a conversation's turn generates, on average (side requests' answers, titles a few
+    /// words long, not counted): what a conversation waits for on the box it lives on. A slow
+    /// box that answers mostly titles measures a typical answer a fraction of a turn's, and a
+    /// conversation weighing that box against a faster one would see almost no difference.
+    pub typical_turn_output: Option<f64>,
 }
 
 // Rates are finite positive numbers by construction: each compares equal to itself.
 impl Eq for Speed {}
 
 impl Speed {
-    /// Learns from one answer's `timings`.
-    pub fn observe(&mut self, timings: &Timings) {
+    /// Learns from one answer's `timings`: a conversation's turn's, or a side request's (`side`).
+    pub fn observe(&mut self, timings: &Timings, side: bool) {
         let rate = |tokens: u32, ms: f64, least: u32| {
             (tokens >= least && ms > 0.0).then(|| f64::from(tokens) * 1000.0 / ms)
         };
@@ -79,6 +84,9 @@ impl Speed {
         if timings.generated_tokens > 0 {
             let tokens = f64::from(timings.generated_tokens);
             self.typical_output = blend(self.typical_output, tokens);
+            if !side {
+                self.typical_turn_output = blend(self.typical_turn_output, tokens);
+            }
         }
     }
 }
@@ -170,15 +178,19 @@ impl Scheduler {
             .collect();
     }
 
-    /// Learns `worker`'s speed on `model` from one answer's `timings`.
+    /// Learns `worker`'s speed on `model` from one answer's `timings` (not a side request's).
     pub fn observe_timings(&mut self, worker: WorkerId, model: &str, timings: &Timings) {
+        self.observe_answer(worker, model, timings, false);
+    }
+
+    fn observe_answer(&mut self, worker: WorkerId, model: &str, timings: &Timings, side: bool) {
         let Some(w) = self.workers.get_mut(&worker) else {
             return;
         };
         let Some(model) = w.models.iter().find(|m| &***m == model).cloned() else {
             return;
         };
-        w.speeds.entry(model).or_default().observe(timings);
+        w.speeds.entry(model).or_default().observe(timings, side);
     }
 
     /// Placements so far, by why they went where they did.
@@ -196,8 +208,9 @@ impl Scheduler {
 
     /// Learns `worker`'s speed on the model of `request`, which it just answered in `timings`.
     pub fn learn(&mut self, worker: WorkerId, request: RequestId, timings: &Timings) {
-        if let Some(model) = self.requests.get(&request).map(|r| r.model.clone()) {
-            self.observe_timings(worker, &model, timings);
+        if let Some(r) = self.requests.get(&request) {
+            let (model, side) = (r.model.clone(), r.placement.side);
+            self.observe_answer(worker, &model, timings, side);
         }
     }
 
@@ -315,7 +328,7 @@ impl Scheduler {
         let answer_gap = |id, crowded_there: bool| {
             let movable = homeless || (!side_flow && !crowded_there);
             (quiet && movable)
-                .then(|| self.longer_answer_secs(id, usual, model))
+                .then(|| self.longer_answer_secs(id, usual, model, affinity.is_some()))
                 .flatten()
                 .unwrap_or(0.0)
         };
@@ -363,17 +376,29 @@ impl Scheduler {
     }
 
     /// Seconds longer a typical answer of `model` takes on worker `id` than on `usual` (less
-    /// than zero where it is faster): the answer's length as measured on `usual` (a property of
-    /// the workload, so one length for both), at each worker's measured generation speed. Zero
-    /// where the two generate alike (one within [`CLEARLY_SOONER`] of the other: measured speeds
-    /// wander with the load); `None` where something is not measured.
-    fn longer_answer_secs(&self, id: WorkerId, usual: WorkerId, model: &str) -> Option<f64> {
+    /// than zero where it is faster): the answer's length as measured on `usual`, else on `id`
+    /// (a property of the workload, so one length for both) — a conversation's `turn`'s where
+    /// one was measured, any answer's otherwise — at each worker's measured generation speed.
+    /// Zero where the two generate alike (one within [`CLEARLY_SOONER`] of the other: measured
+    /// speeds wander with the load); `None` where something is not measured.
+    fn longer_answer_secs(
+        &self,
+        id: WorkerId,
+        usual: WorkerId,
+        model: &str,
+        turn: bool,
+    ) -> Option<f64> {
         let (there, here) = (self.speed(id, model)?, self.speed(usual, model)?);
         let (there_tps, here_tps) = (there.generation_tps?, here.generation_tps?);
         if there_tps.min(here_tps) >= CLEARLY_SOONER * there_tps.max(here_tps) {
             return Some(0.0);
         }
-        let tokens = here.typical_output.or(there.typical_output)?;
+        let turn_tokens = turn
+            .then(|| here.typical_turn_output.or(there.typical_turn_output))
+            .flatten();
+        let tokens = turn_tokens
+            .or(here.typical_output)
+            .or(there.typical_output)?;
         Some(tokens / there_tps - tokens / here_tps)
     }
 
@@ -671,23 +696,57 @@ pub(super) mod tests {
     #[test]
     fn a_speed_is_learnt_from_samples_big_enough_to_mean_something() {
         let mut speed = Speed::default();
-        speed.observe(&timings(10, 5.0, 2, 10.0));
+        speed.observe(&timings(10, 5.0, 2, 10.0), false);
         assert_eq!(
             (speed.prompt_tps, speed.generation_tps),
             (None, None),
             "too small to learn a speed from"
         );
         assert_eq!(speed.typical_output, Some(2.0), "but an answer of 2 tokens");
-        speed.observe(&timings(1000, 500.0, 100, 2000.0));
+        speed.observe(&timings(1000, 500.0, 100, 2000.0), false);
         assert_eq!(speed.prompt_tps, Some(2000.0));
         assert_eq!(speed.generation_tps, Some(50.0));
         let typical = speed.typical_output.unwrap();
         assert!((typical - 31.4).abs() < 1e-9, "{typical}");
-        speed.observe(&timings(1000, 1000.0, 100, 2000.0));
+        speed.observe(&timings(1000, 1000.0, 100, 2000.0), false);
         let blended = speed.prompt_tps.unwrap();
         assert!(
             (blended - 1700.0).abs() < 1e-9,
             "moves 30% towards the new sample: {blended}"
         );
+        // A side request's answer (a title) is an answer, not a turn's.
+        let (turn, answer) = (speed.typical_turn_output, speed.typical_output);
+        assert_eq!(turn, answer, "every answer so far was a turn's");
+        speed.observe(&timings(1000, 500.0, 20, 400.0), true);
+        assert_eq!(speed.typical_turn_output, turn, "a title is not a turn");
+        assert!(speed.typical_output < answer, "but it is an answer");
+    }
+
+    #[test]
+    fn a_new_conversation_weighs_a_turns_answer_not_the_titles_a_slower_box_answered() {
+        let now = Instant::now();
+        // Equal prompt speeds; box 1 answered turns (200 tokens, 50 tokens/s), box 0 only
+        // titles (20 tokens, 10 tokens/s: five times slower).
+        let (mut s, ids) = fleet(true, &[None, None]);
+        s.observe_timings(ids[1], "m", &timings(1000, 500.0, 200, 4000.0));
+        let title = Placement {
+            affinity: Some(99),
+            prompt_tokens: Some(1000),
+            side: true,
+            ..Placement::default()
+        };
+        let Ok(Submitted::Dispatched { worker, .. }) = s.submit(30, "m", title, now) else {
+            panic!("the title was not placed");
+        };
+        assert_eq!(worker, ids[0], "an unmeasured box: the usual rule");
+        s.learn(ids[0], 30, &timings(1000, 500.0, 20, 2000.0));
+        let mut actions = Vec::new();
+        assert!(s.finish(ids[0], 30, &mut actions));
+        assert_eq!(s.speed(ids[0], "m").unwrap().typical_turn_output, None);
+        // A new conversation of 12,000 tokens: 6 s to its first token on either box. Its
+        // turns' answers take 4 s on box 1 and 20 s on box 0 (the titles' would take 0.4 and
+        // 2 s: not clearly different once the prompt's 6 s are counted).
+        assert_eq!(place(&mut s, 1, 7, 12_000, now), ids[1]);
+        assert_eq!(s.reason_of(1), Some(Reason::FasterBox));
     }
 }

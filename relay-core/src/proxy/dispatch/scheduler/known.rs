@@ -105,6 +105,7 @@ fn sane(speed: Speed) -> Option<Speed> {
         prompt_tps: keep(speed.prompt_tps),
         generation_tps: keep(speed.generation_tps),
         typical_output: keep(speed.typical_output),
+        typical_turn_output: keep(speed.typical_turn_output),
     };
     (speed != Speed::default()).then_some(speed)
 }
@@ -262,11 +263,13 @@ mod tests {
             prompt_tps: Some(f64::NAN),
             generation_tps: Some(-4.0),
             typical_output: Some(f64::INFINITY),
+            typical_turn_output: Some(-1.0),
         };
         let half = Speed {
             prompt_tps: Some(0.0),
             generation_tps: Some(25.0),
             typical_output: None,
+            typical_turn_output: None,
         };
         s.restore_known(vec![
             KnownBox {
