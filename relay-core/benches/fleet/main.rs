@@ -9,7 +9,9 @@
 //! agent sessions the share of turn-2+ prompt tokens taken from a cache; `FLEET_SEEDS` (default
 //! 20: with 5, several cells' verdicts depended on which five) workloads pooled.
 //! `FLEET_PREFILL=slot-order` has each box evaluate waiting prompts one after another in slot
-//! order, as llama-server fills its batches, instead of together ([`sim::Prefill`]). Then the targets: cost routing no worse than the best other policy by
+//! order, as llama-server fills its batches, instead of together; `FLEET_PREFILL=batches` runs
+//! llama-server's loop itself, where a long prompt also slows the answers beside it
+//! ([`sim::Prefill`]). Then the targets: cost routing no worse than the best other policy by
 //! more than 5% on mean and p90 TTFT; on unequal fleets a p90 TTFT at least 2× lower than
 //! least-loaded's; turn-2+ reuse ≥ 95% with side requests. Each cell also shows its floor
 //! ([`floors`]): where half of least-loaded's p90 is below it, the 2× target is listed as one
@@ -156,8 +158,11 @@ fn main() {
         .unwrap_or(20);
     let prefill = match std::env::var("FLEET_PREFILL").as_deref() {
         Ok("slot-order") => Prefill::SlotOrder,
+        Ok("batches") => Prefill::Batches,
         Ok("together") | Err(_) => Prefill::Together,
-        Ok(other) => panic!("FLEET_PREFILL={other}: use together (the default) or slot-order"),
+        Ok(other) => {
+            panic!("FLEET_PREFILL={other}: use together (the default), slot-order or batches")
+        }
     };
     let mut failures = Vec::new();
     let mut first_runs = Vec::new();
@@ -166,8 +171,9 @@ fn main() {
         "fleet bench: {seeds} seeds pooled per cell; prompts evaluated {}; times in seconds \
          (virtual)",
         match prefill {
-            Prefill::Together => "together (FLEET_PREFILL=slot-order: one after another)",
+            Prefill::Together => "together (FLEET_PREFILL=slot-order or batches: as llama-server)",
             Prefill::SlotOrder => "one after another in slot order, as llama-server does",
+            Prefill::Batches => "in llama-server's batches (slot order; answers slowed meanwhile)",
         }
     );
     for (fleet_name, fleet) in workloads::fleets() {

@@ -6,7 +6,8 @@
 //! decisions, and reports each answer's timings as a worker does, so cost routing learns the
 //! boxes' speeds the way it does in a proxy. A box evaluates the prompts of its running requests
 //! together (they share its prompt-processing speed; or, with [`Prefill::SlotOrder`], one after
-//! another in slot order, as llama-server does), generates for each at its generation speed
+//! another in slot order, as llama-server does; [`Prefill::Batches`] runs llama-server's loop of
+//! batches), generates for each at its generation speed
 //! (slowed a little per extra sequence, as batched decoding is), and keeps one prompt per slot:
 //! a request reuses what its slot holds of the same conversation, or of the same leading prefix
 //! (a shared system prompt), and evaluates the rest. With affinity on, slots are taken as our
@@ -184,7 +185,14 @@ pub enum Prefill {
     /// `tools/server/server-context.cpp`), so a short prompt in a later slot waits for the long
     /// ones before it.
     SlotOrder,
+    /// As llama-server's loop runs: each iteration a token for every sequence generating and
+    /// up to [`N_BATCH`] prompt tokens in slot order, so a long prompt also slows the answers
+    /// being generated beside it (one token per batch of prompt).
+    Batches,
 }
+
+/// llama-server's default logical batch (`-b`): prompt tokens evaluated per iteration at most.
+const N_BATCH: f64 = 2048.0;
 
 #[derive(Debug)]
 struct SimBox {
@@ -201,6 +209,19 @@ struct SimBox {
     sleep: Option<Option<f64>>,
     /// Turns waiting for their own slot, which a side request holds, until a deadline.
     waiting: Vec<(RequestId, Req, f64)>,
+    /// With [`Prefill::Batches`], the iteration under way.
+    batch: Option<Batch>,
+}
+
+/// One iteration of llama-server's loop ([`Prefill::Batches`]).
+#[derive(Debug)]
+struct Batch {
+    /// When it ends.
+    ends: f64,
+    /// The prompt tokens it evaluates, per request.
+    prompts: Vec<(RequestId, f64)>,
+    /// The requests it generates a token for.
+    generating: Vec<RequestId>,
 }
 
 /// How long a turn waits for its own slot while a side request holds it (as our worker's
@@ -346,6 +367,9 @@ impl SimBox {
     /// Advances one step; returns the requests whose first token came, and those that ended
     /// (with their timings).
     fn step(&mut self, now: f64) -> (Vec<RequestId>, Vec<(RequestId, usize, Timings)>) {
+        if self.prefill == Prefill::Batches {
+            return self.iterate(now);
+        }
         let prefilling = self.running.iter().filter(|r| r.prefill_left > 0.0).count();
         let decoding = self.running.len() - prefilling;
         let prompt_share = if prefilling > 0 {
@@ -356,7 +380,6 @@ impl SimBox {
         let decode = self.spec.generation_tps * STEP
             / (1.0 + DECODE_CROWDING * decoding.saturating_sub(1) as f64);
         let mut first = Vec::new();
-        let mut ended = Vec::new();
         // What is left of the step's prompt budget, for `Prefill::SlotOrder`: slots in order.
         let mut budget = self.spec.prompt_tps * STEP;
         let mut order: Vec<usize> = (0..self.running.len()).collect();
@@ -366,7 +389,7 @@ impl SimBox {
             if r.prefill_left > 0.0 {
                 let evaluated = match self.prefill {
                     Prefill::Together => prompt_share,
-                    Prefill::SlotOrder => budget.min(r.prefill_left),
+                    Prefill::SlotOrder | Prefill::Batches => budget.min(r.prefill_left),
                 };
                 r.prefill_left -= evaluated;
                 budget -= evaluated;
@@ -378,6 +401,13 @@ impl SimBox {
                 r.generate_left -= decode;
             }
         }
+        let ended = self.take_ended(now);
+        (first, ended)
+    }
+
+    /// Removes the requests whose answer is complete; each with its slot and timings.
+    fn take_ended(&mut self, now: f64) -> Vec<(RequestId, usize, Timings)> {
+        let mut ended = Vec::new();
         self.running.retain(|r| {
             if r.generate_left > 0.0 {
                 return true;
@@ -396,6 +426,61 @@ impl SimBox {
             ));
             false
         });
+        ended
+    }
+
+    /// [`SimBox::step`] as llama-server's loop runs ([`Prefill::Batches`]): the iteration under
+    /// way ends (its prompt tokens evaluated, a token generated for each sequence in it), and a
+    /// new one starts with every generating sequence and up to [`N_BATCH`] prompt tokens taken in
+    /// slot order, lasting their evaluation plus one step of decoding.
+    fn iterate(&mut self, now: f64) -> (Vec<RequestId>, Vec<(RequestId, usize, Timings)>) {
+        let mut first = Vec::new();
+        if let Some(batch) = self.batch.take() {
+            if now < batch.ends {
+                self.batch = Some(batch);
+                return (first, Vec::new());
+            }
+            for r in &mut self.running {
+                if let Some((_, tokens)) = batch.prompts.iter().find(|(id, _)| *id == r.id) {
+                    r.prefill_left -= tokens;
+                    if r.prefill_left <= 0.0 {
+                        r.first_token_at = Some(now);
+                        first.push(r.id);
+                    }
+                } else if batch.generating.contains(&r.id) {
+                    r.generate_left -= 1.0;
+                }
+            }
+        }
+        let ended = self.take_ended(now);
+        let mut order: Vec<&Running> = self.running.iter().collect();
+        order.sort_by_key(|r| r.slot);
+        let mut room = N_BATCH;
+        let mut prompts = Vec::new();
+        let mut generating = Vec::new();
+        for r in order {
+            if r.prefill_left > 0.0 {
+                let tokens = room.min(r.prefill_left);
+                if tokens > 0.0 {
+                    prompts.push((r.id, tokens));
+                    room -= tokens;
+                }
+            } else {
+                generating.push(r.id);
+            }
+        }
+        let prompt_secs = (N_BATCH - room) / self.spec.prompt_tps;
+        let decode_secs = match generating.len() {
+            0 => 0.0,
+            n => (1.0 + DECODE_CROWDING * (n - 1) as f64) / self.spec.generation_tps,
+        };
+        if !prompts.is_empty() || !generating.is_empty() {
+            self.batch = Some(Batch {
+                ends: now + prompt_secs + decode_secs,
+                prompts,
+                generating,
+            });
+        }
         (first, ended)
     }
 }
@@ -483,6 +568,7 @@ pub fn run(
                 pins: HashMap::new(),
                 last_side: None,
                 waiting: Vec::new(),
+                batch: None,
             }
         })
         .collect();
