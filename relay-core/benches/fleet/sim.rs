@@ -168,7 +168,13 @@ struct Running {
     prefill_left: f64,
     prefill_total: u32,
     generate_left: f64,
+    /// When its prompt's evaluation began: when it started, or with [`Prefill::Batches`] when a
+    /// batch first took its tokens — llama-server's `prompt_ms` does not count the wait for the
+    /// slots before it (measured: a short prompt behind a long one in an earlier slot waited
+    /// 0.9 s and reported 28 ms).
     started_at: f64,
+    /// With [`Prefill::Batches`], whether a batch has taken tokens of its prompt yet.
+    prefill_started: bool,
     first_token_at: Option<f64>,
     /// A side request's prompt tokens (`None` for a turn): a turn whose slot it holds waits.
     side_prompt: Option<u32>,
@@ -294,6 +300,7 @@ impl SimBox {
             prefill_total: prefill,
             generate_left: f64::from(req.output.max(1)),
             started_at: now,
+            prefill_started: false,
             first_token_at: None,
             side_prompt: req.side.then_some(req.prompt),
         });
@@ -453,6 +460,8 @@ impl SimBox {
             }
         }
         let ended = self.take_ended(now);
+        // Requests whose prompt this batch is the first to take tokens of.
+        let mut begun = Vec::new();
         let mut order: Vec<&Running> = self.running.iter().collect();
         order.sort_by_key(|r| r.slot);
         let mut room = N_BATCH;
@@ -462,11 +471,20 @@ impl SimBox {
             if r.prefill_left > 0.0 {
                 let tokens = room.min(r.prefill_left);
                 if tokens > 0.0 {
+                    if !r.prefill_started {
+                        begun.push(r.id);
+                    }
                     prompts.push((r.id, tokens));
                     room -= tokens;
                 }
             } else {
                 generating.push(r.id);
+            }
+        }
+        for r in &mut self.running {
+            if begun.contains(&r.id) {
+                r.prefill_started = true;
+                r.started_at = now;
             }
         }
         let prompt_secs = (N_BATCH - room) / self.spec.prompt_tps;
