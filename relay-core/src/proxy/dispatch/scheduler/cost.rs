@@ -576,15 +576,7 @@ pub(super) mod tests {
             s.observe_timings(ids[1], "m", &timings(1000, 500.0, 100, 500.0));
             let mut actions = Vec::new();
             if side_requests {
-                let title = Placement {
-                    affinity: Some(99),
-                    prompt_tokens: Some(100),
-                    side: true,
-                    ..Placement::default()
-                };
-                let Ok(Submitted::Dispatched { worker, .. }) = s.submit(30, "m", title, now) else {
-                    panic!("the title was not placed");
-                };
+                let worker = place_title(&mut s, 30, 100, now);
                 assert!(s.finish(worker, 30, &mut actions));
             }
             assert_eq!(place(&mut s, 1, 8, 1_000, now), ids[0]);
@@ -617,6 +609,20 @@ pub(super) mod tests {
         let placed = place(&mut s, 1, 9, 1_000, now);
         assert_eq!(placed, place(&mut usual, 1, 9, 1_000, now));
         assert_eq!(placed, ids[0], "not the box that answers faster");
+    }
+
+    /// Places side request `id` (a title of `tokens`) and returns where it went.
+    fn place_title(s: &mut Scheduler, id: RequestId, tokens: u32, now: Instant) -> WorkerId {
+        let title = Placement {
+            affinity: Some(99),
+            prompt_tokens: Some(tokens),
+            side: true,
+            ..Placement::default()
+        };
+        match s.submit(id, "m", title, now).expect("accepted") {
+            Submitted::Dispatched { worker, .. } => worker,
+            other => panic!("the title was not placed: {other:?}"),
+        }
     }
 
     fn timings(prompt_tokens: u32, prompt_ms: f64, generated: u32, generation_ms: f64) -> Timings {
@@ -729,15 +735,7 @@ pub(super) mod tests {
         // titles (20 tokens, 10 tokens/s: five times slower).
         let (mut s, ids) = fleet(true, &[None, None]);
         s.observe_timings(ids[1], "m", &timings(1000, 500.0, 200, 4000.0));
-        let title = Placement {
-            affinity: Some(99),
-            prompt_tokens: Some(1000),
-            side: true,
-            ..Placement::default()
-        };
-        let Ok(Submitted::Dispatched { worker, .. }) = s.submit(30, "m", title, now) else {
-            panic!("the title was not placed");
-        };
+        let worker = place_title(&mut s, 30, 1000, now);
         assert_eq!(worker, ids[0], "an unmeasured box: the usual rule");
         s.learn(ids[0], 30, &timings(1000, 500.0, 20, 2000.0));
         let mut actions = Vec::new();
