@@ -173,8 +173,6 @@ struct Running {
     /// slots before it (measured: a short prompt behind a long one in an earlier slot waited
     /// 0.9 s and reported 28 ms).
     started_at: f64,
-    /// With [`Prefill::Batches`], whether a batch has taken tokens of its prompt yet.
-    prefill_started: bool,
     first_token_at: Option<f64>,
     /// A side request's prompt tokens (`None` for a turn): a turn whose slot it holds waits.
     side_prompt: Option<u32>,
@@ -300,7 +298,6 @@ impl SimBox {
             prefill_total: prefill,
             generate_left: f64::from(req.output.max(1)),
             started_at: now,
-            prefill_started: false,
             first_token_at: None,
             side_prompt: req.side.then_some(req.prompt),
         });
@@ -387,15 +384,14 @@ impl SimBox {
         let decode = self.spec.generation_tps * STEP
             / (1.0 + DECODE_CROWDING * decoding.saturating_sub(1) as f64);
         let mut first = Vec::new();
-        // What is left of the step's prompt budget, for `Prefill::SlotOrder`: slots in order.
+        // What is left of the step's prompt budget, for `Prefill::SlotOrder`.
         let mut budget = self.spec.prompt_tps * STEP;
-        let mut order: Vec<usize> = (0..self.running.len()).collect();
-        order.sort_by_key(|i| self.running[*i].slot);
-        for i in order {
+        for i in self.in_slot_order() {
             let r = &mut self.running[i];
             if r.prefill_left > 0.0 {
                 let evaluated = match self.prefill {
                     Prefill::Together => prompt_share,
+                    // (`Batches` runs in `iterate`.)
                     Prefill::SlotOrder | Prefill::Batches => budget.min(r.prefill_left),
                 };
                 r.prefill_left -= evaluated;
@@ -410,6 +406,13 @@ impl SimBox {
         }
         let ended = self.take_ended(now);
         (first, ended)
+    }
+
+    /// The running requests' indices, in the order of their slots.
+    fn in_slot_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        order.sort_by_key(|i| self.running[*i].slot);
+        order
     }
 
     /// Removes the requests whose answer is complete; each with its slot and timings.
@@ -460,31 +463,23 @@ impl SimBox {
             }
         }
         let ended = self.take_ended(now);
-        // Requests whose prompt this batch is the first to take tokens of.
-        let mut begun = Vec::new();
-        let mut order: Vec<&Running> = self.running.iter().collect();
-        order.sort_by_key(|r| r.slot);
         let mut room = N_BATCH;
         let mut prompts = Vec::new();
         let mut generating = Vec::new();
-        for r in order {
-            if r.prefill_left > 0.0 {
-                let tokens = room.min(r.prefill_left);
-                if tokens > 0.0 {
-                    if !r.prefill_started {
-                        begun.push(r.id);
-                    }
-                    prompts.push((r.id, tokens));
-                    room -= tokens;
-                }
-            } else {
+        for i in self.in_slot_order() {
+            let r = &mut self.running[i];
+            if r.prefill_left <= 0.0 {
                 generating.push(r.id);
+                continue;
             }
-        }
-        for r in &mut self.running {
-            if begun.contains(&r.id) {
-                r.prefill_started = true;
-                r.started_at = now;
+            let tokens = room.min(r.prefill_left);
+            if tokens > 0.0 {
+                // The first batch to take tokens of this prompt: its evaluation begins.
+                if r.prefill_left >= f64::from(r.prefill_total.max(1)) {
+                    r.started_at = now;
+                }
+                prompts.push((r.id, tokens));
+                room -= tokens;
             }
         }
         let prompt_secs = (N_BATCH - room) / self.spec.prompt_tps;
