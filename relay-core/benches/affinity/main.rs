@@ -23,6 +23,8 @@
 //! model, a prompt of its own) and `AFFINITY_MODEL` (another GGUF file) change the run;
 //! `AFFINITY_WORKER_LOG` is the workers' log level (`warn` by default).
 
+#[path = "../relay/llama.rs"]
+mod llama;
 #[allow(dead_code)] // shared with the relay bench, which uses more of it
 #[path = "../relay/procs.rs"]
 mod procs;
@@ -80,26 +82,11 @@ fn words(rng: &mut Rng, count: usize) -> String {
 }
 
 /// A free TCP port on 127.0.0.1 (bound, then released for the child to take).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
+/// The realstack's server and model (`AFFINITY_MODEL` another model for every phase alike, e.g.
+/// a bigger random one whose prompt evaluation costs per token what a real model's does:
+/// `make_tiny_gguf.py --n-embd 256 --n-layer 4`).
 fn realstack() -> Option<(PathBuf, PathBuf)> {
-    let root = std::env::var_os("REALSTACK")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/modelrelay-realstack"))
-        })?;
-    let server = root.join("bin/llama-server");
-    // Another model for every phase alike, e.g. a bigger random one whose prompt evaluation
-    // costs per token what a real model's does (`make_tiny_gguf.py --n-embd 256 --n-layer 4`).
-    let model = std::env::var_os("AFFINITY_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("models/tiny-random-llama.gguf"));
-    (server.is_file() && model.is_file()).then_some((server, model))
+    llama::realstack(std::env::var_os("AFFINITY_MODEL").map(PathBuf::from))
 }
 
 /// `slower`: make this server the slower box of an unequal pair (`AFFINITY_SLOW_ARGS`).
@@ -109,42 +96,26 @@ async fn start_llama(
     model: &Path,
     slower: bool,
 ) -> (ChildProcess, u16) {
-    let port = free_port();
-    let mut command = Command::new(server);
-    command.args(["-m", &model.display().to_string()]);
-    command.args([
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "-a",
-        MODEL,
-    ]);
     // Each slot gets a third of the context: a 2,000-token system prompt and the turns.
-    command.args(["-c", "16384", "-n", &ANSWER_TOKENS.to_string(), "-t", "1"]);
-    command.args(["-np", &SLOTS.to_string(), "--no-webui"]);
+    let mut args: Vec<String> = ["-c", "16384", "-n", &ANSWER_TOKENS.to_string(), "-t", "1"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    args.extend([
+        "-np".to_string(),
+        SLOTS.to_string(),
+        "--no-webui".to_string(),
+    ]);
     // More of llama-server's own settings for every phase alike, e.g. `--cache-ram 0`.
     if let Ok(extra) = std::env::var("AFFINITY_LLAMA_ARGS") {
-        command.args(extra.split_whitespace());
+        args.extend(extra.split_whitespace().map(str::to_string));
     }
     // Boxes of unequal speed: more arguments for the second server only, e.g. `-ub 16 -b 16`
     // (smaller batches evaluate prompts several times slower).
     if let (true, Ok(extra)) = (slower, std::env::var("AFFINITY_SLOW_ARGS")) {
-        command.args(extra.split_whitespace());
+        args.extend(extra.split_whitespace().map(str::to_string));
     }
-    let child = ChildProcess::start(command, None);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let health = client
-            .get(format!("http://127.0.0.1:{port}/health"))
-            .send()
-            .await;
-        if health.is_ok_and(|r| r.status().is_success()) {
-            return (child, port);
-        }
-        assert!(Instant::now() < deadline, "llama-server did not start");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    llama::start_llama(client, (server, model), MODEL, &args).await
 }
 
 fn start_proxy(affinity: bool, cost: bool, data: &std::path::Path) -> (ChildProcess, u16) {
@@ -624,11 +595,7 @@ fn system_prompt_workloads() -> Vec<SystemPrompts> {
 async fn main() {
     // `cargo bench` passes `--bench`; nothing else is taken from the command line.
     let Some(stack) = realstack() else {
-        eprintln!(
-            "SKIPPED affinity bench: no real llama-server stack (bin/llama-server and \
-             models/tiny-random-llama.gguf in $REALSTACK or ~/.cache/modelrelay-realstack; \
-             build it with ../shared/tools/realstack/setup.sh)"
-        );
+        eprintln!("SKIPPED affinity bench: {}", llama::NO_REALSTACK);
         return;
     };
     let client = reqwest::Client::new();

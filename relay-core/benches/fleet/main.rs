@@ -8,15 +8,25 @@
 //! scheduler ([`sim`]). Reports mean, p90 and p99 time to first token, mean and p90 to the last token, and for
 //! agent sessions the share of turn-2+ prompt tokens taken from a cache; `FLEET_SEEDS` (default
 //! 20: with 5, several cells' verdicts depended on which five) workloads pooled.
-//! `FLEET_PREFILL=slot-order` has each box evaluate waiting prompts one after another in slot
-//! order, as llama-server fills its batches, instead of together; `FLEET_PREFILL=batches` runs
-//! llama-server's loop itself, where a long prompt also slows the answers beside it
-//! ([`sim::Prefill`]). Then the targets: cost routing no worse than the best other policy by
+//! Each box runs llama-server's loop ([`sim::Prefill::Batches`]): an iteration evaluates up to
+//! 2,048 prompt tokens in slot order and a token of every answer being generated, so a short
+//! prompt waits for the long ones in slots before it and answers crawl while a long prompt is
+//! evaluated — the model closest to a real llama-server's times (`FLEET_CALIBRATE=1`, below).
+//! `FLEET_PREFILL=together` (the bench's model until 2026-11-29: waiting prompts share the box)
+//! and `FLEET_PREFILL=slot-order` (slot order without the batches) are kept for comparison.
+//! `FLEET_CALIBRATE=1` measures the models against the realstack's llama-server instead
+//! ([`calibrate`]). Then the targets: cost routing no worse than the best other policy by
 //! more than 5% on mean and p90 TTFT; on unequal fleets a p90 TTFT at least 2× lower than
 //! least-loaded's; turn-2+ reuse ≥ 95% with side requests. Each cell also shows its floor
 //! ([`floors`]): where half of least-loaded's p90 is below it, the 2× target is listed as one
 //! no policy can reach rather than as a miss.
 
+mod calibrate;
+#[path = "../relay/llama.rs"]
+mod llama;
+#[allow(dead_code)] // shared with the relay bench, which uses more of it
+#[path = "../relay/procs.rs"]
+mod procs;
 mod sim;
 mod workloads;
 
@@ -152,16 +162,20 @@ fn row(policy: Policy, outcomes: &[Outcome], reasons: &[(Reason, u64)], agent: b
 }
 
 fn main() {
+    if std::env::var("FLEET_CALIBRATE").is_ok_and(|v| v == "1") {
+        calibrate::run();
+        return;
+    }
     let seeds: u64 = std::env::var("FLEET_SEEDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
     let prefill = match std::env::var("FLEET_PREFILL").as_deref() {
         Ok("slot-order") => Prefill::SlotOrder,
-        Ok("batches") => Prefill::Batches,
-        Ok("together") | Err(_) => Prefill::Together,
+        Ok("batches") | Err(_) => Prefill::Batches,
+        Ok("together") => Prefill::Together,
         Ok(other) => {
-            panic!("FLEET_PREFILL={other}: use together (the default), slot-order or batches")
+            panic!("FLEET_PREFILL={other}: use batches (the default), slot-order or together")
         }
     };
     let mut failures = Vec::new();
@@ -171,9 +185,12 @@ fn main() {
         "fleet bench: {seeds} seeds pooled per cell; prompts evaluated {}; times in seconds \
          (virtual)",
         match prefill {
-            Prefill::Together => "together (FLEET_PREFILL=slot-order or batches: as llama-server)",
+            Prefill::Together => "together, sharing each box (not as llama-server does)",
             Prefill::SlotOrder => "one after another in slot order, as llama-server does",
-            Prefill::Batches => "in llama-server's batches (slot order; answers slowed meanwhile)",
+            Prefill::Batches => {
+                "in llama-server's batches (slot order; answers slowed meanwhile; \
+                 FLEET_PREFILL=together or slot-order for the older models)"
+            }
         }
     );
     for (fleet_name, fleet) in workloads::fleets() {

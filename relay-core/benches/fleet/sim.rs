@@ -4,11 +4,12 @@
 //! The scheduler is the proxy's own (`relay_core::proxy::dispatch::scheduler`, pure, time as
 //! an input): the simulation submits each request as the hub would, carries out its dispatch
 //! decisions, and reports each answer's timings as a worker does, so cost routing learns the
-//! boxes' speeds the way it does in a proxy. A box evaluates the prompts of its running requests
-//! together (they share its prompt-processing speed; or, with [`Prefill::SlotOrder`], one after
-//! another in slot order, as llama-server does; [`Prefill::Batches`] runs llama-server's loop of
-//! batches), generates for each at its generation speed
-//! (slowed a little per extra sequence, as batched decoding is), and keeps one prompt per slot:
+//! boxes' speeds the way it does in a proxy. A box runs llama-server's loop ([`Prefill::Batches`]):
+//! each iteration evaluates up to 2,048 waiting prompt tokens, slot by slot, and generates a
+//! token of every answer under way (or, for comparison, evaluates its waiting prompts together,
+//! [`Prefill::Together`], or in slot order without batches, [`Prefill::SlotOrder`]), generating
+//! at its generation speed
+//! (slowed per extra sequence, as batched decoding is), and keeps one prompt per slot:
 //! a request reuses what its slot holds of the same conversation, or of the same leading prefix
 //! (a shared system prompt), and evaluates the rest. With affinity on, slots are taken as our
 //! worker's slot table pins them (a conversation's own slot, a new one where the fewest are
@@ -29,8 +30,9 @@ use relay_core::proxy::dispatch::scheduler::{
 /// The simulation's clock step.
 const STEP: f64 = 0.005;
 
-/// How much each extra sequence decoded together slows every sequence of a box.
-const DECODE_CROWDING: f64 = 0.08;
+/// How much each extra sequence decoded together slows every sequence of a GPU box (batched
+/// decoding is nearly free there; on a CPU it is not: the calibration measures a real box's).
+pub const GPU_DECODE_CROWDING: f64 = 0.08;
 
 /// A box of the fleet.
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +43,8 @@ pub struct BoxSpec {
     pub prompt_tps: f64,
     /// Tokens generated per second for one sequence.
     pub generation_tps: f64,
+    /// How much each extra sequence decoded at once slows every sequence.
+    pub decode_crowding: f64,
     /// Requests it runs at once (llama-server's slots; the worker's `max_concurrent`).
     pub slots: u32,
     /// Asleep when the workload starts, and the seconds it takes to wake (measured the last
@@ -182,7 +186,8 @@ struct Running {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prefill {
     /// Together, each at an equal share of the box's prompt speed: short prompts among long
-    /// ones come out soon (the bench's model until 2026-11-29, and its default).
+    /// ones come out soon (the bench's model until 2026-11-29; the calibration found it the
+    /// furthest from llama-server's times).
     Together,
     /// One after another in slot order, as llama-server fills each batch: every pending prompt
     /// token of a slot before any of the next slot's (`update_slots` in its
@@ -191,17 +196,22 @@ pub enum Prefill {
     SlotOrder,
     /// As llama-server's loop runs: each iteration a token for every sequence generating and
     /// up to [`N_BATCH`] prompt tokens in slot order, so a long prompt also slows the answers
-    /// being generated beside it (one token per batch of prompt).
+    /// being generated beside it (one token per batch of prompt). The default: the closest to a
+    /// real llama-server's times (`FLEET_CALIBRATE=1`).
     Batches,
 }
 
 /// llama-server's default logical batch (`-b`): prompt tokens evaluated per iteration at most.
-const N_BATCH: f64 = 2048.0;
+const N_BATCH: u32 = 2048;
 
 #[derive(Debug)]
 struct SimBox {
     spec: BoxSpec,
     prefill: Prefill,
+    /// Seconds between two calls of [`SimBox::step`].
+    tick: f64,
+    /// Prompt tokens one iteration takes at most ([`Prefill::Batches`]; llama-server's `-b`).
+    n_batch: f64,
     worker: WorkerId,
     slots: Vec<Slot>,
     running: Vec<Running>,
@@ -232,7 +242,43 @@ struct Batch {
 /// `SIDE_WAIT`).
 const SIDE_WAIT: f64 = 5.0;
 
+/// A request whose answer is complete.
+#[derive(Debug)]
+struct Ended {
+    id: RequestId,
+    slot: usize,
+    timings: Timings,
+    /// When its last token came.
+    at: f64,
+}
+
 impl SimBox {
+    /// A box awake (unless `spec` says it sleeps) with empty slots, stepped every `tick` s.
+    fn new(spec: BoxSpec, prefill: Prefill, n_batch: u32, worker: WorkerId, tick: f64) -> SimBox {
+        let empty = Slot {
+            conversation: None,
+            tokens: 0,
+            prefix: u64::MAX,
+            prefix_tokens: 0,
+            busy: false,
+            used: 0.0,
+        };
+        SimBox {
+            spec,
+            prefill,
+            tick,
+            n_batch: f64::from(n_batch),
+            sleep: spec.asleep.map(|_| None),
+            worker,
+            slots: vec![empty; spec.slots as usize],
+            running: Vec::new(),
+            pins: HashMap::new(),
+            last_side: None,
+            waiting: Vec::new(),
+            batch: None,
+        }
+    }
+
     /// Whether `req`, a turn, waits for its own slot: a side request no larger than it holds
     /// the slot (as our worker's `Slots::home_held_by_side`).
     fn waits_for_home(&self, req: &Req) -> bool {
@@ -280,6 +326,11 @@ impl SimBox {
         } else {
             self.similar_slot(req)
         };
+        self.occupy(id, req, pick, now)
+    }
+
+    /// Starts `req` in slot `pick` at `now`; the tokens it reuses of what the slot holds.
+    fn occupy(&mut self, id: RequestId, req: &Req, pick: usize, now: f64) -> u32 {
         let slot = &mut self.slots[pick];
         let reused = if slot.conversation == Some(req.conversation) {
             slot.tokens.min(req.prompt)
@@ -368,24 +419,24 @@ impl SimBox {
         pick
     }
 
-    /// Advances one step; returns the requests whose first token came, and those that ended
-    /// (with their timings).
-    fn step(&mut self, now: f64) -> (Vec<RequestId>, Vec<(RequestId, usize, Timings)>) {
+    /// Advances one tick to `now`; returns the requests whose first token came (and when), and
+    /// those that ended.
+    fn step(&mut self, now: f64) -> (Vec<(RequestId, f64)>, Vec<Ended>) {
         if self.prefill == Prefill::Batches {
             return self.iterate(now);
         }
         let prefilling = self.running.iter().filter(|r| r.prefill_left > 0.0).count();
         let decoding = self.running.len() - prefilling;
         let prompt_share = if prefilling > 0 {
-            self.spec.prompt_tps * STEP / prefilling as f64
+            self.spec.prompt_tps * self.tick / prefilling as f64
         } else {
             0.0
         };
-        let decode = self.spec.generation_tps * STEP
-            / (1.0 + DECODE_CROWDING * decoding.saturating_sub(1) as f64);
+        let decode = self.spec.generation_tps * self.tick
+            / (1.0 + self.spec.decode_crowding * decoding.saturating_sub(1) as f64);
         let mut first = Vec::new();
         // What is left of the step's prompt budget, for `Prefill::SlotOrder`.
-        let mut budget = self.spec.prompt_tps * STEP;
+        let mut budget = self.spec.prompt_tps * self.tick;
         for i in self.in_slot_order() {
             let r = &mut self.running[i];
             if r.prefill_left > 0.0 {
@@ -398,7 +449,7 @@ impl SimBox {
                 budget -= evaluated;
                 if r.prefill_left <= 0.0 {
                     r.first_token_at = Some(now);
-                    first.push(r.id);
+                    first.push((r.id, now));
                 }
             } else {
                 r.generate_left -= decode;
@@ -415,55 +466,68 @@ impl SimBox {
         order
     }
 
-    /// Removes the requests whose answer is complete; each with its slot and timings.
-    fn take_ended(&mut self, now: f64) -> Vec<(RequestId, usize, Timings)> {
+    /// Removes the requests whose answer is complete at `now`.
+    fn take_ended(&mut self, now: f64) -> Vec<Ended> {
         let mut ended = Vec::new();
         self.running.retain(|r| {
             if r.generate_left > 0.0 {
                 return true;
             }
             let first_at = r.first_token_at.unwrap_or(now);
-            ended.push((
-                r.id,
-                r.slot,
-                Timings {
+            ended.push(Ended {
+                id: r.id,
+                slot: r.slot,
+                timings: Timings {
                     prompt_tokens: r.prefill_total,
                     prompt_ms: (first_at - r.started_at) * 1000.0,
                     cached_tokens: None,
                     generated_tokens: 0,
                     generation_ms: (now - first_at) * 1000.0,
                 },
-            ));
+                at: now,
+            });
             false
         });
         ended
     }
 
-    /// [`SimBox::step`] as llama-server's loop runs ([`Prefill::Batches`]): the iteration under
-    /// way ends (its prompt tokens evaluated, a token generated for each sequence in it), and a
-    /// new one starts with every generating sequence and up to [`N_BATCH`] prompt tokens taken in
-    /// slot order, lasting their evaluation plus one step of decoding.
-    fn iterate(&mut self, now: f64) -> (Vec<RequestId>, Vec<(RequestId, usize, Timings)>) {
+    /// [`SimBox::step`] as llama-server's loop runs ([`Prefill::Batches`]): each iteration
+    /// that ended by `now` takes effect when it ended (its prompt tokens evaluated, a token
+    /// generated for each sequence in it; a prompt's last batch samples its first token), and
+    /// the next starts then, with every generating sequence and up to `n_batch` prompt tokens
+    /// taken in slot order, lasting their evaluation plus one step of decoding.
+    fn iterate(&mut self, now: f64) -> (Vec<(RequestId, f64)>, Vec<Ended>) {
         let mut first = Vec::new();
-        if let Some(batch) = self.batch.take() {
+        let mut ended = Vec::new();
+        while let Some(batch) = self.batch.take() {
             if now < batch.ends {
                 self.batch = Some(batch);
-                return (first, Vec::new());
+                return (first, ended);
             }
+            let at = batch.ends;
             for r in &mut self.running {
                 if let Some((_, tokens)) = batch.prompts.iter().find(|(id, _)| *id == r.id) {
                     r.prefill_left -= tokens;
                     if r.prefill_left <= 0.0 {
-                        r.first_token_at = Some(now);
-                        first.push(r.id);
+                        r.first_token_at = Some(at);
+                        r.generate_left -= 1.0;
+                        first.push((r.id, at));
                     }
                 } else if batch.generating.contains(&r.id) {
                     r.generate_left -= 1.0;
                 }
             }
+            ended.extend(self.take_ended(at));
+            self.begin_batch(at);
         }
-        let ended = self.take_ended(now);
-        let mut room = N_BATCH;
+        // Idle until now: an iteration starts with what arrived.
+        self.begin_batch(now);
+        (first, ended)
+    }
+
+    /// Starts llama-server's next iteration at `at`, if anything runs.
+    fn begin_batch(&mut self, at: f64) {
+        let mut room = self.n_batch;
         let mut prompts = Vec::new();
         let mut generating = Vec::new();
         for i in self.in_slot_order() {
@@ -476,25 +540,24 @@ impl SimBox {
             if tokens > 0.0 {
                 // The first batch to take tokens of this prompt: its evaluation begins.
                 if r.prefill_left >= f64::from(r.prefill_total.max(1)) {
-                    r.started_at = now;
+                    r.started_at = at;
                 }
                 prompts.push((r.id, tokens));
                 room -= tokens;
             }
         }
-        let prompt_secs = (N_BATCH - room) / self.spec.prompt_tps;
+        let prompt_secs = (self.n_batch - room) / self.spec.prompt_tps;
         let decode_secs = match generating.len() {
             0 => 0.0,
-            n => (1.0 + DECODE_CROWDING * (n - 1) as f64) / self.spec.generation_tps,
+            n => (1.0 + self.spec.decode_crowding * (n - 1) as f64) / self.spec.generation_tps,
         };
         if !prompts.is_empty() || !generating.is_empty() {
             self.batch = Some(Batch {
-                ends: now + prompt_secs + decode_secs,
+                ends: at + prompt_secs + decode_secs,
                 prompts,
                 generating,
             });
         }
-        (first, ended)
     }
 }
 
@@ -561,28 +624,7 @@ pub fn run(
                 scheduler.observe_timings(registered.worker, "m", &second);
                 scheduler.worker_gone(registered.worker, at(0.0));
             }
-            SimBox {
-                spec: *spec,
-                prefill,
-                sleep: spec.asleep.map(|_| None),
-                worker: registered.worker,
-                slots: vec![
-                    Slot {
-                        conversation: None,
-                        tokens: 0,
-                        prefix: u64::MAX,
-                        prefix_tokens: 0,
-                        busy: false,
-                        used: 0.0,
-                    };
-                    spec.slots as usize
-                ],
-                running: Vec::new(),
-                pins: HashMap::new(),
-                last_side: None,
-                waiting: Vec::new(),
-                batch: None,
-            }
+            SimBox::new(*spec, prefill, N_BATCH, registered.worker, STEP)
         })
         .collect();
     let mut box_of: HashMap<WorkerId, usize> = boxes
@@ -706,13 +748,19 @@ pub fn run(
         for b in &mut boxes {
             let worker = b.worker;
             let (first, ended) = b.step(now);
-            for id in first {
+            for (id, at) in first {
                 scheduler.mark_started(id);
                 if let Some(p) = pending.get_mut(&id) {
-                    p.first = Some(now);
+                    p.first = Some(at);
                 }
             }
-            for (id, slot, mut timings) in ended {
+            for Ended {
+                id,
+                slot,
+                mut timings,
+                at,
+            } in ended
+            {
                 let p = pending.remove(&id).expect("pending");
                 timings.generated_tokens = p.req.output;
                 let s = &mut b.slots[slot];
@@ -722,15 +770,15 @@ pub fn run(
                     prefix: p.req.prefix,
                     prefix_tokens: p.req.prefix_tokens,
                     busy: false,
-                    used: now,
+                    used: at,
                 };
                 scheduler.learn(worker, id, &timings);
                 let mut actions = Vec::new();
                 assert!(scheduler.finish(worker, id, &mut actions));
                 dispatches.extend(dispatched(actions));
                 outcomes.push(Outcome {
-                    ttft: p.first.unwrap_or(now) - p.sent,
-                    last: now - p.sent,
+                    ttft: p.first.unwrap_or(at) - p.sent,
+                    last: at - p.sent,
                     reused: p.reused,
                     prompt: p.req.prompt,
                     side: p.req.side,
@@ -739,7 +787,7 @@ pub fn run(
                 });
                 if !p.req.side {
                     let step = &sessions[p.session].steps[p.turn];
-                    due[p.session] = (p.turn + 1, Some(now + step.think));
+                    due[p.session] = (p.turn + 1, Some(at + step.think));
                 }
             }
         }
@@ -761,6 +809,81 @@ pub fn run(
         }
         now += STEP;
         assert!(now < 100_000.0, "the simulation does not end");
+    }
+}
+
+/// One request of a [`replay`]: sent `after` seconds after the previous request of its slot
+/// ended (the slot's first, after the replay began); a prompt of `prompt` tokens, none cached,
+/// and an answer of `output` tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotRequest {
+    pub after: f64,
+    pub prompt: u32,
+    pub output: u32,
+}
+
+/// What a request of a [`replay`] saw: seconds from sending it to its first and last token.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen {
+    pub ttft: f64,
+    pub last: f64,
+}
+
+/// Runs one box alone, slot `i` sending `chains[i]` one request after another — the requests
+/// the calibration also sends a real llama-server, pinned to the same slots — and returns,
+/// slot by slot, what each request saw. `n_batch` is the server's `-b`.
+pub fn replay(
+    spec: BoxSpec,
+    prefill: Prefill,
+    n_batch: u32,
+    chains: &[Vec<SlotRequest>],
+) -> Vec<Vec<Seen>> {
+    // Fine enough for a real box's millisecond decoding steps.
+    const TICK: f64 = 0.0002;
+    let mut sim = SimBox::new(spec, prefill, n_batch, 0, TICK);
+    let mut seen: Vec<Vec<Seen>> = chains.iter().map(|_| Vec::new()).collect();
+    let mut due: Vec<Option<f64>> = chains.iter().map(|c| c.first().map(|r| r.after)).collect();
+    // Running requests: their slot, when they were sent, when their first token came.
+    let mut running: HashMap<RequestId, (usize, f64, Option<f64>)> = HashMap::new();
+    let mut next_id: RequestId = 1;
+    let mut now = 0.0;
+    loop {
+        let (first, ended) = sim.step(now);
+        for (id, at) in first {
+            running.get_mut(&id).expect("running").2 = Some(at);
+        }
+        for end in ended {
+            let (slot, sent, first) = running.remove(&end.id).expect("running");
+            sim.slots[end.slot].busy = false;
+            seen[slot].push(Seen {
+                ttft: first.unwrap_or(end.at) - sent,
+                last: end.at - sent,
+            });
+            due[slot] = chains[slot].get(seen[slot].len()).map(|r| end.at + r.after);
+        }
+        for (slot, when) in due.iter_mut().enumerate() {
+            if when.is_some_and(|t| t <= now) {
+                *when = None;
+                let r = chains[slot][seen[slot].len()];
+                let req = Req {
+                    prompt: r.prompt,
+                    output: r.output,
+                    conversation: next_id,
+                    prefix: next_id,
+                    prefix_tokens: 0,
+                    side: false,
+                    claude_code: false,
+                };
+                sim.occupy(next_id, &req, slot, now);
+                running.insert(next_id, (slot, now, None));
+                next_id += 1;
+            }
+        }
+        if running.is_empty() && due.iter().all(Option::is_none) {
+            return seen;
+        }
+        now += TICK;
+        assert!(now < 10_000.0, "the replay does not end");
     }
 }
 

@@ -1,6 +1,6 @@
 //! The fleets and workloads of the fleet bench, made from a seed.
 
-use super::sim::{BoxSpec, Req, Session, Step};
+use super::sim::{BoxSpec, Req, Session, Step, GPU_DECODE_CROWDING};
 
 /// A small deterministic generator (xorshift64*): the same seed makes the same workload.
 pub struct Rng(u64);
@@ -42,6 +42,7 @@ pub fn fleets() -> Vec<(&'static str, Vec<BoxSpec>)> {
         name,
         prompt_tps: 2000.0,
         generation_tps: 40.0,
+        decode_crowding: GPU_DECODE_CROWDING,
         slots: 4,
         asleep: None,
     };
@@ -49,6 +50,7 @@ pub fn fleets() -> Vec<(&'static str, Vec<BoxSpec>)> {
         name: "fast",
         prompt_tps: 3000.0,
         generation_tps: 60.0,
+        decode_crowding: GPU_DECODE_CROWDING,
         slots: 4,
         asleep: None,
     };
@@ -56,6 +58,7 @@ pub fn fleets() -> Vec<(&'static str, Vec<BoxSpec>)> {
         name: "slow",
         prompt_tps: 600.0,
         generation_tps: 12.0,
+        decode_crowding: GPU_DECODE_CROWDING,
         slots: 4,
         asleep: None,
     };
