@@ -283,7 +283,7 @@ impl Scheduler {
         }
         let picked_worker = picked.map(|(w, _)| w);
         let wake = self.wake_plan(provider, &model, &placement, picked_worker, now);
-        let wake = wake.or_else(|| self.home_wait(&model, &placement, picked_worker, now));
+        let wake = wake.or_else(|| self.side_wait(&model, &placement, picked_worker, now));
         self.track_request(
             request,
             provider,
@@ -522,13 +522,16 @@ impl Scheduler {
                     (model, largest)
                 })
                 .collect();
+            let spare_here = self.spare_slots_as_one_frees(worker);
             let requests = &self.requests;
             let accept = |request: RequestId| {
                 let Some(r) = requests.get(&request) else {
                     return true;
                 };
-                if r.wake.as_ref().is_some_and(|wait| wait.keeps_from(&w.name)) {
-                    return false;
+                if let Some(wait) = &r.wake {
+                    if wait.keeps_from(&w.name) || (wait.wants_spare_slot() && spare_here <= 0) {
+                        return false;
+                    }
                 }
                 let tokens = r.placement.prompt_tokens;
                 if w.fits(&r.model, tokens) {

@@ -20,6 +20,10 @@ use super::{Placement, Scheduler, Worker, WorkerId};
 /// second, thirty tokens of answer at 12) takes about five.
 const HOME_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a side request waits for a slot kept for no conversation
+/// ([`Scheduler::spare_wait`]).
+const SPARE_WAIT: Duration = Duration::from_secs(5);
+
 /// How long after the last side request boxes keep a slot for the next: Claude Code sends one
 /// beside many of its turns, and its user's pauses between turns are minutes at most.
 const SIDE_FLOW: Duration = Duration::from_secs(600);
@@ -59,6 +63,20 @@ impl SideFlow {
 }
 
 impl Scheduler {
+    /// The wait side requests cause a request the usual rules put on `picked`: a turn's for its
+    /// home while a title fills it ([`Scheduler::home_wait`]), a title's for a slot kept for no
+    /// conversation ([`Scheduler::spare_wait`]).
+    pub(super) fn side_wait(
+        &self,
+        model: &str,
+        placement: &Placement,
+        picked: Option<WorkerId>,
+        now: Instant,
+    ) -> Option<WakeWait> {
+        self.home_wait(model, placement, picked, now)
+            .or_else(|| self.spare_wait(model, placement, picked, now))
+    }
+
     /// Whether a turn the usual rules would move off its conversation's home (`picked`: the
     /// worker they chose instead) waits for the home instead: the home is full, and a side
     /// request is among what it runs. A title's answer is seconds away; moving costs the turn
@@ -68,7 +86,7 @@ impl Scheduler {
     /// turn moved). It waits at most [`HOME_WAIT`], kept from other workers, then is placed as
     /// it would have been. A turn that would queue anyway (`picked` is `None`) takes whatever
     /// frees first, as before.
-    pub(super) fn home_wait(
+    fn home_wait(
         &self,
         model: &str,
         placement: &Placement,
@@ -89,6 +107,37 @@ impl Scheduler {
             for_box: Some(w.name.clone()),
             give_up_at: Some(now + HOME_WAIT),
             cause: None,
+            spare_slot: false,
+        })
+    }
+
+    /// Whether a side request the usual rules put on `picked` waits for a slot kept for no
+    /// conversation instead: `picked` has none spare (the title would take some conversation's
+    /// slot, whose next turn then evaluates its whole history again), and some box serving the
+    /// model will have one when the requests it runs for no conversation end. It waits at most
+    /// [`SPARE_WAIT`], then is placed as it would have been.
+    fn spare_wait(
+        &self,
+        model: &str,
+        placement: &Placement,
+        picked: Option<WorkerId>,
+        now: Instant,
+    ) -> Option<WakeWait> {
+        let picked = picked.filter(|_| placement.side)?;
+        if self.spare_slots(picked, now) > 0 {
+            return None;
+        }
+        let frees = self.workers.iter().any(|(id, w)| {
+            let kept = self.affinity.homes_of(*id) + w.external_load as usize;
+            w.models.iter().any(|m| **m == *model)
+                && !w.draining
+                && kept < w.max_concurrent as usize
+        });
+        frees.then(|| WakeWait {
+            for_box: None,
+            give_up_at: Some(now + SPARE_WAIT),
+            cause: None,
+            spare_slot: true,
         })
     }
 
@@ -144,6 +193,14 @@ impl Scheduler {
         }
         // The homes there, this conversation, and one slot for side requests.
         self.affinity.homes_of(worker) + 2 > w.max_concurrent as usize
+    }
+
+    /// [`Scheduler::spare_slots`] when a slot of `worker` frees: as of the latest request's
+    /// arrival, since an answer's end brings no clock (and what a time would change, a home
+    /// that expired meanwhile, only frees a slot).
+    pub(super) fn spare_slots_as_one_frees(&self, worker: WorkerId) -> i64 {
+        let latest = self.requests.values().map(|r| r.arrived).max();
+        latest.map_or(0, |now| self.spare_slots(worker, now))
     }
 
     /// `worker`'s slots less those kept for conversations: one per conversation homed there,
@@ -282,6 +339,73 @@ mod tests {
         match s.submit(3, "m", turn(2, false), t).expect("accepted") {
             Submitted::Dispatched { worker, .. } => assert_eq!(worker, ids[1]),
             other => panic!("moves at once: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_title_waits_for_a_slot_kept_for_no_conversation_rather_than_take_a_conversations() {
+        let t = Instant::now();
+        // Two boxes of two slots: the first keeps both for conversations 1001 and 1002 (between
+        // turns, so both are free), the second one for conversation 1003 and the other runs a
+        // title. Every free slot is some conversation's.
+        let setup = || {
+            let (mut s, ids) = fleet(false, &[(2000.0, 2, 2), (2000.0, 2, 1)], t);
+            assert_eq!(
+                place(&mut s, 1, 1000, true, t),
+                ids[1],
+                "the slot kept for none"
+            );
+            (s, ids)
+        };
+        let (mut s, ids) = setup();
+        let queued = s.submit(2, "m", title(), t).expect("accepted");
+        let Submitted::Queued { queue_deadline, .. } = queued else {
+            panic!("the second title waits: {queued:?}");
+        };
+        assert_eq!(queue_deadline, t + SPARE_WAIT, "for a bounded time");
+        assert_eq!(s.box_to_wake(2), None, "nothing is woken for it");
+        // A turn at home on the first box ends there: that slot is still its conversation's.
+        let turn = Placement {
+            affinity: Some(1001),
+            prompt_tokens: Some(1000),
+            ..Placement::default()
+        };
+        assert!(matches!(
+            s.submit(3, "m", turn, t),
+            Ok(Submitted::Dispatched { worker, .. }) if worker == ids[0]
+        ));
+        let mut actions = Vec::new();
+        assert!(s.finish(ids[0], 3, &mut actions));
+        assert!(!dispatches(&actions, 2, ids[0]), "{actions:?}");
+        // The first title ends: its slot, kept for none, takes the second.
+        let mut actions = Vec::new();
+        assert!(s.finish(ids[1], 1, &mut actions));
+        assert!(dispatches(&actions, 2, ids[1]), "{actions:?}");
+        assert_eq!(s.reason_of(2), Some(Reason::SideRequest));
+
+        // The first title outlasts the wait: the second is placed as it would have been.
+        let (mut s, ids) = setup();
+        s.submit(2, "m", title(), t).expect("accepted");
+        let mut actions = Vec::new();
+        assert!(s.stop_waiting_for_wake(2, t + SPARE_WAIT, &mut actions));
+        assert!(dispatches(&actions, 2, ids[0]), "{actions:?}");
+
+        // Conversations keep every slot of every box: no slot will come free for it, so it
+        // does not wait.
+        let (mut s, ids) = fleet(false, &[(2000.0, 2, 2), (2000.0, 2, 2)], t);
+        assert!(matches!(
+            s.submit(2, "m", title(), t),
+            Ok(Submitted::Dispatched { worker, .. }) if ids.contains(&worker)
+        ));
+    }
+
+    /// A side request of conversation 7.
+    fn title() -> Placement {
+        Placement {
+            affinity: Some(7),
+            prompt_tokens: Some(1000),
+            side: true,
+            ..Placement::default()
         }
     }
 

@@ -62,10 +62,12 @@ impl WakeCause {
     }
 }
 
-/// A request waiting for a sleeping box to wake.
+/// A request waiting for a sleeping box to wake (or, with no `cause`, for a slot a side
+/// request holds or would take: [`Scheduler::side_wait`]).
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct WakeWait {
-    /// The box woken for it; `None`: any box of its model (nothing awake serves it).
+    /// The box woken for it; `None`: any box of its model (nothing awake serves it, or a side
+    /// request waits for a slot kept for no conversation on any box).
     pub(super) for_box: Option<String>,
     /// When it stops waiting for the box and takes an awake one, or waits for one like any
     /// queued request; `None`: it is queued like any request meanwhile.
@@ -74,6 +76,9 @@ pub(super) struct WakeWait {
     /// worker, full while a side request runs there ([`Scheduler::home_wait`]); nothing is
     /// woken for it, and where it ends up says why as any placement does.
     pub(super) cause: Option<WakeCause>,
+    /// A side request waiting for a slot kept for no conversation ([`Scheduler::spare_wait`]):
+    /// until `give_up_at` it takes no slot where it would evict a conversation.
+    pub(super) spare_slot: bool,
 }
 
 impl WakeWait {
@@ -82,6 +87,11 @@ impl WakeWait {
     /// have queued it anyway takes it whenever it frees).
     pub(super) fn keeps_from(&self, name: &str) -> bool {
         self.give_up_at.is_some() && !self.met_by(name)
+    }
+
+    /// Whether, while it waits, it takes only a slot kept for no conversation.
+    pub(super) fn wants_spare_slot(&self) -> bool {
+        self.spare_slot && self.give_up_at.is_some()
     }
 
     /// Whether a placement on the worker named `name` is the one it waited for.
@@ -157,6 +167,7 @@ impl Scheduler {
                 for_box: None,
                 give_up_at: None,
                 cause: Some(WakeCause::NothingAwake),
+                spare_slot: false,
             });
         }
         if !self.cost_routing {
@@ -220,6 +231,7 @@ impl Scheduler {
             } else {
                 WakeCause::SlotWait
             }),
+            spare_slot: false,
         })
     }
 
@@ -234,6 +246,7 @@ impl Scheduler {
             for_box: Some(name.to_string()),
             give_up_at: None,
             cause: Some(WakeCause::QueueWaited),
+            spare_slot: false,
         })
     }
 
