@@ -73,12 +73,16 @@ impl Scheduler {
         picked: Option<WorkerId>,
         now: Instant,
     ) -> Option<WakeWait> {
-        self.home_wait(model, placement, picked, now)
-            .or_else(|| self.spare_wait(model, placement, picked, now))
+        let picked = picked?;
+        if placement.side {
+            self.spare_wait(model, picked, now)
+        } else {
+            self.home_wait(model, placement.affinity?, picked, now)
+        }
     }
 
-    /// Whether a turn the usual rules would move off its conversation's home (`picked`: the
-    /// worker they chose instead) waits for the home instead: the home is full, and a side
+    /// Whether a turn of conversation `key` the usual rules would move off its home (`picked`:
+    /// the worker they chose instead) waits for the home instead: the home is full, and a side
     /// request is among what it runs. A title's answer is seconds away; moving costs the turn
     /// its whole prompt on the other box, and the conversation it evicts there its history (the
     /// affinity bench on real llama-servers lost 4 of 150 turns this way in a run: a title
@@ -86,15 +90,8 @@ impl Scheduler {
     /// turn moved). It waits at most [`HOME_WAIT`], kept from other workers, then is placed as
     /// it would have been. A turn that would queue anyway (`picked` is `None`) takes whatever
     /// frees first, as before.
-    fn home_wait(
-        &self,
-        model: &str,
-        placement: &Placement,
-        picked: Option<WorkerId>,
-        now: Instant,
-    ) -> Option<WakeWait> {
-        let picked = picked.filter(|_| !placement.side)?;
-        let home = self.affinity.home(placement.affinity?, now)?;
+    fn home_wait(&self, model: &str, key: u64, picked: WorkerId, now: Instant) -> Option<WakeWait> {
+        let home = self.affinity.home(key, now)?;
         let w = self.workers.get(&home).filter(|_| home != picked)?;
         let serves = w.models.iter().any(|m| **m == *model);
         let full = serves && !w.draining && !w.has_capacity();
@@ -116,14 +113,7 @@ impl Scheduler {
     /// slot, whose next turn then evaluates its whole history again), and some box serving the
     /// model will have one when the requests it runs for no conversation end. It waits at most
     /// [`SPARE_WAIT`], then is placed as it would have been.
-    fn spare_wait(
-        &self,
-        model: &str,
-        placement: &Placement,
-        picked: Option<WorkerId>,
-        now: Instant,
-    ) -> Option<WakeWait> {
-        let picked = picked.filter(|_| placement.side)?;
+    fn spare_wait(&self, model: &str, picked: WorkerId, now: Instant) -> Option<WakeWait> {
         if self.spare_slots(picked, now) > 0 {
             return None;
         }
