@@ -414,7 +414,7 @@ impl Scheduler {
         let eligible = |w: &Worker| w.has_capacity() && (!any_fits || w.fits(model, prompt_tokens));
         let roomy = placement
             .side
-            .then(|| self.roomy(candidates, &eligible, now));
+            .then(|| self.roomy(model, candidates, &eligible, prompt_tokens, now));
         let candidates: &[WorkerId] = roomy
             .as_ref()
             .and_then(Option::as_deref)

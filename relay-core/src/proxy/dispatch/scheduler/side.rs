@@ -12,6 +12,7 @@
 use std::cmp::Reverse;
 use std::time::{Duration, Instant};
 
+use super::cost::CLEARLY_SOONER;
 use super::wake::WakeWait;
 use super::{Placement, Scheduler, Worker, WorkerId};
 
@@ -75,7 +76,7 @@ impl Scheduler {
     ) -> Option<WakeWait> {
         let picked = picked?;
         if placement.side {
-            self.spare_wait(model, picked, now)
+            self.spare_wait(model, now)
         } else {
             self.home_wait(model, placement.affinity?, picked, now)
         }
@@ -108,22 +109,26 @@ impl Scheduler {
         })
     }
 
-    /// Whether a side request the usual rules put on `picked` waits for a slot kept for no
-    /// conversation instead: `picked` has none spare (the title would take some conversation's
-    /// slot, whose next turn then evaluates its whole history again), and some box serving the
-    /// model will have one when the requests it runs for no conversation end. It waits at most
-    /// [`SPARE_WAIT`], then is placed as it would have been.
-    fn spare_wait(&self, model: &str, picked: WorkerId, now: Instant) -> Option<WakeWait> {
-        if self.spare_slots(picked, now) > 0 {
-            return None;
-        }
+    /// Whether a side request waits for a slot kept for no conversation rather than take the
+    /// slot of one (whose next turn then evaluates its whole history again): no box serving the
+    /// model has such a slot free now, and some box will have one when the requests it runs for
+    /// no conversation end. It waits at most [`SPARE_WAIT`], then is placed as it would have
+    /// been. (A box with one free now that the usual rules passed up, cost routing passed up on
+    /// purpose: [`Scheduler::roomy`].)
+    fn spare_wait(&self, model: &str, now: Instant) -> Option<WakeWait> {
+        let serving = |w: &Worker| w.models.iter().any(|m| **m == *model) && !w.draining;
+        let spare_now = self
+            .workers
+            .iter()
+            .any(|(id, w)| serving(w) && w.has_capacity() && self.spare_slots(*id, now) > 0);
         let frees = self.workers.iter().any(|(id, w)| {
             let kept = self.affinity.homes_of(*id) + w.external_load as usize;
-            w.models.iter().any(|m| **m == *model)
-                && !w.draining
-                && kept < w.max_concurrent as usize
+            serving(w) && kept < w.max_concurrent as usize
         });
-        frees.then(|| WakeWait {
+        if spare_now || !frees {
+            return None;
+        }
+        Some(WakeWait {
             for_box: None,
             give_up_at: Some(now + SPARE_WAIT),
             cause: None,
@@ -131,13 +136,17 @@ impl Scheduler {
         })
     }
 
-    /// The `eligible` candidates with a spare slot, when any has one: a side request goes to
-    /// none of the others, whatever cost routing would say (a faster box whose slots all hold
-    /// conversations answers the title sooner, and the conversation it evicts pays for it).
+    /// The candidates a side request of `tokens` may go to: the `eligible` ones with a spare
+    /// slot, when any has one — none of the others, whatever cost routing would say (a faster
+    /// box whose slots all hold conversations answers the title sooner, and the conversation it
+    /// evicts pays for it) — unless that faster box answers it clearly sooner even counting what
+    /// the evicted conversation evaluates again ([`Scheduler::sooner_despite_eviction`]).
     pub(super) fn roomy(
         &self,
+        model: &str,
         candidates: &[WorkerId],
         eligible: &dyn Fn(&Worker) -> bool,
+        tokens: Option<u32>,
         now: Instant,
     ) -> Option<Vec<WorkerId>> {
         let roomy: Vec<WorkerId> = candidates
@@ -145,7 +154,49 @@ impl Scheduler {
             .copied()
             .filter(|id| eligible(&self.workers[id]) && self.spare_slots(*id, now) > 0)
             .collect();
-        (!roomy.is_empty()).then_some(roomy)
+        if roomy.is_empty() {
+            return None;
+        }
+        let sooner = self.sooner_despite_eviction(model, candidates, &roomy, eligible, tokens, now);
+        Some(sooner.map_or(roomy, |id| vec![id]))
+    }
+
+    /// With cost routing, the `eligible` candidate without a spare slot where a side request's
+    /// first token, plus what the conversation it evicts there evaluates again (the one holding
+    /// the fewest tokens, which our worker gives up), comes clearly sooner than on any `roomy`
+    /// one. A slow box evaluating the long first turns of new sessions kept titles waiting for
+    /// them, in slot order, for 40 s and more, where the fast box would have cost the evicted
+    /// conversation four (the fleet bench's busy agent sessions on a fast and a 5× slower box).
+    fn sooner_despite_eviction(
+        &self,
+        model: &str,
+        candidates: &[WorkerId],
+        roomy: &[WorkerId],
+        eligible: &dyn Fn(&Worker) -> bool,
+        tokens: Option<u32>,
+        now: Instant,
+    ) -> Option<WorkerId> {
+        let tokens = tokens.filter(|_| self.cost_routing)?;
+        let first_token = |id: WorkerId| {
+            let (secs, delay) = self.first_token_secs(id, model, None, tokens, now)?;
+            Some(secs + delay)
+        };
+        let roomy_secs = roomy
+            .iter()
+            .map(|id| first_token(*id))
+            .try_fold(f64::INFINITY, |best, secs| Some(best.min(secs?)))?;
+        candidates
+            .iter()
+            .copied()
+            .filter(|id| !roomy.contains(id) && eligible(&self.workers[id]))
+            .filter_map(|id| {
+                let evicted = self.affinity.least_context_of(id, now)?;
+                let prompt_tps = self.speed(id, model)?.prompt_tps?;
+                Some((first_token(id)? + f64::from(evicted) / prompt_tps, id))
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .filter(|(secs, _)| *secs < roomy_secs * CLEARLY_SOONER)
+            .map(|(_, id)| id)
     }
 
     /// The `eligible` candidate with the most spare slots ([`Scheduler::spare_slots`]), then
@@ -355,15 +406,7 @@ mod tests {
         assert_eq!(queue_deadline, t + SPARE_WAIT, "for a bounded time");
         assert_eq!(s.box_to_wake(2), None, "nothing is woken for it");
         // A turn at home on the first box ends there: that slot is still its conversation's.
-        let turn = Placement {
-            affinity: Some(1001),
-            prompt_tokens: Some(1000),
-            ..Placement::default()
-        };
-        assert!(matches!(
-            s.submit(3, "m", turn, t),
-            Ok(Submitted::Dispatched { worker, .. }) if worker == ids[0]
-        ));
+        assert_eq!(turn(&mut s, 3, 1001, 1000, t), ids[0]);
         let mut actions = Vec::new();
         assert!(s.finish(ids[0], 3, &mut actions));
         assert!(!dispatches(&actions, 2, ids[0]), "{actions:?}");
@@ -387,6 +430,57 @@ mod tests {
             s.submit(2, "m", title(), t),
             Ok(Submitted::Dispatched { worker, .. }) if ids.contains(&worker)
         ));
+    }
+
+    #[test]
+    fn with_cost_routing_a_title_takes_a_conversations_slot_on_the_fast_box_rather_than_wait_long_on_the_slow_one(
+    ) {
+        let now = Instant::now();
+        // A slow box with a slot kept for none, a fast one whose two slots hold conversations
+        // of 3,000 tokens each (1 s to evaluate again there).
+        let setup = || {
+            let (mut s, ids) = fleet(true, &[(600.0, 2, 0), (3000.0, 2, 2)], now);
+            for key in [1001, 1002] {
+                s.affinity.set_context(key, 3_000);
+            }
+            (s, ids)
+        };
+        // The slow box idle: the title there (1.7 s) beats the fast box's 0.3 s plus the
+        // evicted conversation's 1 s once counted.
+        let (mut s, ids) = setup();
+        assert_eq!(place(&mut s, 1, 1000, true, now), ids[0]);
+        // The slow box evaluating a first turn of 12,000 tokens (placed there by the usual
+        // rules): 21.7 s there.
+        let busy_slow_box = |cost_routing: bool| {
+            let (mut s, ids) = setup();
+            s.set_cost_routing(false);
+            assert_eq!(turn(&mut s, 1, 1, 12_000, now), ids[0]);
+            s.set_cost_routing(cost_routing);
+            (s, ids)
+        };
+        let (mut s, ids) = busy_slow_box(true);
+        assert_eq!(place(&mut s, 2, 1000, true, now), ids[1]);
+        assert_eq!(
+            s.affinity.homes_of(ids[1]),
+            2,
+            "the title is still nobody's home"
+        );
+        // Without cost routing, the slot kept for none.
+        let (mut s, ids) = busy_slow_box(false);
+        assert_eq!(place(&mut s, 2, 1000, true, now), ids[0]);
+    }
+
+    /// Places request `id`, a turn of conversation `key` with a prompt of `tokens`: where it went.
+    fn turn(s: &mut Scheduler, id: RequestId, key: u64, tokens: u32, now: Instant) -> WorkerId {
+        let placement = Placement {
+            affinity: Some(key),
+            prompt_tokens: Some(tokens),
+            ..Placement::default()
+        };
+        match s.submit(id, "m", placement, now) {
+            Ok(Submitted::Dispatched { worker, .. }) => worker,
+            other => panic!("not placed: {other:?}"),
+        }
     }
 
     /// A side request of conversation 7.
