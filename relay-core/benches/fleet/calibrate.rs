@@ -99,8 +99,10 @@ fn chains(seed: u64) -> Vec<Vec<SlotRequest>> {
 /// What the server reported of one request, and what its client saw.
 struct Measured {
     seen: Seen,
-    /// `timings.prompt_n`, `timings.prompt_ms`, `timings.predicted_n`, `timings.predicted_ms`.
-    timings: [f64; 4],
+    /// Prompt tokens evaluated per second (`timings.prompt_n` over `prompt_ms`).
+    prompt_tps: f64,
+    /// Tokens generated per second (`timings.predicted_n` over `predicted_ms`).
+    generation_tps: f64,
 }
 
 /// Sends one request pinned to `slot`, streamed: `prompt` random tokens (none cached), an
@@ -155,18 +157,21 @@ async fn send(
         }
     }
     let last = sent.elapsed();
-    let number = |name: &str| timings[name].as_f64().unwrap_or(0.0);
+    let rate = |tokens: &str, ms: &str| {
+        let number = |name: &str| {
+            timings[name]
+                .as_f64()
+                .unwrap_or_else(|| panic!("llama-server's last event has no timings.{name}"))
+        };
+        number(tokens) * 1000.0 / number(ms).max(0.001)
+    };
     Measured {
         seen: Seen {
             ttft: first.unwrap_or(last).as_secs_f64(),
             last: last.as_secs_f64(),
         },
-        timings: [
-            number("prompt_n"),
-            number("prompt_ms"),
-            number("predicted_n"),
-            number("predicted_ms"),
-        ],
+        prompt_tps: rate("prompt_n", "prompt_ms"),
+        generation_tps: rate("predicted_n", "predicted_ms"),
     }
 }
 
@@ -178,20 +183,17 @@ async fn speeds(client: &reqwest::Client, port: u16, rng: &mut Rng) -> (f64, f64
     let mut prompt = 0.0;
     let mut generation = 0.0;
     for _ in 0..3 {
-        let t = send(client, port, 0, 4_000, 1, rng).await.timings;
-        prompt += t[0] / t[1] * 1000.0 / 3.0;
-        let t = send(client, port, 0, 16, 128, rng).await.timings;
-        generation += t[2] / t[3] * 1000.0 / 3.0;
+        prompt += send(client, port, 0, 4_000, 1, rng).await.prompt_tps / 3.0;
+        generation += send(client, port, 0, 16, 128, rng).await.generation_tps / 3.0;
     }
     let together = (0..SLOTS).map(|slot| {
         let client = client.clone();
         let mut rng = Rng::new(rng.between(1, 1_000_000).into());
-        tokio::spawn(async move { send(&client, port, slot, 16, 128, &mut rng).await.timings })
+        tokio::spawn(async move { send(&client, port, slot, 16, 128, &mut rng).await })
     });
     let mut crowded = 0.0;
     for task in together.collect::<Vec<_>>() {
-        let t = task.await.expect("a slot's answer");
-        crowded += t[2] / t[3] * 1000.0 / SLOTS as f64;
+        crowded += task.await.expect("a slot's answer").generation_tps / SLOTS as f64;
     }
     let crowding = (generation / crowded - 1.0) / (SLOTS - 1) as f64;
     (prompt, generation, crowding.max(0.0))

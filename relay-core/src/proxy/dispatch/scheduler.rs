@@ -529,7 +529,8 @@ impl Scheduler {
                     return true;
                 };
                 if let Some(wait) = &r.wake {
-                    if wait.keeps_from(&w.name) || (wait.wants_spare_slot() && spare_here <= 0) {
+                    let evicts = wait.wants_spare_slot() && spare_here.is_some_and(|n| n <= 0);
+                    if wait.keeps_from(&w.name) || evicts {
                         return false;
                     }
                 }

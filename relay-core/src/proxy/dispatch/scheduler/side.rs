@@ -236,12 +236,18 @@ impl Scheduler {
         self.affinity.homes_of(worker) + 2 > w.max_concurrent as usize
     }
 
-    /// [`Scheduler::spare_slots`] when a slot of `worker` frees: as of the latest request's
+    /// [`Scheduler::spare_slots`] when a slot of `worker` frees, for a side request queued
+    /// there waiting for one ([`Scheduler::spare_wait`]); `None` when no side request waits so
+    /// (an answer's end, every one of them, pays nothing for it). As of the latest request's
     /// arrival, since an answer's end brings no clock (and what a time would change, a home
     /// that expired meanwhile, only frees a slot).
-    pub(super) fn spare_slots_as_one_frees(&self, worker: WorkerId) -> i64 {
-        let latest = self.requests.values().map(|r| r.arrived).max();
-        latest.map_or(0, |now| self.spare_slots(worker, now))
+    pub(super) fn spare_slots_as_one_frees(&self, worker: WorkerId) -> Option<i64> {
+        let waiting = |r: &super::Request| r.wake.as_ref().is_some_and(|w| w.wants_spare_slot());
+        if !self.requests.values().any(waiting) {
+            return None;
+        }
+        let latest = self.requests.values().map(|r| r.arrived).max()?;
+        Some(self.spare_slots(worker, latest))
     }
 
     /// `worker`'s slots less those kept for conversations: one per conversation homed there,
