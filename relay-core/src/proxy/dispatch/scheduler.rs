@@ -12,6 +12,7 @@ use crate::protocol::RegisterMessage;
 
 mod cost;
 mod events;
+mod homes;
 mod known;
 mod names;
 mod registry;
@@ -146,6 +147,8 @@ struct Request {
     reason: Option<Reason>,
     /// The sleeping box it waits for, when one is woken for it ([`wake`]).
     wake: Option<wake::WakeWait>,
+    /// Another prompt was evaluated on its worker while its own was ([`cost`]).
+    shared_prefill: bool,
 }
 
 impl Request {
@@ -157,30 +160,6 @@ impl Request {
             priority: self.placement.priority,
             weight: self.placement.weight,
         }
-    }
-}
-
-/// A ratio `homes / slots`, compared exactly (cross-multiplied, no rounding): 1/2 equals 2/4.
-#[derive(Debug, Clone, Copy)]
-struct PerSlot(u64, u64);
-
-impl PartialEq for PerSlot {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == std::cmp::Ordering::Equal
-    }
-}
-
-impl Eq for PerSlot {}
-
-impl PartialOrd for PerSlot {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for PerSlot {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.0 * other.1).cmp(&(other.0 * self.1))
     }
 }
 
@@ -334,6 +313,7 @@ impl Scheduler {
                 prefill_tokens: 0,
                 reason: None,
                 wake: None,
+                shared_prefill: false,
             },
         );
     }
@@ -379,6 +359,7 @@ impl Scheduler {
             self.affinity.record(key, worker, entry.arrived);
             self.affinity.set_context(key, tokens.unwrap_or(0));
         }
+        self.note_shared_prefill(worker, request);
         self.workers
             .get_mut(&worker)
             .expect("known worker")
@@ -446,52 +427,6 @@ impl Scheduler {
             p.round_robin = p.round_robin.wrapping_add(1);
         }
         Some(sooner.map_or((usual, false), |faster| (faster, true)))
-    }
-
-    /// The least loaded of `candidates` that are `eligible`, the `turn`th among equals.
-    fn least_loaded(
-        &self,
-        turn: usize,
-        candidates: &[WorkerId],
-        eligible: &dyn Fn(&Worker) -> bool,
-    ) -> Option<WorkerId> {
-        let best_load = candidates
-            .iter()
-            .map(|id| &self.workers[id])
-            .filter(|w| eligible(w))
-            .map(Worker::load)
-            .min()?;
-        let tied = || {
-            candidates.iter().filter(|id| {
-                let w = &self.workers[*id];
-                eligible(w) && w.load() == best_load
-            })
-        };
-        tied().nth(turn % tied().count()).copied()
-    }
-
-    /// A worker with a free slot for a conversation without a usable home: the fewest
-    /// conversations per slot first ([`AffinityTable::homes_of`]), then the least loaded, then
-    /// the lowest id. Least-loaded alone, ties broken in turn, can put four conversations on
-    /// one three-slot server and two on another, and then the four evict each other's prompts
-    /// from its cache on every turn.
-    fn pick_new_home(
-        &self,
-        provider: usize,
-        model: &str,
-        eligible: &dyn Fn(&Worker) -> bool,
-    ) -> Option<WorkerId> {
-        let candidates = self.providers[provider].model_workers.get(model)?;
-        candidates
-            .iter()
-            .filter(|id| eligible(&self.workers[*id]))
-            .min_by_key(|id| {
-                let w = &self.workers[*id];
-                let homes = self.affinity.homes_of(**id) as u64;
-                let slots = u64::from(w.max_concurrent.max(1));
-                (PerSlot(homes, slots), w.load(), **id)
-            })
-            .copied()
     }
 
     /// Hands queued work to `worker` while it has free slots: the request whose turn it is among

@@ -2,7 +2,8 @@
 //! comes soonest, from what each box was measured to do.
 //!
 //! Each answer's timings (llama-server's own, carried in `response_complete.timings`) teach the
-//! proxy a worker's prompt-processing speed per model ([`Speed`], a moving average). For a
+//! proxy a worker's prompt-processing speed per model ([`Speed`], a moving average; a prompt
+//! evaluated beside another reports the box slower than it is, and only ever raises it). For a
 //! request the proxy then estimates, per candidate, the seconds until its first token: the
 //! prompt tokens that box would have to evaluate (all of them, or only those beyond what the
 //! conversation's home still holds) plus what the box is still evaluating for requests that have
@@ -63,8 +64,10 @@ pub struct Speed {
 impl Eq for Speed {}
 
 impl Speed {
-    /// Learns from one answer's `timings`: a conversation's turn's, or a side request's (`side`).
-    pub fn observe(&mut self, timings: &Timings, side: bool) {
+    /// Learns from one answer's `timings`: a conversation's turn's, or a side request's (`side`);
+    /// `shared`: another prompt was evaluated on the box while this one was, so its prompt rate
+    /// is only a floor of the box's ([`Scheduler::note_shared_prefill`]).
+    pub fn observe(&mut self, timings: &Timings, side: bool, shared: bool) {
         let rate = |tokens: u32, ms: f64, least: u32| {
             (tokens >= least && ms > 0.0).then(|| f64::from(tokens) * 1000.0 / ms)
         };
@@ -72,7 +75,9 @@ impl Speed {
             Some(old.map_or(new, |old| old + SAMPLE_WEIGHT * (new - old)))
         };
         if let Some(new) = rate(timings.prompt_tokens, timings.prompt_ms, MIN_PROMPT_SAMPLE) {
-            self.prompt_tps = blend(self.prompt_tps, new);
+            if !shared || self.prompt_tps.is_none_or(|old| new > old) {
+                self.prompt_tps = blend(self.prompt_tps, new);
+            }
         }
         if let Some(new) = rate(
             timings.generated_tokens,
@@ -180,17 +185,27 @@ impl Scheduler {
 
     /// Learns `worker`'s speed on `model` from one answer's `timings` (not a side request's).
     pub fn observe_timings(&mut self, worker: WorkerId, model: &str, timings: &Timings) {
-        self.observe_answer(worker, model, timings, false);
+        self.observe_answer(worker, model, timings, false, false);
     }
 
-    fn observe_answer(&mut self, worker: WorkerId, model: &str, timings: &Timings, side: bool) {
+    fn observe_answer(
+        &mut self,
+        worker: WorkerId,
+        model: &str,
+        timings: &Timings,
+        side: bool,
+        shared: bool,
+    ) {
         let Some(w) = self.workers.get_mut(&worker) else {
             return;
         };
         let Some(model) = w.models.iter().find(|m| &***m == model).cloned() else {
             return;
         };
-        w.speeds.entry(model).or_default().observe(timings, side);
+        w.speeds
+            .entry(model)
+            .or_default()
+            .observe(timings, side, shared);
     }
 
     /// Placements so far, by why they went where they did.
@@ -209,8 +224,33 @@ impl Scheduler {
     /// Learns `worker`'s speed on the model of `request`, which it just answered in `timings`.
     pub fn learn(&mut self, worker: WorkerId, request: RequestId, timings: &Timings) {
         if let Some(r) = self.requests.get(&request) {
-            let (model, side) = (r.model.clone(), r.placement.side);
-            self.observe_answer(worker, &model, timings, side);
+            let (model, side, shared) = (r.model.clone(), r.placement.side, r.shared_prefill);
+            self.observe_answer(worker, &model, timings, side, shared);
+        }
+    }
+
+    /// `request` is placed on `worker`: when the worker is still evaluating the prompt of
+    /// another request, the two share its batches, and the time each reports for its prompt
+    /// counts some of the other's tokens (llama-server fills each batch from its slots in
+    /// order). Learnt as they come, the fast box of the fleet bench measured 1,500–2,400 prompt
+    /// tokens a second for its 3,000, and titles went to the slow box.
+    pub(super) fn note_shared_prefill(&mut self, worker: WorkerId, request: RequestId) {
+        let Some(w) = self.workers.get(&worker) else {
+            return;
+        };
+        let evaluating: Vec<RequestId> = w
+            .in_flight
+            .iter()
+            .copied()
+            .filter(|r| self.requests.get(r).is_some_and(|r| !r.started))
+            .collect();
+        if evaluating.is_empty() {
+            return;
+        }
+        for id in evaluating.into_iter().chain([request]) {
+            if let Some(r) = self.requests.get_mut(&id) {
+                r.shared_prefill = true;
+            }
         }
     }
 
@@ -700,21 +740,57 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn a_prompt_evaluated_beside_another_only_ever_raises_the_speed_learnt() {
+        let now = Instant::now();
+        let (mut s, ids) = fleet(true, &[Some(3000.0)]);
+        let tps = |s: &Scheduler| s.speed(ids[0], "m").and_then(|speed| speed.prompt_tps);
+        // A long first turn, and a title placed while its prompt is evaluated: the two share
+        // the box's batches, and each reports a slower prompt than the box's.
+        place(&mut s, 1, 7, 12_000, now);
+        place_title(&mut s, 2, 1_000, now);
+        place(&mut s, 3, 8, 1_000, now);
+        s.learn(ids[0], 1, &timings(12_000, 6_000.0, 100, 2000.0));
+        s.learn(ids[0], 3, &timings(1_000, 500.0, 100, 2000.0));
+        assert_eq!(
+            tps(&s),
+            Some(3000.0),
+            "2,000 a second beside others is a floor"
+        );
+        // A shared sample above the estimate is learnt: the box is at least that fast.
+        s.learn(ids[0], 2, &timings(1_000, 200.0, 20, 400.0));
+        assert_eq!(tps(&s), Some(3600.0));
+        for id in [1, 2, 3] {
+            assert!(s.finish(ids[0], id, &mut Vec::new()));
+        }
+        // A prompt evaluated alone says what the box does, slower or not; so does one placed
+        // after the others began answering.
+        place(&mut s, 4, 7, 13_000, now);
+        s.mark_started(4);
+        place(&mut s, 5, 8, 1_000, now);
+        s.learn(ids[0], 4, &timings(1_000, 500.0, 100, 2000.0));
+        let alone = tps(&s).expect("measured");
+        assert!((alone - 3120.0).abs() < 1e-9, "{alone}");
+        s.learn(ids[0], 5, &timings(1_000, 500.0, 100, 2000.0));
+        let after = tps(&s).expect("measured");
+        assert!((after - 2784.0).abs() < 1e-9, "{after}");
+    }
+
+    #[test]
     fn a_speed_is_learnt_from_samples_big_enough_to_mean_something() {
         let mut speed = Speed::default();
-        speed.observe(&timings(10, 5.0, 2, 10.0), false);
+        speed.observe(&timings(10, 5.0, 2, 10.0), false, false);
         assert_eq!(
             (speed.prompt_tps, speed.generation_tps),
             (None, None),
             "too small to learn a speed from"
         );
         assert_eq!(speed.typical_output, Some(2.0), "but an answer of 2 tokens");
-        speed.observe(&timings(1000, 500.0, 100, 2000.0), false);
+        speed.observe(&timings(1000, 500.0, 100, 2000.0), false, false);
         assert_eq!(speed.prompt_tps, Some(2000.0));
         assert_eq!(speed.generation_tps, Some(50.0));
         let typical = speed.typical_output.unwrap();
         assert!((typical - 31.4).abs() < 1e-9, "{typical}");
-        speed.observe(&timings(1000, 1000.0, 100, 2000.0), false);
+        speed.observe(&timings(1000, 1000.0, 100, 2000.0), false, false);
         let blended = speed.prompt_tps.unwrap();
         assert!(
             (blended - 1700.0).abs() < 1e-9,
@@ -723,7 +799,7 @@ pub(super) mod tests {
         // A side request's answer (a title) is an answer, not a turn's.
         let (turn, answer) = (speed.typical_turn_output, speed.typical_output);
         assert_eq!(turn, answer, "every answer so far was a turn's");
-        speed.observe(&timings(1000, 500.0, 20, 400.0), true);
+        speed.observe(&timings(1000, 500.0, 20, 400.0), true, false);
         assert_eq!(speed.typical_turn_output, turn, "a title is not a turn");
         assert!(speed.typical_output < answer, "but it is an answer");
     }
