@@ -7,7 +7,10 @@
 //! whole history again. A side request instead goes to the box with the most slots kept for no
 //! conversation, and is nobody's home after (its worker keeps it out of the conversations' slots
 //! the same way: `worker::slot_pins`). A turn whose home is full while a title runs there waits
-//! for it a few seconds rather than move ([`Scheduler::home_wait`]).
+//! for it a few seconds rather than move ([`Scheduler::home_wait`]); a title waits as long for a
+//! slot kept for no conversation rather than take a conversation's ([`Scheduler::spare_wait`]),
+//! or with cost routing for one on a faster box rather than queue behind long prompts on a slow
+//! one ([`Scheduler::faster_spare_wait`]).
 
 use std::cmp::Reverse;
 use std::time::{Duration, Instant};
@@ -76,7 +79,9 @@ impl Scheduler {
     ) -> Option<WakeWait> {
         let picked = picked?;
         if placement.side {
+            let tokens = placement.prompt_tokens;
             self.spare_wait(model, now)
+                .or_else(|| self.faster_spare_wait(model, tokens, picked, now))
         } else {
             self.home_wait(model, placement.affinity?, picked, now)
         }
@@ -130,6 +135,50 @@ impl Scheduler {
         }
         Some(WakeWait {
             for_box: None,
+            give_up_at: Some(now + SPARE_WAIT),
+            cause: None,
+            spare_slot: true,
+        })
+    }
+
+    /// With cost routing, whether a side request of `tokens` the usual rules put on `picked`
+    /// waits instead for a slot kept for no conversation on a box that has none free now: one
+    /// whose slots but one hold conversations, the last taken by side requests that end in
+    /// seconds, where its first token comes clearly sooner even after the whole [`SPARE_WAIT`].
+    /// New sessions fill the fast box with their first turns and leave titles the slow box
+    /// alone, where they wait in slot order behind those sessions' long first turns: 40 s and
+    /// more on the fleet bench's busy fast + 5× slower pair, where the fast box's side slot
+    /// frees in about one.
+    fn faster_spare_wait(
+        &self,
+        model: &str,
+        tokens: Option<u32>,
+        picked: WorkerId,
+        now: Instant,
+    ) -> Option<WakeWait> {
+        let tokens = tokens.filter(|_| self.cost_routing)?;
+        let first_token = |id: WorkerId| {
+            let (secs, delay) = self.first_token_secs(id, model, None, tokens, now)?;
+            Some(secs + delay)
+        };
+        let on_picked = first_token(picked)?;
+        let waited = SPARE_WAIT.as_secs_f64();
+        let (_, faster) = self
+            .workers
+            .iter()
+            .filter(|(id, w)| {
+                let kept = self.affinity.homes_of(**id) + w.external_load as usize;
+                let serves = w.models.iter().any(|m| **m == *model) && !w.draining;
+                **id != picked
+                    && serves
+                    && kept < w.max_concurrent as usize
+                    && self.spare_slots(**id, now) <= 0
+            })
+            .filter_map(|(id, w)| Some((first_token(*id)? + waited, w)))
+            .filter(|(secs, _)| *secs < on_picked * CLEARLY_SOONER)
+            .min_by(|a, b| a.0.total_cmp(&b.0))?;
+        Some(WakeWait {
+            for_box: Some(faster.name.clone()),
             give_up_at: Some(now + SPARE_WAIT),
             cause: None,
             spare_slot: true,
@@ -496,6 +545,65 @@ mod tests {
             prompt_tokens: Some(1000),
             side: true,
             ..Placement::default()
+        }
+    }
+
+    #[test]
+    fn with_cost_routing_a_title_waits_for_the_fast_boxs_side_slot_rather_than_queue_behind_long_first_turns(
+    ) {
+        let t = Instant::now();
+        // A fast box and one five times slower, four slots each, three kept for conversations
+        // (1001–1003 on the fast box, 1004–1006 on the slow one). The fast box runs a title and
+        // its three conversations' turns; the slow one evaluates three long prompts, `long`
+        // tokens each.
+        let setup = |on: bool, long: u32| {
+            let (mut s, ids) = fleet(on, &[(3000.0, 4, 3), (600.0, 4, 3)], t);
+            assert_eq!(
+                place(&mut s, 4, 1000, true, t),
+                ids[0],
+                "its slot kept for none"
+            );
+            for (id, key) in [(1, 1001), (2, 1002), (3, 1003)] {
+                assert_eq!(turn(&mut s, id, key, 500, t), ids[0]);
+            }
+            for (id, key) in [(5, 1004), (6, 1005), (7, 1006)] {
+                assert_eq!(turn(&mut s, id, key, long, t), ids[1]);
+            }
+            (s, ids)
+        };
+        // The slow box's free slot would answer a second title in a minute; the fast box's
+        // side slot frees when its title ends, seconds away. The title waits for that.
+        let (mut s, ids) = setup(true, 12_000);
+        let queued = s.submit(8, "m", title(), t).expect("accepted");
+        let Submitted::Queued { queue_deadline, .. } = queued else {
+            panic!("the title waits for the fast box: {queued:?}");
+        };
+        assert_eq!(queue_deadline, t + SPARE_WAIT, "for a bounded time");
+        // A conversation's turn ending there frees a slot still kept for it: no title there.
+        let mut actions = Vec::new();
+        assert!(s.finish(ids[0], 1, &mut actions));
+        assert!(!dispatches(&actions, 8, ids[0]), "{actions:?}");
+        // Nor does the slow box take it while it waits.
+        let mut actions = Vec::new();
+        assert!(s.finish(ids[1], 5, &mut actions));
+        assert!(!dispatches(&actions, 8, ids[1]), "{actions:?}");
+        // The first title ends: its slot takes the second.
+        let mut actions = Vec::new();
+        assert!(s.finish(ids[0], 4, &mut actions));
+        assert!(dispatches(&actions, 8, ids[0]), "{actions:?}");
+
+        // Short prompts on the slow box: its free slot answers sooner than the fast box would
+        // after a wait, and takes the title at once.
+        let (mut s, ids) = setup(true, 500);
+        match s.submit(8, "m", title(), t).expect("accepted") {
+            Submitted::Dispatched { worker, .. } => assert_eq!(worker, ids[1]),
+            other => panic!("placed at once: {other:?}"),
+        }
+        // Without cost routing, nothing is weighed: the slow box's free slot takes it.
+        let (mut s, ids) = setup(false, 12_000);
+        match s.submit(8, "m", title(), t).expect("accepted") {
+            Submitted::Dispatched { worker, .. } => assert_eq!(worker, ids[1]),
+            other => panic!("placed at once: {other:?}"),
         }
     }
 

@@ -66,7 +66,8 @@ impl WakeCause {
 /// request holds or would take: [`Scheduler::side_wait`]).
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct WakeWait {
-    /// The box woken for it; `None`: any box of its model (nothing awake serves it, or a side
+    /// The box woken for it, or the one it waits for (a turn's home, a faster box's slot kept
+    /// for no conversation); `None`: any box of its model (nothing awake serves it, or a side
     /// request waits for a slot kept for no conversation on any box).
     pub(super) for_box: Option<String>,
     /// When it stops waiting for the box and takes an awake one, or waits for one like any
