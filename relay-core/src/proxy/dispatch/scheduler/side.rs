@@ -141,6 +141,22 @@ impl Scheduler {
         })
     }
 
+    /// With cost routing, a side request's estimate on a worker: the seconds until its first
+    /// token of `tokens` there, plus what it delays the prompts evaluated there; `None` without
+    /// cost routing or a prompt size.
+    fn side_first_token<'a>(
+        &'a self,
+        model: &'a str,
+        tokens: Option<u32>,
+        now: Instant,
+    ) -> Option<impl Fn(WorkerId) -> Option<f64> + 'a> {
+        let tokens = tokens.filter(|_| self.cost_routing)?;
+        Some(move |id: WorkerId| {
+            let (secs, delay) = self.first_token_secs(id, model, None, tokens, now)?;
+            Some(secs + delay)
+        })
+    }
+
     /// With cost routing, whether a side request of `tokens` the usual rules put on `picked`
     /// waits instead for a slot kept for no conversation on a box that has none free now: one
     /// whose slots but one hold conversations, the last taken by side requests that end in
@@ -156,11 +172,7 @@ impl Scheduler {
         picked: WorkerId,
         now: Instant,
     ) -> Option<WakeWait> {
-        let tokens = tokens.filter(|_| self.cost_routing)?;
-        let first_token = |id: WorkerId| {
-            let (secs, delay) = self.first_token_secs(id, model, None, tokens, now)?;
-            Some(secs + delay)
-        };
+        let first_token = self.side_first_token(model, tokens, now)?;
         let on_picked = first_token(picked)?;
         let waited = SPARE_WAIT.as_secs_f64();
         let (_, faster) = self
@@ -225,11 +237,7 @@ impl Scheduler {
         tokens: Option<u32>,
         now: Instant,
     ) -> Option<WorkerId> {
-        let tokens = tokens.filter(|_| self.cost_routing)?;
-        let first_token = |id: WorkerId| {
-            let (secs, delay) = self.first_token_secs(id, model, None, tokens, now)?;
-            Some(secs + delay)
-        };
+        let first_token = self.side_first_token(model, tokens, now)?;
         let roomy_secs = roomy
             .iter()
             .map(|id| first_token(*id))
@@ -380,6 +388,18 @@ mod tests {
         actions.contains(&Action::Dispatch { request, worker })
     }
 
+    /// Whether `finished` ending on `worker` hands `waiting` that worker's freed slot.
+    fn frees_for(
+        s: &mut Scheduler,
+        worker: WorkerId,
+        finished: RequestId,
+        waiting: RequestId,
+    ) -> bool {
+        let mut actions = Vec::new();
+        assert!(s.finish(worker, finished, &mut actions));
+        dispatches(&actions, waiting, worker)
+    }
+
     #[test]
     fn a_turn_whose_home_a_title_fills_waits_for_it_and_moves_only_when_the_wait_runs_out() {
         let t = Instant::now();
@@ -417,9 +437,7 @@ mod tests {
         assert_eq!(queue_deadline, t + HOME_WAIT, "for a bounded time");
         assert_eq!(s.box_to_wake(3), None, "nothing is woken for it");
         // The title ends: the turn goes home.
-        let mut actions = Vec::new();
-        assert!(s.finish(ids[0], 2, &mut actions));
-        assert!(dispatches(&actions, 3, ids[0]), "{actions:?}");
+        assert!(frees_for(&mut s, ids[0], 2, 3));
         assert_eq!(s.reason_of(3), Some(Reason::CacheHit));
 
         // The title outlasts the wait: the turn moves as it would have.
@@ -462,13 +480,9 @@ mod tests {
         assert_eq!(s.box_to_wake(2), None, "nothing is woken for it");
         // A turn at home on the first box ends there: that slot is still its conversation's.
         assert_eq!(turn(&mut s, 3, 1001, 1000, t), ids[0]);
-        let mut actions = Vec::new();
-        assert!(s.finish(ids[0], 3, &mut actions));
-        assert!(!dispatches(&actions, 2, ids[0]), "{actions:?}");
+        assert!(!frees_for(&mut s, ids[0], 3, 2));
         // The first title ends: its slot, kept for none, takes the second.
-        let mut actions = Vec::new();
-        assert!(s.finish(ids[1], 1, &mut actions));
-        assert!(dispatches(&actions, 2, ids[1]), "{actions:?}");
+        assert!(frees_for(&mut s, ids[1], 1, 2));
         assert_eq!(s.reason_of(2), Some(Reason::SideRequest));
 
         // The first title outlasts the wait: the second is placed as it would have been.
@@ -580,17 +594,11 @@ mod tests {
         };
         assert_eq!(queue_deadline, t + SPARE_WAIT, "for a bounded time");
         // A conversation's turn ending there frees a slot still kept for it: no title there.
-        let mut actions = Vec::new();
-        assert!(s.finish(ids[0], 1, &mut actions));
-        assert!(!dispatches(&actions, 8, ids[0]), "{actions:?}");
+        assert!(!frees_for(&mut s, ids[0], 1, 8));
         // Nor does the slow box take it while it waits.
-        let mut actions = Vec::new();
-        assert!(s.finish(ids[1], 5, &mut actions));
-        assert!(!dispatches(&actions, 8, ids[1]), "{actions:?}");
+        assert!(!frees_for(&mut s, ids[1], 5, 8));
         // The first title ends: its slot takes the second.
-        let mut actions = Vec::new();
-        assert!(s.finish(ids[0], 4, &mut actions));
-        assert!(dispatches(&actions, 8, ids[0]), "{actions:?}");
+        assert!(frees_for(&mut s, ids[0], 4, 8));
 
         // Short prompts on the slow box: its free slot answers sooner than the fast box would
         // after a wait, and takes the title at once.
