@@ -238,19 +238,15 @@ impl Scheduler {
         let Some(w) = self.workers.get(&worker) else {
             return;
         };
-        let evaluating: Vec<RequestId> = w
-            .in_flight
-            .iter()
-            .copied()
-            .filter(|r| self.requests.get(r).is_some_and(|r| !r.started))
-            .collect();
-        if evaluating.is_empty() {
-            return;
-        }
-        for id in evaluating.into_iter().chain([request]) {
-            if let Some(r) = self.requests.get_mut(&id) {
+        let mut shared = false;
+        for id in &w.in_flight {
+            if let Some(r) = self.requests.get_mut(id).filter(|r| !r.started) {
                 r.shared_prefill = true;
+                shared = true;
             }
+        }
+        if let Some(r) = self.requests.get_mut(&request).filter(|_| shared) {
+            r.shared_prefill = true;
         }
     }
 

@@ -66,6 +66,11 @@ impl SideFlow {
     }
 }
 
+/// Whether `w` serves `model` and takes new work.
+fn serves(w: &Worker, model: &str) -> bool {
+    w.models.iter().any(|m| **m == *model) && !w.draining
+}
+
 impl Scheduler {
     /// The wait side requests cause a request the usual rules put on `picked`: a turn's for its
     /// home while a title fills it ([`Scheduler::home_wait`]), a title's for a slot kept for no
@@ -121,15 +126,14 @@ impl Scheduler {
     /// been. (A box with one free now that the usual rules passed up, cost routing passed up on
     /// purpose: [`Scheduler::roomy`].)
     fn spare_wait(&self, model: &str, now: Instant) -> Option<WakeWait> {
-        let serving = |w: &Worker| w.models.iter().any(|m| **m == *model) && !w.draining;
         let spare_now = self
             .workers
             .iter()
-            .any(|(id, w)| serving(w) && w.has_capacity() && self.spare_slots(*id, now) > 0);
-        let frees = self.workers.iter().any(|(id, w)| {
-            let kept = self.affinity.homes_of(*id) + w.external_load as usize;
-            serving(w) && kept < w.max_concurrent as usize
-        });
+            .any(|(id, w)| serves(w, model) && w.has_capacity() && self.spare_slots(*id, now) > 0);
+        let frees = self
+            .workers
+            .iter()
+            .any(|(id, w)| serves(w, model) && self.keeps_a_slot_for_none(*id, w));
         if spare_now || !frees {
             return None;
         }
@@ -139,6 +143,12 @@ impl Scheduler {
             cause: None,
             spare_slot: true,
         })
+    }
+
+    /// Whether `worker` (`w`) has a slot its conversations' homes (and the load it carries
+    /// beside us) leave free: one that side requests free when they end.
+    fn keeps_a_slot_for_none(&self, worker: WorkerId, w: &Worker) -> bool {
+        self.affinity.homes_of(worker) + (w.external_load as usize) < w.max_concurrent as usize
     }
 
     /// With cost routing, a side request's estimate on a worker: the seconds until its first
@@ -179,11 +189,9 @@ impl Scheduler {
             .workers
             .iter()
             .filter(|(id, w)| {
-                let kept = self.affinity.homes_of(**id) + w.external_load as usize;
-                let serves = w.models.iter().any(|m| **m == *model) && !w.draining;
                 **id != picked
-                    && serves
-                    && kept < w.max_concurrent as usize
+                    && serves(w, model)
+                    && self.keeps_a_slot_for_none(**id, w)
                     && self.spare_slots(**id, now) <= 0
             })
             .filter_map(|(id, w)| Some((first_token(*id)? + waited, w)))
@@ -294,7 +302,8 @@ impl Scheduler {
     }
 
     /// [`Scheduler::spare_slots`] when a slot of `worker` frees, for a side request queued
-    /// there waiting for one ([`Scheduler::spare_wait`]); `None` when no side request waits so
+    /// there waiting for one ([`Scheduler::spare_wait`], [`Scheduler::faster_spare_wait`]);
+    /// `None` when no side request waits so
     /// (an answer's end, every one of them, pays nothing for it). As of the latest request's
     /// arrival, since an answer's end brings no clock (and what a time would change, a home
     /// that expired meanwhile, only frees a slot).
@@ -599,6 +608,13 @@ mod tests {
         assert!(!frees_for(&mut s, ids[1], 5, 8));
         // The first title ends: its slot takes the second.
         assert!(frees_for(&mut s, ids[0], 4, 8));
+
+        // The first title outlasts the wait: the second is placed as it would have been.
+        let (mut s, ids) = setup(true, 12_000);
+        s.submit(8, "m", title(), t).expect("accepted");
+        let mut actions = Vec::new();
+        assert!(s.stop_waiting_for_wake(8, t + SPARE_WAIT, &mut actions));
+        assert!(dispatches(&actions, 8, ids[1]), "{actions:?}");
 
         // Short prompts on the slow box: its free slot answers sooner than the fast box would
         // after a wait, and takes the title at once.
