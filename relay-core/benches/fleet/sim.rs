@@ -217,8 +217,6 @@ struct SimBox {
     running: Vec<Running>,
     /// Conversation → the slot our worker keeps it in (with affinity on).
     pins: HashMap<u64, usize>,
-    /// The slot the last side request took.
-    last_side: Option<usize>,
     /// Asleep (`Some(None)`), waking until this time (`Some(Some(t))`), or awake (`None`).
     sleep: Option<Option<f64>>,
     /// Turns waiting for their own slot, which a side request holds, until a deadline.
@@ -273,7 +271,6 @@ impl SimBox {
             slots: vec![empty; spec.slots as usize],
             running: Vec::new(),
             pins: HashMap::new(),
-            last_side: None,
             waiting: Vec::new(),
             batch: None,
         }
@@ -381,9 +378,9 @@ impl SimBox {
 
     /// Our worker's slot table (`worker::slot_pins`): a conversation's own slot while free,
     /// else the free slot kept for the fewest conversations (then the one whose cached prompt
-    /// is worth least, then the one idle longest), which becomes its own; a side request the
-    /// free slot kept for the fewest conversations, then the one the last side request took,
-    /// then the one idle longest, nobody's after.
+    /// is worth least, then the one idle longest, then the highest), which becomes its own; a
+    /// side request the lowest free slot kept for the fewest conversations, nobody's after
+    /// (llama-server evaluates it before the turns in the slots above).
     fn pinned_slot(&mut self, req: &Req, now: f64) -> usize {
         let homes = |slot: usize| self.pins.values().filter(|s| **s == slot).count();
         let free: Vec<usize> = (0..self.slots.len())
@@ -391,11 +388,9 @@ impl SimBox {
             .collect();
         let used = |i: usize| self.slots[i].used;
         let pick = if req.side {
-            free.iter().copied().min_by(|a, b| {
-                (homes(*a), self.last_side != Some(*a))
-                    .cmp(&(homes(*b), self.last_side != Some(*b)))
-                    .then(used(*a).total_cmp(&used(*b)))
-            })
+            free.iter()
+                .copied()
+                .min_by(|a, b| homes(*a).cmp(&homes(*b)).then(a.cmp(b)))
         } else {
             self.pins
                 .get(&req.conversation)
@@ -407,13 +402,12 @@ impl SimBox {
                             .cmp(&homes(*b))
                             .then(self.worth(*a, now).cmp(&self.worth(*b, now)))
                             .then(used(*a).total_cmp(&used(*b)))
+                            .then(b.cmp(a))
                     })
                 })
         }
         .expect("the scheduler gives a box no more requests than it has slots");
-        if req.side {
-            self.last_side = Some(pick);
-        } else {
+        if !req.side {
             self.pins.insert(req.conversation, pick);
         }
         pick

@@ -10,6 +10,14 @@
 //! slots, a new conversation takes the one whose cached prompt is cheaper to lose: a chat's
 //! thousand tokens rather than a pasted document's twenty thousand, which its next question
 //! would otherwise evaluate again.
+//!
+//! llama-server fills each batch from its slots in order, every waiting prompt token of one
+//! slot before any of the next's, so a prompt waits for the prompts in the slots before it.
+//! Side requests (titles, summaries: a thousand tokens) take the lowest slots and
+//! conversations the highest, so a title sent beside a 12,000-token first turn is evaluated
+//! first and delays the turn by its own thousand tokens, rather than waiting for all twelve
+//! thousand (on the fleet bench, a fast box beside one five times slower at a home's load:
+//! TTFT p90 0.80 → 0.72 s; BENCHMARKS.md, 2026-11-29, "side requests first").
 
 use std::time::{Duration, Instant};
 
@@ -42,8 +50,6 @@ pub struct Slots {
     /// When each slot's last request ended; `None` while one runs, or before any.
     freed: Vec<Option<Instant>>,
     given: u64,
-    /// The slot the last side request took.
-    last_side: Option<u32>,
 }
 
 impl Slots {
@@ -58,7 +64,6 @@ impl Slots {
             held: vec![0; count],
             freed: vec![None; count],
             given: 0,
-            last_side: None,
         }
     }
 
@@ -77,7 +82,8 @@ impl Slots {
     /// (the proxy's affinity yields the same way). Held by a title only, the worker waits for
     /// it first ([`Slots::home_held_by_side`]). A new conversation goes to the free slot
     /// kept for the fewest conversations, then the one whose cached prompt is worth least
-    /// ([`Slots::worth`]), then the one idle longest.
+    /// ([`Slots::worth`]), then the one idle longest, then the highest (the lowest are for
+    /// side requests; see the module).
     pub fn take(&mut self, key: u64, tokens: u32, now: Instant) -> u32 {
         let count = self.count();
         let home = self.pins.home(key, now).filter(|&slot| slot < count);
@@ -91,6 +97,7 @@ impl Slots {
                             self.pins.homes_of(slot),
                             self.worth(slot, now),
                             self.last_given[slot as usize],
+                            std::cmp::Reverse(slot),
                         )
                     });
                 // Every slot busy: the conversation's own slot if it has one (its cache is
@@ -118,24 +125,18 @@ impl Slots {
 
     /// The slot for a side request of a conversation (Claude Code's titles and summaries:
     /// one-off prompts, each keyed by its own), counted busy until [`Slots::release`]. The free
-    /// slot kept for the fewest conversations, then the one the last side request took (the
-    /// side requests' shared leading prompt may still be there), then the one idle longest.
-    /// It becomes nobody's home: pinned like a conversation, each title would count as one, and
+    /// slot kept for the fewest conversations, then the lowest: llama-server evaluates it
+    /// before the conversations' prompts in the slots above (see the module), and it is the
+    /// same slot for title after title while free, so their shared leading prompt stays cached
+    /// there. It becomes nobody's home: pinned like a conversation, each title would count as one, and
     /// the slot that takes them would soon look the most crowded, so the next title would take
     /// a conversation's slot instead. `tokens`: its prompt's, about.
     pub fn take_side(&mut self, tokens: u32) -> u32 {
         let count = self.count();
         let slot = (0..count)
             .filter(|&slot| self.busy[slot as usize] == 0)
-            .min_by_key(|&slot| {
-                (
-                    self.pins.homes_of(slot),
-                    self.last_side != Some(slot),
-                    self.last_given[slot as usize],
-                )
-            })
+            .min_by_key(|&slot| (self.pins.homes_of(slot), slot))
             .unwrap_or_else(|| self.least_busy());
-        self.last_side = Some(slot);
         self.side_busy[slot as usize] += 1;
         self.give(slot, tokens);
         slot
@@ -218,10 +219,11 @@ mod tests {
             slots.release(slot, false, t);
             kept.push(slot);
         }
-        kept.sort_unstable();
-        assert_eq!(kept, [0, 1, 2], "three conversations, three slots");
+        let mut distinct = kept.clone();
+        distinct.sort_unstable();
+        assert_eq!(distinct, [0, 1, 2], "three conversations, three slots");
         for turn in 1..5u64 {
-            for (conversation, slot) in [10, 20, 30].into_iter().zip(0..) {
+            for (conversation, &slot) in [10, 20, 30].into_iter().zip(&kept) {
                 let now = t + Duration::from_secs(turn);
                 let taken = slots.take(conversation, 1_000, now);
                 assert_eq!(taken, slot, "conversation {conversation} turn {turn}");
@@ -286,11 +288,11 @@ mod tests {
             slots.release(side, true, t);
         }
         assert_eq!(slots.pins.homes_of(spare), 0, "no title is pinned");
-        // With that slot busy, a title takes a conversation's after all (the one idle longest)
-        // rather than wait.
+        // With that slot busy, a title takes a conversation's after all (the lowest) rather
+        // than wait.
         let busy = slots.take_side(1_000);
         let next = slots.take_side(1_000);
-        assert_eq!((busy, next), (spare, a));
+        assert_eq!((busy, next), (spare, a.min(b)));
         slots.release(busy, true, t);
         slots.release(next, true, t);
         assert_eq!(
@@ -298,6 +300,7 @@ mod tests {
             a,
             "the conversation keeps its slot"
         );
+        slots.release(a, false, t);
         assert_eq!(
             slots.take(30, 1_000, t),
             spare,
@@ -309,11 +312,11 @@ mod tests {
     fn a_turn_waits_for_its_own_slot_only_while_a_smaller_side_request_alone_holds_it() {
         let mut slots = Slots::new(2);
         let t = Instant::now();
-        let (a, b) = (slots.take(10, 3_000, t), slots.take(20, 3_000, t));
+        let (b, a) = (slots.take(20, 3_000, t), slots.take(10, 3_000, t));
         slots.release(a, false, t);
         slots.release(b, false, t);
         assert!(!slots.home_held_by_side(10, 3_000, t), "its slot is free");
-        // A title takes the slot idle longest: the first conversation's.
+        // A title takes the lowest slot: the second conversation's.
         let title = slots.take_side(800);
         assert_eq!(title, a);
         assert!(
@@ -347,6 +350,45 @@ mod tests {
         slots.release(title, true, t);
         assert!(!slots.home_held_by_side(10, 3_000, t), "free again");
         assert_eq!(slots.take(10, 3_000, t), a, "and its own");
+    }
+
+    #[test]
+    fn titles_take_the_lowest_slots_and_conversations_the_highest_so_llama_server_evaluates_titles_first(
+    ) {
+        let mut slots = Slots::new(4);
+        let t = Instant::now();
+        // A session's first turn and its title, sent together.
+        let turn = slots.take(1, 12_000, t);
+        let title = slots.take_side(1_000);
+        assert_eq!(
+            (turn, title),
+            (3, 0),
+            "the title is evaluated before the turn"
+        );
+        let second_turn = slots.take(2, 12_000, t);
+        let second_title = slots.take_side(1_000);
+        assert_eq!(
+            (second_turn, second_title),
+            (2, 1),
+            "the next pair goes the same way, below every turn"
+        );
+        for slot in [turn, title, second_turn, second_title] {
+            slots.release(slot, slot == title || slot == second_title, t);
+        }
+        for _ in 0..2 {
+            assert_eq!(
+                slots.take_side(900),
+                0,
+                "title after title, the lowest slot"
+            );
+            slots.release(0, true, t);
+        }
+        assert_eq!(
+            slots.take(3, 12_000, t),
+            1,
+            "a third conversation takes the highest slot kept for none"
+        );
+        assert_eq!(slots.take_side(900), 0, "and titles still go first");
     }
 
     #[test]
