@@ -378,9 +378,9 @@ impl SimBox {
 
     /// Our worker's slot table (`worker::slot_pins`): a conversation's own slot while free,
     /// else the free slot kept for the fewest conversations (then the one whose cached prompt
-    /// is worth least, then the one idle longest, then the highest), which becomes its own; a
-    /// side request the lowest free slot kept for the fewest conversations, nobody's after
-    /// (llama-server evaluates it before the turns in the slots above).
+    /// is worth least, then the one idle longest, then any but slot 0, then the lowest), which
+    /// becomes its own; a side request the lowest free slot kept for the fewest conversations,
+    /// nobody's after (llama-server evaluates it before the turns in the slots above).
     fn pinned_slot(&mut self, req: &Req, now: f64) -> usize {
         let homes = |slot: usize| self.pins.values().filter(|s| **s == slot).count();
         let free: Vec<usize> = (0..self.slots.len())
@@ -402,7 +402,7 @@ impl SimBox {
                             .cmp(&homes(*b))
                             .then(self.worth(*a, now).cmp(&self.worth(*b, now)))
                             .then(used(*a).total_cmp(&used(*b)))
-                            .then(b.cmp(a))
+                            .then((*a == 0).cmp(&(*b == 0)))
                     })
                 })
         }

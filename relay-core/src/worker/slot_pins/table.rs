@@ -13,11 +13,14 @@
 //!
 //! llama-server fills each batch from its slots in order, every waiting prompt token of one
 //! slot before any of the next's, so a prompt waits for the prompts in the slots before it.
-//! Side requests (titles, summaries: a thousand tokens) take the lowest slots and
-//! conversations the highest, so a title sent beside a 12,000-token first turn is evaluated
-//! first and delays the turn by its own thousand tokens, rather than waiting for all twelve
-//! thousand (on the fleet bench, a fast box beside one five times slower at a home's load:
-//! TTFT p90 0.80 → 0.72 s; BENCHMARKS.md, 2026-11-29, "side requests first").
+//! Side requests (titles, summaries: a thousand tokens) take the lowest free slot, and new
+//! conversations leave slot 0 to them while another slot is as good, so a title sent beside a
+//! 12,000-token first turn is evaluated first and delays the turn by its own thousand tokens,
+//! rather than waiting for all twelve thousand. Conversations still fill the other slots
+//! upwards, so first turns sent one after another are evaluated in the order they came. (On
+//! the fleet bench, a fast box beside one five times slower at a home's load: TTFT p90 0.80 →
+//! 0.71 s; filling conversations downwards instead made the first turns of a burst wait for the
+//! later ones, and p99 rose 11 → 19 s; BENCHMARKS.md, 2026-11-29, "side requests first".)
 
 use std::time::{Duration, Instant};
 
@@ -82,8 +85,8 @@ impl Slots {
     /// (the proxy's affinity yields the same way). Held by a title only, the worker waits for
     /// it first ([`Slots::home_held_by_side`]). A new conversation goes to the free slot
     /// kept for the fewest conversations, then the one whose cached prompt is worth least
-    /// ([`Slots::worth`]), then the one idle longest, then the highest (the lowest are for
-    /// side requests; see the module).
+    /// ([`Slots::worth`]), then the one idle longest, then any but slot 0 (side requests'; see
+    /// the module), then the lowest.
     pub fn take(&mut self, key: u64, tokens: u32, now: Instant) -> u32 {
         let count = self.count();
         let home = self.pins.home(key, now).filter(|&slot| slot < count);
@@ -97,7 +100,7 @@ impl Slots {
                             self.pins.homes_of(slot),
                             self.worth(slot, now),
                             self.last_given[slot as usize],
-                            std::cmp::Reverse(slot),
+                            slot == 0,
                         )
                     });
                 // Every slot busy: the conversation's own slot if it has one (its cache is
@@ -353,7 +356,7 @@ mod tests {
     }
 
     #[test]
-    fn titles_take_the_lowest_slots_and_conversations_the_highest_so_llama_server_evaluates_titles_first(
+    fn titles_take_the_lowest_slot_and_conversations_the_others_so_llama_server_evaluates_titles_first(
     ) {
         let mut slots = Slots::new(4);
         let t = Instant::now();
@@ -362,19 +365,15 @@ mod tests {
         let title = slots.take_side(1_000);
         assert_eq!(
             (turn, title),
-            (3, 0),
+            (1, 0),
             "the title is evaluated before the turn"
         );
+        slots.release(title, true, t);
         let second_turn = slots.take(2, 12_000, t);
-        let second_title = slots.take_side(1_000);
         assert_eq!(
-            (second_turn, second_title),
-            (2, 1),
-            "the next pair goes the same way, below every turn"
+            second_turn, 2,
+            "first turns fill the slots upwards, evaluated in the order they came"
         );
-        for slot in [turn, title, second_turn, second_title] {
-            slots.release(slot, slot == title || slot == second_title, t);
-        }
         for _ in 0..2 {
             assert_eq!(
                 slots.take_side(900),
@@ -384,11 +383,22 @@ mod tests {
             slots.release(0, true, t);
         }
         assert_eq!(
-            slots.take(3, 12_000, t),
-            1,
-            "a third conversation takes the highest slot kept for none"
+            slots.take_side(900),
+            0,
+            "the title's slot, though slot 3 has been idle longer"
         );
-        assert_eq!(slots.take_side(900), 0, "and titles still go first");
+        assert_eq!(
+            slots.take_side(900),
+            3,
+            "with it busy, the next free slot kept for none"
+        );
+        let mut fresh = Slots::new(3);
+        let taken: Vec<u32> = (0..3).map(|c| fresh.take(c, 12_000, t)).collect();
+        assert_eq!(
+            taken,
+            [1, 2, 0],
+            "conversations take slot 0 last while the others are as good"
+        );
     }
 
     #[test]
