@@ -394,50 +394,49 @@ async fn side_requests_take_the_slot_kept_for_no_conversation_and_leave_the_conv
 #[tokio::test]
 async fn a_turn_whose_slot_a_title_holds_waits_for_it_instead_of_taking_another_conversations_slot()
 {
-    // Two slots, two conversations: a title of the first conversation, sent while both are
-    // between turns, takes the slot idle longest — the first conversation's. Its next turn came
-    // while the title was still answered, and took the other conversation's slot: with a system
-    // prompt both share, llama-server kept that slot's prefix and both conversations evaluated
-    // their histories again.
+    // Two slots, two conversations: a title of the second conversation, sent while both are
+    // between turns, takes the lowest slot (the one llama-server evaluates first) — the second
+    // conversation's, since new conversations take slot 0 last. Its next turn came while the
+    // title was still answered, and (before the wait) took the other conversation's slot: with
+    // a system prompt both share, llama-server kept that slot's prefix and both conversations
+    // evaluated their histories again.
     let (backend, proxy, worker, first_hinted) = claude_code_relay(2).await;
     send(&proxy.url(), &turn("alpha", 1), "alpha").await;
     send(&proxy.url(), &turn("beta", 1), "beta").await;
 
     let title = json!({"model": "claude-haiku-4-5", "messages": [
         {"role": "system", "content": format!("Write a five-word title. {SLOW}")},
-        {"role": "user", "content": "alpha: first question"}]});
+        {"role": "user", "content": "beta: first question"}]});
     let url = proxy.url();
-    let titled = tokio::spawn(async move { send(&url, &title, "alpha").await });
+    let titled = tokio::spawn(async move { send(&url, &title, "beta").await });
     wait_until("the title reached the server", || {
         backend.bodies().len() == first_hinted + 3
     })
     .await;
     let asked = std::time::Instant::now();
-    send(&proxy.url(), &turn("alpha", 2), "alpha").await;
-    let waited = asked.elapsed();
     send(&proxy.url(), &turn("beta", 2), "beta").await;
+    let waited = asked.elapsed();
+    send(&proxy.url(), &turn("alpha", 2), "alpha").await;
     titled.await.expect("the title was answered");
 
     let slots: Vec<u64> = backend.bodies()[first_hinted..]
         .iter()
         .map(|body| split_hint(body.clone()).1.expect("a slot hint"))
         .collect();
-    let [alpha, beta, title, alpha_again, beta_again] = slots[..] else {
+    let [alpha, beta, title, beta_again, alpha_again] = slots[..] else {
         panic!("five requests, each with a hint: {slots:?}");
     };
-    assert_ne!(alpha, beta);
     assert_eq!(
-        title, alpha,
-        "the title took the slot idle longest: {slots:?}"
+        (alpha, beta),
+        (1, 0),
+        "new conversations take slot 0 last: {slots:?}"
     );
-    assert_eq!(
-        alpha_again, alpha,
-        "alpha waited for its own slot: {slots:?}"
-    );
-    assert_eq!(beta_again, beta, "beta's slot was left alone: {slots:?}");
+    assert_eq!(title, beta, "the title took the lowest slot: {slots:?}");
+    assert_eq!(beta_again, beta, "beta waited for its own slot: {slots:?}");
+    assert_eq!(alpha_again, alpha, "alpha's slot was left alone: {slots:?}");
     assert!(
         waited >= SLOW_ANSWER / 4,
-        "alpha's turn went after the title was answered ({waited:?})"
+        "beta's turn went after the title was answered ({waited:?})"
     );
     worker.stop().await;
     proxy.shutdown().await;
