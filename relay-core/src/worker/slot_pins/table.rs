@@ -131,9 +131,9 @@ impl Slots {
     /// slot kept for the fewest conversations, then the lowest: llama-server evaluates it
     /// before the conversations' prompts in the slots above (see the module), and it is the
     /// same slot for title after title while free, so their shared leading prompt stays cached
-    /// there. It becomes nobody's home: pinned like a conversation, each title would count as one, and
-    /// the slot that takes them would soon look the most crowded, so the next title would take
-    /// a conversation's slot instead. `tokens`: its prompt's, about.
+    /// there. It becomes nobody's home: pinned like a conversation, each title would count as
+    /// one, and the slot that takes them would soon look the most crowded, so the next title
+    /// would take a conversation's slot instead. `tokens`: its prompt's, about.
     pub fn take_side(&mut self, tokens: u32) -> u32 {
         let count = self.count();
         let slot = (0..count)
