@@ -104,8 +104,7 @@ impl Scheduler {
     fn home_wait(&self, model: &str, key: u64, picked: WorkerId, now: Instant) -> Option<WakeWait> {
         let home = self.affinity.home(key, now)?;
         let w = self.workers.get(&home).filter(|_| home != picked)?;
-        let serves = w.models.iter().any(|m| **m == *model);
-        let full = serves && !w.draining && !w.has_capacity();
+        let full = serves(w, model) && !w.has_capacity();
         let title_there = w
             .in_flight
             .iter()
@@ -303,10 +302,9 @@ impl Scheduler {
 
     /// [`Scheduler::spare_slots`] when a slot of `worker` frees, for a side request queued
     /// there waiting for one ([`Scheduler::spare_wait`], [`Scheduler::faster_spare_wait`]);
-    /// `None` when no side request waits so
-    /// (an answer's end, every one of them, pays nothing for it). As of the latest request's
-    /// arrival, since an answer's end brings no clock (and what a time would change, a home
-    /// that expired meanwhile, only frees a slot).
+    /// `None` when no side request waits so (an answer's end, every one of them, pays nothing
+    /// for it). As of the latest request's arrival, since an answer's end brings no clock (and
+    /// what a time would change, a home that expired meanwhile, only frees a slot).
     pub(super) fn spare_slots_as_one_frees(&self, worker: WorkerId) -> Option<i64> {
         let waiting = |r: &super::Request| r.wake.as_ref().is_some_and(|w| w.wants_spare_slot());
         if !self.requests.values().any(waiting) {

@@ -78,8 +78,8 @@ pub(super) struct WakeWait {
     /// woken for it, and where it ends up says why as any placement does.
     pub(super) cause: Option<WakeCause>,
     /// A side request waiting for a slot kept for no conversation ([`Scheduler::spare_wait`],
-    /// [`Scheduler::faster_spare_wait`]):
-    /// until `give_up_at` it takes no slot where it would evict a conversation.
+    /// [`Scheduler::faster_spare_wait`]): until `give_up_at` it takes no slot where it would
+    /// evict a conversation.
     pub(super) spare_slot: bool,
 }
 
