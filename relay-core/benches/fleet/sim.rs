@@ -22,6 +22,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use relay_core::protocol::{RegisterMessage, Timings};
+
+use super::ram::RamCache;
 use relay_core::proxy::dispatch::scheduler::{
     Action, AsleepBox, KnownBox, Placement, ProviderLimits, Reason, Registered, RequestId,
     Scheduler, Submitted, WorkerId,
@@ -50,6 +52,10 @@ pub struct BoxSpec {
     /// Asleep when the workload starts, and the seconds it takes to wake (measured the last
     /// time it was woken, as the proxy remembers it).
     pub asleep: Option<f64>,
+    /// The tokens its llama-server's host-memory prompt cache holds ([`RamCache`]), when the
+    /// bench models one (`FLEET_RAM_CACHE=1`): a displaced prompt is saved there and restored
+    /// when its conversation comes back to this box.
+    pub ram_cache: Option<u32>,
 }
 
 /// One request of a workload.
@@ -223,6 +229,8 @@ struct SimBox {
     waiting: Vec<(RequestId, Req, f64)>,
     /// With [`Prefill::Batches`], the iteration under way.
     batch: Option<Batch>,
+    /// Its llama-server's host-memory prompt cache, when modelled.
+    ram: Option<RamCache>,
 }
 
 /// One iteration of llama-server's loop ([`Prefill::Batches`]).
@@ -273,6 +281,7 @@ impl SimBox {
             pins: HashMap::new(),
             waiting: Vec::new(),
             batch: None,
+            ram: spec.ram_cache.map(RamCache::new),
         }
     }
 
@@ -329,13 +338,22 @@ impl SimBox {
     /// Starts `req` in slot `pick` at `now`; the tokens it reuses of what the slot holds.
     fn occupy(&mut self, id: RequestId, req: &Req, pick: usize, now: f64) -> u32 {
         let slot = &mut self.slots[pick];
-        let reused = if slot.conversation == Some(req.conversation) {
+        let mut reused = if slot.conversation == Some(req.conversation) {
             slot.tokens.min(req.prompt)
         } else if slot.prefix == req.prefix {
             slot.prefix_tokens.min(req.prompt)
         } else {
             0
         };
+        if let Some(ram) = &mut self.ram {
+            reused = ram.swap(
+                slot.conversation,
+                slot.tokens,
+                reused,
+                req.conversation,
+                req.prompt,
+            );
+        }
         slot.busy = true;
         slot.used = now;
         let prefill = req.prompt - reused;

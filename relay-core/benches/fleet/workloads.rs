@@ -1,5 +1,6 @@
 //! The fleets and workloads of the fleet bench, made from a seed.
 
+use super::ram::RAM_CACHE_TOKENS;
 use super::sim::{BoxSpec, Req, Session, Step, GPU_DECODE_CROWDING};
 
 /// A small deterministic generator (xorshift64*): the same seed makes the same workload.
@@ -37,7 +38,10 @@ impl Rng {
 /// The fleets: equal boxes; a fast box with one five times slower; and those two with a third
 /// box as fast as the first, asleep when the workload starts (it wakes in 8 s, as measured the
 /// last time it was woken; only cost routing weighs waking it while the others serve).
-pub fn fleets() -> Vec<(&'static str, Vec<BoxSpec>)> {
+///
+/// `ram_cache`: each box's llama-server keeps displaced prompts in host memory ([`super::ram::RamCache`]).
+pub fn fleets(ram_cache: bool) -> Vec<(&'static str, Vec<BoxSpec>)> {
+    let ram_cache = ram_cache.then_some(RAM_CACHE_TOKENS);
     let even = |name| BoxSpec {
         name,
         prompt_tps: 2000.0,
@@ -45,6 +49,7 @@ pub fn fleets() -> Vec<(&'static str, Vec<BoxSpec>)> {
         decode_crowding: GPU_DECODE_CROWDING,
         slots: 4,
         asleep: None,
+        ram_cache,
     };
     let fast = BoxSpec {
         name: "fast",
@@ -53,6 +58,7 @@ pub fn fleets() -> Vec<(&'static str, Vec<BoxSpec>)> {
         decode_crowding: GPU_DECODE_CROWDING,
         slots: 4,
         asleep: None,
+        ram_cache,
     };
     let slow = BoxSpec {
         name: "slow",
@@ -61,6 +67,7 @@ pub fn fleets() -> Vec<(&'static str, Vec<BoxSpec>)> {
         decode_crowding: GPU_DECODE_CROWDING,
         slots: 4,
         asleep: None,
+        ram_cache,
     };
     let sleeper = BoxSpec {
         name: "asleep",
