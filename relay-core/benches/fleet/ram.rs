@@ -8,10 +8,11 @@
 //!   than half of it: llama-server's `f_keep`) has that prompt saved to host memory first.
 //!   Conversation A's next turn, in the slot B had just displaced it from, evaluated 100 of
 //!   1,600 tokens; in another slot that held a third conversation, 50 of 1,650.
-//! - A slot whose cached prompt is mostly kept is not saved and nothing is restored into it:
-//!   the agent sessions' 12,000-token shared system prompt keeps the slot, and each turn that
-//!   lands beside another conversation's history evaluates its own tail again (BENCHMARKS.md,
-//!   2026-11-28).
+//! - A slot whose cached prompt is mostly kept is not saved and nothing is restored into it.
+//!   B sharing 800 of A's 1,500 tokens kept the slot, and A's next turn there evaluated its
+//!   700-token tail again; sharing 600 (40%), A was saved and restored (100 tokens evaluated).
+//!   So the agent sessions' 12,000-token shared system prompt keeps every slot, and a turn that
+//!   lands beside another conversation's history evaluates its own tail again.
 //! - An empty slot restores nothing (a conversation sent to a slot never used evaluated all of
 //!   its 1,600 tokens though its prompt had been saved).
 //! - The cache holds at most a context's worth of tokens (llama-server's default limit; the
