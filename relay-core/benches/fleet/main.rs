@@ -188,6 +188,7 @@ fn main() {
     // llama-server's host-memory prompt cache (`ram`): off by default, where the bench's
     // numbers since issue 29 were measured, so they stay comparable.
     let ram_cache = std::env::var("FLEET_RAM_CACHE").is_ok_and(|v| v == "1");
+    ram::check_against_the_measured_server();
     let mut failures = Vec::new();
     let mut first_runs = Vec::new();
     let mut unreachable = Vec::new();

@@ -26,7 +26,7 @@ use std::collections::VecDeque;
 pub const RAM_CACHE_TOKENS: u32 = 4 * 32_768;
 
 /// One box's host-memory prompt cache.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RamCache {
     /// Saved prompts, oldest first: a conversation and its tokens.
     saved: VecDeque<(u64, u32)>,
@@ -53,8 +53,9 @@ impl RamCache {
         conversation: u64,
         prompt: u32,
     ) -> u32 {
-        // `f_keep`: a slot that keeps at least half of what it caches stays as it is.
-        if held == 0 || u64::from(reused) * 2 >= u64::from(held) {
+        // `f_keep`: a slot that keeps at least half of what it caches stays as it is (an
+        // empty slot too: it restores nothing).
+        if u64::from(reused) * 2 >= u64::from(held) {
             return reused;
         }
         if let Some(holder) = holder {
@@ -80,4 +81,41 @@ impl RamCache {
             total -= u64::from(dropped);
         }
     }
+}
+
+/// Replays what the realstack's server did (the module's cases) through [`RamCache`] and panics
+/// where the model gives another answer. Benches run no `#[test]`s, so the bench calls this
+/// before every run: a change to the model that breaks a measured case stops the bench at once
+/// instead of moving its numbers quietly.
+pub fn check_against_the_measured_server() {
+    let cases: [(&str, u32, u32); 3] = [
+        // (what, tokens A's displacer shares with A, A's next turn evaluates)
+        ("a displacer sharing 300 of A's 1,500 tokens", 300, 100),
+        ("a displacer sharing 600 of A's 1,500 tokens", 600, 100),
+        (
+            "a displacer sharing 800 of A's 1,500 tokens (the slot is kept)",
+            800,
+            800,
+        ),
+    ];
+    for (what, shared, evaluated) in cases {
+        let mut cache = RamCache::new(RAM_CACHE_TOKENS);
+        // A (conversation 1) holds the slot; B (2) lands there, then A's next turn of 1,600.
+        let b_reused = cache.swap(Some(1), 1_500, shared, 2, 1_500);
+        assert_eq!(b_reused, shared, "{what}: B reuses the shared prefix only");
+        let a_reused = cache.swap(Some(2), 1_500, shared, 1, 1_600);
+        assert_eq!(
+            1_600 - a_reused,
+            evaluated,
+            "{what}: A's next turn evaluates {evaluated} tokens on the real server"
+        );
+    }
+    // A slot never used restores nothing, though the conversation's prompt was saved.
+    let mut cache = RamCache::new(RAM_CACHE_TOKENS);
+    cache.swap(Some(1), 1_500, 300, 2, 1_500);
+    assert_eq!(
+        cache.swap(None, 0, 0, 1, 1_600),
+        0,
+        "an empty slot evaluates the whole prompt on the real server"
+    );
 }

@@ -22,12 +22,12 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use relay_core::protocol::{RegisterMessage, Timings};
-
-use super::ram::RamCache;
 use relay_core::proxy::dispatch::scheduler::{
     Action, AsleepBox, KnownBox, Placement, ProviderLimits, Reason, Registered, RequestId,
     Scheduler, Submitted, WorkerId,
 };
+
+use super::ram::RamCache;
 
 /// The simulation's clock step.
 const STEP: f64 = 0.005;
