@@ -27,6 +27,7 @@ use relay_core::proxy::dispatch::scheduler::{
     Scheduler, Submitted, WorkerId,
 };
 
+use super::probe::{Discipline, Queue, Waiting};
 use super::ram::RamCache;
 
 /// The simulation's clock step.
@@ -113,6 +114,9 @@ pub enum Policy {
     /// Cost routing on a proxy restarted with its store: it starts with the speeds an earlier
     /// run measured (a home's proxy after its first day).
     CostRestarted,
+    /// No proxy: a central queue with knowledge no proxy has ([`super::probe`]), to tell a
+    /// miss that is cost routing's from one no in-order routing is known to avoid.
+    Probe(Discipline),
 }
 
 impl Policy {
@@ -133,6 +137,8 @@ impl Policy {
             Policy::FastOnly => "fast box only",
             Policy::Cost => "cost, first run",
             Policy::CostRestarted => "cost",
+            Policy::Probe(Discipline::InOrder { .. }) => "probe: in order",
+            Policy::Probe(Discipline::GivesUp { .. }) => "probe: gives up",
         }
     }
 
@@ -658,6 +664,10 @@ pub fn run(
     let mut due: Vec<(usize, Option<f64>)> = sessions.iter().map(|s| (0, Some(s.start))).collect();
     let mut outcomes = Vec::new();
     let mut now = 0.0;
+    let mut probe = match policy {
+        Policy::Probe(discipline) => Some(Queue::new(discipline)),
+        _ => None,
+    };
     let placement = |req: &Req| Placement {
         affinity: (policy != Policy::LeastLoaded).then_some(req.conversation),
         prompt_tokens: Some(req.prompt),
@@ -703,6 +713,18 @@ pub fn run(
                         served_by: 0,
                     },
                 );
+                if let Some(queue) = probe.as_mut() {
+                    queue.push(Waiting {
+                        id,
+                        sent: now,
+                        output: req.output,
+                    });
+                    // A probe knows the work is coming: it wakes every box with the first.
+                    for b in boxes.iter_mut().filter(|b| b.sleep == Some(None)) {
+                        b.sleep = Some(Some(now + b.spec.asleep.expect("a box that sleeps")));
+                    }
+                    continue;
+                }
                 match scheduler.submit(id, "m", placement(req), at(now)) {
                     Ok(Submitted::Dispatched { worker, .. }) => {
                         start_on(&mut boxes, &box_of, &mut pending, id, worker, now)
@@ -761,7 +783,9 @@ pub fn run(
             let worker = b.worker;
             let (first, ended) = b.step(now);
             for (id, at) in first {
-                scheduler.mark_started(id);
+                if probe.is_none() {
+                    scheduler.mark_started(id);
+                }
                 if let Some(p) = pending.get_mut(&id) {
                     p.first = Some(at);
                 }
@@ -784,10 +808,12 @@ pub fn run(
                     busy: false,
                     used: at,
                 };
-                scheduler.learn(worker, id, &timings);
-                let mut actions = Vec::new();
-                assert!(scheduler.finish(worker, id, &mut actions));
-                dispatches.extend(dispatched(actions));
+                if probe.is_none() {
+                    scheduler.learn(worker, id, &timings);
+                    let mut actions = Vec::new();
+                    assert!(scheduler.finish(worker, id, &mut actions));
+                    dispatches.extend(dispatched(actions));
+                }
                 outcomes.push(Outcome {
                     ttft: p.first.unwrap_or(at) - p.sent,
                     last: at - p.sent,
@@ -802,6 +828,9 @@ pub fn run(
                     due[p.session] = (p.turn + 1, Some(at + step.think));
                 }
             }
+        }
+        if let Some(queue) = probe.as_mut() {
+            hand_out(queue, &mut boxes, &mut pending, now);
         }
         for (id, worker) in dispatches {
             start_on(&mut boxes, &box_of, &mut pending, id, worker, now);
@@ -821,6 +850,36 @@ pub fn run(
         }
         now += STEP;
         assert!(now < 100_000.0, "the simulation does not end");
+    }
+}
+
+/// A probe's queue hands waiting requests to free slots, the fastest awake box's first.
+fn hand_out(
+    queue: &mut Queue,
+    boxes: &mut [SimBox],
+    pending: &mut HashMap<RequestId, Pending>,
+    now: f64,
+) {
+    let mut by_speed: Vec<usize> = (0..boxes.len())
+        .filter(|&i| boxes[i].sleep.is_none())
+        .collect();
+    by_speed.sort_by(|&a, &b| {
+        boxes[b]
+            .spec
+            .prompt_tps
+            .total_cmp(&boxes[a].spec.prompt_tps)
+    });
+    for (rank, &i) in by_speed.iter().enumerate() {
+        while boxes[i].running.len() + boxes[i].waiting.len() < boxes[i].spec.slots as usize {
+            let Some(id) = queue.take_for(rank, now) else {
+                break;
+            };
+            let p = pending.get_mut(&id).expect("pending");
+            p.served_by = i;
+            if let Some(reused) = boxes[i].admit(id, &p.req, true, now) {
+                p.reused = reused;
+            }
+        }
     }
 }
 

@@ -1,0 +1,180 @@
+//! Queue probes: a central queue in place of the proxy's scheduler, handing waiting requests to
+//! free slots by a fixed discipline, with knowledge no proxy has (each answer's length).
+//!
+//! They answer one question about a cell cost routing misses: is the miss the policy's, or the
+//! workload's? The disciplines probed in arrival order are the family known to be best for
+//! two servers of unequal speed (the faster takes the next request whenever it can; the slower
+//! only once enough wait, Lin and Kumar's threshold rule), here also told which waiting answer
+//! is shortest. A cell none of them gets within a target is one where no routing that serves
+//! requests in order is known to get there. [`Discipline::GivesUp`] shows what the other kind
+//! of queue buys: a request late already goes behind the rest, so the p90 falls and the slowest
+//! tenth pays. No probe is a product policy.
+
+use relay_core::proxy::dispatch::scheduler::RequestId;
+
+/// How a probe's queue picks which waiting request a free slot takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Discipline {
+    /// In arrival order. The fastest box takes the first waiting request whenever it has a free
+    /// slot; a slower box only while at least `threshold` requests wait (1: whenever it has a
+    /// free slot). With `shortest_answer`, a slower box takes the waiting request whose answer
+    /// is shortest (known in advance), holding its slow slot the least time.
+    InOrder {
+        threshold: usize,
+        shortest_answer: bool,
+    },
+    /// In arrival order, except that a request that has waited `after` seconds goes behind
+    /// every request that has not.
+    GivesUp { after: u32 },
+}
+
+impl Discipline {
+    /// The in-order disciplines probed: thresholds 1–4, each with and without the answers'
+    /// lengths.
+    pub fn in_order() -> Vec<Discipline> {
+        (1..=4)
+            .flat_map(|threshold| {
+                [false, true].map(|shortest_answer| Discipline::InOrder {
+                    threshold,
+                    shortest_answer,
+                })
+            })
+            .collect()
+    }
+
+    /// The giving-up disciplines probed (the p90's best found on the busy unequal pair lies
+    /// between them).
+    pub const GIVING_UP: [Discipline; 2] = [
+        Discipline::GivesUp { after: 3 },
+        Discipline::GivesUp { after: 4 },
+    ];
+
+    /// What the report says of it.
+    pub fn describe(self) -> String {
+        match self {
+            Discipline::InOrder {
+                threshold,
+                shortest_answer,
+            } => format!(
+                "in order; the slower box takes a request while {threshold}+ wait{}",
+                if shortest_answer {
+                    ", the shortest answer first"
+                } else {
+                    ""
+                }
+            ),
+            Discipline::GivesUp { after } => {
+                format!("a request waiting {after} s goes behind the rest")
+            }
+        }
+    }
+}
+
+/// What the queue knows of a waiting request.
+#[derive(Debug, Clone, Copy)]
+pub struct Waiting {
+    pub id: RequestId,
+    /// When it was sent.
+    pub sent: f64,
+    /// Its answer's tokens (what only a probe knows).
+    pub output: u32,
+}
+
+/// The central queue of a probe run.
+#[derive(Debug)]
+pub struct Queue {
+    discipline: Discipline,
+    waiting: Vec<Waiting>,
+}
+
+impl Queue {
+    pub fn new(discipline: Discipline) -> Queue {
+        Queue {
+            discipline,
+            waiting: Vec::new(),
+        }
+    }
+
+    /// A request arrives.
+    pub fn push(&mut self, request: Waiting) {
+        self.waiting.push(request);
+    }
+
+    /// The request a free slot of the box ranked `rank` by speed (0: the fastest awake) takes
+    /// at `now`, taken off the queue; `None` when it takes none.
+    pub fn take_for(&mut self, rank: usize, now: f64) -> Option<RequestId> {
+        if self.waiting.is_empty() {
+            return None;
+        }
+        let index = match self.discipline {
+            Discipline::InOrder { .. } if rank == 0 => 0,
+            Discipline::InOrder { threshold, .. } if self.waiting.len() < threshold => return None,
+            Discipline::InOrder {
+                shortest_answer: true,
+                ..
+            } => (0..self.waiting.len())
+                .min_by_key(|&i| self.waiting[i].output)
+                .expect("a request waits"),
+            Discipline::InOrder { .. } => 0,
+            Discipline::GivesUp { after } => self
+                .waiting
+                .iter()
+                .position(|w| now - w.sent < f64::from(after))
+                .unwrap_or(0),
+        };
+        Some(self.waiting.remove(index).id)
+    }
+}
+
+/// Checks each discipline's choice on a small queue, before the probes' numbers are trusted
+/// (benches run no `#[test]`s); panics naming the first that chooses wrongly.
+pub fn check_disciplines() {
+    let queue = |discipline| {
+        let mut queue = Queue::new(discipline);
+        for (id, sent, output) in [(1, 0.0, 300), (2, 5.0, 80), (3, 6.0, 120)] {
+            queue.push(Waiting { id, sent, output });
+        }
+        queue
+    };
+    let in_order = |threshold, shortest_answer| {
+        queue(Discipline::InOrder {
+            threshold,
+            shortest_answer,
+        })
+    };
+    let cases = [
+        (
+            "the fastest box takes the first",
+            in_order(4, true).take_for(0, 6.0),
+            Some(1),
+        ),
+        (
+            "a slower box below its threshold takes none",
+            in_order(4, false).take_for(1, 6.0),
+            None,
+        ),
+        (
+            "a slower box at its threshold takes the first",
+            in_order(3, false).take_for(1, 6.0),
+            Some(1),
+        ),
+        (
+            "a slower box told the answers takes the shortest",
+            in_order(1, true).take_for(1, 6.0),
+            Some(2),
+        ),
+        (
+            "a request late already goes behind",
+            queue(Discipline::GivesUp { after: 4 }).take_for(0, 6.0),
+            Some(2),
+        ),
+        (
+            "when all are late, the first",
+            queue(Discipline::GivesUp { after: 1 }).take_for(0, 9.0),
+            Some(1),
+        ),
+    ];
+    for (case, took, expected) in cases {
+        assert_eq!(took, expected, "queue probe: {case}");
+    }
+}
