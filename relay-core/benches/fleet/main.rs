@@ -14,7 +14,8 @@
 //! evaluated — the model closest to a real llama-server's times (`FLEET_CALIBRATE=1`, below).
 //! `FLEET_PREFILL=together` (the bench's model until 2026-11-29: waiting prompts share the box)
 //! and `FLEET_PREFILL=slot-order` (slot order without the batches) are kept for comparison.
-//! `FLEET_RAM_CACHE=1` adds llama-server's host-memory prompt cache (on by default in
+//! `FLEET_ONLY=<text>` runs only the cells whose name ("<fleet>, <workload>", as the verdicts
+//! name them) contains it. `FLEET_RAM_CACHE=1` adds llama-server's host-memory prompt cache (on by default in
 //! llama-server, left out of the bench's own numbers: [`ram`]).
 //! `FLEET_CALIBRATE=1` measures the models against the realstack's llama-server instead
 //! ([`calibrate`]). Then the targets: cost routing no worse than the best other policy by
@@ -228,8 +229,14 @@ fn main() {
     // llama-server's host-memory prompt cache (`ram`): off by default, where the bench's
     // numbers since issue 29 were measured, so they stay comparable.
     let ram_cache = std::env::var("FLEET_RAM_CACHE").is_ok_and(|v| v == "1");
+    // Only the cells whose name ("<fleet>, <workload>", as the verdicts name them) contains
+    // this text: one cell runs in a second or two while a change is tried.
+    let only = std::env::var("FLEET_ONLY")
+        .ok()
+        .filter(|only| !only.is_empty());
     ram::check_against_the_measured_server();
     probe::check_disciplines();
+    let mut cells_run = 0;
     let mut failures = Vec::new();
     let mut first_runs = Vec::new();
     let mut unreachable = Vec::new();
@@ -253,6 +260,9 @@ fn main() {
             ram::RAM_CACHE_TOKENS
         );
     }
+    if let Some(only) = &only {
+        println!("only the cells whose name contains \"{only}\" (FLEET_ONLY)");
+    }
     for (fleet_name, fleet) in workloads::fleets(ram_cache) {
         let unequal = fleet
             .iter()
@@ -265,6 +275,14 @@ fn main() {
             "chat + long documents, a home's load",
             "agent sessions, a home's load",
         ] {
+            let cell = format!("{fleet_name}, {workload}");
+            if only
+                .as_ref()
+                .is_some_and(|only| !cell.contains(only.as_str()))
+            {
+                continue;
+            }
+            cells_run += 1;
             println!("\n## {fleet_name} — {workload}\n");
             println!("| policy | TTFT mean | TTFT p90 | TTFT p99 | last token mean | last token p90 | turn-2+ reuse | on box 1 | placements |");
             println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
@@ -307,7 +325,6 @@ fn main() {
             let others = rows.iter().filter(|r| !r.policy.by_cost());
             let best_mean = others.clone().map(|r| r.ttft.0).fold(f64::MAX, f64::min);
             let best_p90 = others.map(|r| r.ttft.1).fold(f64::MAX, f64::min);
-            let cell = format!("{fleet_name}, {workload}");
             if first_run.ttft.0 > best_mean * 1.05 || first_run.ttft.1 > best_p90 * 1.05 {
                 first_runs.push(format!(
                     "{cell}: first-run cost TTFT {:.2}/{:.2} s vs the best other {best_mean:.2}/{best_p90:.2} s",
@@ -356,6 +373,23 @@ fn main() {
             }
         }
     }
+    if cells_run == 0 {
+        let fleets: Vec<&str> = workloads::fleets(false)
+            .iter()
+            .map(|(name, _)| *name)
+            .collect();
+        panic!(
+            "FLEET_ONLY={:?} names no cell: a cell is \"<fleet>, <workload>\", the fleets being \
+             {fleets:?} and the workloads agent sessions, chat, chat + long documents, and each \
+             with \", a home's load\"",
+            only.unwrap_or_default()
+        );
+    }
+    let scope = if only.is_some() {
+        " (in the cells run)"
+    } else {
+        ""
+    };
     println!();
     if !first_runs.is_empty() {
         println!("a proxy's first run (nothing measured yet), beyond 5% of the best other policy:");
@@ -382,11 +416,11 @@ fn main() {
         println!();
     }
     if failures.is_empty() && beyond_in_order.is_empty() {
-        println!("targets: all met");
+        println!("targets: all met{scope}");
     } else if failures.is_empty() {
-        println!("targets: every other one met");
+        println!("targets: every other one met{scope}");
     } else {
-        println!("targets not met:");
+        println!("targets not met{scope}:");
         for failure in &failures {
             println!("- {failure}");
         }
