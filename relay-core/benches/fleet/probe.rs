@@ -100,14 +100,14 @@ impl Queue {
         self.waiting.push(request);
     }
 
-    /// The request a free slot of the box ranked `rank` by speed (0: the fastest awake) takes
-    /// at `now`, taken off the queue; `None` when it takes none.
-    pub fn take_for(&mut self, rank: usize, now: f64) -> Option<RequestId> {
+    /// The request a free slot takes at `now` (of one of the fastest awake boxes, `fastest`, or
+    /// of a slower one), taken off the queue; `None` when it takes none.
+    pub fn take_for(&mut self, fastest: bool, now: f64) -> Option<RequestId> {
         if self.waiting.is_empty() {
             return None;
         }
         let index = match self.discipline {
-            Discipline::InOrder { .. } if rank == 0 => 0,
+            Discipline::InOrder { .. } if fastest => 0,
             Discipline::InOrder { threshold, .. } if self.waiting.len() < threshold => return None,
             Discipline::InOrder {
                 shortest_answer: true,
@@ -145,32 +145,32 @@ pub fn check_disciplines() {
     let cases = [
         (
             "the fastest box takes the first",
-            in_order(4, true).take_for(0, 6.0),
+            in_order(4, true).take_for(true, 6.0),
             Some(1),
         ),
         (
             "a slower box below its threshold takes none",
-            in_order(4, false).take_for(1, 6.0),
+            in_order(4, false).take_for(false, 6.0),
             None,
         ),
         (
             "a slower box at its threshold takes the first",
-            in_order(3, false).take_for(1, 6.0),
+            in_order(3, false).take_for(false, 6.0),
             Some(1),
         ),
         (
             "a slower box told the answers takes the shortest",
-            in_order(1, true).take_for(1, 6.0),
+            in_order(1, true).take_for(false, 6.0),
             Some(2),
         ),
         (
             "a request late already goes behind",
-            queue(Discipline::GivesUp { after: 4 }).take_for(0, 6.0),
+            queue(Discipline::GivesUp { after: 4 }).take_for(true, 6.0),
             Some(2),
         ),
         (
             "when all are late, the first",
-            queue(Discipline::GivesUp { after: 1 }).take_for(0, 9.0),
+            queue(Discipline::GivesUp { after: 1 }).take_for(true, 9.0),
             Some(1),
         ),
     ];

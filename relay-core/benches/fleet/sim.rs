@@ -853,7 +853,8 @@ pub fn run(
     }
 }
 
-/// A probe's queue hands waiting requests to free slots, the fastest awake box's first.
+/// A probe's queue hands waiting requests to free slots: the fastest awake boxes' first (each
+/// box as fast as the fastest takes its turn as one), then the slower ones', fastest first.
 fn hand_out(
     queue: &mut Queue,
     boxes: &mut [SimBox],
@@ -869,9 +870,14 @@ fn hand_out(
             .prompt_tps
             .total_cmp(&boxes[a].spec.prompt_tps)
     });
-    for (rank, &i) in by_speed.iter().enumerate() {
+    let Some(&first) = by_speed.first() else {
+        return;
+    };
+    let fastest_tps = boxes[first].spec.prompt_tps;
+    for i in by_speed {
+        let fastest = boxes[i].spec.prompt_tps >= fastest_tps;
         while boxes[i].running.len() + boxes[i].waiting.len() < boxes[i].spec.slots as usize {
-            let Some(id) = queue.take_for(rank, now) else {
+            let Some(id) = queue.take_for(fastest, now) else {
                 break;
             };
             let p = pending.get_mut(&id).expect("pending");
