@@ -15,8 +15,8 @@
 //! `FLEET_PREFILL=together` (the bench's model until 2026-11-29: waiting prompts share the box)
 //! and `FLEET_PREFILL=slot-order` (slot order without the batches) are kept for comparison.
 //! `FLEET_ONLY=<text>` runs only the cells whose name ("<fleet>, <workload>", as the verdicts
-//! name them) contains it. `FLEET_RAM_CACHE=1` adds llama-server's host-memory prompt cache (on by default in
-//! llama-server, left out of the bench's own numbers: [`ram`]).
+//! name them) contains it. `FLEET_RAM_CACHE=1` adds llama-server's host-memory prompt cache
+//! (on by default in llama-server, left out of the bench's own numbers: [`ram`]).
 //! `FLEET_CALIBRATE=1` measures the models against the realstack's llama-server instead
 //! ([`calibrate`]). Then the targets: cost routing no worse than the best other policy by
 //! more than 5% on mean and p90 TTFT; on unequal fleets a p90 TTFT at least 2× lower than
@@ -44,6 +44,16 @@ use sim::{Outcome, Policy, Prefill};
 
 /// Seeds of the day before, for what a restarted proxy remembers: apart from the measured ones.
 const YESTERDAY: u64 = 1000;
+
+/// The workloads, in report order ([`sessions_of`] draws each).
+const WORKLOADS: [&str; 6] = [
+    "agent sessions",
+    "chat",
+    "chat + long documents",
+    "chat, a home's load",
+    "chat + long documents, a home's load",
+    "agent sessions, a home's load",
+];
 
 /// The sessions of `workload` drawn with `seed`.
 fn sessions_of(workload: &str, seed: u64) -> Vec<sim::Session> {
@@ -267,14 +277,7 @@ fn main() {
         let unequal = fleet
             .iter()
             .any(|b| (b.prompt_tps - fleet[0].prompt_tps).abs() > 1.0);
-        for workload in [
-            "agent sessions",
-            "chat",
-            "chat + long documents",
-            "chat, a home's load",
-            "chat + long documents, a home's load",
-            "agent sessions, a home's load",
-        ] {
+        for workload in WORKLOADS {
             let cell = format!("{fleet_name}, {workload}");
             if only
                 .as_ref()
@@ -296,15 +299,17 @@ fn main() {
             let floor = stats(&mut floor);
             // On unequal fleets, the queue probes (no product policy; `probe`): the best
             // in-order discipline and the best that gives up on late requests, by p90.
-            let probes: Vec<Row> = if unequal {
-                [Discipline::in_order(), Discipline::GIVING_UP.to_vec()]
-                    .into_iter()
-                    .map(|family| best_probe(&fleet, prefill, workload, seeds, family))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            for r in rows.iter().chain(&probes) {
+            let probes: Option<(Row, Row)> = unequal.then(|| {
+                let best = |family| best_probe(&fleet, prefill, workload, seeds, family);
+                (
+                    best(Discipline::in_order()),
+                    best(Discipline::GIVING_UP.to_vec()),
+                )
+            });
+            let probe_rows = probes
+                .iter()
+                .flat_map(|(in_order, gives_up)| [in_order, gives_up]);
+            for r in rows.iter().chain(probe_rows) {
                 print_row(r);
             }
             println!(
@@ -347,17 +352,10 @@ fn main() {
                         "{cell}: cost p90 TTFT {:.2} s, not 2x below least-loaded's {:.2} s",
                         cost.ttft.1, least.ttft.1
                     );
-                    let in_order = probes
-                        .iter()
-                        .find(|r| matches!(r.policy, Policy::Probe(Discipline::InOrder { .. })))
-                        .expect("an in-order probe");
+                    let (in_order, gives_up) = probes.as_ref().expect("probes on unequal fleets");
                     if least.ttft.1 / 2.0 < floor.1 {
                         unreachable.push(format!("{line} (the floor's p90: {:.2} s)", floor.1));
                     } else if in_order.ttft.1 * 2.0 > least.ttft.1 {
-                        let gives_up = probes
-                            .iter()
-                            .find(|r| matches!(r.policy, Policy::Probe(Discipline::GivesUp { .. })))
-                            .expect("a giving-up probe");
                         beyond_in_order.push(format!(
                             "{line} (the best in-order probe: {:.2} s; giving up on late \
                              requests: {:.2} s, p99 {:.2} s against cost's {:.2})",
@@ -380,8 +378,7 @@ fn main() {
             .collect();
         panic!(
             "FLEET_ONLY={:?} names no cell: a cell is \"<fleet>, <workload>\", the fleets being \
-             {fleets:?} and the workloads agent sessions, chat, chat + long documents, and each \
-             with \", a home's load\"",
+             {fleets:?} and the workloads {WORKLOADS:?}",
             only.unwrap_or_default()
         );
     }
