@@ -6,9 +6,12 @@
 //! two servers of unequal speed (the faster takes the next request whenever it can; the slower
 //! only once enough wait, Lin and Kumar's threshold rule), here also told which waiting answer
 //! is shortest. A cell none of them gets within a target is one where no routing that serves
-//! requests in order is known to get there. [`Discipline::GivesUp`] shows what the other kind
-//! of queue buys: a request late already goes behind the rest, so the p90 falls and the slowest
-//! tenth pays. No probe is a product policy.
+//! requests in order is known to get there. The other kind of queue, out of arrival order (which
+//! the seed's FIFO queue rules out), is probed too: [`Discipline::GivesUp`] sends a request late
+//! already behind the rest, so the p90 falls and the slowest tenth pays;
+//! [`Discipline::ShortestPrompt`] serves short prompts before long ones. A cell no probe of
+//! either kind gets within a target is one where no queue discipline tried gets there at all.
+//! No probe is a product policy.
 
 use relay_core::proxy::dispatch::scheduler::RequestId;
 
@@ -26,6 +29,9 @@ pub enum Discipline {
     /// In arrival order, except that a request that has waited `after` seconds goes behind
     /// every request that has not.
     GivesUp { after: u32 },
+    /// Out of arrival order: every free slot takes the waiting request with the shortest prompt
+    /// (what a proxy knows when a request arrives), so a long document waits behind every chat.
+    ShortestPrompt,
 }
 
 impl Discipline {
@@ -42,11 +48,13 @@ impl Discipline {
             .collect()
     }
 
-    /// The giving-up disciplines probed (the p90's best found on the busy unequal pair lies
-    /// between them).
-    pub const GIVING_UP: [Discipline; 2] = [
+    /// The disciplines probed that serve requests out of arrival order: giving up on late
+    /// requests (the p90's best found on the busy unequal pair lies between the two), and the
+    /// shortest prompt first.
+    pub const OUT_OF_ORDER: [Discipline; 3] = [
         Discipline::GivesUp { after: 3 },
         Discipline::GivesUp { after: 4 },
+        Discipline::ShortestPrompt,
     ];
 
     /// What the report says of it.
@@ -66,6 +74,7 @@ impl Discipline {
             Discipline::GivesUp { after } => {
                 format!("a request waiting {after} s goes behind the rest")
             }
+            Discipline::ShortestPrompt => "the shortest prompt first".to_string(),
         }
     }
 }
@@ -78,6 +87,8 @@ pub struct Waiting {
     pub sent: f64,
     /// Its answer's tokens (what only a probe knows).
     pub output: u32,
+    /// Its prompt's tokens.
+    pub prompt: u32,
 }
 
 /// The central queue of a probe run.
@@ -121,6 +132,9 @@ impl Queue {
                 .iter()
                 .position(|w| now - w.sent < f64::from(after))
                 .unwrap_or(0),
+            Discipline::ShortestPrompt => (0..self.waiting.len())
+                .min_by_key(|&i| self.waiting[i].prompt)
+                .expect("a request waits"),
         };
         Some(self.waiting.remove(index).id)
     }
@@ -131,8 +145,14 @@ impl Queue {
 pub fn check_disciplines() {
     let queue = |discipline| {
         let mut queue = Queue::new(discipline);
-        for (id, sent, output) in [(1, 0.0, 300), (2, 5.0, 80), (3, 6.0, 120)] {
-            queue.push(Waiting { id, sent, output });
+        for (id, sent, output, prompt) in [(1, 0.0, 300, 900), (2, 5.0, 80, 400), (3, 6.0, 120, 40)]
+        {
+            queue.push(Waiting {
+                id,
+                sent,
+                output,
+                prompt,
+            });
         }
         queue
     };
@@ -172,6 +192,11 @@ pub fn check_disciplines() {
             "when all are late, the first",
             queue(Discipline::GivesUp { after: 1 }).take_for(true, 9.0),
             Some(1),
+        ),
+        (
+            "the shortest prompt goes first",
+            queue(Discipline::ShortestPrompt).take_for(true, 6.0),
+            Some(3),
         ),
     ];
     for (case, took, expected) in cases {

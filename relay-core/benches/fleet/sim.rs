@@ -139,6 +139,7 @@ impl Policy {
             Policy::CostRestarted => "cost",
             Policy::Probe(Discipline::InOrder { .. }) => "probe: in order",
             Policy::Probe(Discipline::GivesUp { .. }) => "probe: gives up",
+            Policy::Probe(Discipline::ShortestPrompt) => "probe: shortest prompt",
         }
     }
 
@@ -718,6 +719,7 @@ pub fn run(
                         id,
                         sent: now,
                         output: req.output,
+                        prompt: req.prompt,
                     });
                     // A probe knows the work is coming: it wakes every box with the first.
                     for b in boxes.iter_mut().filter(|b| b.sleep == Some(None)) {
