@@ -507,7 +507,7 @@ pub async fn fetch_slots(client: &reqwest::Client, base_url: &str) -> Option<u32
 }
 
 /// `total_slots` of a llama-server `/props` answer, when it is a sane slot count.
-fn slots_of_props(props: &Value) -> Option<u32> {
+pub(crate) fn slots_of_props(props: &Value) -> Option<u32> {
     let slots = props.get("total_slots")?.as_u64()?;
     (1..=u64::from(MAX_SLOTS))
         .contains(&slots)

@@ -157,10 +157,31 @@ pub struct RegisterMessage {
         deserialize_with = "lenient_windows"
     )]
     pub context_windows: Option<ContextWindows>,
+    /// Extension: what the worker's backends took, alone, to evaluate a prompt and generate a
+    /// few tokens when the worker started ([`WarmUp`]), per model; our proxy routes by it until
+    /// traffic has measured the box. Absent means none; a value that is not such a list reads
+    /// as absent, and an entry that is not a warm-up is skipped.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_warm_ups"
+    )]
+    pub warm_ups: Option<Vec<WarmUp>>,
 }
 
 /// Context windows by model name (tokens), as a worker reports them.
 pub type ContextWindows = std::collections::BTreeMap<String, u32>;
+
+/// One model's warm-up: the timings of a prompt of about a thousand tokens and a few generated
+/// tokens, evaluated by the backend alone when the worker started (llama-server's own
+/// `timings`), so that a proxy that has never seen the box answer knows its speed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmUp {
+    /// The model it was measured on.
+    pub model: String,
+    /// What the backend reported.
+    pub timings: Timings,
+}
 
 /// `register_ack`: the proxy's answer to `register`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -510,6 +531,15 @@ pub struct ModelsUpdateMessage {
         deserialize_with = "lenient_windows"
     )]
     pub context_windows: Option<ContextWindows>,
+    /// Extension: what the worker's backends took, alone, to evaluate a prompt and generate a
+    /// few tokens when the worker started ([`WarmUp`]), as in `register`: a warm-up that ended
+    /// after the worker registered comes with the next `models_update`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_warm_ups"
+    )]
+    pub warm_ups: Option<Vec<WarmUp>>,
 }
 
 /// `response_chunk`: SSE-framed bytes of a streaming answer.
@@ -613,6 +643,26 @@ fn lenient_windows<'de, D: serde::Deserializer<'de>>(
             .collect(),
     ))
 }
+
+/// Warm-ups as a peer may send them: a value that is not a list reads as absent, an entry that
+/// is not a warm-up is skipped, and at most [`MAX_WARM_UPS`] are read.
+fn lenient_warm_ups<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<WarmUp>>, D::Error> {
+    let serde_json::Value::Array(entries) = serde_json::Value::deserialize(d)? else {
+        return Ok(None);
+    };
+    Ok(Some(
+        entries
+            .into_iter()
+            .filter_map(|entry| serde_json::from_value(entry).ok())
+            .take(MAX_WARM_UPS)
+            .collect(),
+    ))
+}
+
+/// The most warm-ups one message carries that are read: one per model a worker may serve.
+pub const MAX_WARM_UPS: usize = 64;
 
 /// An optional extension string that must never cost a peer its message: any other JSON value
 /// reads as the empty string (which the field's own check then refuses, with a warning).
@@ -836,11 +886,54 @@ mod tests {
         };
         assert_eq!(update.going_to_sleep, None);
         let asleep = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            warm_ups: None,
             going_to_sleep: Some(true),
             context_windows: None,
             ..update
         });
         assert!(asleep.to_json().contains(r#""going_to_sleep":true"#));
+    }
+
+    #[test]
+    fn warm_ups_are_optional_lenient_and_absent_when_unset() {
+        let warm_up = r#"{"model":"m","timings":{"prompt_tokens":1000,"prompt_ms":400.0,"generated_tokens":16,"generation_ms":200.0}}"#;
+        let many = vec![warm_up; MAX_WARM_UPS + 5].join(",");
+        for (value, want) in [
+            (format!("[{warm_up}]"), Some(1)),
+            // Entries that are not warm-ups are skipped, not the message.
+            (
+                format!(r#"[{warm_up},7,{{"model":"m"}},{{"model":1,"timings":{{}}}}]"#),
+                Some(1),
+            ),
+            (format!("[{many}]"), Some(MAX_WARM_UPS)),
+            ("{}".to_string(), None),
+            (r#""fast""#.to_string(), None),
+            ("null".to_string(), None),
+        ] {
+            for message in [
+                format!(
+                    r#"{{"type":"register","worker_name":"w","models":["m"],"max_concurrent":1,"warm_ups":{value}}}"#
+                ),
+                format!(
+                    r#"{{"type":"models_update","models":["m"],"current_load":0,"warm_ups":{value}}}"#
+                ),
+            ] {
+                let warm_ups = match WorkerToServer::from_json(&message).unwrap() {
+                    WorkerToServer::Register(register) => register.warm_ups,
+                    WorkerToServer::ModelsUpdate(update) => update.warm_ups,
+                    other => panic!("{other:?}"),
+                };
+                assert_eq!(warm_ups.as_ref().map(Vec::len), want, "{message}");
+                if let Some(first) = warm_ups.as_ref().and_then(|w| w.first()) {
+                    assert_eq!(first.model, "m");
+                    assert_eq!(first.timings.prompt_tokens, 1000);
+                    assert_eq!(first.timings.generation_ms, 200.0);
+                }
+            }
+        }
+        let register = r#"{"type":"register","worker_name":"w","models":["m"],"max_concurrent":1}"#;
+        let message = WorkerToServer::from_json(register).unwrap();
+        assert!(!message.to_json().contains("warm_ups"), "absent when unset");
     }
 
     #[test]

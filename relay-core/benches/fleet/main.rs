@@ -398,7 +398,10 @@ fn main() {
     };
     println!();
     if !first_runs.is_empty() {
-        println!("a proxy's first run (nothing measured yet), beyond 5% of the best other policy:");
+        println!(
+            "a proxy's first run (nothing measured yet but the workers' warm-ups), beyond 5% of \
+             the best other policy:"
+        );
         for line in &first_runs {
             println!("- {line}");
         }

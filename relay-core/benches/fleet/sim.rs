@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use relay_core::protocol::{RegisterMessage, Timings};
+use relay_core::protocol::{RegisterMessage, Timings, WarmUp};
 use relay_core::proxy::dispatch::scheduler::{
     Action, AsleepBox, KnownBox, Placement, ProviderLimits, Reason, Registered, RequestId,
     Scheduler, Submitted, WorkerId,
@@ -108,8 +108,8 @@ pub enum Policy {
     Affinity,
     /// Affinity on the fastest box alone (the others unused).
     FastOnly,
-    /// Affinity with cost routing (measured speeds), on a proxy started afresh: it knows no
-    /// box until each has answered.
+    /// Affinity with cost routing (measured speeds), on a proxy started afresh: it knows each
+    /// box only by its worker's warm-up until the box has answered.
     Cost,
     /// Cost routing on a proxy restarted with its store: it starts with the speeds an earlier
     /// run measured (a home's proxy after its first day).
@@ -966,12 +966,25 @@ pub fn replay(
     }
 }
 
-/// Registers the box `spec` as its worker does when it connects.
+/// Registers the box `spec` as its worker does when it connects, with the warm-up its worker
+/// measured when it started (a prompt of 1,000 tokens and 16 generated, alone; taken where the
+/// proxy knows no speed). Workers start before anyone asks: the sample is there at once.
 fn join(scheduler: &mut Scheduler, spec: &BoxSpec) -> Registered {
+    let alone = Timings {
+        prompt_tokens: 1000,
+        prompt_ms: 1000.0 * 1000.0 / spec.prompt_tps,
+        cached_tokens: None,
+        generated_tokens: 16,
+        generation_ms: 1000.0 * 16.0 / spec.generation_tps,
+    };
     scheduler
         .register_worker(
             "local",
             &RegisterMessage {
+                warm_ups: Some(vec![WarmUp {
+                    model: "m".to_string(),
+                    timings: alone,
+                }]),
                 worker_name: spec.name.to_string(),
                 models: vec!["m".to_string()],
                 max_concurrent: spec.slots,

@@ -41,6 +41,7 @@ async fn run(port: u16, name: String) {
         return;
     };
     let register = WorkerToServer::Register(RegisterMessage {
+        warm_ups: None,
         worker_name: name,
         models: vec!["bench".to_string()],
         max_concurrent: 4,

@@ -251,7 +251,7 @@ impl UsageTracker {
 
 /// llama-server's `timings` object (`prompt_n`, `prompt_ms`, `cache_n`, `predicted_n`,
 /// `predicted_ms`) as the protocol carries it; `None` when a field it needs is missing.
-fn llama_timings(timings: &Value) -> Option<crate::protocol::Timings> {
+pub(crate) fn llama_timings(timings: &Value) -> Option<crate::protocol::Timings> {
     let count = |name: &str| {
         timings
             .get(name)

@@ -53,6 +53,7 @@ pub async fn fetch_context_windows(client: &reqwest::Client, base_url: &str) -> 
     };
     if let Some(props) = props.ok().filter(from_llama_cpp).and_then(|a| a.json_ok()) {
         windows.every_model = window_of(&props["default_generation_settings"]["n_ctx"]);
+        windows.llama_cpp_slots = slots_of_props(&props);
     }
     windows
 }
@@ -130,6 +131,8 @@ pub struct ContextWindows {
     pub per_model: std::collections::BTreeMap<String, u32>,
     /// For every model of the backend (a llama-server's slot).
     pub every_model: Option<u32>,
+    /// The slots of a llama.cpp server (`/props` signed by one): what only it has.
+    pub llama_cpp_slots: Option<u32>,
 }
 
 impl ContextWindows {

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 
+use super::warm_up::WarmUps;
 use super::{Backends, WorkerConfig};
 use crate::discovery::{discover, fetch_context_windows, fetch_models};
-use crate::protocol::ContextWindows;
+use crate::protocol::{ContextWindows, WarmUp};
 
 /// Models and where each is served, in advertisement order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,6 +26,8 @@ pub struct Catalog {
     fallback: Option<String>,
     /// The tokens one request may hold, per advertised model, where known.
     windows: ContextWindows,
+    /// What the warm-ups of its llama-servers measured ([`super::warm_up`]).
+    warm_ups: Vec<WarmUp>,
 }
 
 /// Where a request for one model goes.
@@ -49,6 +52,11 @@ impl Catalog {
     /// The context windows to report (`None` when none is known).
     pub fn context_windows(&self) -> Option<ContextWindows> {
         (!self.windows.is_empty()).then(|| self.windows.clone())
+    }
+
+    /// The warm-ups to report (`None` when none was measured).
+    pub fn warm_ups(&self) -> Option<Vec<WarmUp>> {
+        (!self.warm_ups.is_empty()).then(|| self.warm_ups.clone())
     }
 
     /// Where `model` goes: the model map, the backend listing it, or the first backend.
@@ -113,6 +121,7 @@ pub async fn load(
     config: &WorkerConfig,
     client: &reqwest::Client,
     windows: &ContextWindowCache,
+    warm_ups: &WarmUps,
     managed: Vec<String>,
 ) -> Catalog {
     let mut catalog = Catalog {
@@ -164,9 +173,18 @@ pub async fn load(
         (models, windows.of(client, url).await)
     }))
     .await;
+    let mut warmed = Vec::new();
     for ((url, _), (models, windows)) in backends.iter().zip(listed) {
         match models {
             Ok(models) => {
+                // A llama.cpp server listing one model has it loaded (its router mode lists
+                // more, and loads on request): only such a server is warmed up.
+                if let ([model], Some(slots)) = (models.as_slice(), windows.llama_cpp_slots) {
+                    if !catalog.managed.contains(model) {
+                        warm_ups.start(client, url, model, slots, windows.of(model));
+                        warmed.push((model.clone(), url.clone()));
+                    }
+                }
                 for model in models {
                     if let Some(tokens) = windows.of(&model).or(config.context_window) {
                         catalog.windows.entry(model.clone()).or_insert(tokens);
@@ -177,6 +195,10 @@ pub async fn load(
             Err(error) => tracing::warn!("backend error: could not list models: {error}"),
         }
     }
+    // A model another backend listed first is served there, and that backend's speed is
+    // another's.
+    warmed.retain(|(model, url)| catalog.route(model) == Some(Route::Backend(url)));
+    catalog.warm_ups = warm_ups.measured(&warmed);
     catalog
 }
 

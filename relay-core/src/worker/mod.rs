@@ -7,6 +7,7 @@ pub mod managed;
 pub mod report;
 pub mod session;
 pub mod slot_pins;
+pub mod warm_up;
 pub mod wire;
 
 use std::path::PathBuf;
@@ -455,6 +456,8 @@ pub struct BackendAccess {
     pub slot_pins: SlotPins,
     /// The context windows its backends said.
     pub windows: catalog::ContextWindowCache,
+    /// Its llama-servers' warm-ups ([`warm_up`]).
+    pub warm_ups: warm_up::WarmUps,
 }
 
 impl BackendAccess {
@@ -476,6 +479,7 @@ impl BackendAccess {
             ),
             slot_pins: SlotPins::new(config.slot_hints),
             windows: catalog::ContextWindowCache::default(),
+            warm_ups: warm_up::WarmUps::default(),
         }
     }
 

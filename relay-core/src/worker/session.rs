@@ -7,6 +7,7 @@
 
 mod liveness;
 mod outbox;
+mod wake_relay;
 mod window;
 
 use std::collections::HashMap;
@@ -119,10 +120,13 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         hardware,
         ..
     } = running;
+    // Before the catalog is read, so a warm-up measured while it is read is not missed.
+    let warmed = access.warm_ups.subscribe();
     let catalog = catalog::load(
         config,
         &access.client,
         &access.windows,
+        &access.warm_ups,
         mapped_models(lifecycle),
     )
     .await;
@@ -142,6 +146,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
     };
     tracing::info!(proxy = %proxy_url, "connected to proxy");
     let register = WorkerToServer::Register(RegisterMessage {
+        warm_ups: catalog.warm_ups(),
         worker_name: config.name.clone(),
         models: catalog.models(),
         max_concurrent: config.max_concurrent,
@@ -171,6 +176,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         lifecycle,
         hardware,
         catalog,
+        warmed,
         active: HashMap::new(),
         outbox: Outbox::default(),
         window,
@@ -274,6 +280,8 @@ struct Session<'a> {
     lifecycle: Option<&'a LifecycleManager>,
     hardware: Option<&'a crate::hardware::Latest>,
     catalog: Catalog,
+    /// Changes when a warm-up is measured ([`crate::worker::warm_up`]).
+    warmed: watch::Receiver<u64>,
     /// Running requests by wire id.
     active: HashMap<String, AbortHandle>,
     /// Each running request's messages, waiting to be written.
@@ -290,41 +298,6 @@ struct Session<'a> {
     proxy_stopping: Option<String>,
     /// Notified when the box is about to suspend.
     sleep: &'a tokio::sync::Notify,
-}
-
-/// Cards a single `ping` may ask this worker to wake: a proxy cannot make it flood the LAN.
-const MAX_RELAYED_WAKES: usize = 16;
-
-/// Sends the Wake-on-LAN packets the proxy asked for (`ping.wake_macs`), off the session's
-/// loop. Only well-formed unicast addresses, at most [`MAX_RELAYED_WAKES`]; the rest is logged
-/// and dropped, because the proxy is trusted with the LAN's broadcast no further than that.
-fn relay_wake_packets(macs: &[String], target: std::net::SocketAddr) {
-    let cards: Vec<crate::wake::MacAddress> = macs
-        .iter()
-        .take(MAX_RELAYED_WAKES)
-        .filter_map(|text| match text.parse() {
-            Ok(mac) => Some(mac),
-            Err(error) => {
-                tracing::warn!("ignored a Wake-on-LAN request from the proxy: {error}");
-                None
-            }
-        })
-        .collect();
-    if cards.is_empty() {
-        return;
-    }
-    tokio::spawn(async move {
-        for mac in cards {
-            match crate::wake::send_magic_packet(mac, target).await {
-                Ok(()) => {
-                    tracing::info!(%mac, %target, "Wake-on-LAN packet sent for the proxy")
-                }
-                Err(error) => {
-                    tracing::warn!(%mac, %target, "Wake-on-LAN packet not sent: {error}")
-                }
-            }
-        }
-    });
 }
 
 /// A freshly read catalog, and whether the proxy asked for it.
@@ -389,6 +362,11 @@ impl Session<'_> {
                 pulled = self.outbox.next(bulk) => self.on_pulled(socket, pulled).await,
                 Some(refreshed) = catalogs.recv() => self.on_catalog(socket, refreshed).await,
                 _ = refresh.tick() => {
+                    self.spawn_refresh(&catalog_tx, false);
+                    Next::Continue
+                }
+                // A warm-up measured: the catalog read again carries it to the proxy.
+                Ok(()) = self.warmed.changed() => {
                     self.spawn_refresh(&catalog_tx, false);
                     Next::Continue
                 }
@@ -477,7 +455,7 @@ impl Session<'_> {
                     self.outbox.set_paused(paused);
                 }
                 if let Some(macs) = ping.wake_macs {
-                    relay_wake_packets(&macs, self.config.wake_target);
+                    wake_relay::relay_wake_packets(&macs, self.config.wake_target);
                 }
                 let pong = WorkerToServer::Pong(PongMessage {
                     current_load: self.active.len() as u32,
@@ -693,12 +671,13 @@ impl Session<'_> {
             return Next::Continue;
         }
         let models = refreshed.catalog.models();
-        if changed {
+        if models != self.catalog.models() {
             tracing::info!(?models, "backend models changed");
         }
         self.catalog = refreshed.catalog;
         let refreshed_windows = self.catalog.context_windows();
         let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            warm_ups: self.catalog.warm_ups(),
             models,
             current_load: self.active.len() as u32,
             going_to_sleep: None,
@@ -715,10 +694,11 @@ impl Session<'_> {
         let config = self.config.clone();
         let client = self.access.client.clone();
         let windows = self.access.windows.clone();
+        let warm_ups = self.access.warm_ups.clone();
         let mapped = mapped_models(self.lifecycle);
         let catalog_tx = catalog_tx.clone();
         tokio::spawn(async move {
-            let catalog = catalog::load(&config, &client, &windows, mapped).await;
+            let catalog = catalog::load(&config, &client, &windows, &warm_ups, mapped).await;
             let _ = catalog_tx.send(Refreshed { catalog, requested }).await;
         });
     }
@@ -733,6 +713,7 @@ impl Session<'_> {
         self.draining = true;
         self.drain_deadline = Some(Instant::now() + self.config.drain_timeout);
         let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            warm_ups: None,
             models: Vec::new(),
             current_load: self.active.len() as u32,
             going_to_sleep: None,
@@ -754,6 +735,7 @@ impl Session<'_> {
             "going to sleep: telling the proxy and disconnecting"
         );
         let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            warm_ups: None,
             models: Vec::new(),
             current_load: self.active.len() as u32,
             going_to_sleep: Some(true),
@@ -789,40 +771,4 @@ async fn close(socket: &mut Socket, reason: &str) {
         reason: reason.to_string().into(),
     };
     let _ = socket.close(Some(frame)).await;
-}
-
-#[cfg(test)]
-mod wake_relay_tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    /// A hostile or confused proxy gets at most [`MAX_RELAYED_WAKES`] well-formed packets out
-    /// of a worker per `ping`, and nothing for malformed or broadcast addresses.
-    #[tokio::test]
-    async fn a_worker_relays_only_well_formed_cards_and_at_most_sixteen_per_ping() {
-        let card = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let mut asked: Vec<String> = (0..40).map(|i| format!("02:00:00:00:00:{i:02x}")).collect();
-        asked.insert(0, "ff:ff:ff:ff:ff:ff".to_string());
-        asked.insert(1, "not a mac".to_string());
-        asked.insert(2, "x".repeat(100_000));
-        relay_wake_packets(&asked, card.local_addr().unwrap());
-        let mut valid = 0;
-        let mut buf = [0u8; 256];
-        while let Ok(Ok((len, _))) =
-            tokio::time::timeout(Duration::from_millis(500), card.recv_from(&mut buf)).await
-        {
-            let packet = &buf[..len];
-            assert!(
-                asked[3..].iter().any(|m| m
-                    .parse::<crate::wake::MacAddress>()
-                    .unwrap()
-                    .is_magic_packet(packet)),
-                "only magic packets for the cards asked"
-            );
-            valid += 1;
-        }
-        // The first sixteen entries, of which three are refused.
-        assert_eq!(valid, MAX_RELAYED_WAKES - 3);
-    }
 }

@@ -34,6 +34,7 @@ async fn worker_with_window_and_slots(
     let mut worker = ScriptedWorker::connect(proxy.addr).await;
     worker
         .send(&WorkerToServer::Register(RegisterMessage {
+            warm_ups: None,
             worker_name: name.to_string(),
             models: vec!["m".to_string()],
             max_concurrent: slots,

@@ -520,6 +520,7 @@ async fn models_update_adds_a_model_at_once_and_dispatches_queued_work() {
 
     worker
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            warm_ups: None,
             models: vec!["old-model".to_string(), "new-model".to_string()],
             current_load: 0,
             going_to_sleep: None,
@@ -546,6 +547,7 @@ async fn models_update_removing_a_model_stops_routing_it_at_once() {
     let (mut worker, _) = ScriptedWorker::join(proxy.addr, "w", &["a", "b"], 2).await;
     worker
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            warm_ups: None,
             models: vec!["b".to_string()],
             current_load: 0,
             going_to_sleep: None,

@@ -244,3 +244,114 @@ async fn prompt_speed(proxy: &RunningProxy) -> Option<f64> {
     assert_eq!(code, 200);
     status["workers"][0]["speeds"][MODEL]["prompt_tps"].as_f64()
 }
+
+/// A llama-server (`/props` signed `llama.cpp`, 4 slots) serving `models`, whose `/completion`
+/// answers as if it evaluated 1,000 prompt tokens in 0.4 s and generated 16 in 0.2 s; its
+/// base URL and every `/completion` body it got.
+async fn warmable_llama_server(
+    models: &'static [&'static str],
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
+    use axum::http::header;
+    let completions = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = completions.clone();
+    let app = axum::Router::new()
+        .route(
+            "/v1/models",
+            get(move || async move {
+                let data: Vec<Value> = models.iter().map(|id| json!({"id": id})).collect();
+                axum::Json(json!({"object": "list", "data": data}))
+            }),
+        )
+        .route(
+            "/props",
+            get(|| async {
+                axum::Json(json!({"total_slots": 4,
+                    "default_generation_settings": {"n_ctx": 8192}}))
+            }),
+        )
+        .route(
+            "/completion",
+            post_route(move |body: axum::body::Bytes| {
+                seen.lock()
+                    .unwrap()
+                    .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
+                async {
+                    axum::Json(json!({"content": "x".repeat(16), "timings": {
+                        "cache_n": 0, "prompt_n": 1000, "prompt_ms": 400.0,
+                        "predicted_n": 16, "predicted_ms": 200.0}}))
+                }
+            }),
+        )
+        .layer(axum::middleware::map_response(
+            |mut response: axum::response::Response| async move {
+                response.headers_mut().insert(
+                    header::SERVER,
+                    header::HeaderValue::from_static("llama.cpp"),
+                );
+                response
+            },
+        ));
+    let (addr, _task) = serve_app(app, "127.0.0.1:0".parse().unwrap()).await;
+    (format!("http://{addr}"), completions)
+}
+
+#[tokio::test]
+async fn a_llama_server_is_warmed_up_when_its_worker_starts_so_the_proxy_knows_its_speed_before_any_request(
+) {
+    let (backend, completions) = warmable_llama_server(&[MODEL]).await;
+    let proxy = start_proxy(test_config()).await;
+    let worker = RunningWorker::start(&proxy, &backend, None, 2);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while prompt_speed(&proxy).await != Some(2500.0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the warm-up's speed never reached the proxy"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, status) = get_json(&proxy.url(), "/api/status", &[]).await;
+    let speed = &status["workers"][0]["speeds"][MODEL];
+    assert_eq!(speed["generation_tps"], 80.0, "{status}");
+    assert!(
+        speed["typical_output"].is_null(),
+        "a warm-up's answer is nobody's: {status}"
+    );
+    // Several catalog refreshes later (every 300 ms here), still the one warm-up.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let bodies = completions.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 1, "one warm-up per server: {bodies:?}");
+    let body = &bodies[0];
+    assert_eq!(body["n_predict"], 16);
+    assert_eq!(body["ignore_eos"], true);
+    assert_eq!(body["cache_prompt"], false);
+    assert_eq!(
+        body["id_slot"], 3,
+        "the last slot, away from the probe's 0 and 1"
+    );
+    let words = body["prompt"].as_str().unwrap().split_whitespace().count();
+    assert!(
+        (700..=800).contains(&words),
+        "about a thousand tokens: {words} words"
+    );
+    let metrics = metrics_text(&proxy.url()).await;
+    assert!(
+        !metrics.contains("modelrelay_placements_total{reason=\"new_conversation\"} 1"),
+        "no request was routed: {metrics}"
+    );
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_llama_server_serving_several_models_is_not_warmed_up() {
+    // Its router mode loads a model on request: a warm-up could start one nobody asked for.
+    let (backend, completions) = warmable_llama_server(&[MODEL, "another-model"]).await;
+    let proxy = start_proxy(test_config()).await;
+    let worker = RunningWorker::start(&proxy, &backend, None, 2);
+    wait_until("the worker registers", || proxy.hub.models().len() == 2).await;
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(completions.lock().unwrap().is_empty());
+    assert_eq!(prompt_speed(&proxy).await, None);
+    worker.stop().await;
+    proxy.shutdown().await;
+}

@@ -99,6 +99,7 @@ async fn box_with_card_goes_to_sleep(
         .await;
     worker
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            warm_ups: None,
             models: Vec::new(),
             current_load: 0,
             going_to_sleep: Some(true),
@@ -377,6 +378,7 @@ async fn only_a_sleep_counts_a_plain_worker_leaving_or_one_drained_by_an_admin_i
         .await;
     stopped
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            warm_ups: None,
             models: Vec::new(),
             current_load: 0,
             going_to_sleep: None,
@@ -518,6 +520,7 @@ async fn fast_box_answers(
     assert_eq!(status, 200, "{body}");
     if then_sleeps {
         fast.send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            warm_ups: None,
             models: Vec::new(),
             current_load: 0,
             going_to_sleep: Some(true),

@@ -63,6 +63,7 @@ impl EvilWorker {
         let mut worker = EvilWorker { socket };
         worker
             .send(&WorkerToServer::Register(RegisterMessage {
+                warm_ups: None,
                 worker_name: "evil".to_string(),
                 models: vec![MODEL.to_string()],
                 max_concurrent: 4,

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::protocol::RegisterMessage;
+use crate::protocol::{RegisterMessage, WarmUp};
 
 mod cost;
 mod events;

@@ -401,13 +401,7 @@ impl Connection {
             }
             WorkerToServer::ModelsUpdate(update) => {
                 let going_to_sleep = update.going_to_sleep == Some(true);
-                let (models, warnings) = self.hub.update_models(
-                    self.worker,
-                    &update.models,
-                    update.current_load,
-                    going_to_sleep,
-                    update.context_windows.as_ref(),
-                );
+                let (models, warnings) = self.hub.update_models(self.worker, &update);
                 tracing::info!(worker = %worker_wire_id(self.worker), ?models, going_to_sleep, "models updated");
                 for warning in warnings {
                     tracing::warn!(worker = %worker_wire_id(self.worker), "models_update: {warning}");

@@ -76,6 +76,7 @@ impl ScriptedWorker {
         max_concurrent: u32,
     ) -> RegisterAck {
         self.send(&WorkerToServer::Register(RegisterMessage {
+            warm_ups: None,
             worker_name: name.to_string(),
             models: models.iter().map(|m| m.to_string()).collect(),
             max_concurrent,
@@ -431,6 +432,7 @@ pub fn register_message(
     current_load: Option<u32>,
 ) -> RegisterMessage {
     RegisterMessage {
+        warm_ups: None,
         worker_name: name.to_string(),
         models: models.iter().map(|m| m.to_string()).collect(),
         max_concurrent,

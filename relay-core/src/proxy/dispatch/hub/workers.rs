@@ -185,16 +185,18 @@ impl Hub {
     pub fn update_models(
         &self,
         worker: WorkerId,
-        models: &[String],
-        load: u32,
-        going_to_sleep: bool,
-        windows: Option<&crate::protocol::ContextWindows>,
+        update: &crate::protocol::ModelsUpdateMessage,
     ) -> (Vec<String>, Vec<String>) {
+        let going_to_sleep = update.going_to_sleep == Some(true);
         let mut inner = self.lock();
-        let (accepted, warnings, actions) =
-            inner
-                .scheduler
-                .update_models(worker, models, load, windows, Instant::now());
+        let (accepted, warnings, actions) = inner.scheduler.update_models(
+            worker,
+            &update.models,
+            update.current_load,
+            update.context_windows.as_ref(),
+            update.warm_ups.as_deref(),
+            Instant::now(),
+        );
         if let Some(link) = inner.links.get_mut(&worker) {
             if going_to_sleep {
                 link.sleep.announced_sleep = true;

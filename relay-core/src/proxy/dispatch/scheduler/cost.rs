@@ -64,12 +64,26 @@ pub struct Speed {
 impl Eq for Speed {}
 
 impl Speed {
+    /// Takes the rates of a warm-up (a prompt evaluated and a few tokens generated alone, when
+    /// the worker started) where none were measured: traffic's own timings are what it learns
+    /// from, and a warm-up's answer is nobody's, so its length is not learnt.
+    pub fn observe_warm_up(&mut self, timings: &Timings) {
+        let mut sample = Speed::default();
+        sample.observe(timings, true, false);
+        self.prompt_tps = self.prompt_tps.or(sample.prompt_tps);
+        self.generation_tps = self.generation_tps.or(sample.generation_tps);
+    }
+
     /// Learns from one answer's `timings`: a conversation's turn's, or a side request's (`side`);
     /// `shared`: another prompt was evaluated on the box while this one was, so its prompt rate
     /// is only a floor of the box's ([`Scheduler::note_shared_prefill`]).
     pub fn observe(&mut self, timings: &Timings, side: bool, shared: bool) {
         let rate = |tokens: u32, ms: f64, least: u32| {
-            (tokens >= least && ms > 0.0).then(|| f64::from(tokens) * 1000.0 / ms)
+            // A time of a few subnormal milliseconds (a worker's report is network input)
+            // would make the rate infinite.
+            (tokens >= least && ms > 0.0)
+                .then(|| f64::from(tokens) * 1000.0 / ms)
+                .filter(|rate| rate.is_finite())
         };
         let blend = |old: Option<f64>, new: f64| {
             Some(old.map_or(new, |old| old + SAMPLE_WEIGHT * (new - old)))
@@ -186,6 +200,18 @@ impl Scheduler {
     /// Learns `worker`'s speed on `model` from one answer's `timings` (not a side request's).
     pub fn observe_timings(&mut self, worker: WorkerId, model: &str, timings: &Timings) {
         self.observe_answer(worker, model, timings, false, false);
+    }
+
+    /// `worker`'s warm-up on `model` (measured alone when it started, carried in `register` or
+    /// `models_update`): its rates, where none were measured ([`Speed::observe_warm_up`]).
+    pub fn observe_warm_up(&mut self, worker: WorkerId, model: &str, timings: &Timings) {
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        let Some(model) = w.models.iter().find(|m| &***m == model).cloned() else {
+            return;
+        };
+        w.speeds.entry(model).or_default().observe_warm_up(timings);
     }
 
     fn observe_answer(
@@ -412,9 +438,10 @@ impl Scheduler {
     }
 
     /// Seconds longer a typical answer of `model` takes on worker `id` than on `usual` (less
-    /// than zero where it is faster): the answer's length as measured on `usual`, else on `id`
-    /// (a property of the workload, so one length for both) — a conversation's `turn`'s where
-    /// one was measured, any answer's otherwise — at each worker's measured generation speed.
+    /// than zero where it is faster): the answer's length as measured on the two (a property of
+    /// the workload, so one length for both: their mean, or the one measured) — a
+    /// conversation's `turn`'s where one was measured, any answer's otherwise — at each
+    /// worker's measured generation speed.
     /// Zero where the two generate alike (one within [`CLEARLY_SOONER`] of the other: measured
     /// speeds wander with the load); `None` where something is not measured.
     fn longer_answer_secs(
@@ -429,12 +456,17 @@ impl Scheduler {
         if there_tps.min(here_tps) >= CLEARLY_SOONER * there_tps.max(here_tps) {
             return Some(0.0);
         }
+        // The mean of the two, not the usual box's alone: which box served which answers is
+        // an accident of routing (a slow box that answered only titles measures a title's
+        // length), and a proxy whose first day went otherwise would route its second otherwise.
+        let both = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => Some((a + b) / 2.0),
+            (a, b) => a.or(b),
+        };
         let turn_tokens = turn
-            .then(|| here.typical_turn_output.or(there.typical_turn_output))
+            .then(|| both(here.typical_turn_output, there.typical_turn_output))
             .flatten();
-        let tokens = turn_tokens
-            .or(here.typical_output)
-            .or(there.typical_output)?;
+        let tokens = turn_tokens.or(both(here.typical_output, there.typical_output))?;
         Some(tokens / there_tps - tokens / here_tps)
     }
 
@@ -798,6 +830,104 @@ pub(super) mod tests {
         speed.observe(&timings(1000, 500.0, 20, 400.0), true, false);
         assert_eq!(speed.typical_turn_output, turn, "a title is not a turn");
         assert!(speed.typical_output < answer, "but it is an answer");
+    }
+
+    #[test]
+    fn a_warm_up_gives_a_box_its_rates_where_none_were_measured_and_never_an_answer_length() {
+        let now = Instant::now();
+        let (mut s, ids) = fleet(true, &[None, None]);
+        // Both boxes warmed up when their workers started: 1,000 prompt tokens in 2 s (slow)
+        // and in 0.4 s (fast); 16 tokens generated at 10 and 80 a second.
+        s.observe_warm_up(ids[0], "m", &timings(1000, 2000.0, 16, 1600.0));
+        s.observe_warm_up(ids[1], "m", &timings(1000, 400.0, 16, 200.0));
+        let fast = s.speed(ids[1], "m").expect("warmed up");
+        assert_eq!(
+            (fast.prompt_tps, fast.generation_tps),
+            (Some(2500.0), Some(80.0))
+        );
+        assert_eq!(fast.typical_output, None, "a warm-up's answer is nobody's");
+        assert_eq!(fast.typical_turn_output, None);
+        // So the very first conversation goes to the fast box: 0.5 s there against 2.5 s on
+        // the box the usual rule picks.
+        assert_eq!(place(&mut s, 1, 7, 5_000, now), ids[1]);
+        assert_eq!(s.reason_of(1), Some(Reason::FasterBox));
+        // Traffic teaches the rest, and a later warm-up (the worker reconnecting) changes
+        // nothing measured.
+        s.learn(ids[1], 1, &timings(5_000, 2500.0, 100, 2000.0));
+        let learnt = s.speed(ids[1], "m").unwrap();
+        s.observe_warm_up(ids[1], "m", &timings(1000, 100.0, 16, 100.0));
+        assert_eq!(s.speed(ids[1], "m"), Some(learnt));
+        // A model the worker does not serve, or a worker that left, is no one's speed.
+        s.observe_warm_up(ids[0], "other", &timings(1000, 100.0, 16, 100.0));
+        assert_eq!(s.speed(ids[0], "other"), None);
+    }
+
+    #[test]
+    fn warm_ups_come_with_register_or_with_a_later_models_update() {
+        let now = Instant::now();
+        let warm_up = |model: &str, prompt_ms| crate::protocol::WarmUp {
+            model: model.to_string(),
+            timings: timings(1000, prompt_ms, 16, 200.0),
+        };
+        let mut s = Scheduler::new(vec![("local".to_string(), ProviderLimits::default())]);
+        let registered = s
+            .register_worker(
+                "local",
+                &crate::protocol::RegisterMessage {
+                    worker_name: "gpu".to_string(),
+                    models: vec!["m".to_string(), "n".to_string()],
+                    max_concurrent: 2,
+                    protocol_version: None,
+                    current_load: None,
+                    mac_address: None,
+                    sleeps_when_idle: None,
+                    context_windows: None,
+                    warm_ups: Some(vec![warm_up("m", 400.0), warm_up("elsewhere", 100.0)]),
+                },
+            )
+            .expect("registered");
+        let id = registered.worker;
+        let tps = |s: &Scheduler, model| s.speed(id, model).and_then(|speed| speed.prompt_tps);
+        assert_eq!(tps(&s, "m"), Some(2500.0));
+        assert_eq!(tps(&s, "n"), None, "measured later");
+        assert_eq!(tps(&s, "elsewhere"), None, "a model it does not serve");
+        let models = ["m".to_string(), "n".to_string()];
+        let update = [warm_up("n", 500.0)];
+        s.update_models(id, &models, 0, None, Some(&update), now);
+        assert_eq!(tps(&s, "n"), Some(2000.0));
+        assert_eq!(tps(&s, "m"), Some(2500.0));
+    }
+
+    #[test]
+    fn a_time_too_small_to_give_a_finite_rate_is_not_learnt() {
+        let mut speed = Speed::default();
+        speed.observe(
+            &timings(1000, f64::MIN_POSITIVE / 1e10, 100, 5e-324),
+            false,
+            false,
+        );
+        assert_eq!((speed.prompt_tps, speed.generation_tps), (None, None));
+        speed.observe_warm_up(&timings(1000, 5e-324, 16, 5e-324));
+        assert_eq!((speed.prompt_tps, speed.generation_tps), (None, None));
+    }
+
+    #[test]
+    fn an_answers_length_is_the_mean_of_what_both_boxes_measured_not_the_usual_ones_alone() {
+        // Box 0 generates at 10 tokens a second and answered only titles (20 tokens); box 1
+        // at 50 and answered turns (200 tokens). One length for both: 110 tokens, 11 s on
+        // box 0 against 2.2 s on box 1.
+        let (mut s, ids) = fleet(true, &[None, None]);
+        s.observe_timings(ids[1], "m", &timings(1000, 500.0, 200, 4000.0));
+        s.observe_answer(ids[0], "m", &timings(1000, 500.0, 20, 2000.0), true, false);
+        let longer = |id, usual| s.longer_answer_secs(id, usual, "m", false).unwrap();
+        assert!((longer(ids[0], ids[1]) - 8.8).abs() < 1e-9);
+        assert!(
+            (longer(ids[1], ids[0]) + 8.8).abs() < 1e-9,
+            "the same either way"
+        );
+        // A turn: box 0 measured none, so box 1's 200.
+        let turn = s.longer_answer_secs(ids[0], ids[1], "m", true).unwrap();
+        assert!((turn - 16.0).abs() < 1e-9, "{turn}");
     }
 
     #[test]

@@ -86,6 +86,7 @@ impl Scheduler {
                 cold: HashMap::new(),
             },
         );
+        self.observe_warm_ups(worker_id, message.warm_ups.as_deref());
         let mut actions = Vec::new();
         self.fill_worker(worker_id, &mut actions);
         Ok(Registered {
@@ -141,6 +142,14 @@ impl Scheduler {
         p.lingering.retain(|_, until| *until > now);
     }
 
+    /// The warm-ups a worker reported (`register`, `models_update`): the speeds of models it
+    /// serves where none were measured ([`Scheduler::observe_warm_up`]).
+    fn observe_warm_ups(&mut self, worker: WorkerId, warm_ups: Option<&[WarmUp]>) {
+        for warm_up in warm_ups.unwrap_or_default() {
+            self.observe_warm_up(worker, &warm_up.model, &warm_up.timings);
+        }
+    }
+
     /// A worker sent `models_update`: replace its models and hand it newly compatible work.
     /// Returns the sanitized list, warnings and actions.
     pub fn update_models(
@@ -149,6 +158,7 @@ impl Scheduler {
         models: &[String],
         current_load: u32,
         windows: Option<&crate::protocol::ContextWindows>,
+        warm_ups: Option<&[WarmUp]>,
         now: Instant,
     ) -> (Vec<String>, Vec<String>, Vec<Action>) {
         let Some(entry) = self.workers.get(&worker) else {
@@ -167,6 +177,7 @@ impl Scheduler {
         entry.windows = windows_of(&accepted_arcs, windows);
         entry.models = accepted_arcs;
         entry.external_load = current_load.saturating_sub(entry.in_flight.len() as u32);
+        self.observe_warm_ups(worker, warm_ups);
         let mut actions = Vec::new();
         self.fill_worker(worker, &mut actions);
         (accepted, warnings, actions)

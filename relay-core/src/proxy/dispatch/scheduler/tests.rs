@@ -21,6 +21,7 @@ pub(super) fn register(s: &mut Scheduler, name: &str, models: &[&str], max: u32)
     s.register_worker(
         "local",
         &RegisterMessage {
+            warm_ups: None,
             worker_name: name.to_string(),
             models: models.iter().map(|m| m.to_string()).collect(),
             max_concurrent: max,
@@ -432,7 +433,7 @@ fn models_update_changes_routing_at_once_and_dispatches_queued_work() {
     let now = Instant::now();
     let waiting = submit(&mut s, "new", now).unwrap();
     assert!(matches!(waiting, Submitted::Queued { .. }));
-    let (models, warnings, actions) = s.update_models(a, &["new".to_string()], 0, None, now);
+    let (models, warnings, actions) = s.update_models(a, &["new".to_string()], 0, None, None, now);
     assert_eq!(models, vec!["new"]);
     assert!(warnings.is_empty());
     assert_eq!(
@@ -1081,7 +1082,7 @@ proptest::proptest! {
                 }
                 Event::UpdateModels { worker, models } => {
                     let names: Vec<String> = models.iter().map(|m| MODELS[*m].to_string()).collect();
-                    s.update_models(pick(&workers, worker), &names, 0, None, now);
+                    s.update_models(pick(&workers, worker), &names, 0, None, None, now);
                 }
                 Event::UpdateLoad { worker, load } => {
                     s.update_load(pick(&workers, worker), load);
@@ -1256,6 +1257,7 @@ fn a_queued_prompt_waits_for_a_worker_whose_window_holds_it() {
         s.register_worker(
             "local",
             &RegisterMessage {
+                warm_ups: None,
                 worker_name: name.to_string(),
                 models: vec!["m".to_string()],
                 max_concurrent: 1,

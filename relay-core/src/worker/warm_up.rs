@@ -1,0 +1,223 @@
+//! Warm-ups: when the worker starts, each llama-server it serves evaluates a prompt of about a
+//! thousand tokens and generates sixteen, alone, and the worker reports what the server's own
+//! `timings` said (`register` / `models_update.warm_ups`). A proxy that has never seen the box
+//! answer then knows its speed at once: on the fleet bench a proxy's first day on a fast box
+//! and one five times slower sent new conversations to the slow box until it had answered, and
+//! they stayed there (BENCHMARKS.md, "a warm-up when a worker starts").
+//!
+//! Only llama-servers (`GET /props` signed `llama.cpp`, as the catalog reads it for the
+//! context window) serving one model are warmed up: their
+//! model is loaded already, so the warm-up starts nothing. Models of the model map are never
+//! warmed up (that would start a server nobody asked for), nor Ollama's (a request loads the
+//! model). Once per server and model for the worker's life; a server that was busy or down is
+//! asked again at a later catalog refresh.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::protocol::{Timings, WarmUp};
+
+/// Words of the warm-up prompt: about a thousand tokens for a llama tokenizer, enough that
+/// the time is the server's speed rather than its overhead.
+const PROMPT_WORDS: usize = 750;
+
+/// Tokens generated: enough for a generation speed (the proxy wants eight at least).
+const GENERATED_TOKENS: u32 = 16;
+
+/// How long one warm-up may take: a thousand tokens on a slow CPU box take half a minute.
+const WARM_UP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A warm-up that got no answer is tried again this long after.
+const RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// The most of a warm-up answer read (a few hundred bytes).
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+/// Warm-ups known or under way, per server and model (shared by every catalog refresh), and
+/// a count of those measured, which the session watches to report a new one at once.
+#[derive(Debug, Clone)]
+pub struct WarmUps {
+    states: Arc<Mutex<HashMap<(String, String), State>>>,
+    measured: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for WarmUps {
+    fn default() -> Self {
+        WarmUps {
+            states: Arc::default(),
+            measured: Arc::new(tokio::sync::watch::channel(0).0),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum State {
+    Running,
+    Measured(Timings),
+    /// Not a llama-server, or it answered without timings: never asked again.
+    Unlike,
+    /// Busy or down: asked again after [`RETRY_AFTER`].
+    NotNow(Instant),
+}
+
+impl WarmUps {
+    /// Starts the warm-up of `model` on the llama.cpp server at `base`, which has `slots`, in
+    /// the background, unless it was done, is under way, or failed a moment ago. `window`: the
+    /// server's context window, when known (the prompt never takes more than half of it).
+    pub fn start(
+        &self,
+        client: &reqwest::Client,
+        base: &str,
+        model: &str,
+        slots: u32,
+        window: Option<u32>,
+    ) {
+        let key = (base.to_string(), model.to_string());
+        {
+            let mut states = self.lock();
+            match states.get(&key) {
+                Some(State::Running | State::Measured(_) | State::Unlike) => return,
+                Some(State::NotNow(at)) if at.elapsed() < RETRY_AFTER => return,
+                _ => {}
+            }
+            states.insert(key.clone(), State::Running);
+        }
+        let (states, measured) = (self.states.clone(), self.measured.clone());
+        let (client, base) = (client.clone(), base.to_string());
+        tokio::spawn(async move {
+            let state =
+                match tokio::time::timeout(WARM_UP_TIMEOUT, measure(&client, &base, slots, window))
+                    .await
+                {
+                    Ok(state) => state,
+                    Err(_) => State::NotNow(Instant::now()),
+                };
+            if let State::Measured(timings) = state {
+                tracing::info!(
+                    backend = %base,
+                    prompt_tokens = timings.prompt_tokens,
+                    prompt_ms = timings.prompt_ms,
+                    generated_tokens = timings.generated_tokens,
+                    generation_ms = timings.generation_ms,
+                    "warm-up measured the backend's speed"
+                );
+            }
+            let done = matches!(state, State::Measured(_));
+            states
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key, state);
+            if done {
+                measured.send_modify(|count| *count += 1);
+            }
+        });
+    }
+
+    /// Changes each time a warm-up is measured.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.measured.subscribe()
+    }
+
+    /// The warm-ups measured for `routes` (model, server), in the routes' order.
+    pub fn measured(&self, routes: &[(String, String)]) -> Vec<WarmUp> {
+        let states = self.lock();
+        routes
+            .iter()
+            .filter_map(
+                |(model, base)| match states.get(&(base.clone(), model.clone())) {
+                    Some(State::Measured(timings)) => Some(WarmUp {
+                        model: model.clone(),
+                        timings: *timings,
+                    }),
+                    _ => None,
+                },
+            )
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), State>> {
+        self.states.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One warm-up of the llama.cpp server at `base`: one `/completion`, pinned to the server's
+/// last slot when it has three or more, away from slots 0 and 1, which the slot-hint probe
+/// compares ([`super::slot_pins::probe`]).
+async fn measure(client: &reqwest::Client, base: &str, slots: u32, window: Option<u32>) -> State {
+    let mut body = json!({
+        "prompt": prompt(window),
+        "n_predict": GENERATED_TOKENS,
+        "ignore_eos": true,
+        "cache_prompt": false,
+        "temperature": 0,
+    });
+    if slots >= 3 {
+        body["id_slot"] = json!(slots - 1);
+    }
+    let sent = client
+        .post(format!("{base}/completion"))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body.to_string())
+        .send()
+        .await;
+    let Ok(mut response) = sent else {
+        return State::NotNow(Instant::now());
+    };
+    match response.status().as_u16() {
+        200..=299 => {}
+        404 | 405 => return State::Unlike,
+        _ => return State::NotNow(Instant::now()),
+    }
+    let mut bytes = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) if bytes.len() + chunk.len() <= MAX_ANSWER_BYTES => {
+                bytes.extend_from_slice(&chunk)
+            }
+            Ok(Some(_)) => return State::Unlike,
+            Ok(None) => break,
+            Err(_) => return State::NotNow(Instant::now()),
+        }
+    }
+    match serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|answer| crate::backend::sse::llama_timings(&answer["timings"]))
+    {
+        Some(timings) => State::Measured(timings),
+        None => State::Unlike,
+    }
+}
+
+/// The warm-up prompt: [`PROMPT_WORDS`] words, or fewer where the context window is small (a
+/// word is about four thirds of a token; the prompt keeps to half the window).
+fn prompt(window: Option<u32>) -> String {
+    let words = window.map_or(PROMPT_WORDS, |tokens| {
+        PROMPT_WORDS.min(tokens as usize * 3 / 8).max(1)
+    });
+    let text = "the relay reads this once to learn how fast the server reads a prompt and \
+                writes an answer so that requests go where they finish first";
+    let vocabulary: Vec<&str> = text.split_whitespace().collect();
+    let mut prompt = String::from("ModelRelay warm-up:");
+    for word in vocabulary.iter().cycle().take(words) {
+        prompt.push(' ');
+        prompt.push_str(word);
+    }
+    prompt
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prompt_is_about_a_thousand_tokens_and_keeps_to_half_a_small_window() {
+        let words = |window| prompt(window).split_whitespace().count() - 2;
+        assert_eq!(words(None), PROMPT_WORDS);
+        assert_eq!(words(Some(32_768)), PROMPT_WORDS);
+        assert_eq!(words(Some(512)), 192, "3/8 of 512 tokens in words");
+        assert_eq!(words(Some(1)), 1);
+    }
+}
