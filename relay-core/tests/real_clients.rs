@@ -37,6 +37,8 @@ struct LlamaServer {
     child: Child,
     url: String,
     log: PathBuf,
+    /// Tasks of its log that are not the test's: the worker's warm-up.
+    skip: usize,
 }
 
 impl LlamaServer {
@@ -67,6 +69,7 @@ impl LlamaServer {
             child,
             url: format!("http://127.0.0.1:{port}"),
             log,
+            skip: 0,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while !answers_200(&format!("{}/health", server.url)) {
@@ -91,6 +94,27 @@ impl LlamaServer {
     /// Every finished task, in order, from llama-server's own timings.
     fn tasks(&self) -> Vec<Task> {
         tasks_in(&self.log_text())
+            .into_iter()
+            .skip(self.skip)
+            .collect()
+    }
+
+    /// Waits for the warm-up a relay's worker gives a llama-server when it starts (one task of
+    /// 756 prompt tokens with the tiny model's vocabulary, 16 generated), and leaves it out of
+    /// [`Self::tasks`] from then on.
+    fn await_warm_up(&mut self) {
+        let tasks = self.tasks_once(1);
+        assert_eq!(
+            tasks.len(),
+            1,
+            "one warm-up: {tasks:?}\n{}",
+            self.log_text()
+        );
+        assert!(
+            (700..=1100).contains(&tasks[0].computed),
+            "a prompt of about a thousand tokens: {tasks:?}"
+        );
+        self.skip = 1;
     }
 
     /// [`Self::tasks`] once `count` have finished: llama-server logs a task's end just after
@@ -314,8 +338,9 @@ fn three_turns_reuse_the_cache(stack: &Stack, config: &str) -> Vec<String> {
     let (data, home) = (dir.path().join("relay"), dir.path().join("home"));
     std::fs::create_dir_all(&data).unwrap();
     std::fs::create_dir_all(&home).unwrap();
-    let llama = LlamaServer::start(stack, dir.path(), 65536, 2);
+    let mut llama = LlamaServer::start(stack, dir.path(), 65536, 2);
     let (mut relay, url) = zero_config_relay(&data, config, &[llama.port()]);
+    llama.await_warm_up();
 
     let prompts = ["Say hello.", "Now say it again, louder.", "One more time."];
     for (turn, prompt) in prompts.iter().enumerate() {
@@ -514,8 +539,8 @@ fn a_long_prompt_goes_to_the_larger_window_and_one_beyond_every_window_is_refuse
         return;
     };
     let dir = TempDir::new("windows-real");
-    let small = LlamaServer::start(&stack, dir.path(), 2048, 1);
-    let large = LlamaServer::start(&stack, dir.path(), 16384, 1);
+    let mut small = LlamaServer::start(&stack, dir.path(), 2048, 1);
+    let mut large = LlamaServer::start(&stack, dir.path(), 16384, 1);
     let data = dir.path().join("proxy");
     std::fs::create_dir_all(&data).unwrap();
     let secret = "windows-real-worker-secret";
@@ -549,6 +574,25 @@ fn a_long_prompt_goes_to_the_larger_window_and_one_beyond_every_window_is_refuse
             windows.sort();
             windows == [2048, 16384]
         }
+    });
+    // Each worker warmed its llama-server up when it started, and the proxy knows both
+    // boxes' speeds before either has answered a request.
+    small.await_warm_up();
+    large.await_warm_up();
+    eventually("both warm-ups reach the proxy", &proxy, || {
+        let status = owner_get_json(&format!("{url}/api/status"), &data);
+        let measured = status["workers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|w| {
+                w["speeds"][MODEL]["prompt_tps"]
+                    .as_f64()
+                    .is_some_and(|tps| tps > 0.0)
+            })
+            .filter(|w| w["speeds"][MODEL]["generation_tps"].as_f64().is_some())
+            .count();
+        measured == 2
     });
 
     // About 6k tokens: more than the small window holds, well within the large one.

@@ -144,19 +144,19 @@ impl WarmUps {
 }
 
 /// One warm-up of the llama.cpp server at `base`: one `/completion`, pinned to the server's
-/// last slot when it has three or more, away from slots 0 and 1, which the slot-hint probe
-/// compares ([`super::slot_pins::probe`]).
+/// last slot. The slot-hint probe ([`super::slot_pins::probe`]) asks whether slot 0 keeps its
+/// prompt while slot 1 takes another: a warm-up in slot 0 meanwhile would make it conclude
+/// that the server clears pinned slots, and one in the last slot cannot (with one slot there
+/// is nothing to hint).
 async fn measure(client: &reqwest::Client, base: &str, slots: u32, window: Option<u32>) -> State {
-    let mut body = json!({
+    let body = json!({
         "prompt": prompt(window),
         "n_predict": GENERATED_TOKENS,
         "ignore_eos": true,
         "cache_prompt": false,
         "temperature": 0,
+        "id_slot": slots.saturating_sub(1),
     });
-    if slots >= 3 {
-        body["id_slot"] = json!(slots - 1);
-    }
     let sent = client
         .post(format!("{base}/completion"))
         .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -168,8 +168,13 @@ async fn measure(client: &reqwest::Client, base: &str, slots: u32, window: Optio
     };
     match response.status().as_u16() {
         200..=299 => {}
-        404 | 405 => return State::Unlike,
-        _ => return State::NotNow(Instant::now()),
+        // Loading, or every slot taken: asked again later.
+        429 | 503 => return State::NotNow(Instant::now()),
+        // No such endpoint, or a refusal that would be the same again (a window too small).
+        status => {
+            tracing::info!(backend = %base, status, "no warm-up: the server refused it");
+            return State::Unlike;
+        }
     }
     let mut bytes = Vec::new();
     loop {
