@@ -163,6 +163,26 @@ pub async fn load(
                 catalog.add(model.clone(), &url);
             }
         }
+        // A backend that serves one of the named models, and no other: the one its server
+        // has loaded, when it is a llama.cpp server (a router-mode one has no slots to say).
+        let alone: Vec<(String, String)> = catalog
+            .routes
+            .iter()
+            .filter(|(_, url)| catalog.routes.iter().filter(|(_, u)| u == url).count() == 1)
+            .cloned()
+            .collect();
+        for (model, url) in &alone {
+            // Asked in the background: named models are advertised without waiting for any
+            // backend to answer.
+            let (windows, client_, url_, model_) =
+                (windows.clone(), client.clone(), url.clone(), model.clone());
+            let server = async move {
+                let said = windows.of(&client_, &url_).await;
+                Some((said.llama_cpp_slots?, said.of(&model_)))
+            };
+            warm_ups.start(client, url, model, server);
+        }
+        catalog.warm_ups = warm_ups.measured(&alone);
         return catalog;
     }
     let listed = join_all(backends.iter().map(|(url, known)| async move {
@@ -181,7 +201,8 @@ pub async fn load(
                 // more, and loads on request): only such a server is warmed up.
                 if let ([model], Some(slots)) = (models.as_slice(), windows.llama_cpp_slots) {
                     if !catalog.managed.contains(model) {
-                        warm_ups.start(client, url, model, slots, windows.of(model));
+                        let server = std::future::ready(Some((slots, windows.of(model))));
+                        warm_ups.start(client, url, model, server);
                         warmed.push((model.clone(), url.clone()));
                     }
                 }

@@ -6,7 +6,8 @@
 //! they stayed there (BENCHMARKS.md, "a warm-up when a worker starts").
 //!
 //! Only llama-servers (`GET /props` signed `llama.cpp`, as the catalog reads it for the
-//! context window) serving one model are warmed up: their
+//! context window) serving one model (the one they list, or the one `--models` sends them)
+//! are warmed up: their
 //! model is loaded already, so the warm-up starts nothing. Models of the model map are never
 //! warmed up (that would start a server nobody asked for), nor Ollama's (a request loads the
 //! model). Once per server and model for the worker's life; a server that was busy or down is
@@ -64,17 +65,14 @@ enum State {
 }
 
 impl WarmUps {
-    /// Starts the warm-up of `model` on the llama.cpp server at `base`, which has `slots`, in
-    /// the background, unless it was done, is under way, or failed a moment ago. `window`: the
-    /// server's context window, when known (the prompt never takes more than half of it).
-    pub fn start(
-        &self,
-        client: &reqwest::Client,
-        base: &str,
-        model: &str,
-        slots: u32,
-        window: Option<u32>,
-    ) {
+    /// Starts the warm-up of `model` on the server at `base` in the background, unless it was
+    /// done, is under way, or failed a moment ago. `server` says what the server is: its slots
+    /// and context window when it is a llama.cpp server (`None`: it is not, or did not answer,
+    /// and it is asked again later).
+    pub fn start<F>(&self, client: &reqwest::Client, base: &str, model: &str, server: F)
+    where
+        F: std::future::Future<Output = Option<(u32, Option<u32>)>> + Send + 'static,
+    {
         let key = (base.to_string(), model.to_string());
         {
             let mut states = self.lock();
@@ -88,13 +86,15 @@ impl WarmUps {
         let (states, measured) = (self.states.clone(), self.measured.clone());
         let (client, base) = (client.clone(), base.to_string());
         tokio::spawn(async move {
-            let state =
-                match tokio::time::timeout(WARM_UP_TIMEOUT, measure(&client, &base, slots, window))
-                    .await
-                {
-                    Ok(state) => state,
-                    Err(_) => State::NotNow(Instant::now()),
-                };
+            let state = match server.await {
+                None => State::NotNow(Instant::now()),
+                Some((slots, window)) => {
+                    let measured = measure(&client, &base, slots, window);
+                    tokio::time::timeout(WARM_UP_TIMEOUT, measured)
+                        .await
+                        .unwrap_or(State::NotNow(Instant::now()))
+                }
+            };
             if let State::Measured(timings) = state {
                 tracing::info!(
                     backend = %base,

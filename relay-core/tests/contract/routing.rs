@@ -298,14 +298,21 @@ async fn warmable_llama_server(
 #[tokio::test]
 async fn a_llama_server_is_warmed_up_when_its_worker_starts_so_the_proxy_knows_its_speed_before_any_request(
 ) {
+    // The models as the backend lists them, and as the owner names them (`--models`).
+    for named in [None, Some(&[MODEL][..])] {
+        warmed_up_once(named).await;
+    }
+}
+
+async fn warmed_up_once(named: Option<&[&str]>) {
     let (backend, completions) = warmable_llama_server(&[MODEL]).await;
     let proxy = start_proxy(test_config()).await;
-    let worker = RunningWorker::start(&proxy, &backend, None, 2);
+    let worker = RunningWorker::start(&proxy, &backend, named, 2);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while prompt_speed(&proxy).await != Some(2500.0) {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the warm-up's speed never reached the proxy"
+            "the warm-up's speed never reached the proxy (models named: {named:?})"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
