@@ -50,7 +50,7 @@ mod reply;
 mod windows;
 
 pub use owner::Owner;
-pub use windows::{fetch_context_windows, ContextWindows};
+pub use windows::{fetch_context_windows, llama_cpp_props, ContextWindows};
 
 use reply::*;
 

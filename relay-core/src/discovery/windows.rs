@@ -58,6 +58,32 @@ pub async fn fetch_context_windows(client: &reqwest::Client, base_url: &str) -> 
     windows
 }
 
+/// What one `GET /props` says of the server at `base_url`: its slots and context window when
+/// it is a llama.cpp server (`Ok(None)`: it answered, and is not one — or is one without
+/// slots, as its router mode); `Err` when it did not answer. One request, for the warm-up of a
+/// backend the owner named models for (the catalog reads no more of such a backend).
+pub async fn llama_cpp_props(
+    client: &reqwest::Client,
+    base_url: &str,
+) -> Result<Option<(u32, Option<u32>)>, ()> {
+    let base = normalize_base_url(base_url);
+    if check_base_url(&base).is_err() {
+        return Ok(None);
+    }
+    let answer = get(client, &format!("{base}/props"))
+        .await
+        .map_err(|_| ())?;
+    let from_llama_cpp = answer
+        .server
+        .as_deref()
+        .is_some_and(|server| server.to_ascii_lowercase().contains("llama.cpp"));
+    let props = answer.json_ok().filter(|_| from_llama_cpp);
+    Ok(props.and_then(|props| {
+        let window = window_of(&props["default_generation_settings"]["n_ctx"]);
+        Some((slots_of_props(&props)?, window))
+    }))
+}
+
 /// Most models [`ollama_windows`] asks `/api/show` about: one request each, and a box rarely
 /// has more pulled.
 pub(super) const MAX_OLLAMA_MODELS_SHOWN: usize = 32;

@@ -10,7 +10,7 @@ use futures_util::future::join_all;
 
 use super::warm_up::WarmUps;
 use super::{Backends, WorkerConfig};
-use crate::discovery::{discover, fetch_context_windows, fetch_models};
+use crate::discovery::{discover, fetch_context_windows, fetch_models, llama_cpp_props};
 use crate::protocol::{ContextWindows, WarmUp};
 
 /// Models and where each is served, in advertisement order.
@@ -172,14 +172,10 @@ pub async fn load(
             .cloned()
             .collect();
         for (model, url) in &alone {
-            // Asked in the background: named models are advertised without waiting for any
-            // backend to answer.
-            let (windows, client_, url_, model_) =
-                (windows.clone(), client.clone(), url.clone(), model.clone());
-            let server = async move {
-                let said = windows.of(&client_, &url_).await;
-                Some((said.llama_cpp_slots?, said.of(&model_)))
-            };
+            // One `GET /props`, in the background: named models are advertised without
+            // waiting for any backend to answer, and nothing else of the backend is read.
+            let (client_, url_) = (client.clone(), url.clone());
+            let server = async move { llama_cpp_props(&client_, &url_).await };
             warm_ups.start(client, url, model, server);
         }
         catalog.warm_ups = warm_ups.measured(&alone);
@@ -201,7 +197,7 @@ pub async fn load(
                 // more, and loads on request): only such a server is warmed up.
                 if let ([model], Some(slots)) = (models.as_slice(), windows.llama_cpp_slots) {
                     if !catalog.managed.contains(model) {
-                        let server = std::future::ready(Some((slots, windows.of(model))));
+                        let server = std::future::ready(Ok(Some((slots, windows.of(model)))));
                         warm_ups.start(client, url, model, server);
                         warmed.push((model.clone(), url.clone()));
                     }

@@ -67,11 +67,11 @@ enum State {
 impl WarmUps {
     /// Starts the warm-up of `model` on the server at `base` in the background, unless it was
     /// done, is under way, or failed a moment ago. `server` says what the server is: its slots
-    /// and context window when it is a llama.cpp server (`None`: it is not, or did not answer,
-    /// and it is asked again later).
+    /// and context window when it is a llama.cpp server (`Ok(None)`: it is not, and is never
+    /// warmed up; `Err`: it did not answer, and is asked again later).
     pub fn start<F>(&self, client: &reqwest::Client, base: &str, model: &str, server: F)
     where
-        F: std::future::Future<Output = Option<(u32, Option<u32>)>> + Send + 'static,
+        F: std::future::Future<Output = Result<Option<(u32, Option<u32>)>, ()>> + Send + 'static,
     {
         let key = (base.to_string(), model.to_string());
         {
@@ -87,8 +87,9 @@ impl WarmUps {
         let (client, base) = (client.clone(), base.to_string());
         tokio::spawn(async move {
             let state = match server.await {
-                None => State::NotNow(Instant::now()),
-                Some((slots, window)) => {
+                Err(()) => State::NotNow(Instant::now()),
+                Ok(None) => State::Unlike,
+                Ok(Some((slots, window))) => {
                     let measured = measure(&client, &base, slots, window);
                     tokio::time::timeout(WARM_UP_TIMEOUT, measured)
                         .await

@@ -304,7 +304,9 @@ fn request(id: &str, path: &str, headers: &[(&str, &str)]) -> ServerToWorker {
 /// What a backend saw of one request: its path and its headers.
 type Seen = (String, Vec<(String, String)>);
 
-/// A backend that records every request (path and headers) and answers after `hold`.
+/// A backend that records every request (path and headers) and answers after `hold` — but
+/// the worker's own reads, which no proxy chooses: its model list, and `/props` (not a
+/// llama-server: 404, so the worker never warms it up).
 struct Backend {
     url: String,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -323,6 +325,10 @@ async fn backend(hold: Duration) -> Backend {
             axum::routing::get(|| async {
                 axum::Json(serde_json::json!({"data":[{"id": MODEL}]}))
             }),
+        )
+        .route(
+            "/props",
+            axum::routing::get(|| async { axum::http::StatusCode::NOT_FOUND }),
         )
         .fallback(move |request: Request| {
             let (record, now, top) = (record.clone(), now.clone(), top.clone());
