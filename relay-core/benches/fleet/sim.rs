@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use relay_core::protocol::{RegisterMessage, Timings, WarmUp};
+use relay_core::protocol::{RegisterMessage, Timings};
 use relay_core::proxy::dispatch::scheduler::{
     Action, AsleepBox, KnownBox, Placement, ProviderLimits, Reason, Registered, RequestId,
     Scheduler, Submitted, WorkerId,
@@ -657,6 +657,16 @@ pub fn run(
         }
     }
     scheduler.set_asleep(&asleep(&boxes));
+    // Each awake box's warm-up reaches the proxy once measured (its slot time is not
+    // simulated: a second at most, before the workload's first requests as a rule).
+    let mut warm_ups: Vec<(f64, WorkerId, Timings)> = boxes
+        .iter()
+        .filter(|b| b.spec.asleep.is_none())
+        .map(|b| {
+            let (after, timings) = warm_up_of(&b.spec);
+            (after, b.worker, timings)
+        })
+        .collect();
     // Waiters woken at their queue deadline (a request waiting for a box gives up on it then).
     let mut waiters: Vec<(f64, RequestId)> = Vec::new();
     let mut pending: HashMap<RequestId, Pending> = HashMap::new();
@@ -690,6 +700,13 @@ pub fn run(
         }
     };
     loop {
+        warm_ups.retain(|(at, worker, timings)| {
+            let due = *at <= now;
+            if due {
+                scheduler.observe_warm_up(*worker, "m", timings);
+            }
+            !due
+        });
         // Turns that are due.
         for (s, session) in sessions.iter().enumerate() {
             let (turn, when) = due[s];
@@ -966,25 +983,13 @@ pub fn replay(
     }
 }
 
-/// Registers the box `spec` as its worker does when it connects, with the warm-up its worker
-/// measured when it started (a prompt of 1,000 tokens and 16 generated, alone; taken where the
-/// proxy knows no speed). Workers start before anyone asks: the sample is there at once.
+/// Registers the box `spec` as its worker does when it connects.
 fn join(scheduler: &mut Scheduler, spec: &BoxSpec) -> Registered {
-    let alone = Timings {
-        prompt_tokens: 1000,
-        prompt_ms: 1000.0 * 1000.0 / spec.prompt_tps,
-        cached_tokens: None,
-        generated_tokens: 16,
-        generation_ms: 1000.0 * 16.0 / spec.generation_tps,
-    };
     scheduler
         .register_worker(
             "local",
             &RegisterMessage {
-                warm_ups: Some(vec![WarmUp {
-                    model: "m".to_string(),
-                    timings: alone,
-                }]),
+                warm_ups: None,
                 worker_name: spec.name.to_string(),
                 models: vec!["m".to_string()],
                 max_concurrent: spec.slots,
@@ -996,6 +1001,21 @@ fn join(scheduler: &mut Scheduler, spec: &BoxSpec) -> Registered {
             },
         )
         .expect("registered")
+}
+
+/// The warm-up the worker of box `spec` measures when it starts (`worker::warm_up`: a prompt
+/// of 1,000 tokens and 16 generated, alone), and the seconds it takes, after which its
+/// `models_update` reaches the proxy.
+fn warm_up_of(spec: &BoxSpec) -> (f64, Timings) {
+    let (prompt_secs, generation_secs) = (1000.0 / spec.prompt_tps, 16.0 / spec.generation_tps);
+    let timings = Timings {
+        prompt_tokens: 1000,
+        prompt_ms: 1000.0 * prompt_secs,
+        cached_tokens: None,
+        generated_tokens: 16,
+        generation_ms: 1000.0 * generation_secs,
+    };
+    (prompt_secs + generation_secs, timings)
 }
 
 /// The boxes asleep (or waking), as the hub tells the scheduler.
