@@ -5,19 +5,19 @@
 //! and one five times slower sent new conversations to the slow box until it had answered, and
 //! they stayed there (BENCHMARKS.md, "a warm-up when a worker starts").
 //!
-//! Only llama-servers (`GET /props` signed `llama.cpp`, as the catalog reads it for the
-//! context window) serving one model (the one they list, or the one `--models` sends them)
-//! are warmed up: their
-//! model is loaded already, so the warm-up starts nothing. Models of the model map are never
-//! warmed up (that would start a server nobody asked for), nor Ollama's (a request loads the
-//! model). Once per server and model for the worker's life; a server that was busy or down is
+//! Only llama-servers (`GET /props` signed `llama.cpp`) serving one model (the one they list,
+//! or the one `--models` sends them) are warmed up: their model is loaded already, so the
+//! warm-up starts nothing. Models of the model map are never warmed up (that would start a
+//! server nobody asked for), nor Ollama's (a request loads the model). Once per server and model for the worker's life; a server that was busy or down is
 //! asked again at a later catalog refresh.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
+
+use super::slot_pins::probe::post_completion;
 
 use crate::protocol::{Timings, WarmUp};
 
@@ -33,9 +33,6 @@ const WARM_UP_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A warm-up that got no answer is tried again this long after.
 const RETRY_AFTER: Duration = Duration::from_secs(60);
-
-/// The most of a warm-up answer read (a few hundred bytes).
-const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// Warm-ups known or under way, per server and model (shared by every catalog refresh), and
 /// a count of those measured, which the session watches to report a new one at once.
@@ -158,40 +155,18 @@ async fn measure(client: &reqwest::Client, base: &str, slots: u32, window: Optio
         "temperature": 0,
         "id_slot": slots.saturating_sub(1),
     });
-    let sent = client
-        .post(format!("{base}/completion"))
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(body.to_string())
-        .send()
-        .await;
-    let Ok(mut response) = sent else {
-        return State::NotNow(Instant::now());
-    };
-    match response.status().as_u16() {
-        200..=299 => {}
+    let answer = match post_completion(client, base, &body).await {
+        Err(()) => return State::NotNow(Instant::now()),
+        Ok((200..=299, answer)) => answer,
         // Loading, or every slot taken: asked again later.
-        429 | 503 => return State::NotNow(Instant::now()),
+        Ok((429 | 503, _)) => return State::NotNow(Instant::now()),
         // No such endpoint, or a refusal that would be the same again (a window too small).
-        status => {
+        Ok((status, _)) => {
             tracing::info!(backend = %base, status, "no warm-up: the server refused it");
             return State::Unlike;
         }
-    }
-    let mut bytes = Vec::new();
-    loop {
-        match response.chunk().await {
-            Ok(Some(chunk)) if bytes.len() + chunk.len() <= MAX_ANSWER_BYTES => {
-                bytes.extend_from_slice(&chunk)
-            }
-            Ok(Some(_)) => return State::Unlike,
-            Ok(None) => break,
-            Err(_) => return State::NotNow(Instant::now()),
-        }
-    }
-    match serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|answer| crate::backend::sse::llama_timings(&answer["timings"]))
-    {
+    };
+    match answer.and_then(|answer| crate::backend::sse::llama_timings(&answer["timings"])) {
         Some(timings) => State::Measured(timings),
         None => State::Unlike,
     }
@@ -217,6 +192,59 @@ fn prompt(window: Option<u32>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server whose `/completion` answers with `status` and `body`, and its base URL.
+    async fn answering(status: u16, body: &'static str) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let app = axum::Router::new().route(
+            "/completion",
+            axum::routing::post(move || async move {
+                (axum::http::StatusCode::from_u16(status).unwrap(), body)
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        base
+    }
+
+    #[tokio::test]
+    async fn a_warm_up_is_measured_from_timings_asked_again_when_busy_and_never_when_refused() {
+        let client = reqwest::Client::new();
+        let timed = r#"{"content":"x","timings":{"prompt_n":1000,"prompt_ms":400.0,"predicted_n":16,"predicted_ms":200.0}}"#;
+        let state = |status, body| {
+            let client = client.clone();
+            async move { measure(&client, &answering(status, body).await, 4, None).await }
+        };
+        match state(200, timed).await {
+            State::Measured(timings) => {
+                assert_eq!(
+                    (timings.prompt_tokens, timings.generated_tokens),
+                    (1000, 16)
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        for (status, body) in [(503, ""), (429, "")] {
+            assert!(
+                matches!(state(status, body).await, State::NotNow(_)),
+                "{status}"
+            );
+        }
+        for (status, body) in [
+            (200, r#"{"content":"x"}"#),
+            (200, "not json"),
+            (404, ""),
+            (400, ""),
+        ] {
+            assert!(
+                matches!(state(status, body).await, State::Unlike),
+                "{status} {body}"
+            );
+        }
+        // Nobody listening: asked again later.
+        let gone = measure(&client, "http://127.0.0.1:1", 4, None).await;
+        assert!(matches!(gone, State::NotNow(_)));
+    }
 
     #[test]
     fn the_prompt_is_about_a_thousand_tokens_and_keeps_to_half_a_small_window() {

@@ -15,7 +15,7 @@
 
 use serde_json::{json, Value};
 
-/// The most of a probe answer read (an answer is a few hundred bytes).
+/// The most of an answer read (a probe's or a warm-up's is a few hundred bytes).
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// What the probe found.
@@ -81,6 +81,23 @@ async fn complete(
         "cache_prompt": true,
         "temperature": 0,
     });
+    match post_completion(client, base, &body).await? {
+        (200..=299, answer) => Ok(answer),
+        // No such endpoint: not llama-server's.
+        (404 | 405, _) => Ok(None),
+        // Busy (a slot taken, the server loading) or refusing now: asked again later.
+        _ => Err(()),
+    }
+}
+
+/// `POST {base}/completion` of `body` (what the worker asks a llama-server itself: this probe,
+/// and its warm-up, [`crate::worker::warm_up`]): the status, and the answer when it is JSON of
+/// at most [`MAX_ANSWER_BYTES`]; `Err` when no answer came.
+pub(crate) async fn post_completion(
+    client: &reqwest::Client,
+    base: &str,
+    body: &Value,
+) -> Result<(u16, Option<Value>), ()> {
     let mut response = client
         .post(format!("{base}/completion"))
         .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -88,21 +105,15 @@ async fn complete(
         .send()
         .await
         .map_err(|_| ())?;
-    match response.status().as_u16() {
-        200..=299 => {}
-        // No such endpoint: not llama-server's.
-        404 | 405 => return Ok(None),
-        // Busy (a slot taken, the server loading) or refusing now: asked again later.
-        _ => return Err(()),
-    }
+    let status = response.status().as_u16();
     let mut bytes = Vec::new();
     while let Some(chunk) = response.chunk().await.map_err(|_| ())? {
         if bytes.len() + chunk.len() > MAX_ANSWER_BYTES {
-            return Ok(None);
+            return Ok((status, None));
         }
         bytes.extend_from_slice(&chunk);
     }
-    Ok(serde_json::from_slice(&bytes).ok())
+    Ok((status, serde_json::from_slice(&bytes).ok()))
 }
 
 #[cfg(test)]
