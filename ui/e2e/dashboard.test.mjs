@@ -22,6 +22,49 @@ async function relayWithWorker(mock) {
   return relay;
 }
 
+test('the request view says what cost routing weighed when it sent a long prompt to the faster box', { timeout: 120_000 }, async () => {
+  // Two boxes of one model: "slow-box" evaluates prompts at 400 tokens a second and generates
+  // 20, "fast-box" 8,000 and 40 (each backend's timings say so with every answer).
+  const slow = await startMockBackend({ chunks: 10, chunkDelayMs: 50, promptTps: 400 });
+  const fast = await startMockBackend({ chunks: 200, chunkDelayMs: 25, promptTps: 8000 });
+  const relay = await startRelay({ args: ['serve', '--worker-secret', SECRET, '--cost-routing'], name: 'proxy' });
+  for (const [name, mock] of [['slow-box', slow], ['fast-box', fast]]) {
+    await startRelay({
+      name,
+      args: ['worker', '--proxy-url', relay.url, '--worker-secret', SECRET, '--backend-url', mock.url, '--worker-name', name, '--max-concurrency', '4'],
+    });
+    // One at a time: the first registered is the usual rules' first choice among equals.
+    await waitFor(async () => (await status(relay)).workers.some((w) => w.name === name), { ms: 20_000, what: `${name} to register` });
+  }
+  // Two conversations measure both boxes (the usual rules spread new conversations).
+  const words = (n, tag) => `${tag} ${'word '.repeat(n)}`;
+  for (const tag of ['first', 'second']) {
+    assert.equal((await chat(relay.url, { content: words(200, tag) })).status, 200);
+  }
+  await waitFor(async () => (await status(relay)).workers.every((w) => Object.keys(w.speeds).length > 0), {
+    what: 'both boxes measured',
+  });
+
+  const { page, consoleErrors } = await launchBrowser();
+  await relay.open(page, '#/dashboard');
+  await page.locator('[data-testid="connection-status"][data-state="live"]').waitFor();
+  // A long new conversation: about 5 s of prompt on slow-box, a fraction of a second on fast-box.
+  const answer = chat(relay.url, { content: words(2000, 'third') });
+  const row = page.locator('[data-testid="in-flight-row"][data-state="running"]');
+  await row.first().waitFor({ timeout: 15_000 });
+  assert.equal(await row.first().getByTestId('in-flight-worker').innerText(), 'fast-box');
+  assert.match(await row.first().getByTestId('in-flight-reason').innerText(), /faster box \(measured\)/);
+  const weighed = await row.first().getByTestId('in-flight-weighed').innerText();
+  // In a quiet fleet the answer's end is weighed too: fast-box generates twice as fast.
+  assert.match(weighed, /^first token ≈ \d+(\.\d)? s here, ≈ \d+(\.\d)? s on slow-box · answer ≈ \d+(\.\d)? s sooner$/);
+  const [here, there] = [...weighed.matchAll(/≈ ([\d.]+) s/g)].map((m) => Number(m[1]));
+  assert.ok(there > 4 * (here ?? 0), `${weighed}: slow-box's estimate is several times fast-box's`);
+  mkdirSync(ARTIFACTS, { recursive: true });
+  await page.screenshot({ path: path.join(ARTIFACTS, 'dashboard-weighed.png'), fullPage: true });
+  assert.equal((await answer).status, 200);
+  assert.deepEqual(consoleErrors, []);
+});
+
 test('dashboard shows connected workers and live traffic', { timeout: 120_000 }, async () => {
   const mock = await startMockBackend({ chunks: 30, chunkDelayMs: 150 });
   const relay = await relayWithWorker(mock);

@@ -125,7 +125,9 @@ export async function waitFor(check, { ms = 15_000, interval = 100, what = 'cond
  * messages, so a test can tell what was counted. `reply(body)` may give the text of a
  * non-streamed answer (the default is a fixed sentence).
  */
-export async function startMockBackend({ model = 'mock-model', chunks = 20, chunkDelayMs = 100, usageWhenAsked = false, reply = null } = {}) {
+// `promptTps`: the backend reports llama-server's `timings` with each streamed answer, as if it
+// evaluated prompts (a word a token) at that many tokens a second: what cost routing measures.
+export async function startMockBackend({ model = 'mock-model', chunks = 20, chunkDelayMs = 100, usageWhenAsked = false, reply = null, promptTps = null } = {}) {
   const state = { requests: 0, chunkDelayMs, chunks, seen: [] };
   const sockets = new Set();
   const server = createServer(async (req, res) => {
@@ -180,6 +182,10 @@ export async function startMockBackend({ model = 'mock-model', chunks = 20, chun
             choices: [{ index: 0, delta: {}, finish_reason: 'stop' }],
           };
           if (!usageWhenAsked) last.usage = usage;
+          if (promptTps) {
+            const words = wordsOf(parsed.messages);
+            last.timings = { prompt_n: words, prompt_ms: (words * 1000) / promptTps, predicted_n: state.chunks, predicted_ms: state.chunks * state.chunkDelayMs };
+          }
           res.write(`data: ${JSON.stringify(last)}\n\n`);
           if (usageWhenAsked && parsed.stream_options?.include_usage) {
             const usageChunk = { id, object: 'chat.completion.chunk', created, model: parsed.model ?? model, choices: [], usage };
@@ -446,7 +452,7 @@ export async function launchBrowser({ extraArgs = [] } = {}) {
  * Send a chat completion through the relay. Streaming requests resolve when the whole answer
  * has been read; the promise is tracked so cleanup waits for nothing (it aborts instead).
  */
-export function chat(relayUrl, { model = 'mock-model', stream = true, timeoutMs = 60_000, apiKey = null } = {}) {
+export function chat(relayUrl, { model = 'mock-model', stream = true, timeoutMs = 60_000, apiKey = null, content = 'hi' } = {}) {
   const controller = new AbortController();
   const timer = setTimeout(() => controller.abort(), timeoutMs);
   defer(() => controller.abort());
@@ -456,7 +462,7 @@ export function chat(relayUrl, { model = 'mock-model', stream = true, timeoutMs 
   return fetch(`${relayUrl}/v1/chat/completions`, {
     method: 'POST',
     headers,
-    body: JSON.stringify({ model, stream, messages: [{ role: 'user', content: 'hi' }] }),
+    body: JSON.stringify({ model, stream, messages: [{ role: 'user', content }] }),
     signal: controller.signal,
   })
     .then(async (res) => ({ status: res.status, text: await res.text() }))

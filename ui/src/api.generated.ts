@@ -352,7 +352,11 @@ export type RequestView = { id: string, model: string, provider: string | null, 
  * Why it went to its worker: `cache_hit`, `home_busy`, `new_conversation`,
  * `least_loaded`, `faster_box`, `waking` or `side_request` (none while queued).
  */
-reason: 'cache_hit' | 'home_busy' | 'new_conversation' | 'least_loaded' | 'faster_box' | 'waking' | 'side_request' | null, };
+reason: 'cache_hit' | 'home_busy' | 'new_conversation' | 'least_loaded' | 'faster_box' | 'waking' | 'side_request' | null, 
+/**
+ * Where cost routing passed up the usual choice (`faster_box`, `waking`): what it weighed.
+ */
+weighed: WeighedView | null, };
 
 export type Roles = { 
 /**
@@ -493,6 +497,30 @@ export type UsageSums = { requests: number, errors: number, input_tokens: number
  * Mean time to first byte over requests that got one.
  */
 avg_ttft_ms: number | null, avg_duration_ms: number | null, };
+
+export type WeighedView = { 
+/**
+ * Until the first token where it went (a woken box's wake included), with what its prompt
+ * delays the prompts evaluated beside it there.
+ */
+first_token_s: number, 
+/**
+ * How much longer its answer takes there than on the usual choice (below zero: sooner),
+ * where a quiet fleet weighed answers; 0 where it did not.
+ */
+answer_s: number, 
+/**
+ * Charged for the conversation it evicts there; 0 where it evicts none.
+ */
+eviction_s: number, 
+/**
+ * The worker the usual rules chose (its name); `null`: none was free.
+ */
+instead_of: string | null, 
+/**
+ * The first-token estimate there (with no worker free, the wait for a slot included).
+ */
+instead_s: number, };
 
 export type WorkerValues = { proxy_url: string | null, worker_secret_set: boolean, worker_name: string, backend_url: string | null, models: Array<string> | null, max_concurrency: number, confirmed_backends: Array<string>, };
 

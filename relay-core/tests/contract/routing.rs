@@ -143,6 +143,19 @@ async fn with_cost_routing_a_box_whose_model_is_unloaded_pays_its_reported_load_
     let (a, b) = boxes.split_at_mut(1);
     let (on, request) = next_request_on_either(&mut a[0], &mut b[0]).await;
     assert_eq!(on, 1, "box-b, whose model is loaded");
+    // The dashboard says why, with the estimates weighed: about a second here against the
+    // 20 s load and the prompt on box-a.
+    let (_, status) = get_json(&proxy.url(), "/api/status", &[]).await;
+    let placed = &status["in_flight"][0];
+    assert_eq!(placed["reason"], "faster_box", "{status}");
+    let weighed = &placed["weighed"];
+    assert_eq!(weighed["instead_of"], "box-a", "{weighed}");
+    let (here, there) = (
+        weighed["first_token_s"].as_f64().expect("seconds"),
+        weighed["instead_s"].as_f64().expect("seconds"),
+    );
+    assert!(here < 2.0 && there > 20.0, "{weighed}");
+    assert_eq!(weighed["answer_s"], 0.0, "{weighed}");
     boxes[on].complete_timed(&request.request_id, 2_000.0).await;
     assert_eq!(answer_of(client).await.0, 200);
     let metrics = metrics_text(&proxy.url()).await;

@@ -72,6 +72,7 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
         tokens: 120,
         tokens_per_sec: 97.2,
         reason: 'cache_hit',
+        weighed: null,
       },
       {
         id: 'r-18',
@@ -85,6 +86,7 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
         tokens: 0,
         tokens_per_sec: null,
         reason: null,
+        weighed: null,
       },
     ],
     totals: { requests: 10, errors: 1, tokens: 1234 },

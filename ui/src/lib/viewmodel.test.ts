@@ -11,6 +11,7 @@ import {
   toSleeperRows,
   toStorageNotice,
   speedLabel,
+  weighedLabel,
 } from './viewmodel';
 
 const NOW = 1_763_740_065_000; // 65 s after the workers connected
@@ -258,6 +259,23 @@ describe('routing: measured speeds and why a request went where it runs', () => 
     const [running, queued] = [view.inFlight.find((r) => r.state === 'running'), view.inFlight.find((r) => r.state === 'queued')];
     expect(running?.reason).toBe('cache hit (its conversation is there)');
     expect(queued?.reason).toBe('');
+  });
+
+  it('shows what cost routing weighed where it passed up the usual choice', () => {
+    const status = sampleStatus();
+    status.in_flight[0] = {
+      ...status.in_flight[0],
+      reason: 'faster_box',
+      weighed: { first_token_s: 1.04, answer_s: -8.2, eviction_s: 0, instead_of: 'box-a', instead_s: 21.3 },
+    };
+    const rows = toDashboardView(status, 1_763_740_010_000).inFlight;
+    const [moved, queued] = [rows.find((r) => r.id === 'r-17')!, rows.find((r) => r.id === 'r-18')!];
+    expect(moved.reason).toBe('faster box (measured)');
+    expect(moved.weighed).toBe('first token ≈ 1.0 s here, ≈ 21 s on box-a · answer ≈ 8.2 s sooner');
+    expect(queued.weighed).toBe('');
+    expect(
+      weighedLabel({ first_token_s: 12.4, answer_s: 0, eviction_s: 3.25, instead_of: null, instead_s: 30 }),
+    ).toBe('first token ≈ 12 s here, ≈ 30 s waiting for a slot · ≈ 3.3 s for the conversation it evicts');
   });
 
   it('says only what was measured', () => {

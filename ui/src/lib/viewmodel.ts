@@ -84,6 +84,8 @@ export interface InFlightRow {
   tokensPerSec: string;
   /** Why it went to its worker, in words ("" while queued). */
   reason: string;
+  /** Where cost routing passed up the usual choice, the estimates it weighed ("" otherwise). */
+  weighed: string;
 }
 
 export interface TotalsView {
@@ -153,6 +155,27 @@ export const REASON_LABEL: Record<NonNullable<InFlightReason>, string> = {
 };
 
 type InFlightReason = Status['in_flight'][number]['reason'];
+type Weighed = NonNullable<Status['in_flight'][number]['weighed']>;
+
+/** Estimated seconds, as the request view shows them ("4.1 s", "21 s"). */
+function estimate(secs: number): string {
+  return secs < 10 ? `${secs.toFixed(1)} s` : `${Math.round(secs)} s`;
+}
+
+/**
+ * What cost routing weighed, in words: "first token ≈ 1.0 s here, ≈ 21 s on box-a · answer ≈ 8.0 s
+ * sooner". Estimates, so a placement that looks wrong can be read rather than guessed at.
+ */
+export function weighedLabel(w: Weighed | null): string {
+  if (w == null) return '';
+  const there = w.instead_of != null ? `on ${w.instead_of}` : 'waiting for a slot';
+  const parts = [`first token ≈ ${estimate(w.first_token_s)} here, ≈ ${estimate(w.instead_s)} ${there}`];
+  if (Math.abs(w.answer_s) >= 0.05) {
+    parts.push(`answer ≈ ${estimate(Math.abs(w.answer_s))} ${w.answer_s < 0 ? 'sooner' : 'later'}`);
+  }
+  if (w.eviction_s >= 0.05) parts.push(`≈ ${estimate(w.eviction_s)} for the conversation it evicts`);
+  return parts.join(' · ');
+}
 
 /** "prompt 2,000 tok/s · generation 45 tok/s", what of it is measured ("" for nothing). */
 export function speedLabel(prompt: number | null, generation: number | null): string {
@@ -236,6 +259,7 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
       tokens: formatCount(r.tokens),
       tokensPerSec: formatRate(r.tokens_per_sec, 'tok/s'),
       reason: r.reason ? REASON_LABEL[r.reason] : '',
+      weighed: weighedLabel(r.weighed),
     }));
 
   const t = status.totals;

@@ -506,6 +506,11 @@ function InFlightCard({ view }: { view: DashboardView }) {
               <td data-testid="in-flight-worker">{r.worker}</td>
               <td class="muted small" data-testid="in-flight-reason">
                 {r.reason}
+                {r.weighed ? (
+                  <div class="weighed" data-testid="in-flight-weighed">
+                    {r.weighed}
+                  </div>
+                ) : null}
               </td>
               <td>
                 <Badge tone={r.state === 'running' ? 'busy' : 'warn'}>{r.state}</Badge>

@@ -35,7 +35,7 @@ use crate::protocol::{
     ServerToWorker, Timings, WireHeaders, BRIDGE_PROTOCOL_VERSION,
 };
 pub use crate::proxy::dispatch::scheduler::{
-    FailReason, KnownBox, Placement, RequestId, SubmitError, Submitted,
+    FailReason, KnownBox, Placement, RequestId, SubmitError, Submitted, Weighed,
 };
 pub use crate::proxy::dispatch::telemetry::{Telemetry, TrackedRequest};
 
@@ -616,12 +616,16 @@ impl Hub {
         self.lock().scheduler.queue_depths()
     }
 
-    /// Why each request went where it runs (`None`: queued, or untracked).
-    pub fn reasons(&self, requests: &[RequestId]) -> Vec<Option<&'static str>> {
+    /// Why each request went where it runs, with what cost routing weighed where it chose
+    /// (`None`: queued, or untracked).
+    pub fn reasons(&self, requests: &[RequestId]) -> Vec<Option<(&'static str, Option<Weighed>)>> {
         let inner = self.lock();
         requests
             .iter()
-            .map(|r| inner.scheduler.reason_of(*r).map(|reason| reason.as_str()))
+            .map(|r| {
+                let reason = inner.scheduler.reason_of(*r)?;
+                Some((reason.as_str(), inner.scheduler.weighed_of(*r).cloned()))
+            })
             .collect()
     }
 

@@ -21,7 +21,7 @@ mod turns;
 mod views;
 mod wake;
 
-pub use cost::{Reason, Speed};
+pub use cost::{Reason, Speed, Weighed};
 pub use events::*;
 pub use known::KnownBox;
 use names::*;
@@ -145,6 +145,8 @@ struct Request {
     prefill_tokens: u32,
     /// Why it went to its worker.
     reason: Option<Reason>,
+    /// What cost routing weighed when it went elsewhere than the usual rules said.
+    weighed: Option<Weighed>,
     /// The sleeping box it waits for, when one is woken for it ([`wake`]).
     wake: Option<wake::WakeWait>,
     /// Another prompt was evaluated on its worker while its own was ([`cost`]).
@@ -260,7 +262,7 @@ impl Scheduler {
                 .clamp(Duration::from_secs(1), Duration::from_secs(30));
             return Err(SubmitError::QueueFull { retry_after });
         }
-        let picked_worker = picked.map(|(w, _)| w);
+        let picked_worker = picked.as_ref().map(|(w, _)| *w);
         let wake = self.wake_plan(provider, &model, &placement, picked_worker, now);
         let wake = wake.or_else(|| self.side_wait(&model, &placement, picked_worker, now));
         self.track_request(
@@ -272,8 +274,8 @@ impl Scheduler {
             deadline,
             queue_deadline,
         );
-        if let Some((worker, faster)) = picked.filter(|_| wake.is_none()) {
-            self.assign(request, worker, faster);
+        if let Some((worker, weighed)) = picked.filter(|_| wake.is_none()) {
+            self.assign(request, worker, weighed);
             let seat = self.requests[&request].seat();
             self.providers[provider].queue.served_directly(seat);
             return Ok(Submitted::Dispatched { request, worker });
@@ -312,6 +314,7 @@ impl Scheduler {
                 phase: Phase::Queued,
                 prefill_tokens: 0,
                 reason: None,
+                weighed: None,
                 wake: None,
                 shared_prefill: false,
             },
@@ -333,9 +336,9 @@ impl Scheduler {
             .remove(request, entry.seat());
     }
 
-    /// Every placement passes here (`faster_box`: cost routing chose the worker): the worker
-    /// becomes the home of the request's conversation, holding its prompt.
-    fn assign(&mut self, request: RequestId, worker: WorkerId, faster_box: bool) {
+    /// Every placement passes here (`faster_box`: what cost routing weighed when it chose the
+    /// worker): the worker becomes the home of the request's conversation, holding its prompt.
+    fn assign(&mut self, request: RequestId, worker: WorkerId, faster_box: Option<Weighed>) {
         let entry = &self.requests[&request];
         let (affinity, tokens) = (entry.placement.affinity, entry.placement.prompt_tokens);
         // Read before the placement moves the conversation's home.
@@ -345,10 +348,16 @@ impl Scheduler {
             _ => 0,
         };
         let waited = self.waited_for(entry, worker);
-        let side = entry.placement.side && !faster_box && !waited;
+        let side = entry.placement.side && faster_box.is_none() && !waited;
         let reason = side.then_some(Reason::SideRequest);
-        let reason = reason.unwrap_or_else(|| Reason::of(home, worker, faster_box, waited));
+        let reason =
+            reason.unwrap_or_else(|| Reason::of(home, worker, faster_box.is_some(), waited));
+        let weighed = match waited {
+            true => entry.wake.as_ref().and_then(|wait| wait.weighed.clone()),
+            false => faster_box,
+        };
         let entry = self.requests.get_mut(&request).expect("known request");
+        entry.weighed = weighed;
         entry.phase = Phase::Assigned { worker };
         entry.prefill_tokens = tokens.unwrap_or(0).saturating_sub(held);
         entry.reason = Some(reason);
@@ -383,7 +392,7 @@ impl Scheduler {
         model: &str,
         placement: &Placement,
         now: Instant,
-    ) -> Option<(WorkerId, bool)> {
+    ) -> Option<(WorkerId, Option<Weighed>)> {
         let (affinity, prompt_tokens) = (placement.affinity, placement.prompt_tokens);
         let p = &self.providers[provider];
         let candidates = p.model_workers.get(model)?;
@@ -426,7 +435,7 @@ impl Scheduler {
             let p = &mut self.providers[provider];
             p.round_robin = p.round_robin.wrapping_add(1);
         }
-        Some(sooner.map_or((usual, false), |faster| (faster, true)))
+        Some(sooner.map_or((usual, None), |(faster, weighed)| (faster, Some(weighed))))
     }
 
     /// Hands queued work to `worker` while it has free slots: the request whose turn it is among
@@ -486,7 +495,7 @@ impl Scheduler {
             let Some(request) = next else {
                 return;
             };
-            self.assign(request, worker, false);
+            self.assign(request, worker, None);
             actions.push(Action::Dispatch { request, worker });
         }
     }
@@ -672,8 +681,8 @@ impl Scheduler {
         let r = &self.requests[&request];
         let (provider, model, queue_deadline) = (r.provider, r.model.clone(), r.queue_deadline);
         let placement = r.placement.clone();
-        if let Some((next, faster)) = self.pick_worker(provider, &model, &placement, now) {
-            self.assign(request, next, faster);
+        if let Some((next, weighed)) = self.pick_worker(provider, &model, &placement, now) {
+            self.assign(request, next, weighed);
             actions.push(Action::Dispatch {
                 request,
                 worker: next,

@@ -115,6 +115,7 @@ impl Scheduler {
             give_up_at: Some(now + HOME_WAIT),
             cause: None,
             spare_slot: false,
+            weighed: None,
         })
     }
 
@@ -141,6 +142,7 @@ impl Scheduler {
             give_up_at: Some(now + SPARE_WAIT),
             cause: None,
             spare_slot: true,
+            weighed: None,
         })
     }
 
@@ -201,6 +203,7 @@ impl Scheduler {
             give_up_at: Some(now + SPARE_WAIT),
             cause: None,
             spare_slot: true,
+            weighed: None,
         })
     }
 

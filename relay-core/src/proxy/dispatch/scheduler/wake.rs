@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::cost::CLEARLY_SOONER;
+use super::cost::{Weighed, CLEARLY_SOONER};
 use super::{Action, AsleepBox, Phase, Placement, Request, RequestId, Scheduler, WorkerId};
 
 /// Added to twice a box's measured wake time before a request waiting for it gives up on it.
@@ -81,6 +81,8 @@ pub(super) struct WakeWait {
     /// [`Scheduler::faster_spare_wait`]): until `give_up_at` it takes no slot where it would
     /// evict a conversation.
     pub(super) spare_slot: bool,
+    /// A box woken because its first token comes clearly sooner: the two estimates.
+    pub(super) weighed: Option<Weighed>,
 }
 
 impl WakeWait {
@@ -170,6 +172,7 @@ impl Scheduler {
                 give_up_at: None,
                 cause: Some(WakeCause::NothingAwake),
                 spare_slot: false,
+                weighed: None,
             });
         }
         if !self.cost_routing {
@@ -234,6 +237,15 @@ impl Scheduler {
                 WakeCause::SlotWait
             }),
             spare_slot: false,
+            weighed: Some(Weighed {
+                first_token_secs: asleep_secs,
+                answer_secs: 0.0,
+                eviction_secs: 0.0,
+                instead_of: picked
+                    .and_then(|id| self.workers.get(&id))
+                    .map(|w| w.name.clone()),
+                instead_secs: awake_secs,
+            }),
         })
     }
 
@@ -249,6 +261,7 @@ impl Scheduler {
             give_up_at: None,
             cause: Some(WakeCause::QueueWaited),
             spare_slot: false,
+            weighed: None,
         })
     }
 
@@ -420,6 +433,17 @@ mod tests {
             }]
         );
         assert_eq!(s.reason_of(1), Some(Reason::Waking));
+        // The dashboard shows what was weighed: 4 s to wake and 4 s of prompt, against 20 s
+        // on the slow box.
+        let weighed = s.weighed_of(1).expect("weighed");
+        assert!((weighed.first_token_secs - 8.0).abs() < 0.01, "{weighed:?}");
+        assert!((weighed.instead_secs - 20.0).abs() < 0.01, "{weighed:?}");
+        assert_eq!(weighed.instead_of.as_deref(), Some("slow"));
+        assert_eq!(
+            s.weighed_of(2),
+            None,
+            "the short prompt took the usual choice"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use tokio::time::{interval, Instant, MissedTickBehavior};
 
 use crate::dialect::{ApiError, Dialect};
 use crate::protocol::{HardwareReport, ModelStateReport};
+use crate::proxy::dispatch::hub::Weighed;
 use crate::proxy::dispatch::scheduler::AffinityCounts;
 use crate::proxy::dispatch::telemetry::{BoxHistory, Series, TotalsSnapshot};
 use crate::proxy::observation::control::NodeInfo;
@@ -144,6 +145,40 @@ pub struct RequestView {
         )
     )]
     reason: Option<&'static str>,
+    /// Where cost routing passed up the usual choice (`faster_box`, `waking`): what it weighed.
+    weighed: Option<WeighedView>,
+}
+
+/// What cost routing weighed for a request it sent elsewhere than the usual rules said, in
+/// seconds (estimates, to the hundredth).
+#[derive(Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
+pub struct WeighedView {
+    /// Until the first token where it went (a woken box's wake included), with what its prompt
+    /// delays the prompts evaluated beside it there.
+    first_token_s: f64,
+    /// How much longer its answer takes there than on the usual choice (below zero: sooner),
+    /// where a quiet fleet weighed answers; 0 where it did not.
+    answer_s: f64,
+    /// Charged for the conversation it evicts there; 0 where it evicts none.
+    eviction_s: f64,
+    /// The worker the usual rules chose (its name); `null`: none was free.
+    instead_of: Option<String>,
+    /// The first-token estimate there (with no worker free, the wait for a slot included).
+    instead_s: f64,
+}
+
+impl From<Weighed> for WeighedView {
+    fn from(w: Weighed) -> WeighedView {
+        let hundredths = |secs: f64| (secs * 100.0).round() / 100.0;
+        WeighedView {
+            first_token_s: hundredths(w.first_token_secs),
+            answer_s: hundredths(w.answer_secs),
+            eviction_s: hundredths(w.eviction_secs),
+            instead_of: w.instead_of,
+            instead_s: hundredths(w.instead_secs),
+        }
+    }
 }
 
 /// Everything the dashboard shows.
@@ -249,7 +284,7 @@ pub fn snapshot(state: &AppState) -> Status {
         .iter()
         .zip(assignments)
         .zip(reasons)
-        .filter_map(|(((id, record), assignment), reason)| {
+        .filter_map(|(((id, record), assignment), placed)| {
             // Untracked by the scheduler: an upstream's, or answered with the client still
             // reading the last bytes.
             let worker = match (assignment, &record.upstream) {
@@ -280,7 +315,10 @@ pub fn snapshot(state: &AppState) -> Status {
                 tokens_per_sec: generating
                     .filter(|secs| *secs > 0.05 && tokens > 0)
                     .map(|secs| (tokens as f64 / secs * 10.0).round() / 10.0),
-                reason,
+                reason: placed.as_ref().map(|(reason, _)| *reason),
+                weighed: placed
+                    .and_then(|(_, weighed)| weighed)
+                    .map(WeighedView::from),
             })
         })
         .collect();
