@@ -56,7 +56,7 @@ test('the request view says what cost routing weighed when it sent a long prompt
   assert.match(await row.first().getByTestId('in-flight-reason').innerText(), /faster box \(measured\)/);
   const weighed = await row.first().getByTestId('in-flight-weighed').innerText();
   // In a quiet fleet the answer's end is weighed too: fast-box generates twice as fast.
-  assert.match(weighed, /^first token ≈ \d+(\.\d)? s here, ≈ \d+(\.\d)? s on slow-box · answer ≈ \d+(\.\d)? s sooner$/);
+  assert.match(weighed, /^first token ≈ \d+(\.\d)? s here, ≈ \d+(\.\d)? s on slow-box · answer ≈ \d+(\.\d)? s sooner here$/);
   const [here, there] = [...weighed.matchAll(/≈ ([\d.]+) s/g)].map((m) => Number(m[1]));
   assert.ok(there > 4 * (here ?? 0), `${weighed}: slow-box's estimate is several times fast-box's`);
   mkdirSync(ARTIFACTS, { recursive: true });

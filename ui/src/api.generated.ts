@@ -354,7 +354,7 @@ export type RequestView = { id: string, model: string, provider: string | null, 
  */
 reason: 'cache_hit' | 'home_busy' | 'new_conversation' | 'least_loaded' | 'faster_box' | 'waking' | 'side_request' | null, 
 /**
- * Where cost routing passed up the usual choice (`faster_box`, `waking`): what it weighed.
+ * What cost routing weighed for it, moving it (`faster_box`, `waking`) or not.
  */
 weighed: WeighedView | null, };
 
@@ -500,27 +500,33 @@ avg_ttft_ms: number | null, avg_duration_ms: number | null, };
 
 export type WeighedView = { 
 /**
+ * It stayed with the usual choice: the other was not clearly sooner.
+ */
+kept: boolean, 
+/**
  * Until the first token where it went (a woken box's wake included), with what its prompt
  * delays the prompts evaluated beside it there.
  */
 first_token_s: number, 
 /**
- * How much longer its answer takes there than on the usual choice (below zero: sooner),
- * where a quiet fleet weighed answers; 0 where it did not.
+ * The worker weighed against (its name): the usual choice where it moved, the best other
+ * where it stayed; `null`: it moved to a waking box while no worker was free.
+ */
+other: string | null, 
+/**
+ * The same estimate there (with no worker free, the wait for a slot included).
+ */
+other_s: number, 
+/**
+ * How much longer its answer takes where it went than there (below zero: sooner), where a
+ * quiet fleet weighed answers; 0 where it did not.
  */
 answer_s: number, 
 /**
- * Charged for the conversation it evicts there; 0 where it evicts none.
+ * Charged for the conversation evicted on the worker that is not the usual choice; 0
+ * where it evicts none.
  */
-eviction_s: number, 
-/**
- * The worker the usual rules chose (its name); `null`: none was free.
- */
-instead_of: string | null, 
-/**
- * The first-token estimate there (with no worker free, the wait for a slot included).
- */
-instead_s: number, };
+eviction_s: number, };
 
 export type WorkerValues = { proxy_url: string | null, worker_secret_set: boolean, worker_name: string, backend_url: string | null, models: Array<string> | null, max_concurrency: number, confirmed_backends: Array<string>, };
 

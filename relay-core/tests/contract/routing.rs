@@ -149,10 +149,11 @@ async fn with_cost_routing_a_box_whose_model_is_unloaded_pays_its_reported_load_
     let placed = &status["in_flight"][0];
     assert_eq!(placed["reason"], "faster_box", "{status}");
     let weighed = &placed["weighed"];
-    assert_eq!(weighed["instead_of"], "box-a", "{weighed}");
+    assert_eq!(weighed["kept"], false, "{weighed}");
+    assert_eq!(weighed["other"], "box-a", "{weighed}");
     let (here, there) = (
         weighed["first_token_s"].as_f64().expect("seconds"),
-        weighed["instead_s"].as_f64().expect("seconds"),
+        weighed["other_s"].as_f64().expect("seconds"),
     );
     assert!(here < 2.0 && there > 20.0, "{weighed}");
     assert_eq!(weighed["answer_s"], 0.0, "{weighed}");

@@ -261,21 +261,30 @@ describe('routing: measured speeds and why a request went where it runs', () => 
     expect(queued?.reason).toBe('');
   });
 
-  it('shows what cost routing weighed where it passed up the usual choice', () => {
+  it('shows what cost routing weighed, where it moved a request and where it kept it', () => {
     const status = sampleStatus();
     status.in_flight[0] = {
       ...status.in_flight[0],
       reason: 'faster_box',
-      weighed: { first_token_s: 1.04, answer_s: -8.2, eviction_s: 0, instead_of: 'box-a', instead_s: 21.3 },
+      weighed: { kept: false, first_token_s: 1.04, other: 'box-a', other_s: 21.3, answer_s: -8.2, eviction_s: 0 },
     };
     const rows = toDashboardView(status, 1_763_740_010_000).inFlight;
     const [moved, queued] = [rows.find((r) => r.id === 'r-17')!, rows.find((r) => r.id === 'r-18')!];
     expect(moved.reason).toBe('faster box (measured)');
-    expect(moved.weighed).toBe('first token ≈ 1.0 s here, ≈ 21 s on box-a · answer ≈ 8.2 s sooner');
+    expect(moved.weighed).toBe('first token ≈ 1.0 s here, ≈ 21 s on box-a · answer ≈ 8.2 s sooner here');
     expect(queued.weighed).toBe('');
     expect(
-      weighedLabel({ first_token_s: 12.4, answer_s: 0, eviction_s: 3.25, instead_of: null, instead_s: 30 }),
+      weighedLabel({ kept: false, first_token_s: 12.4, other: null, other_s: 30, answer_s: 0, eviction_s: 3.25 }),
     ).toBe('first token ≈ 12 s here, ≈ 30 s waiting for a slot · ≈ 3.3 s for the conversation it evicts');
+    // Kept on a slow box: the faster one weighed, and why it lost.
+    expect(
+      weighedLabel({ kept: true, first_token_s: 20.5, other: 'fast-box', other_s: 12.35, answer_s: 0, eviction_s: 0 }),
+    ).toBe('first token ≈ 21 s here; ≈ 12 s on fast-box, not clearly sooner');
+    expect(
+      weighedLabel({ kept: true, first_token_s: 0.5, other: 'fast-box', other_s: 0.2, answer_s: 1.5, eviction_s: 4 }),
+    ).toBe(
+      'first token ≈ 0.5 s here; ≈ 0.2 s on fast-box, not clearly sooner · answer ≈ 1.5 s later here · ≈ 4.0 s on fast-box for the conversation it would evict',
+    );
   });
 
   it('says only what was measured', () => {

@@ -163,17 +163,25 @@ function estimate(secs: number): string {
 }
 
 /**
- * What cost routing weighed, in words: "first token ≈ 1.0 s here, ≈ 21 s on box-a · answer ≈ 8.0 s
+ * What cost routing weighed, in words. Moved: "first token ≈ 0.3 s here, ≈ 6.3 s on slow-box ·
+ * answer ≈ 2.6 s sooner". Kept: "first token ≈ 20 s here; ≈ 12 s on fast-box, not clearly
  * sooner". Estimates, so a placement that looks wrong can be read rather than guessed at.
  */
 export function weighedLabel(w: Weighed | null): string {
   if (w == null) return '';
-  const there = w.instead_of != null ? `on ${w.instead_of}` : 'waiting for a slot';
-  const parts = [`first token ≈ ${estimate(w.first_token_s)} here, ≈ ${estimate(w.instead_s)} ${there}`];
+  const there = w.other != null ? `on ${w.other}` : 'waiting for a slot';
+  const parts = [
+    w.kept
+      ? `first token ≈ ${estimate(w.first_token_s)} here; ≈ ${estimate(w.other_s)} ${there}, not clearly sooner`
+      : `first token ≈ ${estimate(w.first_token_s)} here, ≈ ${estimate(w.other_s)} ${there}`,
+  ];
   if (Math.abs(w.answer_s) >= 0.05) {
-    parts.push(`answer ≈ ${estimate(Math.abs(w.answer_s))} ${w.answer_s < 0 ? 'sooner' : 'later'}`);
+    parts.push(`answer ≈ ${estimate(Math.abs(w.answer_s))} ${w.answer_s < 0 ? 'sooner' : 'later'} here`);
   }
-  if (w.eviction_s >= 0.05) parts.push(`≈ ${estimate(w.eviction_s)} for the conversation it evicts`);
+  if (w.eviction_s >= 0.05) {
+    const where = w.kept ? `${there} ` : '';
+    parts.push(`≈ ${estimate(w.eviction_s)} ${where}for the conversation it ${w.kept ? 'would evict' : 'evicts'}`);
+  }
   return parts.join(' · ');
 }
 

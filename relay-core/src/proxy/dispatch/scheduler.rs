@@ -145,7 +145,7 @@ struct Request {
     prefill_tokens: u32,
     /// Why it went to its worker.
     reason: Option<Reason>,
-    /// What cost routing weighed when it went elsewhere than the usual rules said.
+    /// What cost routing weighed for it: the usual choice against the best other.
     weighed: Option<Weighed>,
     /// The sleeping box it waits for, when one is woken for it ([`wake`]).
     wake: Option<wake::WakeWait>,
@@ -336,9 +336,10 @@ impl Scheduler {
             .remove(request, entry.seat());
     }
 
-    /// Every placement passes here (`faster_box`: what cost routing weighed when it chose the
-    /// worker): the worker becomes the home of the request's conversation, holding its prompt.
-    fn assign(&mut self, request: RequestId, worker: WorkerId, faster_box: Option<Weighed>) {
+    /// Every placement passes here (`weighed`: what cost routing weighed, moving it to the
+    /// worker or keeping it there): the worker becomes the home of the request's conversation,
+    /// holding its prompt.
+    fn assign(&mut self, request: RequestId, worker: WorkerId, weighed: Option<Weighed>) {
         let entry = &self.requests[&request];
         let (affinity, tokens) = (entry.placement.affinity, entry.placement.prompt_tokens);
         // Read before the placement moves the conversation's home.
@@ -348,13 +349,13 @@ impl Scheduler {
             _ => 0,
         };
         let waited = self.waited_for(entry, worker);
-        let side = entry.placement.side && faster_box.is_none() && !waited;
+        let faster_box = weighed.as_ref().is_some_and(|w| !w.kept);
+        let side = entry.placement.side && !faster_box && !waited;
         let reason = side.then_some(Reason::SideRequest);
-        let reason =
-            reason.unwrap_or_else(|| Reason::of(home, worker, faster_box.is_some(), waited));
+        let reason = reason.unwrap_or_else(|| Reason::of(home, worker, faster_box, waited));
         let weighed = match waited {
             true => entry.wake.as_ref().and_then(|wait| wait.weighed.clone()),
-            false => faster_box,
+            false => weighed,
         };
         let entry = self.requests.get_mut(&request).expect("known request");
         entry.weighed = weighed;
@@ -378,8 +379,8 @@ impl Scheduler {
 
     /// The conversation's home worker while it serves `model` and has a free slot; otherwise
     /// the lowest load among workers serving `model` with a free slot, round-robin among equals;
-    /// then, with cost routing, a worker whose first token comes clearly sooner ([`cost`]; the
-    /// flag says it was that).
+    /// then, with cost routing, a worker whose first token comes clearly sooner ([`cost`]), and
+    /// what it weighed.
     ///
     /// Why a saturated home yields at once instead of holding the request for a while: its slots
     /// are taken by answers of unknown length (a long generation holds one for minutes), while
@@ -435,7 +436,10 @@ impl Scheduler {
             let p = &mut self.providers[provider];
             p.round_robin = p.round_robin.wrapping_add(1);
         }
-        Some(sooner.map_or((usual, None), |(faster, weighed)| (faster, Some(weighed))))
+        Some(match sooner {
+            Some((faster, weighed)) => (faster.unwrap_or(usual), Some(weighed)),
+            None => (usual, None),
+        })
     }
 
     /// Hands queued work to `worker` while it has free slots: the request whose turn it is among

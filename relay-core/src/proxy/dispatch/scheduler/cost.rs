@@ -110,26 +110,28 @@ impl Speed {
     }
 }
 
-/// What cost routing weighed when it passed up the usual choice: a faster box, or a sleeping
-/// one woken. The dashboard shows it beside the reason, so a placement that looks wrong can be
-/// read, not guessed at.
+/// What cost routing weighed for a request: the usual choice against the best other worker
+/// (a faster box, a sleeping one to wake), whichever it went to. The dashboard shows it beside
+/// the reason, so a placement that looks wrong — a conversation kept on a slow box, one moved
+/// off its cache — can be read, not guessed at.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Weighed {
+    /// It stayed with the usual choice: the other was not clearly sooner.
+    pub kept: bool,
     /// Seconds until the first token where it went (a woken box's wake included), plus what
     /// its prompt delays the prompts evaluated beside it there.
     pub first_token_secs: f64,
-    /// Seconds its answer takes there beyond the usual choice (below zero: sooner), where a
-    /// quiet fleet weighed it; zero where it did not.
+    /// The worker weighed against: the usual choice where it moved, the best other where it
+    /// stayed (`None`: it moved to a waking box while no worker was free).
+    pub other: Option<String>,
+    /// The same estimate there (with no worker free, the wait for a slot included).
+    pub other_secs: f64,
+    /// Seconds its answer takes where it went beyond the other (below zero: sooner), where a
+    /// quiet fleet weighed answers; zero where it did not.
     pub answer_secs: f64,
-    /// Seconds charged for the conversation it evicts there, whose next turn evaluates its
-    /// prompt again; zero where it evicts none.
+    /// Seconds charged for the conversation evicted on the worker that is not the usual
+    /// choice (it evicts one there, or would have); zero where it evicts none.
     pub eviction_secs: f64,
-    /// The worker the usual rules chose (`None`: none had a free slot, and it would have
-    /// waited for one).
-    pub instead_of: Option<String>,
-    /// The same estimate there: first token, and the delay it causes (or, with no worker
-    /// free, the wait for a slot and the prompt on the soonest).
-    pub instead_secs: f64,
 }
 
 /// Why a request went where it went, for the dashboard and `/metrics`.
@@ -269,8 +271,9 @@ impl Scheduler {
         self.requests.get(&request)?.reason
     }
 
-    /// What cost routing weighed when it sent `request` elsewhere than the usual rules would
-    /// (a faster box, a box woken for it); `None` for any other placement.
+    /// What cost routing weighed for `request`, placed: the usual choice against the best
+    /// other (`None`: nothing was weighed — cost routing off, a single candidate, one not
+    /// measured).
     pub fn weighed_of(&self, request: RequestId) -> Option<&Weighed> {
         self.requests.get(&request)?.weighed.as_ref()
     }
@@ -380,7 +383,7 @@ impl Scheduler {
         tokens: Option<u32>,
         usual: WorkerId,
         now: std::time::Instant,
-    ) -> Option<(WorkerId, Weighed)> {
+    ) -> Option<(Option<WorkerId>, Weighed)> {
         let tokens = tokens.filter(|_| self.cost_routing)?;
         let estimate = |id| {
             let (first_token, delay) = self.first_token_secs(id, model, affinity, tokens, now)?;
@@ -422,33 +425,51 @@ impl Scheduler {
                 .flatten()
                 .unwrap_or(0.0)
         };
-        let mut best: Option<(f64, WorkerId, Weighed)> = None;
+        // The best other: its estimate, answer gap and eviction charge.
+        let mut best: Option<(f64, WorkerId, (f64, f64, f64))> = None;
         for &id in candidates {
             if id == usual || !self.workers.get(&id).is_some_and(eligible) {
                 continue;
             }
             let crowded_there = crowded(id);
-            let mut weighed = Weighed {
-                // Every candidate measured, or the comparison is not fair to the unmeasured.
-                first_token_secs: estimate(id)?,
-                answer_secs: answer_gap(id, crowded_there),
-                eviction_secs: 0.0,
-                instead_of: self.workers.get(&usual).map(|w| w.name.clone()),
-                instead_secs: usual_secs,
-            };
+            // Every candidate measured, or the comparison is not fair to the unmeasured.
+            let first_token = estimate(id)?;
+            let answer = answer_gap(id, crowded_there);
+            let mut eviction = 0.0;
             if usual_roomy && crowded_there {
                 if side_flow {
                     continue;
                 }
-                weighed.eviction_secs = 2.0 * self.eviction_secs(id, model, tokens, now)?;
+                eviction = 2.0 * self.eviction_secs(id, model, tokens, now)?;
             }
-            let secs = weighed.first_token_secs + weighed.answer_secs + weighed.eviction_secs;
-            if best.as_ref().is_none_or(|(b, _, _)| secs < *b) {
-                best = Some((secs, id, weighed));
+            let secs = first_token + answer + eviction;
+            if best.is_none_or(|(b, _, _)| secs < b) {
+                best = Some((secs, id, (first_token, answer, eviction)));
             }
         }
-        best.filter(|(secs, _, _)| *secs < usual_secs * CLEARLY_SOONER)
-            .map(|(_, id, weighed)| (id, weighed))
+        let (secs, id, (first_token, answer, eviction)) = best?;
+        let name = |id| self.workers.get(&id).map(|w| w.name.clone());
+        let moved = secs < usual_secs * CLEARLY_SOONER;
+        let weighed = if moved {
+            Weighed {
+                kept: false,
+                first_token_secs: first_token,
+                other: name(usual),
+                other_secs: usual_secs,
+                answer_secs: answer,
+                eviction_secs: eviction,
+            }
+        } else {
+            Weighed {
+                kept: true,
+                first_token_secs: usual_secs,
+                other: name(id),
+                other_secs: first_token,
+                answer_secs: -answer,
+                eviction_secs: eviction,
+            }
+        };
+        Some((moved.then_some(id), weighed))
     }
 
     /// Seconds of prompt evaluation that placing a new prompt of `tokens` on worker `id`, whose
@@ -577,9 +598,10 @@ pub(super) mod tests {
         // What the dashboard shows: 4 s to the first token here against 20 s on box-0, and
         // answers alike on both (equal generation speeds).
         let weighed = s.weighed_of(1).expect("weighed").clone();
+        assert!(!weighed.kept);
         assert!((weighed.first_token_secs - 4.0).abs() < 0.01, "{weighed:?}");
-        assert!((weighed.instead_secs - 20.0).abs() < 0.01, "{weighed:?}");
-        assert_eq!(weighed.instead_of.as_deref(), Some("box-0"));
+        assert!((weighed.other_secs - 20.0).abs() < 0.01, "{weighed:?}");
+        assert_eq!(weighed.other.as_deref(), Some("box-0"));
         assert_eq!((weighed.answer_secs, weighed.eviction_secs), (0.0, 0.0));
         let (mut off, ids) = fleet(false, &[Some(600.0), Some(3000.0)]);
         assert_eq!(
@@ -617,11 +639,12 @@ pub(super) mod tests {
         // Turn 2 adds 300 tokens: 0.5 s at home against 4.1 s for all of it on the fast box.
         assert_eq!(place(&mut s, 2, 7, 12_300, now), ids[0]);
         assert_eq!(s.reason_of(2), Some(Reason::CacheHit));
-        assert_eq!(
-            s.weighed_of(2),
-            None,
-            "nothing weighed against the usual choice"
-        );
+        // The dashboard says so: kept at home, the fast box weighed and not clearly sooner.
+        let weighed = s.weighed_of(2).expect("weighed").clone();
+        assert!(weighed.kept);
+        assert!((weighed.first_token_secs - 0.5).abs() < 0.01, "{weighed:?}");
+        assert!((weighed.other_secs - 4.1).abs() < 0.01, "{weighed:?}");
+        assert_eq!(weighed.other.as_deref(), Some("box-1"));
         assert!(s.finish(ids[0], 2, &mut actions));
         // A turn that pastes a long document is evaluated sooner on the fast box, which then
         // becomes the conversation's home.
@@ -682,7 +705,7 @@ pub(super) mod tests {
         assert_eq!(s.reason_of(1), Some(Reason::FasterBox));
         // The dashboard says why: first tokens alike (0.5 s), the answer about 8 s sooner.
         let weighed = s.weighed_of(1).expect("weighed");
-        assert!((weighed.first_token_secs - weighed.instead_secs).abs() < 0.01);
+        assert!((weighed.first_token_secs - weighed.other_secs).abs() < 0.01);
         assert!((weighed.answer_secs + 8.0).abs() < 0.5, "{weighed:?}");
         // Its next turn stays home, whatever the other box generates.
         let mut actions = Vec::new();

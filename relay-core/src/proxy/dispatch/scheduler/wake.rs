@@ -238,13 +238,14 @@ impl Scheduler {
             }),
             spare_slot: false,
             weighed: Some(Weighed {
+                kept: false,
                 first_token_secs: asleep_secs,
-                answer_secs: 0.0,
-                eviction_secs: 0.0,
-                instead_of: picked
+                other: picked
                     .and_then(|id| self.workers.get(&id))
                     .map(|w| w.name.clone()),
-                instead_secs: awake_secs,
+                other_secs: awake_secs,
+                answer_secs: 0.0,
+                eviction_secs: 0.0,
             }),
         })
     }
@@ -437,12 +438,12 @@ mod tests {
         // on the slow box.
         let weighed = s.weighed_of(1).expect("weighed");
         assert!((weighed.first_token_secs - 8.0).abs() < 0.01, "{weighed:?}");
-        assert!((weighed.instead_secs - 20.0).abs() < 0.01, "{weighed:?}");
-        assert_eq!(weighed.instead_of.as_deref(), Some("slow"));
+        assert!((weighed.other_secs - 20.0).abs() < 0.01, "{weighed:?}");
+        assert_eq!(weighed.other.as_deref(), Some("slow"));
         assert_eq!(
             s.weighed_of(2),
             None,
-            "the short prompt took the usual choice"
+            "the only awake box: nothing to weigh"
         );
     }
 

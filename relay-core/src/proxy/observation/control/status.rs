@@ -145,38 +145,43 @@ pub struct RequestView {
         )
     )]
     reason: Option<&'static str>,
-    /// Where cost routing passed up the usual choice (`faster_box`, `waking`): what it weighed.
+    /// What cost routing weighed for it, moving it (`faster_box`, `waking`) or not.
     weighed: Option<WeighedView>,
 }
 
-/// What cost routing weighed for a request it sent elsewhere than the usual rules said, in
+/// What cost routing weighed for a request: the usual choice against the best other worker, in
 /// seconds (estimates, to the hundredth).
 #[derive(Debug, Serialize)]
 #[cfg_attr(test, derive(ts_rs::TS))]
 pub struct WeighedView {
+    /// It stayed with the usual choice: the other was not clearly sooner.
+    kept: bool,
     /// Until the first token where it went (a woken box's wake included), with what its prompt
     /// delays the prompts evaluated beside it there.
     first_token_s: f64,
-    /// How much longer its answer takes there than on the usual choice (below zero: sooner),
-    /// where a quiet fleet weighed answers; 0 where it did not.
+    /// The worker weighed against (its name): the usual choice where it moved, the best other
+    /// where it stayed; `null`: it moved to a waking box while no worker was free.
+    other: Option<String>,
+    /// The same estimate there (with no worker free, the wait for a slot included).
+    other_s: f64,
+    /// How much longer its answer takes where it went than there (below zero: sooner), where a
+    /// quiet fleet weighed answers; 0 where it did not.
     answer_s: f64,
-    /// Charged for the conversation it evicts there; 0 where it evicts none.
+    /// Charged for the conversation evicted on the worker that is not the usual choice; 0
+    /// where it evicts none.
     eviction_s: f64,
-    /// The worker the usual rules chose (its name); `null`: none was free.
-    instead_of: Option<String>,
-    /// The first-token estimate there (with no worker free, the wait for a slot included).
-    instead_s: f64,
 }
 
 impl From<Weighed> for WeighedView {
     fn from(w: Weighed) -> WeighedView {
         let hundredths = |secs: f64| (secs * 100.0).round() / 100.0;
         WeighedView {
+            kept: w.kept,
             first_token_s: hundredths(w.first_token_secs),
+            other: w.other,
+            other_s: hundredths(w.other_secs),
             answer_s: hundredths(w.answer_secs),
             eviction_s: hundredths(w.eviction_secs),
-            instead_of: w.instead_of,
-            instead_s: hundredths(w.instead_secs),
         }
     }
 }
