@@ -59,6 +59,11 @@ test('the request view says what cost routing weighed when it sent a long prompt
   assert.match(weighed, /^first token ≈ \d+(\.\d)? s here, ≈ \d+(\.\d)? s on slow-box · answer ≈ \d+(\.\d)? s sooner here$/);
   const [here, there] = [...weighed.matchAll(/≈ ([\d.]+) s/g)].map((m) => Number(m[1]));
   assert.ok(there > 4 * (here ?? 0), `${weighed}: slow-box's estimate is several times fast-box's`);
+  // The placements since start, counted by reason, under the table.
+  await waitFor(async () => /faster box 1\b/.test(await page.getByTestId('placement-counts').innerText()), {
+    what: 'the faster-box placement counted',
+  });
+  assert.match(await page.getByTestId('placement-counts').innerText(), /^Placed since start: new conversation 2 · faster box 1 · cost routing on$/);
   mkdirSync(ARTIFACTS, { recursive: true });
   await page.screenshot({ path: path.join(ARTIFACTS, 'dashboard-weighed.png'), fullPage: true });
   assert.equal((await answer).status, 200);

@@ -343,6 +343,10 @@ export type OwnWorkerState = "off" | "connecting" | "connected" | "disconnected"
 
 export type Owner = { "user": "this_user" } | { "user": "other_user", "uid": number } | { "user": "unknown" };
 
+export type PlacementCount = { reason: 'cache_hit' | 'home_busy' | 'new_conversation' | 'least_loaded' | 'faster_box' | 'waking' | 'side_request', count: number, };
+
+export type PlacementsView = { cost_routing: boolean, by_reason: Array<PlacementCount>, };
+
 export type ProxyValues = { listen: string, provider: string, max_queue_len: number, queue_timeout_secs: number, request_timeout_secs: number, aliases: { [key in string]: string }, default_model: string | null, };
 
 export type QueueView = { provider: string, depth: number, };
@@ -434,7 +438,7 @@ export type StartOnLoginState = { available: boolean, enabled: boolean | null,
  */
 error?: string, };
 
-export type Status = { node: NodeStatus, workers: Array<WorkerView>, models: Array<ModelView>, sleepers: Array<SleeperView>, queues: Array<QueueView>, in_flight: Array<RequestView>, totals: TotalsSnapshot, series: Series, affinity: AffinityView, 
+export type Status = { node: NodeStatus, workers: Array<WorkerView>, models: Array<ModelView>, sleepers: Array<SleeperView>, queues: Array<QueueView>, in_flight: Array<RequestView>, totals: TotalsSnapshot, series: Series, affinity: AffinityView, placements: PlacementsView, 
 /**
  * Whether the database takes writes (a full disk or read-only data directory says so).
  */

@@ -157,6 +157,16 @@ async fn with_cost_routing_a_box_whose_model_is_unloaded_pays_its_reported_load_
     );
     assert!(here < 2.0 && there > 20.0, "{weighed}");
     assert_eq!(weighed["answer_s"], 0.0, "{weighed}");
+    // And counts it among the placements since start, as /metrics does.
+    assert_eq!(status["placements"]["cost_routing"], true, "{status}");
+    let counted = |reason: &str| {
+        status["placements"]["by_reason"]
+            .as_array()
+            .and_then(|all| all.iter().find(|p| p["reason"] == reason))
+            .map(|p| p["count"].clone())
+    };
+    assert_eq!(counted("faster_box"), Some(json!(1)), "{status}");
+    assert_eq!(counted("new_conversation"), Some(json!(2)), "{status}");
     boxes[on].complete_timed(&request.request_id, 2_000.0).await;
     assert_eq!(answer_of(client).await.0, 200);
     let metrics = metrics_text(&proxy.url()).await;

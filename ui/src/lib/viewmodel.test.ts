@@ -12,6 +12,7 @@ import {
   toStorageNotice,
   speedLabel,
   weighedLabel,
+  placementsLabel,
 } from './viewmodel';
 
 const NOW = 1_763_740_065_000; // 65 s after the workers connected
@@ -284,6 +285,26 @@ describe('routing: measured speeds and why a request went where it runs', () => 
       weighedLabel({ kept: true, first_token_s: 0.5, other: 'fast-box', other_s: 0.2, answer_s: 1.5, eviction_s: 4 }),
     ).toBe(
       'first token ≈ 0.5 s here; ≈ 0.2 s on fast-box, not clearly sooner · answer ≈ 1.5 s later here · ≈ 4.0 s on fast-box for the conversation it would evict',
+    );
+  });
+
+  it('counts placements since start by reason, and says whether cost routing is on', () => {
+    const status = sampleStatus();
+    expect(toDashboardView(status, 1_763_740_010_000).placements).toBe('');
+    status.placements = {
+      cost_routing: true,
+      by_reason: [
+        { reason: 'cache_hit', count: 1360 },
+        { reason: 'home_busy', count: 0 },
+        { reason: 'faster_box', count: 45 },
+        { reason: 'side_request', count: 143 },
+      ],
+    };
+    expect(toDashboardView(status, 1_763_740_010_000).placements).toBe(
+      'cache hit 1,360 · faster box 45 · side request 143 · cost routing on',
+    );
+    expect(placementsLabel({ cost_routing: false, by_reason: [{ reason: 'least_loaded', count: 2 }] })).toBe(
+      'least loaded 2 · cost routing off',
     );
   });
 

@@ -103,6 +103,8 @@ export interface DashboardView {
   queueDepthTotal: number;
   inFlight: InFlightRow[];
   inFlightTotal: number;
+  /** "cache hit 360 · faster box 45 · side request 143 · cost routing on" ("" before any). */
+  placements: string;
   totals: TotalsView;
   servedModels: string[];
 }
@@ -155,6 +157,26 @@ export const REASON_LABEL: Record<NonNullable<InFlightReason>, string> = {
 };
 
 type InFlightReason = Status['in_flight'][number]['reason'];
+
+/** A reason in a count of placements ("cache hit 360"). */
+const REASON_SHORT: Record<NonNullable<InFlightReason>, string> = {
+  cache_hit: 'cache hit',
+  home_busy: 'home busy',
+  new_conversation: 'new conversation',
+  least_loaded: 'least loaded',
+  faster_box: 'faster box',
+  waking: 'waking',
+  side_request: 'side request',
+};
+
+/** Placements since start by reason, the ones that happened, and whether cost routing is on. */
+export function placementsLabel(placements: Status['placements'] | undefined): string {
+  const counted = (placements?.by_reason ?? []).filter((p) => p.count > 0);
+  if (counted.length === 0) return '';
+  const parts = counted.map((p) => `${REASON_SHORT[p.reason]} ${formatCount(p.count)}`);
+  parts.push(`cost routing ${placements?.cost_routing ? 'on' : 'off'}`);
+  return parts.join(' · ');
+}
 type Weighed = NonNullable<Status['in_flight'][number]['weighed']>;
 
 /** Estimated seconds, as the request view shows them ("4.1 s", "21 s"). */
@@ -300,6 +322,7 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
     queueDepthTotal: queues.reduce((s, q) => s + q.depth, 0),
     inFlight,
     inFlightTotal: status.in_flight.length,
+    placements: placementsLabel(status.placements),
     totals: {
       requests: formatCount(t.requests),
       errors: formatCount(t.errors),

@@ -523,6 +523,11 @@ function InFlightCard({ view }: { view: DashboardView }) {
           ))}
         </DataTable>
       )}
+      {view.placements ? (
+        <p class="muted small placements" data-testid="placement-counts">
+          Placed since start: {view.placements}
+        </p>
+      ) : null}
     </Card>
   );
 }

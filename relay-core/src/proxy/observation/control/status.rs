@@ -199,8 +199,32 @@ pub struct Status {
     totals: TotalsSnapshot,
     series: Series,
     affinity: AffinityView,
+    placements: PlacementsView,
     /// Whether the database takes writes (a full disk or read-only data directory says so).
     storage: StorageView,
+}
+
+/// Requests placed on a worker since start, by why it was that one (as `/metrics` counts them
+/// in `modelrelay_placements_total`), and whether cost routing weighs boxes' speeds.
+#[derive(Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
+pub struct PlacementsView {
+    cost_routing: bool,
+    by_reason: Vec<PlacementCount>,
+}
+
+/// One reason's placements.
+#[derive(Debug, Serialize)]
+#[cfg_attr(test, derive(ts_rs::TS))]
+pub struct PlacementCount {
+    #[cfg_attr(
+        test,
+        ts(
+            type = "'cache_hit' | 'home_busy' | 'new_conversation' | 'least_loaded' | 'faster_box' | 'waking' | 'side_request'"
+        )
+    )]
+    reason: &'static str,
+    count: u64,
 }
 
 /// Conversation affinity: whether it is on, and how placements went since start.
@@ -368,6 +392,14 @@ pub fn snapshot(state: &AppState) -> Status {
         affinity: AffinityView {
             enabled: state.config.affinity,
             counts: hub.affinity_counts(),
+        },
+        placements: PlacementsView {
+            cost_routing: state.config.cost_routing,
+            by_reason: hub
+                .reason_counts()
+                .into_iter()
+                .map(|(reason, count)| PlacementCount { reason, count })
+                .collect(),
         },
         storage: state.usage.health().view(),
     }
