@@ -223,7 +223,8 @@ pub struct ProxyArgs {
     pub affinity: Option<bool>,
 
     /// Send a request to a faster box than the usual rules pick when its measured speed says
-    /// its first token comes clearly sooner [default: false].
+    /// its first token comes clearly sooner [default: true; `--cost-routing false` keeps the
+    /// usual rules alone].
     #[arg(
         long,
         env = "MODELRELAY_COST_ROUTING",

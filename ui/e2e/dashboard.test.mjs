@@ -27,7 +27,7 @@ test('the request view says what cost routing weighed when it sent a long prompt
   // 20, "fast-box" 8,000 and 40 (each backend's timings say so with every answer).
   const slow = await startMockBackend({ chunks: 10, chunkDelayMs: 50, promptTps: 400 });
   const fast = await startMockBackend({ chunks: 200, chunkDelayMs: 25, promptTps: 8000 });
-  const relay = await startRelay({ args: ['serve', '--worker-secret', SECRET, '--cost-routing'], name: 'proxy' });
+  const relay = await startRelay({ args: ['serve', '--worker-secret', SECRET], name: 'proxy' });
   for (const [name, mock] of [['slow-box', slow], ['fast-box', fast]]) {
     await startRelay({
       name,

@@ -127,6 +127,23 @@ fn metrics_public_comes_from_the_override_over_the_file() {
 }
 
 #[test]
+fn cost_routing_is_on_unless_the_file_or_an_override_turns_it_off() {
+    let defaults = FileConfig::default();
+    assert!(
+        proxy(&defaults, &Overrides::default())
+            .unwrap()
+            .cost_routing
+    );
+    let file = parse_file("[proxy]\ncost_routing = false\n").unwrap();
+    assert!(!proxy(&file, &Overrides::default()).unwrap().cost_routing);
+    let on = Overrides {
+        cost_routing: Some(true),
+        ..Overrides::default()
+    };
+    assert!(proxy(&file, &on).unwrap().cost_routing, "the override wins");
+}
+
+#[test]
 fn unknown_keys_and_bad_values_are_reported_with_their_location() {
     let error = parse_file("[proxy]\nlisten_addr = \"x\"\n").unwrap_err();
     assert!(error.contains("listen_addr"), "{error}");

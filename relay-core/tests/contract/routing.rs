@@ -81,9 +81,8 @@ fn chat_of(conversation: &str, tokens: usize) -> Value {
 
 #[tokio::test]
 async fn with_cost_routing_a_box_whose_model_is_unloaded_pays_its_reported_load_time() {
-    let mut config = test_config();
-    config.cost_routing = true;
-    let proxy = start_proxy(config).await;
+    // Cost routing is on by default: nothing to configure.
+    let proxy = start_proxy(test_config()).await;
     let mut boxes = Vec::new();
     for name in ["box-a", "box-b"] {
         let mut worker = ScriptedWorker::connect(proxy.addr).await;
