@@ -143,6 +143,9 @@ struct Request {
     phase: Phase,
     /// The prompt tokens its worker has to evaluate, as estimated when it was placed.
     prefill_tokens: u32,
+    /// When it was placed on its worker, where the placement knew the time (a slot freeing
+    /// brings no clock): its prompt has been evaluated since ([`cost`]).
+    assigned_at: Option<Instant>,
     /// Why it went to its worker.
     reason: Option<Reason>,
     /// What cost routing weighed for it: the usual choice against the best other.
@@ -275,7 +278,7 @@ impl Scheduler {
             queue_deadline,
         );
         if let Some((worker, weighed)) = picked.filter(|_| wake.is_none()) {
-            self.assign(request, worker, weighed);
+            self.assign(request, worker, weighed, Some(now));
             let seat = self.requests[&request].seat();
             self.providers[provider].queue.served_directly(seat);
             return Ok(Submitted::Dispatched { request, worker });
@@ -313,6 +316,7 @@ impl Scheduler {
                 started: false,
                 phase: Phase::Queued,
                 prefill_tokens: 0,
+                assigned_at: None,
                 reason: None,
                 weighed: None,
                 wake: None,
@@ -339,7 +343,13 @@ impl Scheduler {
     /// Every placement passes here (`weighed`: what cost routing weighed, moving it to the
     /// worker or keeping it there): the worker becomes the home of the request's conversation,
     /// holding its prompt.
-    fn assign(&mut self, request: RequestId, worker: WorkerId, weighed: Option<Weighed>) {
+    fn assign(
+        &mut self,
+        request: RequestId,
+        worker: WorkerId,
+        weighed: Option<Weighed>,
+        at: Option<Instant>,
+    ) {
         let entry = &self.requests[&request];
         let (affinity, tokens) = (entry.placement.affinity, entry.placement.prompt_tokens);
         // Read before the placement moves the conversation's home.
@@ -361,6 +371,7 @@ impl Scheduler {
         entry.weighed = weighed;
         entry.phase = Phase::Assigned { worker };
         entry.prefill_tokens = tokens.unwrap_or(0).saturating_sub(held);
+        entry.assigned_at = at;
         entry.reason = Some(reason);
         self.reasons[reason.index()] += 1;
         self.side_flow.saw(&entry.placement, entry.arrived);
@@ -499,7 +510,7 @@ impl Scheduler {
             let Some(request) = next else {
                 return;
             };
-            self.assign(request, worker, None);
+            self.assign(request, worker, None, None);
             actions.push(Action::Dispatch { request, worker });
         }
     }
@@ -686,7 +697,7 @@ impl Scheduler {
         let (provider, model, queue_deadline) = (r.provider, r.model.clone(), r.queue_deadline);
         let placement = r.placement.clone();
         if let Some((next, weighed)) = self.pick_worker(provider, &model, &placement, now) {
-            self.assign(request, next, weighed);
+            self.assign(request, next, weighed, Some(now));
             actions.push(Action::Dispatch {
                 request,
                 worker: next,

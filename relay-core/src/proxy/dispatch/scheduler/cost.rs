@@ -329,7 +329,8 @@ impl Scheduler {
 
     /// Seconds until the first token of a prompt of `tokens` of conversation `affinity` on
     /// worker `id` — loading the model if it is not loaded there, then the prompt tokens it has
-    /// to evaluate, its own and those it is still evaluating for others, at its measured speed —
+    /// to evaluate, its own and what is left of those it is still evaluating for others
+    /// ([`Scheduler::evaluated_since_placed`]), at its measured speed —
     /// and the seconds the prompt would delay those others: a box evaluates its prompts
     /// together, so each waits longer by as much of this one as it has left itself. `None` when
     /// its speed (or a load it needs) is not measured.
@@ -349,20 +350,61 @@ impl Scheduler {
         };
         let own = self.tokens_to_evaluate(id, affinity, tokens, now).max(1);
         // Prompt tokens of requests placed there that have not started answering, as estimated
-        // when they were placed.
-        let (ahead, delayed) = w
+        // when they were placed, less what the box has evaluated of them since.
+        let mut waiting: Vec<&super::Request> = w
             .in_flight
             .iter()
             .filter_map(|r: &RequestId| self.requests.get(r))
             .filter(|r| !r.started)
-            .fold((0u32, 0u32), |(ahead, delayed), r| {
-                (
-                    ahead.saturating_add(r.prefill_tokens),
-                    delayed.saturating_add(r.prefill_tokens.min(own)),
-                )
-            });
+            .collect();
+        let mut done = self.evaluated_since_placed(w, &waiting, prompt_tps, now);
+        // In the order they were placed: llama-server evaluates its slots' prompts in turn.
+        waiting.sort_by_key(|r| r.assigned_at);
+        // Never more of one than its own time there allows: a request not streamed starts
+        // answering, as far as the proxy sees, only when it ends, so the time since the first
+        // was placed may have gone to its answer rather than to the prompts after it.
+        let since = |r: &super::Request| {
+            let secs = r
+                .assigned_at
+                .map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64());
+            (secs * prompt_tps).min(f64::from(u32::MAX)) as u32
+        };
+        let (ahead, delayed) = waiting.iter().fold((0u32, 0u32), |(ahead, delayed), r| {
+            let evaluated = done.min(r.prefill_tokens).min(since(r));
+            done -= evaluated;
+            let left = r.prefill_tokens - evaluated;
+            (
+                ahead.saturating_add(left),
+                delayed.saturating_add(left.min(own)),
+            )
+        });
         let first_token = load_secs + f64::from(own.saturating_add(ahead)) / prompt_tps;
         Some((first_token, f64::from(delayed) / prompt_tps))
+    }
+
+    /// Prompt tokens worker `w` has evaluated of its `waiting` prompts (placed, not answering
+    /// yet) since the first of them was placed: its measured rate for the time since — only
+    /// while it evaluates prompts alone. Answers decoding beside them take part of each of
+    /// llama-server's batches, so the box evaluates slower than its measured rate then, and
+    /// crediting that rate made a busy fast box look freer than it was (the fleet bench's busy
+    /// agent sessions, 2.01 → 2.76 s p90; BENCHMARKS.md, 2026-11-30). A prompt placed when a
+    /// slot freed has no time of placement and is credited nothing of its own.
+    fn evaluated_since_placed(
+        &self,
+        w: &Worker,
+        waiting: &[&super::Request],
+        prompt_tps: f64,
+        now: std::time::Instant,
+    ) -> u32 {
+        let answering = w.in_flight.len() > waiting.len() || w.external_load > 0;
+        if answering || waiting.iter().any(|r| r.assigned_at.is_none()) {
+            return 0;
+        }
+        let Some(first) = waiting.iter().filter_map(|r| r.assigned_at).min() else {
+            return 0;
+        };
+        let secs = now.saturating_duration_since(first).as_secs_f64();
+        (secs * prompt_tps).min(f64::from(u32::MAX)) as u32
     }
 
     /// With cost routing on, a worker with a free slot among `candidates` (those that serve
@@ -610,6 +652,32 @@ pub(super) mod tests {
             "off: the usual rule"
         );
         assert_eq!(off.reason_of(1), Some(Reason::NewConversation));
+    }
+
+    #[test]
+    fn a_prompt_ahead_counts_what_a_box_evaluating_prompts_alone_has_done_of_it_since() {
+        let start = Instant::now();
+        let later = start + std::time::Duration::from_millis(1300);
+        // Two sessions' first turns, 1.3 s apart: the fast box has evaluated 3,900 of the
+        // first one's 12,000 tokens when the second arrives. Its estimate is 4 s of its own,
+        // 2.7 s left of the other and the 2.7 s it delays that one: 9.4 s against 20 s on the
+        // slow box. Counted whole, the prompt ahead made it 12 s: not clearly sooner, and the
+        // session lived on the slow box (the fleet bench's first runs; BENCHMARKS.md).
+        let (mut s, ids) = fleet(true, &[Some(600.0), Some(3000.0)]);
+        assert_eq!(place(&mut s, 1, 7, 12_000, start), ids[1]);
+        assert_eq!(place(&mut s, 2, 8, 12_000, later), ids[1]);
+        let weighed = s.weighed_of(2).expect("weighed");
+        assert!((weighed.first_token_secs - 9.4).abs() < 0.01, "{weighed:?}");
+        // Beside an answer the box evaluates slower than its measured rate: nothing is
+        // counted done, and the slow box keeps the usual choice.
+        let (mut s, ids) = fleet(true, &[Some(600.0), Some(3000.0)]);
+        assert_eq!(place(&mut s, 3, 9, 300, start), ids[1]);
+        s.mark_started(3);
+        assert_eq!(place(&mut s, 1, 7, 12_000, start), ids[1]);
+        assert_eq!(place(&mut s, 2, 8, 12_000, later), ids[0]);
+        let weighed = s.weighed_of(2).expect("weighed");
+        assert!(weighed.kept, "{weighed:?}");
+        assert!((weighed.other_secs - 12.0).abs() < 0.01, "{weighed:?}");
     }
 
     #[test]
