@@ -100,17 +100,12 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
     },
     sleepers: [],
     affinity: { enabled: true, hits: 0, misses: 0, new: 0, entries: 0 },
+    // Every reason, none counted yet (as a proxy that has placed nothing lists them).
     placements: {
       cost_routing: false,
-      by_reason: [
-        { reason: 'cache_hit', count: 0 },
-        { reason: 'home_busy', count: 0 },
-        { reason: 'new_conversation', count: 0 },
-        { reason: 'least_loaded', count: 0 },
-        { reason: 'faster_box', count: 0 },
-        { reason: 'waking', count: 0 },
-        { reason: 'side_request', count: 0 },
-      ],
+      by_reason: (
+        ['cache_hit', 'home_busy', 'new_conversation', 'least_loaded', 'faster_box', 'waking', 'side_request'] as const
+      ).map((reason) => ({ reason, count: 0 })),
     },
     storage: { writable: true, problem: null, since_unix_ms: null, usage_records_not_stored: 0, writes_failed: 0 },
     ...over,
