@@ -277,6 +277,10 @@ describe('routing: measured speeds and why a request went where it runs', () => 
     expect(
       weighedLabel({ kept: false, first_token_s: 12.4, other: null, other_s: 30, answer_s: 0, eviction_s: 3.25 }),
     ).toBe('first token ≈ 12 s here, ≈ 30 s waiting for a slot · ≈ 3.3 s for the conversation it evicts');
+    // Kept where it is sooner anyway: no second line.
+    expect(
+      weighedLabel({ kept: true, first_token_s: 0.2, other: 'slow-box', other_s: 4.1, answer_s: -3, eviction_s: 0 }),
+    ).toBe('');
     // Kept on a slow box: the faster one weighed, and why it lost.
     expect(
       weighedLabel({ kept: true, first_token_s: 20.5, other: 'fast-box', other_s: 12.35, answer_s: 0, eviction_s: 0 }),

@@ -187,10 +187,14 @@ function estimate(secs: number): string {
 /**
  * What cost routing weighed, in words. Moved: "first token ≈ 0.3 s here, ≈ 6.3 s on slow-box ·
  * answer ≈ 2.6 s sooner". Kept: "first token ≈ 20 s here; ≈ 12 s on fast-box, not clearly
- * sooner". Estimates, so a placement that looks wrong can be read rather than guessed at.
+ * sooner" — only where the other was sooner at something (a request kept on the box that is
+ * sooner anyway needs no second line). Estimates, so a placement that looks wrong can be read
+ * rather than guessed at.
  */
 export function weighedLabel(w: Weighed | null): string {
   if (w == null) return '';
+  // Kept where the other box was no sooner in any way: nothing to explain.
+  if (w.kept && w.other_s >= w.first_token_s && w.answer_s <= 0) return '';
   const there = w.other != null ? `on ${w.other}` : 'waiting for a slot';
   const parts = [
     w.kept

@@ -341,8 +341,8 @@ impl Scheduler {
     }
 
     /// Every placement passes here (`weighed`: what cost routing weighed, moving it to the
-    /// worker or keeping it there): the worker becomes the home of the request's conversation,
-    /// holding its prompt.
+    /// worker or keeping it there; `at`: now, where the caller knows it): the worker becomes
+    /// the home of the request's conversation, holding its prompt.
     fn assign(
         &mut self,
         request: RequestId,
@@ -363,9 +363,11 @@ impl Scheduler {
         let side = entry.placement.side && !faster_box && !waited;
         let reason = side.then_some(Reason::SideRequest);
         let reason = reason.unwrap_or_else(|| Reason::of(home, worker, faster_box, waited));
-        let weighed = match waited {
-            true => entry.wake.as_ref().and_then(|wait| wait.weighed.clone()),
-            false => weighed,
+        // A request that waited for a box to wake keeps what made it wait.
+        let weighed = if waited {
+            entry.wake.as_ref().and_then(|wait| wait.weighed.clone())
+        } else {
+            weighed
         };
         let entry = self.requests.get_mut(&request).expect("known request");
         entry.weighed = weighed;
