@@ -8,8 +8,9 @@
 //! Only llama-servers (`GET /props` signed `llama.cpp`) serving one model (the one they list,
 //! or the one `--models` sends them) are warmed up: their model is loaded already, so the
 //! warm-up starts nothing. Models of the model map are never warmed up (that would start a
-//! server nobody asked for), nor Ollama's (a request loads the model). Once per server and model for the worker's life; a server that was busy or down is
-//! asked again at a later catalog refresh.
+//! server nobody asked for), nor Ollama's (a request loads the model). Once per server and
+//! model for the worker's life; a server that was busy or down is asked again at a later
+//! catalog refresh.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -110,6 +110,12 @@ impl Speed {
     }
 }
 
+/// Prompt tokens a box evaluates at `prompt_tps` in the time since `at` (none without a time).
+fn tokens_since(at: Option<std::time::Instant>, prompt_tps: f64, now: std::time::Instant) -> u32 {
+    let secs = at.map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64());
+    (secs * prompt_tps).min(f64::from(u32::MAX)) as u32
+}
+
 /// What cost routing weighed for a request: the usual choice against the best other worker
 /// (a faster box, a sleeping one to wake), whichever it went to. The dashboard shows it beside
 /// the reason, so a placement that looks wrong — a conversation kept on a slow box, one moved
@@ -363,14 +369,10 @@ impl Scheduler {
         // Never more of one than its own time there allows: a request not streamed starts
         // answering, as far as the proxy sees, only when it ends, so the time since the first
         // was placed may have gone to its answer rather than to the prompts after it.
-        let since = |r: &super::Request| {
-            let secs = r
-                .assigned_at
-                .map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64());
-            (secs * prompt_tps).min(f64::from(u32::MAX)) as u32
-        };
         let (ahead, delayed) = waiting.iter().fold((0u32, 0u32), |(ahead, delayed), r| {
-            let evaluated = done.min(r.prefill_tokens).min(since(r));
+            let evaluated =
+                done.min(r.prefill_tokens)
+                    .min(tokens_since(r.assigned_at, prompt_tps, now));
             done -= evaluated;
             let left = r.prefill_tokens - evaluated;
             (
@@ -397,14 +399,12 @@ impl Scheduler {
         now: std::time::Instant,
     ) -> u32 {
         let answering = w.in_flight.len() > waiting.len() || w.external_load > 0;
-        if answering || waiting.iter().any(|r| r.assigned_at.is_none()) {
+        // `None` (nothing credited) when any was placed without a time: `None` is the least.
+        let first = waiting.iter().map(|r| r.assigned_at).min().flatten();
+        if answering {
             return 0;
         }
-        let Some(first) = waiting.iter().filter_map(|r| r.assigned_at).min() else {
-            return 0;
-        };
-        let secs = now.saturating_duration_since(first).as_secs_f64();
-        (secs * prompt_tps).min(f64::from(u32::MAX)) as u32
+        tokens_since(first, prompt_tps, now)
     }
 
     /// With cost routing on, a worker with a free slot among `candidates` (those that serve

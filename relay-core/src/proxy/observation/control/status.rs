@@ -174,7 +174,8 @@ pub struct WeighedView {
 
 impl From<Weighed> for WeighedView {
     fn from(w: Weighed) -> WeighedView {
-        let hundredths = |secs: f64| (secs * 100.0).round() / 100.0;
+        // `+ 0.0`: a kept request's answer gap is a negated one, and -0.0 would read "-0.0".
+        let hundredths = |secs: f64| (secs * 100.0).round() / 100.0 + 0.0;
         WeighedView {
             kept: w.kept,
             first_token_s: hundredths(w.first_token_secs),
@@ -476,4 +477,27 @@ pub async fn events(State(state): State<AppState>) -> Response {
                 .text("keep-alive"),
         )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weighed_seconds_are_rounded_to_the_hundredth_and_never_negative_zero() {
+        let kept = Weighed {
+            kept: true,
+            first_token_secs: 0.504_9,
+            other: Some("fast-box".to_string()),
+            other_secs: 4.123_4,
+            // A kept request's answer gap is the other's, negated: no gap is -0.0.
+            answer_secs: -0.0,
+            eviction_secs: 0.0,
+        };
+        let json = serde_json::to_string(&WeighedView::from(kept)).unwrap();
+        assert_eq!(
+            json,
+            r#"{"kept":true,"first_token_s":0.5,"other":"fast-box","other_s":4.12,"answer_s":0.0,"eviction_s":0.0}"#
+        );
+    }
 }
