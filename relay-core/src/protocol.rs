@@ -167,6 +167,18 @@ pub struct RegisterMessage {
         deserialize_with = "lenient_warm_ups"
     )]
     pub warm_ups: Option<Vec<WarmUp>>,
+    /// Extension: the models whose backend evaluates this worker's side requests (titles,
+    /// summaries) before the conversations' turns waiting there: it gives them the lowest free
+    /// slot of a llama-server that keeps pinned slots, and llama-server fills each batch in
+    /// slot order. Our proxy then counts about one batch of others' prompt ahead of a side
+    /// request there, not every prompt waiting. Absent means none; a value that is not a list
+    /// of names reads as absent, and an entry that is not a name is skipped.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_names"
+    )]
+    pub sides_first: Option<Vec<String>>,
 }
 
 /// Context windows by model name (tokens), as a worker reports them.
@@ -540,6 +552,13 @@ pub struct ModelsUpdateMessage {
         deserialize_with = "lenient_warm_ups"
     )]
     pub warm_ups: Option<Vec<WarmUp>>,
+    /// Extension: as in `register`, for the models now served.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_names"
+    )]
+    pub sides_first: Option<Vec<String>>,
 }
 
 /// `response_chunk`: SSE-framed bytes of a streaming answer.
@@ -663,6 +682,25 @@ fn lenient_warm_ups<'de, D: serde::Deserializer<'de>>(
 
 /// The most warm-ups one message carries that are read: one per model a worker may serve.
 pub const MAX_WARM_UPS: usize = 64;
+
+/// Model names as a peer may send them: a value that is not a list reads as absent, an entry
+/// that is not a string is skipped, and at most [`MAX_WARM_UPS`] (one per model a worker may
+/// serve) are read.
+fn lenient_names<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    let serde_json::Value::Array(entries) = serde_json::Value::deserialize(d)? else {
+        return Ok(None);
+    };
+    Ok(Some(
+        entries
+            .into_iter()
+            .filter_map(|entry| match entry {
+                serde_json::Value::String(name) => Some(name),
+                _ => None,
+            })
+            .take(MAX_WARM_UPS)
+            .collect(),
+    ))
+}
 
 /// An optional extension string that must never cost a peer its message: any other JSON value
 /// reads as the empty string (which the field's own check then refuses, with a warning).
@@ -887,6 +925,7 @@ mod tests {
         assert_eq!(update.going_to_sleep, None);
         let asleep = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             warm_ups: None,
+            sides_first: None,
             going_to_sleep: Some(true),
             context_windows: None,
             ..update
@@ -934,6 +973,50 @@ mod tests {
         let register = r#"{"type":"register","worker_name":"w","models":["m"],"max_concurrent":1}"#;
         let message = WorkerToServer::from_json(register).unwrap();
         assert!(!message.to_json().contains("warm_ups"), "absent when unset");
+    }
+
+    #[test]
+    fn sides_first_is_optional_lenient_and_absent_when_unset() {
+        let many = vec![r#""m""#; MAX_WARM_UPS + 5].join(",");
+        for (value, want) in [
+            (r#"["m","n"]"#.to_string(), Some(vec!["m", "n"])),
+            // Entries that are not names are skipped, not the message.
+            (
+                r#"["m",7,null,{"model":"x"},["n"]]"#.to_string(),
+                Some(vec!["m"]),
+            ),
+            (format!("[{many}]"), Some(vec!["m"; MAX_WARM_UPS])),
+            ("[]".to_string(), Some(vec![])),
+            (r#""m""#.to_string(), None),
+            ("true".to_string(), None),
+            (r#"{"m":true}"#.to_string(), None),
+            ("null".to_string(), None),
+        ] {
+            for message in [
+                format!(
+                    r#"{{"type":"register","worker_name":"w","models":["m"],"max_concurrent":1,"sides_first":{value}}}"#
+                ),
+                format!(
+                    r#"{{"type":"models_update","models":["m"],"current_load":0,"sides_first":{value}}}"#
+                ),
+            ] {
+                let sides_first = match WorkerToServer::from_json(&message).unwrap() {
+                    WorkerToServer::Register(register) => register.sides_first,
+                    WorkerToServer::ModelsUpdate(update) => update.sides_first,
+                    other => panic!("{other:?}"),
+                };
+                let want: Option<Vec<String>> = want
+                    .clone()
+                    .map(|names| names.into_iter().map(String::from).collect());
+                assert_eq!(sides_first, want, "{message}");
+            }
+        }
+        let update = r#"{"type":"models_update","models":["m"],"current_load":0}"#;
+        let message = WorkerToServer::from_json(update).unwrap();
+        assert!(
+            !message.to_json().contains("sides_first"),
+            "absent when unset"
+        );
     }
 
     #[test]

@@ -430,7 +430,13 @@ prompt_tps: number | null,
 /**
  * Tokens generated per second.
  */
-generation_tps: number | null, };
+generation_tps: number | null, 
+/**
+ * Whether it evaluates side requests (titles, summaries) before the turns waiting there:
+ * its worker gives them the lowest slot of a llama-server, which evaluates slots in order,
+ * so cost routing counts about one batch of prompt ahead of them, not all that waits.
+ */
+sides_first: boolean, };
 
 export type StartOnLoginState = { available: boolean, enabled: boolean | null, 
 /**

@@ -332,9 +332,18 @@ fn main() {
             let best_mean = others.clone().map(|r| r.ttft.0).fold(f64::MAX, f64::min);
             let best_p90 = others.map(|r| r.ttft.1).fold(f64::MAX, f64::min);
             if first_run.ttft.0 > best_mean * 1.05 || first_run.ttft.1 > best_p90 * 1.05 {
+                // What is left of the miss once every warm-up is known from the first
+                // instant: until a box's warm-up arrives the usual rules place requests.
+                let warmed = pooled(&fleet, prefill, workload, Policy::CostWarmedUp, seeds).ttft;
+                let within = warmed.0 <= best_mean * 1.05 && warmed.1 <= best_p90 * 1.05;
                 first_runs.push(format!(
-                    "{cell}: first-run cost TTFT {:.2}/{:.2} s vs the best other {best_mean:.2}/{best_p90:.2} s",
-                    first_run.ttft.0, first_run.ttft.1
+                    "{cell}: first-run cost TTFT {:.2}/{:.2} s vs the best other {best_mean:.2}/{best_p90:.2} s \
+                     (every warm-up known from the first instant: {:.2}/{:.2} s, {})",
+                    first_run.ttft.0,
+                    first_run.ttft.1,
+                    warmed.0,
+                    warmed.1,
+                    if within { "within 5%" } else { "still beyond 5%" }
                 ));
             }
             if cost.ttft.0 > best_mean * 1.05 || cost.ttft.1 > best_p90 * 1.05 {

@@ -42,6 +42,7 @@ async fn run(port: u16, name: String) {
     };
     let register = WorkerToServer::Register(RegisterMessage {
         warm_ups: None,
+        sides_first: None,
         worker_name: name,
         models: vec!["bench".to_string()],
         max_concurrent: 4,

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 
+use super::slot_pins::SlotPins;
 use super::warm_up::WarmUps;
 use super::{Backends, WorkerConfig};
 use crate::discovery::{discover, fetch_context_windows, fetch_models, llama_cpp_props};
@@ -28,6 +29,8 @@ pub struct Catalog {
     windows: ContextWindows,
     /// What the warm-ups of its llama-servers measured ([`super::warm_up`]).
     warm_ups: Vec<WarmUp>,
+    /// The models whose llama-server evaluates side requests first ([`SlotPins::sides_first`]).
+    sides_first: Vec<String>,
 }
 
 /// Where a request for one model goes.
@@ -57,6 +60,33 @@ impl Catalog {
     /// The warm-ups to report (`None` when none was measured).
     pub fn warm_ups(&self) -> Option<Vec<WarmUp>> {
         (!self.warm_ups.is_empty()).then(|| self.warm_ups.clone())
+    }
+
+    /// The models whose side requests are evaluated first, to report (`None` when none is).
+    pub fn sides_first(&self) -> Option<Vec<String>> {
+        (!self.sides_first.is_empty()).then(|| self.sides_first.clone())
+    }
+
+    /// Records the warm-ups measured of `routes` (model, server), and which of those servers
+    /// evaluate side requests first; asks each warmed-up server about its slots now rather
+    /// than at its first request ([`SlotPins::prepare`]), so the proxy knows before traffic.
+    fn warmed_up(
+        &mut self,
+        warm_ups: &WarmUps,
+        slot_pins: &SlotPins,
+        client: &reqwest::Client,
+        routes: &[(String, String)],
+    ) {
+        self.warm_ups = warm_ups.measured(routes);
+        self.sides_first.clear();
+        for (model, url) in routes {
+            if self.warm_ups.iter().any(|w| w.model == *model) {
+                slot_pins.prepare(client, url);
+                if slot_pins.sides_first(url) {
+                    self.sides_first.push(model.clone());
+                }
+            }
+        }
     }
 
     /// Where `model` goes: the model map, the backend listing it, or the first backend.
@@ -122,6 +152,7 @@ pub async fn load(
     client: &reqwest::Client,
     windows: &ContextWindowCache,
     warm_ups: &WarmUps,
+    slot_pins: &SlotPins,
     managed: Vec<String>,
 ) -> Catalog {
     let mut catalog = Catalog {
@@ -178,7 +209,7 @@ pub async fn load(
             let server = async move { llama_cpp_props(&client_, &url_).await };
             warm_ups.start(client, url, model, server);
         }
-        catalog.warm_ups = warm_ups.measured(&alone);
+        catalog.warmed_up(warm_ups, slot_pins, client, &alone);
         return catalog;
     }
     let listed = join_all(backends.iter().map(|(url, known)| async move {
@@ -215,7 +246,7 @@ pub async fn load(
     // A model another backend listed first is served there, and that backend's speed is
     // another's.
     warmed.retain(|(model, url)| catalog.route(model) == Some(Route::Backend(url)));
-    catalog.warm_ups = warm_ups.measured(&warmed);
+    catalog.warmed_up(warm_ups, slot_pins, client, &warmed);
     catalog
 }
 

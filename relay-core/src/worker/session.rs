@@ -122,11 +122,13 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
     } = running;
     // Before the catalog is read, so a warm-up measured while it is read is not missed.
     let warmed = access.warm_ups.subscribe();
+    let pinned = access.slot_pins.subscribe();
     let catalog = catalog::load(
         config,
         &access.client,
         &access.windows,
         &access.warm_ups,
+        &access.slot_pins,
         mapped_models(lifecycle),
     )
     .await;
@@ -147,6 +149,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
     tracing::info!(proxy = %proxy_url, "connected to proxy");
     let register = WorkerToServer::Register(RegisterMessage {
         warm_ups: catalog.warm_ups(),
+        sides_first: catalog.sides_first(),
         worker_name: config.name.clone(),
         models: catalog.models(),
         max_concurrent: config.max_concurrent,
@@ -177,6 +180,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         hardware,
         catalog,
         warmed,
+        pinned,
         active: HashMap::new(),
         outbox: Outbox::default(),
         window,
@@ -282,6 +286,8 @@ struct Session<'a> {
     catalog: Catalog,
     /// Changes when a warm-up is measured ([`crate::worker::warm_up`]).
     warmed: watch::Receiver<u64>,
+    /// Changes when a backend's slot hints turn on or off ([`crate::worker::slot_pins`]).
+    pinned: watch::Receiver<u64>,
     /// Running requests by wire id.
     active: HashMap<String, AbortHandle>,
     /// Each running request's messages, waiting to be written.
@@ -367,6 +373,12 @@ impl Session<'_> {
                 }
                 // A warm-up measured: the catalog read again carries it to the proxy.
                 Ok(()) = self.warmed.changed() => {
+                    self.spawn_refresh(&catalog_tx, false);
+                    Next::Continue
+                }
+                // Slot hints turned on or off: the catalog read again says whose side
+                // requests are evaluated first.
+                Ok(()) = self.pinned.changed() => {
                     self.spawn_refresh(&catalog_tx, false);
                     Next::Continue
                 }
@@ -678,6 +690,7 @@ impl Session<'_> {
         let refreshed_windows = self.catalog.context_windows();
         let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             warm_ups: self.catalog.warm_ups(),
+            sides_first: self.catalog.sides_first(),
             models,
             current_load: self.active.len() as u32,
             going_to_sleep: None,
@@ -695,10 +708,12 @@ impl Session<'_> {
         let client = self.access.client.clone();
         let windows = self.access.windows.clone();
         let warm_ups = self.access.warm_ups.clone();
+        let slot_pins = self.access.slot_pins.clone();
         let mapped = mapped_models(self.lifecycle);
         let catalog_tx = catalog_tx.clone();
         tokio::spawn(async move {
-            let catalog = catalog::load(&config, &client, &windows, &warm_ups, mapped).await;
+            let catalog =
+                catalog::load(&config, &client, &windows, &warm_ups, &slot_pins, mapped).await;
             let _ = catalog_tx.send(Refreshed { catalog, requested }).await;
         });
     }
@@ -714,6 +729,7 @@ impl Session<'_> {
         self.drain_deadline = Some(Instant::now() + self.config.drain_timeout);
         let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             warm_ups: None,
+            sides_first: None,
             models: Vec::new(),
             current_load: self.active.len() as u32,
             going_to_sleep: None,
@@ -736,6 +752,7 @@ impl Session<'_> {
         );
         let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             warm_ups: None,
+            sides_first: None,
             models: Vec::new(),
             current_load: self.active.len() as u32,
             going_to_sleep: Some(true),

@@ -47,11 +47,15 @@ const MAX_BACKENDS: usize = 64;
 const SIDE_WAIT: Duration = Duration::from_secs(5);
 
 /// The slot hints of one worker's backends, shared by its request tasks.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SlotPins {
     /// Off (`[worker] slot_hints = false`): every body goes as it came.
     enabled: bool,
     backends: Arc<Mutex<HashMap<String, Backend>>>,
+    /// Counts the times a backend's hints turned on or off (its slots became known, or were
+    /// forgotten): the session watches it to tell the proxy which models' side requests are
+    /// evaluated first ([`SlotPins::sides_first`]).
+    changed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// What is known of one backend's slots.
@@ -117,6 +121,7 @@ impl SlotPins {
         SlotPins {
             enabled,
             backends: Arc::default(),
+            changed: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
     }
 
@@ -188,6 +193,37 @@ impl SlotPins {
     ) -> Option<(String, SlotLease)> {
         let now = Instant::now();
         let mut backends = lock(&self.backends);
+        let backend = self.known(&mut backends, client, base_url, now);
+        let generation = backend.generation;
+        let slots = backend.slots.as_mut()?;
+        let slot = if side {
+            slots.take_side(tokens)
+        } else {
+            slots.take(conversation, tokens, now)
+        };
+        // Made before the body is checked: a lease dropped right away releases the slot again.
+        let lease = SlotLease {
+            backends: Arc::clone(&self.backends),
+            backend: base_url.to_string(),
+            generation,
+            slot,
+            side,
+        };
+        drop(backends);
+        let hinted = body::with_slot(body, slot)?;
+        Some((hinted, lease))
+    }
+
+    /// What is known of the backend at `base_url`, remembered from now on (the least recently
+    /// used forgotten beyond [`MAX_BACKENDS`]); its slots are asked for in the background when
+    /// they never were, or not for [`RECHECK_AFTER`].
+    fn known<'a>(
+        &self,
+        backends: &'a mut HashMap<String, Backend>,
+        client: &reqwest::Client,
+        base_url: &str,
+        now: Instant,
+    ) -> &'a mut Backend {
         if !backends.contains_key(base_url) && backends.len() >= MAX_BACKENDS {
             let oldest = backends
                 .iter()
@@ -214,29 +250,41 @@ impl SlotPins {
             backend.asking = true;
             self.ask(client.clone(), base_url.to_string());
         }
-        let generation = backend.generation;
-        let slots = backend.slots.as_mut()?;
-        let slot = if side {
-            slots.take_side(tokens)
-        } else {
-            slots.take(conversation, tokens, now)
-        };
-        // Made before the body is checked: a lease dropped right away releases the slot again.
-        let lease = SlotLease {
-            backends: Arc::clone(&self.backends),
-            backend: base_url.to_string(),
-            generation,
-            slot,
-            side,
-        };
-        drop(backends);
-        let hinted = body::with_slot(body, slot)?;
-        Some((hinted, lease))
+        backend
+    }
+
+    /// Asks the llama-server at `base_url` about its slots now, in the background, rather than
+    /// at its first request, so the proxy learns before any request whether its side requests
+    /// are evaluated first ([`SlotPins::sides_first`]). The catalog calls this once the
+    /// server's warm-up is done: the probe's prompts beside the warm-up would slow it.
+    pub fn prepare(&self, client: &reqwest::Client, base_url: &str) {
+        if self.enabled {
+            let mut backends = lock(&self.backends);
+            self.known(&mut backends, client, base_url, Instant::now());
+        }
+    }
+
+    /// Whether side requests to `base_url` are evaluated before the conversations' turns
+    /// waiting there: with hints on, a side request takes the lowest free slot kept for no
+    /// conversation ([`Slots::take_side`]), conversations leave slot 0 to them while another
+    /// slot is as good, and llama-server fills each batch in slot order.
+    pub fn sides_first(&self, base_url: &str) -> bool {
+        self.enabled
+            && lock(&self.backends)
+                .get(base_url)
+                .is_some_and(|backend| backend.slots.is_some())
+    }
+
+    /// Changes each time a backend's hints turn on or off.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     /// Asks the backend at `base_url` for its slots, in the background.
     fn ask(&self, client: reqwest::Client, base_url: String) {
         let backends = Arc::clone(&self.backends);
+        let changed = Arc::clone(&self.changed);
+        let on_off = move || changed.send_modify(|count| *count = count.wrapping_add(1));
         tokio::spawn(async move {
             let mut answer = tokio::time::timeout(ASK_TIMEOUT, fetch_slots(&client, &base_url))
                 .await
@@ -259,6 +307,7 @@ impl SlotPins {
                                 backend.asking = false;
                                 if backend.slots.take().is_some() {
                                     backend.generation += 1;
+                                    on_off();
                                 }
                                 let now = Instant::now();
                                 let soon = now.checked_sub(RECHECK_AFTER - PROBE_RETRY);
@@ -293,8 +342,12 @@ impl SlotPins {
             let unchanged = backend.slots.as_ref().map(Slots::count) == answer;
             if !unchanged {
                 tracing::debug!(backend = %base_url, slots = ?answer, "llama.cpp slots for slot hints");
+                let on_or_off = backend.slots.is_some() != answer.is_some();
                 backend.slots = answer.map(Slots::new);
                 backend.generation += 1;
+                if on_or_off {
+                    on_off();
+                }
             }
         });
     }

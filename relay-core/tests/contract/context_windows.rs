@@ -35,6 +35,7 @@ async fn worker_with_window_and_slots(
     worker
         .send(&WorkerToServer::Register(RegisterMessage {
             warm_ups: None,
+            sides_first: None,
             worker_name: name.to_string(),
             models: vec!["m".to_string()],
             max_concurrent: slots,

@@ -381,6 +381,7 @@ async fn draining_a_worker_from_the_dashboard_closes_it_once_idle_and_keeps_it_o
         .send(&relay_core::protocol::WorkerToServer::Register(
             relay_core::protocol::RegisterMessage {
                 warm_ups: None,
+                sides_first: None,
                 worker_name: "gpu-a".to_string(),
                 models: vec![MODEL.to_string()],
                 max_concurrent: 1,
@@ -1258,6 +1259,7 @@ async fn the_tray_state_names_the_model_claude_code_uses_and_follows_models_and_
     worker
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             warm_ups: None,
+            sides_first: None,
             models: vec!["qwen2.5-7b".to_string(), "qwen2.5-32b".to_string()],
             current_load: 0,
             going_to_sleep: None,

@@ -521,6 +521,7 @@ async fn models_update_adds_a_model_at_once_and_dispatches_queued_work() {
     worker
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             warm_ups: None,
+            sides_first: None,
             models: vec!["old-model".to_string(), "new-model".to_string()],
             current_load: 0,
             going_to_sleep: None,
@@ -548,6 +549,7 @@ async fn models_update_removing_a_model_stops_routing_it_at_once() {
     worker
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             warm_ups: None,
+            sides_first: None,
             models: vec!["b".to_string()],
             current_load: 0,
             going_to_sleep: None,

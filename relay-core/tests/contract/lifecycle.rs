@@ -126,6 +126,7 @@ async fn models_refresh_reaches_the_worker_and_its_models_update_is_applied() {
     worker
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             warm_ups: None,
+            sides_first: None,
             models: vec!["m".to_string(), "m2".to_string()],
             current_load: 0,
             going_to_sleep: None,

@@ -438,6 +438,7 @@ async fn models_update_is_sanitized_like_registration() {
         .send(&relay_core::protocol::WorkerToServer::ModelsUpdate(
             relay_core::protocol::ModelsUpdateMessage {
                 warm_ups: None,
+                sides_first: None,
                 models: vec![" b ".into(), "".into(), "b".into(), "c".into(), "d".into()],
                 current_load: 0,
                 going_to_sleep: None,

@@ -269,10 +269,13 @@ async fn prompt_speed(proxy: &RunningProxy) -> Option<f64> {
 }
 
 /// A llama-server (`/props` signed `llama.cpp`, 4 slots) serving `models`, whose `/completion`
-/// answers as if it evaluated 1,000 prompt tokens in 0.4 s and generated 16 in 0.2 s; its
-/// base URL and every `/completion` body it got.
+/// answers as if it evaluated 1,000 prompt tokens in 0.4 s and generated 16 in 0.2 s — and a
+/// one-token completion (the worker's slot probe) as if it took the whole prompt from its slot's
+/// cache when the server `keeps_pins`, none of it otherwise; its base URL and every
+/// `/completion` body it got.
 async fn warmable_llama_server(
     models: &'static [&'static str],
+    keeps_pins: bool,
 ) -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
     use axum::http::header;
     let completions = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -295,10 +298,16 @@ async fn warmable_llama_server(
         .route(
             "/completion",
             post_route(move |body: axum::body::Bytes| {
-                seen.lock()
-                    .unwrap()
-                    .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
-                async {
+                let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let probe = body["n_predict"] == 1;
+                seen.lock().unwrap().push(body);
+                async move {
+                    if probe {
+                        let cached = if keeps_pins { 100 } else { 0 };
+                        return axum::Json(json!({"content": "x", "timings": {
+                            "cache_n": cached, "prompt_n": 100 - cached, "prompt_ms": 4.0,
+                            "predicted_n": 1, "predicted_ms": 1.0}}));
+                    }
                     axum::Json(json!({"content": "x".repeat(16), "timings": {
                         "cache_n": 0, "prompt_n": 1000, "prompt_ms": 400.0,
                         "predicted_n": 16, "predicted_ms": 200.0}}))
@@ -328,7 +337,7 @@ async fn a_llama_server_is_warmed_up_when_its_worker_starts_so_the_proxy_knows_i
 }
 
 async fn warmed_up_once(named: Option<&[&str]>) {
-    let (backend, completions) = warmable_llama_server(&[MODEL]).await;
+    let (backend, completions) = warmable_llama_server(&[MODEL], false).await;
     let proxy = start_proxy(test_config()).await;
     let worker = RunningWorker::start(&proxy, &backend, named, 2);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -346,9 +355,16 @@ async fn warmed_up_once(named: Option<&[&str]>) {
         speed["typical_output"].is_null(),
         "a warm-up's answer is nobody's: {status}"
     );
-    // Several catalog refreshes later (every 300 ms here), still the one warm-up.
+    // Several catalog refreshes later (every 300 ms here), still the one warm-up (beside the
+    // slot probe's one-token completions, which follow it).
     tokio::time::sleep(Duration::from_millis(900)).await;
-    let bodies = completions.lock().unwrap().clone();
+    let bodies: Vec<Value> = completions
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|body| body["n_predict"] != 1)
+        .cloned()
+        .collect();
     assert_eq!(bodies.len(), 1, "one warm-up per server: {bodies:?}");
     let body = &bodies[0];
     assert_eq!(body["n_predict"], 16);
@@ -373,9 +389,49 @@ async fn warmed_up_once(named: Option<&[&str]>) {
 }
 
 #[tokio::test]
+async fn a_worker_says_its_llama_server_evaluates_side_requests_first_once_its_slots_are_probed_after_the_warm_up(
+) {
+    for keeps_pins in [true, false] {
+        let (backend, completions) = warmable_llama_server(&[MODEL], keeps_pins).await;
+        let proxy = start_proxy(test_config()).await;
+        let worker = RunningWorker::start(&proxy, &backend, None, 2);
+        // Before any request: the slot probe runs once the warm-up is done, and the worker
+        // tells the proxy what it found.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let probed = completions
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|body| body["n_predict"] == 1)
+                .count();
+            let (_, status) = get_json(&proxy.url(), "/api/status", &[]).await;
+            let sides_first = status["workers"][0]["speeds"][MODEL]["sides_first"].as_bool();
+            if probed == 3 && sides_first == Some(keeps_pins) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "keeps pins {keeps_pins}: {probed} probe completions, {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let bodies = completions.lock().unwrap().clone();
+        assert_eq!(
+            bodies[0]["n_predict"], 16,
+            "the warm-up first, alone: the probe's prompts beside it would slow it: {bodies:?}"
+        );
+        // A server that clears pinned slots gets no hints: its side requests go wherever
+        // llama-server puts them, and nothing says they go first.
+        worker.stop().await;
+        proxy.shutdown().await;
+    }
+}
+
+#[tokio::test]
 async fn a_llama_server_serving_several_models_is_not_warmed_up() {
     // Its router mode loads a model on request: a warm-up could start one nobody asked for.
-    let (backend, completions) = warmable_llama_server(&[MODEL, "another-model"]).await;
+    let (backend, completions) = warmable_llama_server(&[MODEL, "another-model"], false).await;
     let proxy = start_proxy(test_config()).await;
     let worker = RunningWorker::start(&proxy, &backend, None, 2);
     wait_until("the worker registers", || proxy.hub.models().len() == 2).await;

@@ -100,6 +100,7 @@ async fn box_with_card_goes_to_sleep(
     worker
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             warm_ups: None,
+            sides_first: None,
             models: Vec::new(),
             current_load: 0,
             going_to_sleep: Some(true),
@@ -379,6 +380,7 @@ async fn only_a_sleep_counts_a_plain_worker_leaving_or_one_drained_by_an_admin_i
     stopped
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             warm_ups: None,
+            sides_first: None,
             models: Vec::new(),
             current_load: 0,
             going_to_sleep: None,
@@ -521,6 +523,7 @@ async fn fast_box_answers(
     if then_sleeps {
         fast.send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             warm_ups: None,
+            sides_first: None,
             models: Vec::new(),
             current_load: 0,
             going_to_sleep: Some(true),

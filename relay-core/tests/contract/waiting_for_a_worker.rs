@@ -62,6 +62,7 @@ async fn a_queued_request_is_dispatched_when_a_connected_worker_announces_its_mo
     worker
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             warm_ups: None,
+            sides_first: None,
             models: vec!["other".into(), "just-loaded".into()],
             current_load: 0,
             going_to_sleep: None,

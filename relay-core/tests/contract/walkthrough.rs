@@ -978,6 +978,7 @@ async fn models_refresh_and_models_update_follow_the_seed_wire_trace() {
     worker
         .send(&WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
             warm_ups: None,
+            sides_first: None,
             models: vec![MODEL.to_string(), "codellama-13b".to_string()],
             current_load: 1,
             going_to_sleep: None,

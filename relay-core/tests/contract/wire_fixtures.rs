@@ -180,6 +180,7 @@ fn register_fixture_is_the_seed_registration() {
         register,
         RegisterMessage {
             warm_ups: None,
+            sides_first: None,
             worker_name: "gpu-box-1".to_string(),
             models: vec!["llama3-8b".to_string()],
             max_concurrent: 4,
@@ -359,6 +360,7 @@ fn error_fixtures_are_request_scoped_or_worker_level() {
 fn absent_optional_fields_are_omitted_not_sent_as_null() {
     let register = serde_json::to_value(WorkerToServer::Register(RegisterMessage {
         warm_ups: None,
+        sides_first: None,
         worker_name: "w".to_string(),
         models: vec!["m".to_string()],
         max_concurrent: 1,

@@ -64,6 +64,7 @@ impl EvilWorker {
         worker
             .send(&WorkerToServer::Register(RegisterMessage {
                 warm_ups: None,
+                sides_first: None,
                 worker_name: "evil".to_string(),
                 models: vec![MODEL.to_string()],
                 max_concurrent: 4,

@@ -91,6 +91,9 @@ struct Worker {
     speeds: HashMap<Arc<str>, Speed>,
     /// Models its backend reports not loaded, with how long loading took last (seconds).
     cold: HashMap<Arc<str>, Option<f64>>,
+    /// Models whose backend evaluates its side requests before the turns waiting there (the
+    /// worker said so: `register` / `models_update.sides_first`).
+    sides_first: Vec<Arc<str>>,
 }
 
 impl Worker {
@@ -440,6 +443,7 @@ impl Scheduler {
             model,
             candidates,
             &eligible,
+            placement.side,
             affinity.filter(|_| !placement.side),
             prompt_tokens,
             usual,

@@ -77,6 +77,7 @@ impl ScriptedWorker {
     ) -> RegisterAck {
         self.send(&WorkerToServer::Register(RegisterMessage {
             warm_ups: None,
+            sides_first: None,
             worker_name: name.to_string(),
             models: models.iter().map(|m| m.to_string()).collect(),
             max_concurrent,
@@ -433,6 +434,7 @@ pub fn register_message(
 ) -> RegisterMessage {
     RegisterMessage {
         warm_ups: None,
+        sides_first: None,
         worker_name: name.to_string(),
         models: models.iter().map(|m| m.to_string()).collect(),
         max_concurrent,

@@ -197,6 +197,9 @@ impl Hub {
             update.warm_ups.as_deref(),
             Instant::now(),
         );
+        inner
+            .scheduler
+            .set_sides_first(worker, update.sides_first.as_deref());
         if let Some(link) = inner.links.get_mut(&worker) {
             if going_to_sleep {
                 link.sleep.announced_sleep = true;

@@ -43,6 +43,19 @@ pub(super) const CLEARLY_SOONER: f64 = 0.6;
 /// 2026-11-28).
 const QUIET_FLEET: f64 = 0.75;
 
+/// Prompt tokens llama-server evaluates in one batch by default (`-b 2048`). A side request on
+/// a box that evaluates side requests first ([`Scheduler::evaluates_side_first`]) waits for
+/// about one of others' prompt tokens: the rest of the batch under way, and what fills its own.
+const BATCH_TOKENS: u32 = 2048;
+
+/// The tokens an answer is taken to have where none of the model was measured on either box
+/// weighed: a warm-up's (it generates sixteen), shorter than a title (twenty to thirty) and
+/// far shorter than a turn. A first run then weighs the boxes' generation speeds by no more
+/// than any answer surely costs: with no length at all, titles sent beside new sessions' first
+/// turns went to a box five times slower at generating (BENCHMARKS.md, 2026-11-30, "a first
+/// run's titles").
+const UNMEASURED_ANSWER_TOKENS: f64 = 16.0;
+
 /// A worker's measured speed on one model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct Speed {
@@ -338,12 +351,15 @@ impl Scheduler {
     /// to evaluate, its own and what is left of those it is still evaluating for others
     /// ([`Scheduler::evaluated_since_placed`]), at its measured speed —
     /// and the seconds the prompt would delay those others: a box evaluates its prompts
-    /// together, so each waits longer by as much of this one as it has left itself. `None` when
-    /// its speed (or a load it needs) is not measured.
+    /// together, so each waits longer by as much of this one as it has left itself. A `side`
+    /// request where the box evaluates side requests first waits for about one batch of the
+    /// others' prompts, not all of them. `None` when its speed (or a load it needs) is not
+    /// measured.
     pub(super) fn first_token_secs(
         &self,
         id: WorkerId,
         model: &str,
+        side: bool,
         affinity: Option<u64>,
         tokens: u32,
         now: std::time::Instant,
@@ -380,8 +396,25 @@ impl Scheduler {
                 delayed.saturating_add(left.min(own)),
             )
         });
+        let ahead = if side && self.evaluates_side_first(id, model, now) {
+            ahead.min(BATCH_TOKENS)
+        } else {
+            ahead
+        };
         let first_token = load_secs + f64::from(own.saturating_add(ahead)) / prompt_tps;
         Some((first_token, f64::from(delayed) / prompt_tps))
+    }
+
+    /// Whether worker `id` evaluates a side request of `model` before the turns waiting there:
+    /// its worker gives side requests the lowest free slot kept for no conversation (and said
+    /// so, `sides_first`), it has such a slot, and llama-server fills each batch in slot order,
+    /// so the side request's prompt goes into the next batch. Without a slot kept for no
+    /// conversation it takes a conversation's, which may lie above the turns waiting.
+    fn evaluates_side_first(&self, id: WorkerId, model: &str, now: std::time::Instant) -> bool {
+        let Some(w) = self.workers.get(&id) else {
+            return false;
+        };
+        w.sides_first.iter().any(|m| **m == *model) && self.spare_slots(id, now) > 0
     }
 
     /// Prompt tokens worker `w` has evaluated of its `waiting` prompts (placed, not answering
@@ -421,6 +454,7 @@ impl Scheduler {
         model: &str,
         candidates: &[WorkerId],
         eligible: &dyn Fn(&Worker) -> bool,
+        side: bool,
         affinity: Option<u64>,
         tokens: Option<u32>,
         usual: WorkerId,
@@ -428,7 +462,8 @@ impl Scheduler {
     ) -> Option<(Option<WorkerId>, Weighed)> {
         let tokens = tokens.filter(|_| self.cost_routing)?;
         let estimate = |id| {
-            let (first_token, delay) = self.first_token_secs(id, model, affinity, tokens, now)?;
+            let (first_token, delay) =
+                self.first_token_secs(id, model, side, affinity, tokens, now)?;
             Some(first_token + delay)
         };
         let usual_secs = estimate(usual)?;
@@ -529,7 +564,9 @@ impl Scheduler {
         tokens: u32,
         now: std::time::Instant,
     ) -> Option<f64> {
-        let own = self.first_token_secs(id, model, None, tokens, now)?.0;
+        let own = self
+            .first_token_secs(id, model, false, None, tokens, now)?
+            .0;
         let prompt_tps = self.speed(id, model)?.prompt_tps?;
         let cheapest = self.affinity.least_context_of(id, now);
         Some(cheapest.map_or(own, |held| own.min(f64::from(held) / prompt_tps)))
@@ -538,10 +575,10 @@ impl Scheduler {
     /// Seconds longer a typical answer of `model` takes on worker `id` than on `usual` (less
     /// than zero where it is faster): the answer's length as measured on the two (a property of
     /// the workload, so one length for both: their mean, or the one measured) — a
-    /// conversation's `turn`'s where one was measured, any answer's otherwise — at each
-    /// worker's measured generation speed.
-    /// Zero where the two generate alike (one within [`CLEARLY_SOONER`] of the other: measured
-    /// speeds wander with the load); `None` where something is not measured.
+    /// conversation's `turn`'s where one was measured, any answer's otherwise, a short one
+    /// ([`UNMEASURED_ANSWER_TOKENS`]) where none was — at each worker's measured generation
+    /// speed. Zero where the two generate alike (one within [`CLEARLY_SOONER`] of the other:
+    /// measured speeds wander with the load); `None` where a generation speed is not measured.
     fn longer_answer_secs(
         &self,
         id: WorkerId,
@@ -564,7 +601,9 @@ impl Scheduler {
         let turn_tokens = turn
             .then(|| both(here.typical_turn_output, there.typical_turn_output))
             .flatten();
-        let tokens = turn_tokens.or(both(here.typical_output, there.typical_output))?;
+        let tokens = turn_tokens
+            .or(both(here.typical_output, there.typical_output))
+            .unwrap_or(UNMEASURED_ANSWER_TOKENS);
         Some(tokens / there_tps - tokens / here_tps)
     }
 
@@ -652,6 +691,76 @@ pub(super) mod tests {
             "off: the usual rule"
         );
         assert_eq!(off.reason_of(1), Some(Reason::NewConversation));
+    }
+
+    /// A proxy's first run: a box of 600 prompt tokens/s generating 12 a second and one five
+    /// times faster, known only by their warm-ups (no answer's length measured), whose worker
+    /// says whether it evaluates side requests first; and a session's 12,000-token first turn
+    /// placed on the fast box.
+    fn first_run_with_a_first_turn(sides_first: bool) -> (Scheduler, Vec<WorkerId>, Instant) {
+        let now = Instant::now();
+        let (mut s, ids) = fleet(true, &[None, None]);
+        s.observe_warm_up(
+            ids[0],
+            "m",
+            &timings(1000, 1000.0 / 0.6, 16, 16_000.0 / 12.0),
+        );
+        s.observe_warm_up(
+            ids[1],
+            "m",
+            &timings(1000, 1000.0 / 3.0, 16, 16_000.0 / 60.0),
+        );
+        let models = ["m".to_string()];
+        for id in &ids {
+            s.set_sides_first(*id, sides_first.then_some(&models[..]));
+        }
+        assert_eq!(place(&mut s, 1, 7, 12_000, now), ids[1]);
+        (s, ids, now)
+    }
+
+    fn title(s: &mut Scheduler, id: RequestId, now: Instant) -> WorkerId {
+        let placement = Placement {
+            affinity: Some(1000 + id),
+            prompt_tokens: Some(1000),
+            side: true,
+            ..Placement::default()
+        };
+        match s.submit(id, "m", placement, now).expect("accepted") {
+            Submitted::Dispatched { worker, .. } => worker,
+            other => panic!("not placed: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_title_beside_a_first_turn_goes_to_the_box_that_evaluates_side_requests_first() {
+        // The title goes into the fast box's lowest slot, which llama-server evaluates first:
+        // one batch ahead of it (2,048 tokens) rather than the whole first turn, 1 s, plus
+        // the 0.3 s it delays that turn, against 1.7 s on the idle slow box. And its answer,
+        // of a length not measured yet, is taken as a warm-up's 16 tokens: 0.27 s here
+        // against 1.33 s there.
+        let (mut s, ids, now) = first_run_with_a_first_turn(true);
+        assert_eq!(title(&mut s, 2, now), ids[1]);
+        assert_eq!(s.reason_of(2), Some(Reason::FasterBox));
+        let weighed = s.weighed_of(2).expect("weighed").clone();
+        assert!(
+            (weighed.first_token_secs - 1.35).abs() < 0.01,
+            "{weighed:?}"
+        );
+        assert!((weighed.other_secs - 1.67).abs() < 0.01, "{weighed:?}");
+        assert!((weighed.answer_secs + 1.07).abs() < 0.01, "{weighed:?}");
+        // A worker that does not say so: the title waits behind the whole first turn there
+        // (4.7 s), and goes to the slow box.
+        let (mut s, ids, now) = first_run_with_a_first_turn(false);
+        assert_eq!(title(&mut s, 2, now), ids[0]);
+        // Nor where the fast box keeps no slot for side requests (nor the slow one: else the
+        // title would go there anyway): a title there takes a conversation's slot, which may
+        // lie above the turns waiting.
+        let (mut s, ids, now) = first_run_with_a_first_turn(true);
+        for conversation in 8..15 {
+            s.affinity
+                .record(conversation, ids[usize::from(conversation < 11)], now);
+        }
+        assert_eq!(title(&mut s, 2, now), ids[0]);
     }
 
     #[test]
@@ -1025,6 +1134,7 @@ pub(super) mod tests {
                     sleeps_when_idle: None,
                     context_windows: None,
                     warm_ups: Some(vec![warm_up("m", 400.0), warm_up("elsewhere", 100.0)]),
+                    sides_first: None,
                 },
             )
             .expect("registered");

@@ -215,6 +215,9 @@ pub struct WorkerSnapshot {
     pub context_windows: std::collections::BTreeMap<String, u32>,
     /// How fast it was measured to be, per model.
     pub speeds: std::collections::BTreeMap<String, super::Speed>,
+    /// Models whose side requests it evaluates before the turns waiting there (its worker said
+    /// so: `sides_first`).
+    pub sides_first: Vec<String>,
 }
 
 /// A box asleep, as the proxy remembers it: its worker's name, provider and models.

@@ -84,9 +84,11 @@ impl Scheduler {
                 windows,
                 speeds,
                 cold: HashMap::new(),
+                sides_first: Vec::new(),
             },
         );
         self.observe_warm_ups(worker_id, message.warm_ups.as_deref());
+        self.set_sides_first(worker_id, message.sides_first.as_deref());
         let mut actions = Vec::new();
         self.fill_worker(worker_id, &mut actions);
         Ok(Registered {
@@ -147,6 +149,18 @@ impl Scheduler {
     fn observe_warm_ups(&mut self, worker: WorkerId, warm_ups: Option<&[WarmUp]>) {
         for warm_up in warm_ups.unwrap_or_default() {
             self.observe_warm_up(worker, &warm_up.model, &warm_up.timings);
+        }
+    }
+
+    /// The models whose backend evaluates `worker`'s side requests first, as it last said
+    /// (`register`, `models_update`: absent is none).
+    pub fn set_sides_first(&mut self, worker: WorkerId, models: Option<&[String]>) {
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.sides_first = models
+                .unwrap_or_default()
+                .iter()
+                .map(|model| Arc::from(model.as_str()))
+                .collect();
         }
     }
 

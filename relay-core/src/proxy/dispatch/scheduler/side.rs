@@ -163,7 +163,13 @@ impl Scheduler {
     ) -> Option<impl Fn(WorkerId) -> Option<f64> + 'a> {
         let tokens = tokens.filter(|_| self.cost_routing)?;
         Some(move |id: WorkerId| {
-            let (secs, delay) = self.first_token_secs(id, model, None, tokens, now)?;
+            // Counted behind every prompt waiting, even where the box evaluates side requests
+            // first: these waits weigh busy boxes, whose slot 0 a conversation may hold, so the
+            // slot kept for side requests can lie above the turns waiting. Counted behind one
+            // batch there, titles stopped waiting for the fast box and queued on the slow one
+            // (the fleet bench's busy agent sessions, 2.01 → 4.56 s p90; BENCHMARKS.md,
+            // 2026-11-30).
+            let (secs, delay) = self.first_token_secs(id, model, false, None, tokens, now)?;
             Some(secs + delay)
         })
     }

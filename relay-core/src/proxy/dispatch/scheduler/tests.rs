@@ -22,6 +22,7 @@ pub(super) fn register(s: &mut Scheduler, name: &str, models: &[&str], max: u32)
         "local",
         &RegisterMessage {
             warm_ups: None,
+            sides_first: None,
             worker_name: name.to_string(),
             models: models.iter().map(|m| m.to_string()).collect(),
             max_concurrent: max,
@@ -1258,6 +1259,7 @@ fn a_queued_prompt_waits_for_a_worker_whose_window_holds_it() {
             "local",
             &RegisterMessage {
                 warm_ups: None,
+                sides_first: None,
                 worker_name: name.to_string(),
                 models: vec!["m".to_string()],
                 max_concurrent: 1,

@@ -80,6 +80,7 @@ impl Scheduler {
                         .iter()
                         .map(|(model, speed)| (model.to_string(), *speed))
                         .collect(),
+                    sides_first: w.sides_first.iter().map(|m| m.to_string()).collect(),
                 }
             })
             .collect()

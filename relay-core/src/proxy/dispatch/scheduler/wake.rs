@@ -209,13 +209,13 @@ impl Scheduler {
             .min_by(|a, b| a.0.total_cmp(&b.0))?;
         let awake_secs = match picked {
             Some(worker) => self
-                .first_token_secs(worker, model, affinity, tokens, now)
+                .first_token_secs(worker, model, false, affinity, tokens, now)
                 .map(|(secs, _)| secs),
             None => p.model_workers.get(model).and_then(|workers| {
                 let prompt = workers
                     .iter()
                     .filter_map(|w| {
-                        self.first_token_secs(*w, model, affinity, tokens, now)
+                        self.first_token_secs(*w, model, false, affinity, tokens, now)
                             .map(|(secs, _)| secs)
                     })
                     .min_by(f64::total_cmp)?;

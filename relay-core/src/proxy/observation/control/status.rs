@@ -79,6 +79,10 @@ pub struct SpeedView {
     prompt_tps: Option<f64>,
     /// Tokens generated per second.
     generation_tps: Option<f64>,
+    /// Whether it evaluates side requests (titles, summaries) before the turns waiting there:
+    /// its worker gives them the lowest slot of a llama-server, which evaluates slots in order,
+    /// so cost routing counts about one batch of prompt ahead of them, not all that waits.
+    sides_first: bool,
 }
 
 /// One served model.
@@ -282,6 +286,7 @@ pub fn snapshot(state: &AppState) -> Status {
                         let view = SpeedView {
                             prompt_tps: round(speed.prompt_tps),
                             generation_tps: round(speed.generation_tps),
+                            sides_first: w.sides_first.contains(model),
                         };
                         (model.clone(), view)
                     })
