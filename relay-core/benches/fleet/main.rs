@@ -25,7 +25,11 @@
 //! no policy can reach rather than as a miss. On unequal fleets two queue probes follow
 //! ([`probe`]: a central queue told each answer's length, no product policy): a 2× miss that
 //! the best in-order probe misses too is listed apart, still unmet, with what a queue that
-//! gives up on late requests would buy and what it would cost the slowest hundredth.
+//! gives up on late requests would buy and what it would cost the slowest hundredth. A
+//! proxy's first run (nothing measured but the workers' warm-ups, each reaching the proxy when
+//! it would) is listed apart where it misses by more than 5%, beside the same run with every
+//! warm-up known from the first instant: what is left of the miss once the seconds before a
+//! slow box's warm-up, when the usual rules must place requests, are taken out.
 
 mod calibrate;
 #[path = "../relay/llama.rs"]

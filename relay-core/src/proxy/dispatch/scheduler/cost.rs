@@ -45,7 +45,8 @@ const QUIET_FLEET: f64 = 0.75;
 
 /// Prompt tokens llama-server evaluates in one batch by default (`-b 2048`). A side request on
 /// a box that evaluates side requests first ([`Scheduler::evaluates_side_first`]) waits for
-/// about one of others' prompt tokens: the rest of the batch under way, and what fills its own.
+/// about one batch of others' prompt tokens: the rest of the batch under way, and what fills
+/// its own.
 const BATCH_TOKENS: u32 = 2048;
 
 /// The tokens an answer is taken to have where none of the model was measured on either box
