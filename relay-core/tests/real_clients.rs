@@ -37,8 +37,9 @@ struct LlamaServer {
     child: Child,
     url: String,
     log: PathBuf,
-    /// Tasks of its log that are not the test's: the worker's warm-up.
+    /// Tasks of its log that are not the test's: the worker's warm-up and slot probe.
     skip: usize,
+    slots: u32,
 }
 
 impl LlamaServer {
@@ -70,6 +71,7 @@ impl LlamaServer {
             url: format!("http://127.0.0.1:{port}"),
             log,
             skip: 0,
+            slots,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while !answers_200(&format!("{}/health", server.url)) {
@@ -100,8 +102,10 @@ impl LlamaServer {
     }
 
     /// Waits for the warm-up a relay's worker gives a llama-server when it starts (one task of
-    /// 756 prompt tokens with the tiny model's vocabulary, 16 generated), and leaves it out of
-    /// [`Self::tasks`] from then on.
+    /// 756 prompt tokens with the tiny model's vocabulary, 16 generated) and, on a server of
+    /// several slots, the slot probe that follows it (three one-token completions of about a
+    /// hundred tokens, so the proxy learns before any request whether side requests go first),
+    /// and leaves them out of [`Self::tasks`] from then on.
     fn await_warm_up(&mut self) {
         let tasks = self.tasks_once(1);
         assert_eq!(
@@ -115,6 +119,23 @@ impl LlamaServer {
             "a prompt of about a thousand tokens: {tasks:?}"
         );
         self.skip = 1;
+        if self.slots < 2 {
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let probe = loop {
+            let probe = self.tasks();
+            if probe.len() >= 3 || Instant::now() >= deadline {
+                break probe;
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        assert!(
+            probe.len() == 3 && probe.iter().all(|task| task.prompt <= 200),
+            "the slot probe, right after the warm-up: {probe:?}\n{}",
+            self.log_text()
+        );
+        self.skip = 4;
     }
 
     /// [`Self::tasks`] once `count` have finished: llama-server logs a task's end just after

@@ -698,6 +698,10 @@ pub fn run(
         prompt_tokens: Some(req.prompt),
         side: req.side && policy != Policy::LeastLoaded,
         expects_side_requests: req.claude_code && !req.side,
+        // The bench's workers pin every request's slot, side requests' too: what our worker
+        // does for requests on chat completions. Claude Code's own `/v1/messages` goes without
+        // the hint (llama-server drops it there), and llama-server places those requests itself.
+        slot_hinted: true,
         ..Placement::default()
     };
     let start_on = |boxes: &mut Vec<SimBox>,

@@ -264,10 +264,11 @@ impl SlotPins {
         }
     }
 
-    /// Whether side requests to `base_url` are evaluated before the conversations' turns
-    /// waiting there: with hints on, a side request takes the lowest free slot kept for no
-    /// conversation ([`Slots::take_side`]), conversations leave slot 0 to them while another
-    /// slot is as good, and llama-server fills each batch in slot order.
+    /// Whether side requests to `base_url` that take the slot hint (chat and text completions)
+    /// are evaluated before the conversations' turns waiting there: with hints on, a side
+    /// request takes the lowest free slot kept for no conversation ([`Slots::take_side`]),
+    /// conversations leave slot 0 to them while another slot is as good, and llama-server
+    /// fills each batch in slot order.
     pub fn sides_first(&self, base_url: &str) -> bool {
         self.enabled
             && lock(&self.backends)

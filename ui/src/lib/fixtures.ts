@@ -50,7 +50,7 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
         hardware_history: NO_HISTORY,
         model_states: null,
         context_windows: {},
-        speeds: { 'qwen2.5-7b': { prompt_tps: 2048.4, generation_tps: 45.25, sides_first: true } },
+        speeds: { 'qwen2.5-7b': { prompt_tps: 2048.4, generation_tps: 45.25, sides_first: false } },
       },
     ],
     models: [

@@ -212,12 +212,10 @@ export function weighedLabel(w: Weighed | null): string {
 }
 
 /** "prompt 2,000 tok/s · generation 45 tok/s", what of it is measured ("" for nothing). */
-export function speedLabel(prompt: number | null, generation: number | null, sidesFirst = false): string {
+export function speedLabel(prompt: number | null, generation: number | null): string {
   const parts: string[] = [];
   if (prompt != null) parts.push(`prompt ${formatCount(Math.round(prompt))} tok/s`);
   if (generation != null) parts.push(`generation ${formatCompact(generation, 1)} tok/s`);
-  // Only beside a speed: it says how cost routing reads that speed for titles and summaries.
-  if (sidesFirst && parts.length > 0) parts.push('titles first');
   return parts.join(' · ');
 }
 
@@ -242,7 +240,7 @@ export function toDashboardView(status: Status, nowMs: number): DashboardView {
       ),
       speeds: Object.fromEntries(
         Object.entries(w.speeds ?? {})
-          .map(([model, s]) => [model, speedLabel(s.prompt_tps, s.generation_tps, s.sides_first)] as const)
+          .map(([model, s]) => [model, speedLabel(s.prompt_tps, s.generation_tps)] as const)
           .filter(([, label]) => label !== ''),
       ),
       modelsLabel: w.models.length ? w.models.join(', ') : 'none',

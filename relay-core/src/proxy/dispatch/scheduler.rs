@@ -443,7 +443,7 @@ impl Scheduler {
             model,
             candidates,
             &eligible,
-            placement.side,
+            placement.side && placement.slot_hinted,
             affinity.filter(|_| !placement.side),
             prompt_tokens,
             usual,

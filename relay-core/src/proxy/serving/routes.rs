@@ -250,7 +250,10 @@ impl RequestHead {
             endpoint_path,
             forwarded,
             client_auth,
-            placement,
+            placement: Placement {
+                slot_hinted: Endpoint::of(uri.path()).takes_slot_hint(),
+                ..placement
+            },
         }
     }
 
@@ -661,6 +664,20 @@ mod tests {
         assert_eq!(names, ["anthropic-version"]);
         assert_eq!(head.client_auth["x-api-key"], "sk-1");
         assert!(!head.is_responses_api());
+    }
+
+    #[test]
+    fn a_request_is_slot_hinted_only_on_the_routes_where_llama_server_reads_the_hint() {
+        // Cost routing counts a side request first on a box that pins slots only where the
+        // worker can pin it: llama-server drops `id_slot` from `/v1/messages`.
+        for (path, hinted) in [
+            ("/v1/chat/completions", true),
+            ("/v1/completions", true),
+            ("/v1/messages?beta=true", false),
+            ("/v1/responses", false),
+        ] {
+            assert_eq!(head(path, &[]).placement.slot_hinted, hinted, "{path}");
+        }
     }
 
     #[test]

@@ -352,15 +352,15 @@ impl Scheduler {
     /// to evaluate, its own and what is left of those it is still evaluating for others
     /// ([`Scheduler::evaluated_since_placed`]), at its measured speed —
     /// and the seconds the prompt would delay those others: a box evaluates its prompts
-    /// together, so each waits longer by as much of this one as it has left itself. A `side`
-    /// request where the box evaluates side requests first waits for about one batch of the
-    /// others' prompts, not all of them. `None` when its speed (or a load it needs) is not
-    /// measured.
+    /// together, so each waits longer by as much of this one as it has left itself. A
+    /// `pinned_side` request (a side request whose endpoint takes the slot hint) where the box
+    /// evaluates side requests first waits for about one batch of the others' prompts, not all
+    /// of them. `None` when its speed (or a load it needs) is not measured.
     pub(super) fn first_token_secs(
         &self,
         id: WorkerId,
         model: &str,
-        side: bool,
+        pinned_side: bool,
         affinity: Option<u64>,
         tokens: u32,
         now: std::time::Instant,
@@ -397,7 +397,7 @@ impl Scheduler {
                 delayed.saturating_add(left.min(own)),
             )
         });
-        let ahead = if side && self.evaluates_side_first(id, model, now) {
+        let ahead = if pinned_side && self.evaluates_side_first(id, model, now) {
             ahead.min(BATCH_TOKENS)
         } else {
             ahead
@@ -444,6 +444,8 @@ impl Scheduler {
     /// With cost routing on, a worker with a free slot among `candidates` (those that serve
     /// `model` and hold the prompt, `fits`) whose first token, for a prompt of `tokens` of
     /// conversation `affinity`, comes clearly sooner than on `usual`; `None` keeps `usual`.
+    /// `pinned_side`: a side request whose endpoint takes the slot hint
+    /// ([`Scheduler::first_token_secs`]).
     ///
     /// Only free workers are weighed. Holding a request for a busy fast box (its slot frees
     /// soon, and it evaluates the prompt five times faster) was tried on the fleet bench and
@@ -455,7 +457,7 @@ impl Scheduler {
         model: &str,
         candidates: &[WorkerId],
         eligible: &dyn Fn(&Worker) -> bool,
-        side: bool,
+        pinned_side: bool,
         affinity: Option<u64>,
         tokens: Option<u32>,
         usual: WorkerId,
@@ -464,7 +466,7 @@ impl Scheduler {
         let tokens = tokens.filter(|_| self.cost_routing)?;
         let estimate = |id| {
             let (first_token, delay) =
-                self.first_token_secs(id, model, side, affinity, tokens, now)?;
+                self.first_token_secs(id, model, pinned_side, affinity, tokens, now)?;
             Some(first_token + delay)
         };
         let usual_secs = estimate(usual)?;
@@ -719,11 +721,14 @@ pub(super) mod tests {
         (s, ids, now)
     }
 
-    fn title(s: &mut Scheduler, id: RequestId, now: Instant) -> WorkerId {
+    /// A title of 1,000 tokens, sent on chat completions (`slot_hinted`) or on Claude Code's
+    /// `/v1/messages`, where llama-server drops the slot hint.
+    fn title(s: &mut Scheduler, id: RequestId, slot_hinted: bool, now: Instant) -> WorkerId {
         let placement = Placement {
             affinity: Some(1000 + id),
             prompt_tokens: Some(1000),
             side: true,
+            slot_hinted,
             ..Placement::default()
         };
         match s.submit(id, "m", placement, now).expect("accepted") {
@@ -740,7 +745,7 @@ pub(super) mod tests {
         // of a length not measured yet, is taken as a warm-up's 16 tokens: 0.27 s here
         // against 1.33 s there.
         let (mut s, ids, now) = first_run_with_a_first_turn(true);
-        assert_eq!(title(&mut s, 2, now), ids[1]);
+        assert_eq!(title(&mut s, 2, true, now), ids[1]);
         assert_eq!(s.reason_of(2), Some(Reason::FasterBox));
         let weighed = s.weighed_of(2).expect("weighed").clone();
         assert!(
@@ -749,10 +754,14 @@ pub(super) mod tests {
         );
         assert!((weighed.other_secs - 1.67).abs() < 0.01, "{weighed:?}");
         assert!((weighed.answer_secs + 1.07).abs() < 0.01, "{weighed:?}");
-        // A worker that does not say so: the title waits behind the whole first turn there
-        // (4.7 s), and goes to the slow box.
+        // Sent on `/v1/messages` (Claude Code's), where llama-server drops the hint and places
+        // the title itself: it may wait behind the whole first turn there (4.7 s), and goes
+        // to the slow box.
+        let (mut s, ids, now) = first_run_with_a_first_turn(true);
+        assert_eq!(title(&mut s, 2, false, now), ids[0]);
+        // Nor from a worker that does not say it evaluates side requests first.
         let (mut s, ids, now) = first_run_with_a_first_turn(false);
-        assert_eq!(title(&mut s, 2, now), ids[0]);
+        assert_eq!(title(&mut s, 2, true, now), ids[0]);
         // Nor where the fast box keeps no slot for side requests (nor the slow one: else the
         // title would go there anyway): a title there takes a conversation's slot, which may
         // lie above the turns waiting.
@@ -761,7 +770,7 @@ pub(super) mod tests {
             s.affinity
                 .record(conversation, ids[usize::from(conversation < 11)], now);
         }
-        assert_eq!(title(&mut s, 2, now), ids[0]);
+        assert_eq!(title(&mut s, 2, true, now), ids[0]);
     }
 
     #[test]
