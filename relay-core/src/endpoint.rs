@@ -151,6 +151,13 @@ impl Endpoint {
             Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::LlamaServerNative
         )
     }
+
+    /// Whether a worker pins a request of this endpoint to a llama-server slot: those whose body
+    /// takes the hint, and Anthropic Messages (Claude Code's), which the worker then translates
+    /// to chat completions to carry it.
+    pub fn pinnable(self) -> bool {
+        self.takes_slot_hint() || self == Endpoint::Messages
+    }
 }
 
 #[cfg(test)]
@@ -210,6 +217,12 @@ mod tests {
         assert!(!Endpoint::LlamaServerNative.is_inference());
         assert!(Endpoint::LlamaServerNative.takes_slot_hint());
         assert!(!Endpoint::Messages.takes_slot_hint());
+        // Claude Code's Messages are pinned all the same: the worker translates them to chat
+        // completions to carry the hint. The Responses API and token counts go as they came.
+        assert!(Endpoint::Messages.pinnable());
+        assert!(Endpoint::ChatCompletions.pinnable());
+        assert!(!Endpoint::Responses.pinnable());
+        assert!(!Endpoint::CountTokens.pinnable());
         assert!(Endpoint::Completions.streams_usage_only_when_asked());
         assert!(!Endpoint::Responses.streams_usage_only_when_asked());
         assert!(Endpoint::Messages.keeps_a_prompt_cache());

@@ -421,9 +421,11 @@ fn claude_code_with_nothing_but_the_url_answers_every_turn_at_once_from_the_cach
         return;
     };
     let ids = three_turns_reuse_the_cache(&stack, "");
-    // llama-server answered /v1/messages itself (its ids), the relay passing it through.
+    // The worker pinned the session to a slot, so it translated /v1/messages to chat
+    // completions, which carry the hint (llama-server drops `id_slot` from /v1/messages): the
+    // ids are the relay's own, not llama-server's (`chatcmpl-…`).
     assert_eq!(ids.len(), 3, "{ids:?}");
-    assert!(ids.iter().all(|id| id.starts_with("chatcmpl-")), "{ids:?}");
+    assert!(ids.iter().all(|id| id.starts_with("msg_")), "{ids:?}");
 }
 
 #[test]

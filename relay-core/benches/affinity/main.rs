@@ -20,7 +20,11 @@
 //! unequal speed, for the cost-routing phase), `AFFINITY_SIDE_REQUESTS=1` (every request
 //! carries its conversation's Claude Code session header, and every second turn sends a side
 //! request beside it, as Claude Code's titles and summaries: `claude-haiku-*`, aliased to the
-//! model, a prompt of its own) and `AFFINITY_MODEL` (another GGUF file) change the run;
+//! model, a prompt of its own), `AFFINITY_API=messages` (every request on Anthropic's
+//! `/v1/messages`, as Claude Code sends them, which llama-server serves natively and which
+//! takes no slot hint: llama-server drops `id_slot` there; the reuse then comes from the
+//! stream's `usage`, and llama-server reports no prompt time there, so that column reads 0)
+//! and `AFFINITY_MODEL` (another GGUF file) change the run;
 //! `AFFINITY_WORKER_LOG` is the workers' log level (`warn` by default).
 
 #[path = "../relay/llama.rs"]
@@ -209,8 +213,13 @@ async fn turn(
         "stream": true,
         "temperature": 0,
     });
+    let body = if messages_api() {
+        anthropic(body)
+    } else {
+        body
+    };
     let started = Instant::now();
-    let mut request = client.post(url);
+    let mut request = client.post(url).header("anthropic-version", "2023-06-01");
     if let Some(session) = session {
         request = request.header("x-claude-code-session-id", session);
     }
@@ -239,7 +248,10 @@ async fn turn(
             let Ok(event) = serde_json::from_str::<Value>(data.trim()) else {
                 continue;
             };
-            if let Some(piece) = event["choices"][0]["delta"]["content"].as_str() {
+            let piece = event["choices"][0]["delta"]["content"]
+                .as_str()
+                .or(event["delta"]["text"].as_str());
+            if let Some(piece) = piece {
                 if ttft.is_none() {
                     ttft = Some(started.elapsed());
                 }
@@ -247,6 +259,22 @@ async fn turn(
             }
             if event["timings"].is_object() {
                 timings = event["timings"].clone();
+            }
+            // Anthropic's stream: llama-server's own says the prompt's tokens evaluated and
+            // taken from the cache in `message_start`, the answer's in `message_delta`.
+            let usage = &event["message"]["usage"];
+            if event["type"] == "message_start" && usage.is_object() {
+                timings["prompt_n"] = usage["input_tokens"].clone();
+                timings["cache_n"] = usage["cache_read_input_tokens"].clone();
+            }
+            if event["type"] == "message_delta" {
+                let usage = &event["usage"];
+                timings["predicted_n"] = usage["output_tokens"].clone();
+                // A translated stream (the relay's own events) says its input in the end.
+                if usage["input_tokens"].is_u64() {
+                    timings["prompt_n"] = usage["input_tokens"].clone();
+                    timings["cache_n"] = usage["cache_read_input_tokens"].clone();
+                }
             }
         }
     }
@@ -263,6 +291,24 @@ async fn turn(
             ttft_ms: ttft.as_secs_f64() * 1000.0,
         },
     )
+}
+
+/// `AFFINITY_API=messages`: requests on Anthropic's `/v1/messages` (see the module).
+fn messages_api() -> bool {
+    std::env::var("AFFINITY_API").is_ok_and(|v| v == "messages")
+}
+
+/// The chat-completions `body` as Anthropic's Messages API takes it: the system message as
+/// `system`, the rest as they are.
+fn anthropic(mut body: Value) -> Value {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let (system, rest): (Vec<Value>, Vec<Value>) =
+        messages.into_iter().partition(|m| m["role"] == "system");
+    if let Some(system) = system.first() {
+        body["system"] = system["content"].clone();
+    }
+    body["messages"] = Value::Array(rest);
+    body
 }
 
 async fn conversation(
@@ -321,9 +367,15 @@ async fn side_request(client: &reqwest::Client, url: &str, session: &str, questi
         "max_tokens": 8,
         "temperature": 0,
     });
+    let body = if messages_api() {
+        anthropic(body)
+    } else {
+        body
+    };
     let response = client
         .post(url)
         .header("x-claude-code-session-id", session)
+        .header("anthropic-version", "2023-06-01")
         .header("content-type", "application/json")
         .body(body.to_string())
         .send()
@@ -544,7 +596,12 @@ async fn phase(
             }
         });
     }
-    let url = format!("http://127.0.0.1:{proxy_port}/v1/chat/completions");
+    let path = if messages_api() {
+        "/v1/messages"
+    } else {
+        "/v1/chat/completions"
+    };
+    let url = format!("http://127.0.0.1:{proxy_port}{path}");
     let tasks: Vec<_> = (0..conversations)
         .zip(systems)
         .map(|(c, system)| {

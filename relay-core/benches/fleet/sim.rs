@@ -698,9 +698,8 @@ pub fn run(
         prompt_tokens: Some(req.prompt),
         side: req.side && policy != Policy::LeastLoaded,
         expects_side_requests: req.claude_code && !req.side,
-        // The bench's workers pin every request's slot, side requests' too: what our worker
-        // does for requests on chat completions. Claude Code's own `/v1/messages` goes without
-        // the hint (llama-server drops it there), and llama-server places those requests itself.
+        // The bench's workers pin every request's slot, side requests' too, as ours does on
+        // chat completions and Claude Code's `/v1/messages`.
         slot_hinted: true,
         ..Placement::default()
     };

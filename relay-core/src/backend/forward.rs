@@ -27,6 +27,7 @@ pub(super) async fn serve_native(backend: &Backend, request: BackendRequest, eve
         is_streaming,
         body,
         headers,
+        ..
     } = request;
     // Usage is counted for every request, whether or not its client asked for it.
     let asked = is_streaming

@@ -81,6 +81,10 @@ pub struct BackendRequest {
     pub body: String,
     /// The headers to send (the caller decides which of the client's go).
     pub headers: WireHeaders,
+    /// The llama-server slot the worker pinned an Anthropic Messages request to
+    /// (the worker's slot hints): llama-server drops `id_slot` from `/v1/messages`, so such a
+    /// request is translated to chat completions, whose body carries the hint.
+    pub slot: Option<u32>,
 }
 
 /// The API a backend speaks.
@@ -132,6 +136,7 @@ mod tests {
             is_streaming: true,
             body: String::new(),
             headers: WireHeaders::new(),
+            slot: None,
         }
     }
 

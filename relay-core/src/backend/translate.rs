@@ -163,6 +163,10 @@ pub(super) async fn serve(
     route: Route,
     events: &Events,
 ) {
+    // Pinned to a slot: only chat completions carry the hint to llama-server.
+    if request.slot.is_some() && route == Route::Messages {
+        return serve_translated(backend, request, route, events).await;
+    }
     match backend.capabilities.support(&backend.base_url, route) {
         Support::Native => serve_native(backend, request, events).await,
         Support::Translated => serve_translated(backend, request, route, events).await,
@@ -308,10 +312,17 @@ async fn translate_via(
 ) {
     let dialect = Dialect::for_path(&request.path);
     let id = request.id.as_str();
-    let converted = match adapter::to_backend_request(target.backend, target.api, &target.body) {
+    let mut converted = match adapter::to_backend_request(target.backend, target.api, &target.body)
+    {
         Ok(converted) => converted,
         Err(error) => return send_last(events, rejection(id, dialect, &error)).await,
     };
+    if let (Some(slot), Some(object)) = (request.slot, converted.as_object_mut()) {
+        object.insert("id_slot".to_string(), slot.into());
+        object
+            .entry("cache_prompt")
+            .or_insert(serde_json::Value::Bool(true));
+    }
     let headers = backend_headers(target.backend, &request.headers);
     let path = target.backend.path();
     let response = match send(backend, path, &headers, converted.to_string()).await {

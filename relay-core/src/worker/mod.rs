@@ -507,7 +507,10 @@ impl BackendAccess {
             )
             .await;
         let lease = pinned.map(|(hinted, lease)| {
-            forwarded.body = hinted;
+            match hinted {
+                Some(hinted) => forwarded.body = hinted,
+                None => forwarded.slot = Some(lease.slot()),
+            }
             lease
         });
         (forwarded, lease)

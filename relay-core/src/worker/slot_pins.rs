@@ -5,7 +5,8 @@
 //! routes a conversation's turns to the same worker; which slot of that worker's server the
 //! turn lands in is llama-server's choice, and its choice (the most similar cached prompt)
 //! mixes up conversations that share a long system prompt ([`table`] says how). So the worker
-//! names the slot itself (`id_slot`), for chat and completion requests (see [`body`]) to
+//! names the slot itself (`id_slot`), for chat and completion requests (see [`body`]), and
+//! for Anthropic Messages requests, which it translates to chat completions to carry it, to
 //! backends that said they are llama.cpp servers and how many slots they have (`GET /props`,
 //! asked in the background the first time a backend is used and again every few minutes) and
 //! that keep a pinned slot's prompt ([`probe`]: a server with a unified KV cache, llama-server's
@@ -133,6 +134,13 @@ impl SlotPins {
     /// up to [`SIDE_WAIT`]. `None` (send the body as it is) for a request
     /// without a conversation, a route or body that takes no hint, or a backend that is not
     /// known to be llama.cpp's (the first request to a backend asks it, in the background).
+    ///
+    /// An Anthropic Messages request (Claude Code's) is pinned too, but its body stays as it
+    /// is (`None` in place of the hinted body): llama-server drops `id_slot` from
+    /// `/v1/messages`, so the request goes translated to chat completions with the lease's slot
+    /// ([`crate::backend::BackendRequest::slot`]). Left to llama-server's own placement, six
+    /// Claude Code sessions sharing a system prompt took 88% of their later turns' prompts from
+    /// cache on the affinity bench, against 96% pinned (BENCHMARKS.md, 2026-11-30).
     pub async fn pin(
         &self,
         client: &reqwest::Client,
@@ -141,17 +149,24 @@ impl SlotPins {
         side: bool,
         path: &str,
         body: &str,
-    ) -> Option<(String, SlotLease)> {
+    ) -> Option<(Option<String>, SlotLease)> {
         let conversation = conversation.filter(|_| self.enabled)?;
-        if !body::takes_slot_hint(path) {
+        let endpoint = crate::endpoint::Endpoint::of(path);
+        if !endpoint.pinnable() {
             return None;
         }
+        let translated = !endpoint.takes_slot_hint();
         // What the slot will cache, roughly.
         let tokens = crate::affinity::estimated_prompt_tokens(body.len());
         if !side {
             self.wait_for_home(base_url, conversation, tokens).await;
         }
-        self.take(client, base_url, conversation, side, tokens, body)
+        let (slot, lease) = self.take(client, base_url, conversation, side, tokens)?;
+        if translated {
+            return Some((None, lease));
+        }
+        let hinted = body::with_slot(body, slot)?;
+        Some((Some(hinted), lease))
     }
 
     /// Returns once conversation `conversation`'s own slot on `base_url` is no longer held by
@@ -181,7 +196,8 @@ impl SlotPins {
         }
     }
 
-    /// [`SlotPins::pin`] once any wait is over.
+    /// [`SlotPins::pin`] once any wait is over: the slot taken, and its lease (dropping it
+    /// releases the slot again).
     fn take(
         &self,
         client: &reqwest::Client,
@@ -189,8 +205,7 @@ impl SlotPins {
         conversation: u64,
         side: bool,
         tokens: u32,
-        body: &str,
-    ) -> Option<(String, SlotLease)> {
+    ) -> Option<(u32, SlotLease)> {
         let now = Instant::now();
         let mut backends = lock(&self.backends);
         let backend = self.known(&mut backends, client, base_url, now);
@@ -210,8 +225,7 @@ impl SlotPins {
             side,
         };
         drop(backends);
-        let hinted = body::with_slot(body, slot)?;
-        Some((hinted, lease))
+        Some((slot, lease))
     }
 
     /// What is known of the backend at `base_url`, remembered from now on (the least recently
@@ -264,8 +278,9 @@ impl SlotPins {
         }
     }
 
-    /// Whether side requests to `base_url` that take the slot hint (chat and text completions)
-    /// are evaluated before the conversations' turns waiting there: with hints on, a side
+    /// Whether side requests to `base_url` that the worker pins (chat and text completions, and
+    /// Anthropic Messages) are evaluated before the conversations' turns waiting there: with
+    /// hints on, a side
     /// request takes the lowest free slot kept for no conversation ([`Slots::take_side`]),
     /// conversations leave slot 0 to them while another slot is as good, and llama-server
     /// fills each batch in slot order.

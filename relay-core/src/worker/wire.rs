@@ -18,6 +18,7 @@ pub fn backend_request(request: RequestMessage) -> BackendRequest {
         is_streaming: request.is_streaming,
         body: request.body,
         headers: request.headers,
+        slot: None,
     }
 }
 

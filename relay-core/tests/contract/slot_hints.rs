@@ -22,11 +22,13 @@ const MODEL: &str = "slotted";
 const SLOW: &str = "(answered slowly)";
 const SLOW_ANSWER: Duration = Duration::from_millis(1500);
 
-/// A server that answers like llama-server (`Server: llama.cpp`, `/props` with its slots) and
-/// keeps every chat body it gets.
+/// A server that answers like llama-server (`Server: llama.cpp`, `/props` with its slots, and
+/// Anthropic's `/v1/messages` natively) and keeps every chat body it gets, and every Messages
+/// body apart.
 struct LlamaLike {
     url: String,
     bodies: Arc<Mutex<Vec<Value>>>,
+    messages: Arc<Mutex<Vec<Value>>>,
     props_asked: Arc<Mutex<usize>>,
 }
 
@@ -72,7 +74,8 @@ impl LlamaLike {
         let cache = Arc::new(Mutex::new(vec![String::new(); slots as usize]));
         let bodies = Arc::new(Mutex::new(Vec::new()));
         let props_asked = Arc::new(Mutex::new(0));
-        let (seen, asked) = (bodies.clone(), props_asked.clone());
+        let messages = Arc::new(Mutex::new(Vec::new()));
+        let (seen, asked, native) = (bodies.clone(), props_asked.clone(), messages.clone());
         let app = axum::Router::new()
             .route(
                 "/v1/models",
@@ -104,6 +107,21 @@ impl LlamaLike {
                 }),
             )
             .route(
+                "/v1/messages",
+                post_route(move |body: Bytes| {
+                    native
+                        .lock()
+                        .unwrap()
+                        .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
+                    async move {
+                        Json(json!({"id": "m", "type": "message", "role": "assistant",
+                            "model": MODEL, "content": [{"type": "text", "text": "ok"}],
+                            "stop_reason": "end_turn", "stop_sequence": null,
+                            "usage": {"input_tokens": 10, "output_tokens": 1}}))
+                    }
+                }),
+            )
+            .route(
                 "/completion",
                 post_route(move |body: Bytes| {
                     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -129,6 +147,7 @@ impl LlamaLike {
         LlamaLike {
             url: format!("http://{addr}"),
             bodies,
+            messages,
             props_asked,
         }
     }
@@ -312,6 +331,81 @@ async fn a_llama_server_with_a_unified_kv_cache_gets_no_slot_hints_one_that_keep
         worker.stop().await;
         proxy.shutdown().await;
     }
+}
+
+#[tokio::test]
+async fn claude_codes_messages_are_pinned_by_translating_them_to_chat_completions_which_carry_the_hint(
+) {
+    // llama-server drops `id_slot` from `/v1/messages`: left there, Claude Code's turns and
+    // titles land wherever its own similarity rule puts them. Pinned, they are translated.
+    let (backend, proxy, worker, first_hinted) = claude_code_relay(3).await;
+    let anthropic = |model: &str, system: &str, user: String| {
+        json!({"model": model, "max_tokens": 16, "system": system,
+            "messages": [{"role": "user", "content": user}]})
+    };
+    let mut sent = Vec::new();
+    for n in 1..=2 {
+        for session in ["alpha", "beta"] {
+            let body = anthropic(
+                "claude-sonnet-4-5",
+                "A long shared system prompt.",
+                format!("{session}: question {n}"),
+            );
+            sent.push((session, body));
+        }
+        let title = anthropic(
+            "claude-haiku-4-5",
+            "Write a five-word title.",
+            format!("alpha: question {n}"),
+        );
+        sent.push(("title", title));
+    }
+    for (name, body) in &sent {
+        let session = if *name == "title" { "alpha" } else { name };
+        let (status, _, text) = post_raw(
+            &proxy.url(),
+            "/v1/messages?beta=true",
+            body.to_string(),
+            &[
+                ("x-claude-code-session-id", session),
+                ("anthropic-version", "2023-06-01"),
+            ],
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+        let answer: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(answer["type"], "message", "an Anthropic answer: {answer}");
+    }
+    assert!(
+        backend.messages.lock().unwrap().is_empty(),
+        "none went to /v1/messages, where the hint would be lost"
+    );
+    let seen = backend.bodies()[first_hinted..].to_vec();
+    assert_eq!(seen.len(), sent.len(), "{seen:?}");
+    let slots: Vec<(&str, u64)> = sent
+        .iter()
+        .zip(seen)
+        .map(|((name, _), seen)| {
+            assert_eq!(seen["messages"][0]["role"], "system", "translated: {seen}");
+            let (_, slot, cache) = split_hint(seen);
+            assert_eq!(cache, Some(true));
+            (*name, slot.expect("a slot hint"))
+        })
+        .collect();
+    let slot_of = |name: &str| -> Vec<u64> {
+        slots
+            .iter()
+            .filter(|(c, _)| *c == name)
+            .map(|(_, s)| *s)
+            .collect()
+    };
+    let (alpha, beta, titles) = (slot_of("alpha"), slot_of("beta"), slot_of("title"));
+    assert!(alpha.iter().all(|s| *s == alpha[0]), "{slots:?}");
+    assert!(beta.iter().all(|s| *s == beta[0]), "{slots:?}");
+    assert_ne!(alpha[0], beta[0]);
+    assert_eq!(titles, vec![3 - alpha[0] - beta[0]; 2], "{slots:?}");
+    worker.stop().await;
+    proxy.shutdown().await;
 }
 
 #[tokio::test]

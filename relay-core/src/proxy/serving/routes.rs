@@ -251,7 +251,7 @@ impl RequestHead {
             forwarded,
             client_auth,
             placement: Placement {
-                slot_hinted: Endpoint::of(uri.path()).takes_slot_hint(),
+                slot_hinted: Endpoint::of(uri.path()).pinnable(),
                 ..placement
             },
         }
@@ -669,11 +669,13 @@ mod tests {
     #[test]
     fn a_request_is_slot_hinted_only_on_the_routes_where_llama_server_reads_the_hint() {
         // Cost routing counts a side request first on a box that pins slots only where the
-        // worker can pin it: llama-server drops `id_slot` from `/v1/messages`.
+        // worker can pin it: chat and text completions, and Claude Code's `/v1/messages`
+        // (translated to chat completions to carry the hint); not the Responses API.
         for (path, hinted) in [
             ("/v1/chat/completions", true),
             ("/v1/completions", true),
-            ("/v1/messages?beta=true", false),
+            ("/v1/messages?beta=true", true),
+            ("/v1/messages/count_tokens", false),
             ("/v1/responses", false),
         ] {
             assert_eq!(head(path, &[]).placement.slot_hinted, hinted, "{path}");

@@ -233,6 +233,7 @@ impl Upstreams {
             is_streaming: request.is_streaming,
             body: request.body,
             headers: upstream.headers(&request.headers),
+            slot: None,
         };
         let (events, answers) = mpsc::channel(UPSTREAM_EVENTS);
         let task = tokio::spawn(backend.serve(call, events));

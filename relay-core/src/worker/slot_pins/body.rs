@@ -2,13 +2,6 @@
 //! builds turn on by default and older ones need) as the first members of the JSON object the
 //! client sent. Pure text work: the body is not parsed again.
 
-/// Whether llama-server reads `id_slot` from a body sent to `path`: its OpenAI chat and text
-/// completion routes and its own `/completion`. Its `/v1/messages` and `/v1/responses` convert
-/// the body and drop members they do not know, so a hint there would be lost.
-pub fn takes_slot_hint(path: &str) -> bool {
-    crate::endpoint::Endpoint::of(path).takes_slot_hint()
-}
-
 /// `body` with `"id_slot":slot` (and `"cache_prompt":true` unless it names `cache_prompt`)
 /// added, or `None` when the body is not a JSON object or already names `id_slot` (the
 /// client's own choice stands).
@@ -41,6 +34,7 @@ pub fn with_slot(body: &str, slot: u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::endpoint::Endpoint;
     use serde_json::{json, Value};
 
     fn parsed(body: &str) -> Value {
@@ -99,7 +93,7 @@ mod tests {
             "/v1/completions",
             "/completion",
         ] {
-            assert!(takes_slot_hint(path), "{path}");
+            assert!(Endpoint::of(path).takes_slot_hint(), "{path}");
         }
         for path in [
             "/v1/messages",
@@ -109,7 +103,7 @@ mod tests {
             "/V1/CHAT/COMPLETIONS",
             "",
         ] {
-            assert!(!takes_slot_hint(path), "{path}");
+            assert!(!Endpoint::of(path).takes_slot_hint(), "{path}");
         }
     }
 

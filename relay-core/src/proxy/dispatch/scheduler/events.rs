@@ -72,11 +72,11 @@ pub struct Placement {
     /// header): boxes keep a slot for them from the session's first turn, not only once the
     /// first side request came ([`Scheduler::leaves_no_side_slot`]).
     pub expects_side_requests: bool,
-    /// Its endpoint takes llama-server's slot hint (chat and text completions,
-    /// [`crate::endpoint::Endpoint::takes_slot_hint`]): a worker that pins slots puts it where
-    /// its slot table says, a side request in the lowest free slot, which llama-server
-    /// evaluates first. Anthropic's `/v1/messages` (Claude Code's) does not: llama-server
-    /// drops the hint there and places the request itself.
+    /// A worker that pins slots pins requests of its endpoint
+    /// ([`crate::endpoint::Endpoint::pinnable`]: chat and text completions, and Claude Code's
+    /// `/v1/messages`, translated to carry the hint): it puts it where its slot table says, a
+    /// side request in the lowest free slot, which llama-server evaluates first. The Responses
+    /// API goes as it came, and llama-server places it itself.
     pub slot_hinted: bool,
 }
 

@@ -79,10 +79,9 @@ pub struct SpeedView {
     prompt_tps: Option<f64>,
     /// Tokens generated per second.
     generation_tps: Option<f64>,
-    /// Whether it evaluates side requests (titles, summaries) sent on chat completions before
-    /// the turns waiting there: its worker gives them the lowest slot of a llama-server, which
-    /// evaluates slots in order, so cost routing counts about one batch of prompt ahead of them,
-    /// not all that waits. (Claude Code's `/v1/messages` takes no slot hint.)
+    /// Whether it evaluates side requests (titles, summaries) before the turns waiting there:
+    /// its worker gives them the lowest slot of a llama-server, which evaluates slots in order,
+    /// so cost routing counts about one batch of prompt ahead of them, not all that waits.
     sides_first: bool,
 }
 
