@@ -933,6 +933,18 @@ mod tests {
         assert!(asleep.to_json().contains(r#""going_to_sleep":true"#));
     }
 
+    /// A `register` and a `models_update` whose extension `field` holds the JSON `value`.
+    fn register_and_update_with(field: &str, value: &str) -> [String; 2] {
+        [
+            format!(
+                r#"{{"type":"register","worker_name":"w","models":["m"],"max_concurrent":1,"{field}":{value}}}"#
+            ),
+            format!(
+                r#"{{"type":"models_update","models":["m"],"current_load":0,"{field}":{value}}}"#
+            ),
+        ]
+    }
+
     #[test]
     fn warm_ups_are_optional_lenient_and_absent_when_unset() {
         let warm_up = r#"{"model":"m","timings":{"prompt_tokens":1000,"prompt_ms":400.0,"generated_tokens":16,"generation_ms":200.0}}"#;
@@ -949,14 +961,7 @@ mod tests {
             (r#""fast""#.to_string(), None),
             ("null".to_string(), None),
         ] {
-            for message in [
-                format!(
-                    r#"{{"type":"register","worker_name":"w","models":["m"],"max_concurrent":1,"warm_ups":{value}}}"#
-                ),
-                format!(
-                    r#"{{"type":"models_update","models":["m"],"current_load":0,"warm_ups":{value}}}"#
-                ),
-            ] {
+            for message in register_and_update_with("warm_ups", &value) {
                 let warm_ups = match WorkerToServer::from_json(&message).unwrap() {
                     WorkerToServer::Register(register) => register.warm_ups,
                     WorkerToServer::ModelsUpdate(update) => update.warm_ups,
@@ -992,14 +997,7 @@ mod tests {
             (r#"{"m":true}"#.to_string(), None),
             ("null".to_string(), None),
         ] {
-            for message in [
-                format!(
-                    r#"{{"type":"register","worker_name":"w","models":["m"],"max_concurrent":1,"sides_first":{value}}}"#
-                ),
-                format!(
-                    r#"{{"type":"models_update","models":["m"],"current_load":0,"sides_first":{value}}}"#
-                ),
-            ] {
+            for message in register_and_update_with("sides_first", &value) {
                 let sides_first = match WorkerToServer::from_json(&message).unwrap() {
                     WorkerToServer::Register(register) => register.sides_first,
                     WorkerToServer::ModelsUpdate(update) => update.sides_first,

@@ -234,6 +234,15 @@ async fn claude_code_relay(slots: u32) -> (LlamaLike, RunningProxy, RunningWorke
     (backend, proxy, worker, first_hinted)
 }
 
+/// The slots of the requests sent as `name`, in order.
+fn slots_named(slots: &[(&str, u64)], name: &str) -> Vec<u64> {
+    slots
+        .iter()
+        .filter(|(sent, _)| *sent == name)
+        .map(|(_, slot)| *slot)
+        .collect()
+}
+
 /// The body without the hint, and the hint.
 fn split_hint(mut body: Value) -> (Value, Option<u64>, Option<bool>) {
     let object = body.as_object_mut().expect("an object");
@@ -392,13 +401,7 @@ async fn claude_codes_messages_are_pinned_by_translating_them_to_chat_completion
             (*name, slot.expect("a slot hint"))
         })
         .collect();
-    let slot_of = |name: &str| -> Vec<u64> {
-        slots
-            .iter()
-            .filter(|(c, _)| *c == name)
-            .map(|(_, s)| *s)
-            .collect()
-    };
+    let slot_of = |name: &str| slots_named(&slots, name);
     let (alpha, beta, titles) = (slot_of("alpha"), slot_of("beta"), slot_of("title"));
     assert!(alpha.iter().all(|s| *s == alpha[0]), "{slots:?}");
     assert!(beta.iter().all(|s| *s == beta[0]), "{slots:?}");
@@ -453,13 +456,7 @@ async fn side_requests_take_the_slot_kept_for_no_conversation_and_leave_the_conv
             (*conversation, slot.expect("a slot hint"))
         })
         .collect();
-    let slot_of = |name: &str| -> Vec<u64> {
-        slots
-            .iter()
-            .filter(|(c, _)| *c == name)
-            .map(|(_, s)| *s)
-            .collect()
-    };
+    let slot_of = |name: &str| slots_named(&slots, name);
     let (alpha, beta, titles) = (slot_of("alpha"), slot_of("beta"), slot_of("title"));
     assert!(
         alpha.iter().all(|s| *s == alpha[0]),

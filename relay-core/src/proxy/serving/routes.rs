@@ -667,7 +667,7 @@ mod tests {
     }
 
     #[test]
-    fn a_request_is_slot_hinted_only_on_the_routes_where_llama_server_reads_the_hint() {
+    fn a_request_is_slot_hinted_only_on_the_routes_the_worker_pins() {
         // Cost routing counts a side request first on a box that pins slots only where the
         // worker can pin it: chat and text completions, and Claude Code's `/v1/messages`
         // (translated to chat completions to carry the hint); not the Responses API.

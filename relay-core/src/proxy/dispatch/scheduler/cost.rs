@@ -666,6 +666,11 @@ pub(super) mod tests {
             prompt_tokens: Some(tokens),
             ..Placement::default()
         };
+        placed(s, id, placement, now)
+    }
+
+    /// Submits request `id` of `placement` at `now`: the worker it was dispatched to.
+    fn placed(s: &mut Scheduler, id: RequestId, placement: Placement, now: Instant) -> WorkerId {
         match s.submit(id, "m", placement, now).expect("accepted") {
             Submitted::Dispatched { worker, .. } => worker,
             other => panic!("not placed: {other:?}"),
@@ -721,8 +726,8 @@ pub(super) mod tests {
         (s, ids, now)
     }
 
-    /// A title of 1,000 tokens, sent on chat completions (`slot_hinted`) or on Claude Code's
-    /// `/v1/messages`, where llama-server drops the slot hint.
+    /// A title of 1,000 tokens, on a route the worker pins (`slot_hinted`: chat completions,
+    /// Claude Code's `/v1/messages`) or on one it does not (the Responses API).
     fn title(s: &mut Scheduler, id: RequestId, slot_hinted: bool, now: Instant) -> WorkerId {
         let placement = Placement {
             affinity: Some(1000 + id),
@@ -731,10 +736,7 @@ pub(super) mod tests {
             slot_hinted,
             ..Placement::default()
         };
-        match s.submit(id, "m", placement, now).expect("accepted") {
-            Submitted::Dispatched { worker, .. } => worker,
-            other => panic!("not placed: {other:?}"),
-        }
+        placed(s, id, placement, now)
     }
 
     #[test]
@@ -754,9 +756,9 @@ pub(super) mod tests {
         );
         assert!((weighed.other_secs - 1.67).abs() < 0.01, "{weighed:?}");
         assert!((weighed.answer_secs + 1.07).abs() < 0.01, "{weighed:?}");
-        // Sent on `/v1/messages` (Claude Code's), where llama-server drops the hint and places
-        // the title itself: it may wait behind the whole first turn there (4.7 s), and goes
-        // to the slow box.
+        // Sent on a route the worker does not pin (the Responses API), llama-server places the
+        // title itself: it may wait behind the whole first turn there (4.7 s), and goes to the
+        // slow box.
         let (mut s, ids, now) = first_run_with_a_first_turn(true);
         assert_eq!(title(&mut s, 2, false, now), ids[0]);
         // Nor from a worker that does not say it evaluates side requests first.
