@@ -260,15 +260,15 @@ struct ClaudeRun {
 }
 
 /// `claude -p PROMPT` (with `--continue` to go on with the last session), set up as the
-/// README's client table says: the relay URL and a dummy token. `model` sets
-/// `ANTHROPIC_MODEL`; `None` leaves it unset, as a new user would.
+/// README's client table says: the relay URL and a dummy token, and `env` beside them (nothing
+/// more, as a new user would: `ANTHROPIC_MODEL` unset).
 fn claude(
     stack: &Stack,
     home: &Path,
     relay: &str,
     prompt: &str,
     continued: bool,
-    model: Option<&str>,
+    env: &[(&str, &str)],
 ) -> ClaudeRun {
     let mut command = Command::new(stack.claude.as_ref().expect("claude installed"));
     command.arg("-p");
@@ -286,9 +286,7 @@ fn claude(
         // No update checks, telemetry or other calls out of this offline box.
         .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
         .env("DISABLE_AUTOUPDATER", "1");
-    if let Some(model) = model {
-        command.env("ANTHROPIC_MODEL", model);
-    }
+    command.envs(env.iter().copied());
     let started = Instant::now();
     let mut running = Running::spawn(command);
     let status = running.wait_exit(CLAUDE_BOUND);
@@ -351,10 +349,10 @@ fn answered_first_try(running: &Running, relay: &str, data: &Path, requests: u64
     );
 }
 
-/// Three turns of one Claude Code session through the relay (no `ANTHROPIC_MODEL`): each
-/// answered on the first try, well before a queue timeout; turns 2 and 3 take ≥ 95% of their
-/// prompt from llama-server's cache. Returns the transcript's message ids.
-fn three_turns_reuse_the_cache(stack: &Stack, config: &str) -> Vec<String> {
+/// Three turns of one Claude Code session through the relay (no `ANTHROPIC_MODEL`; `env` set
+/// for Claude Code): each answered on the first try, well before a queue timeout; turns 2 and 3
+/// take ≥ 95% of their prompt from llama-server's cache. Returns the transcript's message ids.
+fn three_turns_reuse_the_cache(stack: &Stack, config: &str, env: &[(&str, &str)]) -> Vec<String> {
     let dir = TempDir::new("claude-code-real");
     let (data, home) = (dir.path().join("relay"), dir.path().join("home"));
     std::fs::create_dir_all(&data).unwrap();
@@ -365,7 +363,7 @@ fn three_turns_reuse_the_cache(stack: &Stack, config: &str) -> Vec<String> {
 
     let prompts = ["Say hello.", "Now say it again, louder.", "One more time."];
     for (turn, prompt) in prompts.iter().enumerate() {
-        let run = claude(stack, &home, &url, prompt, turn > 0, None);
+        let run = claude(stack, &home, &url, prompt, turn > 0, env);
         assert!(
             run.took < QUEUE_TIMEOUT,
             "turn {}: {:?} — nothing may wait for a queue timeout",
@@ -420,7 +418,7 @@ fn claude_code_with_nothing_but_the_url_answers_every_turn_at_once_from_the_cach
     ) else {
         return;
     };
-    let ids = three_turns_reuse_the_cache(&stack, "");
+    let ids = three_turns_reuse_the_cache(&stack, "", &[]);
     // The worker pinned the session to a slot, so it translated /v1/messages to chat
     // completions, which carry the hint (llama-server drops `id_slot` from /v1/messages): the
     // ids are the relay's own, not llama-server's (`chatcmpl-…`).
@@ -437,12 +435,31 @@ fn claude_code_reuses_the_backends_cache_through_the_translation_path() {
         return;
     };
     // The worker treats the backend as chat-only: Messages become chat completions.
-    let ids = three_turns_reuse_the_cache(&stack, "[worker]\nnative_messages = false\n");
+    let ids = three_turns_reuse_the_cache(&stack, "[worker]\nnative_messages = false\n", &[]);
     assert_eq!(ids.len(), 3, "{ids:?}");
     assert!(
         ids.iter().all(|id| id.starts_with("msg_")),
         "the translator's ids: {ids:?}"
     );
+}
+
+#[test]
+fn claude_code_that_takes_the_relay_for_anthropic_still_answers_from_the_cache() {
+    let Some(stack) = realstack::stack(
+        "claude_code_that_takes_the_relay_for_anthropic_still_answers_from_the_cache",
+        true,
+    ) else {
+        return;
+    };
+    // Told its base URL is Anthropic's own (as a gateway may tell it), Claude Code opens every
+    // system prompt with a billing line that changes with each request: a hash of the request
+    // and turn counters. The relay leaves the line out of what the backend sees.
+    let ids = three_turns_reuse_the_cache(
+        &stack,
+        "",
+        &[("_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL", "1")],
+    );
+    assert_eq!(ids.len(), 3, "{ids:?}");
 }
 
 #[test]
@@ -457,9 +474,10 @@ fn claude_code_with_anthropic_model_set_answers_too() {
     std::fs::create_dir_all(&home).unwrap();
     let llama = LlamaServer::start(&stack, dir.path(), 65536, 2);
     let (mut relay, url) = zero_config_relay(&data, "", &[llama.port()]);
-    let run = claude(&stack, &home, &url, "Say hello.", false, Some(MODEL));
+    let model = [("ANTHROPIC_MODEL", MODEL)];
+    let run = claude(&stack, &home, &url, "Say hello.", false, &model);
     assert!(run.took < QUEUE_TIMEOUT, "{:?}", run.took);
-    let run = claude(&stack, &home, &url, "Again.", true, Some(MODEL));
+    let run = claude(&stack, &home, &url, "Again.", true, &model);
     assert!(run.took < QUEUE_TIMEOUT, "{:?}", run.took);
     answered_first_try(&relay, &url, &data, 2);
     relay.terminate_cleanly();

@@ -19,6 +19,7 @@ use super::Identity;
 /// Reads a Messages request.
 ///
 /// Dropped without error, because a chat backend has no use for them: `cache_control`,
+/// Claude Code's billing line in `system` ([`without_billing_header`]),
 /// `metadata` (except `user_id`), `thinking` and `output_config` settings, `context_management`,
 /// `redacted_thinking` blocks, citations, and server-side tools (`web_search_*`, ...) — a tool
 /// the backend cannot run only narrows what the model may do, which beats failing an agent's
@@ -79,18 +80,50 @@ pub fn parse_request(body: &Value) -> Result<Request, AdapterError> {
     Ok(request)
 }
 
-/// `system`: a string or a list of text blocks.
+/// `system`: a string or a list of text blocks, without Claude Code's billing line.
 fn system_texts(at: &At) -> Result<Vec<String>, AdapterError> {
-    if let Some(text) = at.value().as_str() {
-        return Ok(vec![text.to_string()]);
-    }
-    at.items()?
-        .iter()
-        .map(|block| match block.kind()? {
-            "text" => Ok(block.require("text")?.str()?.to_string()),
-            other => Err(block.unsupported_type(other)),
+    let texts = match at.value().as_str() {
+        Some(text) => vec![text],
+        None => at
+            .items()?
+            .iter()
+            .map(|block| match block.kind()? {
+                "text" => block.require("text")?.str(),
+                other => Err(block.unsupported_type(other)),
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    // A block that was nothing but the billing line goes; an empty block the client sent stays.
+    Ok(texts
+        .into_iter()
+        .filter_map(|text| match without_billing_header(text) {
+            "" if !text.is_empty() => None,
+            rest => Some(rest.to_string()),
         })
-        .collect()
+        .collect())
+}
+
+/// How Claude Code's billing line starts: `x-anthropic-billing-header: cc_version=…;
+/// cc_entrypoint=…;`, the first block of its system prompt.
+const BILLING_HEADER: &str = "x-anthropic-billing-header:";
+
+/// `text` without a leading Claude Code billing line (and the blank lines after it).
+///
+/// The line is Anthropic's attribution, meaningless to a local model. Against Anthropic's own
+/// URL (or a gateway that claims to be it) Claude Code also puts a hash of the request and turn
+/// counters in it (`cch=`, `cc_prev_req=`, `cc_prompt_index=`, ...), so it changes with every
+/// request. As the first thing a prompt says, that would make every turn's prompt differ from
+/// its first token on, and a backend's prompt cache would keep nothing of the conversation.
+/// (llama-server's own `/v1/messages` blanks `cch=` alone; the relay translates Claude Code's
+/// requests itself to pin them to slots, so it drops the line.)
+pub fn without_billing_header(text: &str) -> &str {
+    if !text.starts_with(BILLING_HEADER) {
+        return text;
+    }
+    match text.split_once('\n') {
+        Some((_, rest)) => rest.trim_start_matches(['\r', '\n']),
+        None => "",
+    }
 }
 
 /// Message content: a string or a list of blocks.

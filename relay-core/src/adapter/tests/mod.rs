@@ -2,6 +2,7 @@
 //! input. Fixtures live in `relay-core/tests/fixtures/adapter/`; run with `ADAPTER_BLESS=1` to
 //! rewrite the expected files after an intended change (then review the diff).
 
+mod billing;
 mod errors;
 mod golden;
 mod history;
