@@ -23,7 +23,7 @@ struct Dialect {
     request: fn(model: &str, stream: bool) -> Value,
 }
 
-const DIALECTS: [Dialect; 2] = [
+const DIALECTS: [Dialect; 3] = [
     Dialect {
         name: "adapter messages",
         path: "/v1/messages",
@@ -31,6 +31,11 @@ const DIALECTS: [Dialect; 2] = [
             json!({"model": model, "max_tokens": DELTAS, "stream": stream,
                    "messages": [{"role": "user", "content": "hi"}]})
         },
+    },
+    Dialect {
+        name: "adapter messages, Claude Code's size",
+        path: "/v1/messages",
+        request: claude_code_turn,
     },
     Dialect {
         name: "adapter responses",
@@ -42,6 +47,37 @@ const DIALECTS: [Dialect; 2] = [
         },
     },
 ];
+
+/// A request the size and shape of a Claude Code turn (about 60 KB, as its ~12,000-token
+/// prompts are): the billing line and a long system prompt, a score of tools with schemas, and
+/// a conversation of tool calls and results. Claude Code's turns reach a llama-server with slot
+/// hints translated (`BackendRequest::slot`), so this is what each of them costs the worker.
+fn claude_code_turn(model: &str, stream: bool) -> Value {
+    let prose =
+        |words: usize| -> String { (0..words).map(|i| format!("rule{} ", i % 89)).collect() };
+    let tools: Vec<Value> = (0..20)
+        .map(|i| {
+            json!({"name": format!("Tool{i}"), "description": prose(60),
+                   "input_schema": {"type": "object", "properties": {
+                       "path": {"type": "string", "description": prose(12)},
+                       "limit": {"type": "integer"}}, "required": ["path"]}})
+        })
+        .collect();
+    let mut messages = vec![json!({"role": "user", "content": "Fix the failing test."})];
+    for i in 0..6 {
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "text", "text": prose(30)},
+            {"type": "tool_use", "id": format!("toolu_{i}"), "name": "Tool1",
+             "input": {"path": format!("src/file{i}.rs")}}]}));
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": format!("toolu_{i}"), "content": prose(300)}]}));
+    }
+    json!({"model": model, "max_tokens": DELTAS, "stream": stream,
+           "system": [
+               {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.330; cc_entrypoint=cli;"},
+               {"type": "text", "text": prose(4000), "cache_control": {"type": "ephemeral"}}],
+           "tools": tools, "messages": messages})
+}
 
 /// Every adapter row: per dialect, unary p50 and streamed deltas/s, pass-through against
 /// translated, and the worker's CPU per delta for each.

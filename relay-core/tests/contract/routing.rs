@@ -303,6 +303,9 @@ async fn warmable_llama_server(
                 seen.lock().unwrap().push(body);
                 async move {
                     if probe {
+                        // Answered well after the warm-up's own catalog refresh has gone out:
+                        // the verdict must travel on its own.
+                        tokio::time::sleep(Duration::from_millis(300)).await;
                         let cached = if keeps_pins { 100 } else { 0 };
                         return axum::Json(json!({"content": "x", "timings": {
                             "cache_n": cached, "prompt_n": 100 - cached, "prompt_ms": 4.0,
@@ -394,7 +397,12 @@ async fn a_worker_says_its_llama_server_evaluates_side_requests_first_once_its_s
     for keeps_pins in [true, false] {
         let (backend, completions) = warmable_llama_server(&[MODEL], keeps_pins).await;
         let proxy = start_proxy(test_config()).await;
-        let worker = RunningWorker::start(&proxy, &backend, None, 2);
+        // No periodic catalog refresh comes within the test: the worker tells the proxy
+        // because the probe answered, not because it happened to read its catalog again.
+        let mut config = relay_core::worker::WorkerConfig::new(&proxy.url(), SECRET, &backend);
+        config.max_concurrent = 2;
+        config.model_refresh_interval = Duration::from_secs(600);
+        let worker = RunningWorker::start_with(config);
         // Before any request: the slot probe runs once the warm-up is done, and the worker
         // tells the proxy what it found.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -22,6 +22,8 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
 
 use axum::http::HeaderMap;
+
+use crate::adapter::anthropic_messages::without_billing_header;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -204,7 +206,9 @@ fn prefix_key(hints: &BodyFields<'_>) -> Option<u64> {
     feed(&mut hasher, b"prefix");
     for system in [hints.system, hints.instructions].into_iter().flatten() {
         feed(&mut hasher, b"system");
-        feed_text(&mut hasher, system);
+        // As the worker sends it: without Claude Code's billing line, which may change with
+        // every request.
+        feed_text(&mut hasher, system, without_billing_header);
     }
     if let Some(tools) = hints
         .tools
@@ -234,7 +238,7 @@ fn prefix_key(hints: &BodyFields<'_>) -> Option<u64> {
                 let role = lead.role.as_deref().unwrap_or("");
                 feed(&mut hasher, role.as_bytes());
                 if let Some(content) = lead.content {
-                    feed_text(&mut hasher, content);
+                    feed_text(&mut hasher, content, |text| text);
                 }
                 if role == "user" {
                     break;
@@ -259,18 +263,18 @@ fn prefix_key(hints: &BodyFields<'_>) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// Feeds the text of a content value: a string, or the `text` of each part of an array; any
-/// other part (an image) by its JSON.
-fn feed_text(hasher: &mut impl Hasher, content: &RawValue) {
+/// Feeds the text of a content value, each text read through `read`: a string, or the `text`
+/// of each part of an array; any other part (an image) by its JSON.
+fn feed_text(hasher: &mut impl Hasher, content: &RawValue, read: fn(&str) -> &str) {
     if let Some(text) = string(content) {
-        feed(hasher, text.as_bytes());
+        feed(hasher, read(&text).as_bytes());
         return;
     }
     match serde_json::from_str::<Vec<&RawValue>>(content.get()) {
         Ok(parts) => {
             for part in parts {
                 match serde_json::from_str::<Part<'_>>(part.get()) {
-                    Ok(Part { text: Some(text) }) => feed(hasher, text.as_bytes()),
+                    Ok(Part { text: Some(text) }) => feed(hasher, read(&text).as_bytes()),
                     _ => feed(hasher, part.get().as_bytes()),
                 }
             }

@@ -85,6 +85,32 @@ fn anthropic_cache_control_markers_moving_between_turns_leave_the_key_alone() {
 }
 
 #[test]
+fn claude_codes_billing_line_changing_between_requests_leaves_the_key_alone() {
+    // Told its base URL is Anthropic's, Claude Code hashes each request into the line; the
+    // worker leaves the line out of the prompt, so the key does too.
+    let side_request = |billing: &str| {
+        json!({
+            "model": "claude-haiku-4-5",
+            "system": [
+                {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.330; cc_entrypoint=cli;{billing}")},
+                {"type": "text", "text": "Write a five-word title for the conversation."}
+            ],
+            "messages": [{"role": "user", "content": "fix the bug"}],
+        })
+    };
+    assert_eq!(
+        key(side_request(" cch=3f9a1; cc_prompt_index=1;")),
+        key(side_request(" cch=b77c0; cc_prompt_index=2;"))
+    );
+    // Elsewhere than a system text's start, the same words are the user's.
+    let quoted = |billing: &str| {
+        json!({"model": "m", "system": format!("Quote: x-anthropic-billing-header: {billing}"),
+               "messages": [{"role": "user", "content": "hi"}]})
+    };
+    assert_ne!(key(quoted("cch=1")), key(quoted("cch=2")));
+}
+
+#[test]
 fn a_responses_continuation_expanded_from_previous_response_id_keeps_the_first_turns_key() {
     let first = json!({"model": "m", "instructions": "be brief", "input": "hello"});
     // What `responses_api::prepare` sends for `previous_response_id`: the history as items.
