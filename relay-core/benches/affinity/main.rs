@@ -24,7 +24,11 @@
 //! `/v1/messages`, as Claude Code sends them, which llama-server serves natively and which
 //! takes no slot hint: llama-server drops `id_slot` there; the reuse then comes from the
 //! stream's `usage`, and llama-server reports no prompt time there, so that column reads 0)
-//! and `AFFINITY_MODEL` (another GGUF file) change the run;
+//! `AFFINITY_SUBAGENTS=1` (with `AFFINITY_API=messages`: before every third turn the
+//! conversation runs a subagent, as Claude Code's Task tool does: three turns of a conversation
+//! of its own, on the main model, with a system prompt of its own and the same session header;
+//! every system prompt opens with Claude Code's billing line, whose `cc_is_subagent=true` marks
+//! the subagent's) and `AFFINITY_MODEL` (another GGUF file) change the run;
 //! `AFFINITY_WORKER_LOG` is the workers' log level (`warn` by default).
 
 #[path = "../relay/llama.rs"]
@@ -319,12 +323,16 @@ async fn conversation(
     seed: u64,
 ) -> Vec<Turn> {
     let mut rng = Rng(seed | 1);
-    let mut messages = vec![json!({"role": "system", "content": system})];
+    let mut messages =
+        vec![json!({"role": "system", "content": claude_code_system(&system, false)})];
     let mut out: Vec<Turn> = Vec::new();
     // Staggered starts, as real sessions begin.
     tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
-    let session = side_requests().then(|| format!("session-{seed}"));
+    let session = (side_requests() || subagents()).then(|| format!("session-{seed}"));
     for index in 1..=turns {
+        if let (true, Some(session)) = (subagents() && index % 3 == 0, session.as_deref()) {
+            subagent(&client, &url, session, &mut rng, (seed, index)).await;
+        }
         let question = format!(
             "Turn {index} of conversation {seed}: {}",
             words(&mut rng, 60)
@@ -348,6 +356,58 @@ async fn conversation(
         tokio::time::sleep(Duration::from_millis(200 + rng.below(1300))).await;
     }
     out
+}
+
+/// `AFFINITY_SUBAGENTS=1`: a subagent before every third turn (see the module).
+fn subagents() -> bool {
+    let on = std::env::var("AFFINITY_SUBAGENTS").is_ok_and(|v| v == "1");
+    assert!(
+        !on || messages_api(),
+        "AFFINITY_SUBAGENTS=1 needs AFFINITY_API=messages: Claude Code's subagents speak Anthropic's API"
+    );
+    on
+}
+
+/// A system prompt as Claude Code sends one with `AFFINITY_SUBAGENTS=1`: its billing line first
+/// (`cc_is_subagent=true` in a subagent's), then `prompt`; otherwise `prompt` alone.
+fn claude_code_system(prompt: &str, subagent: bool) -> Value {
+    if !subagents() {
+        return json!(prompt);
+    }
+    let marker = if subagent {
+        " cc_is_subagent=true;"
+    } else {
+        ""
+    };
+    json!([
+        {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.330; cc_entrypoint=cli;{marker}")},
+        {"type": "text", "text": prompt},
+    ])
+}
+
+/// A subagent of conversation `seed`, before its turn `index`: three turns of a conversation of
+/// its own on the main model (a search, its tool results, a report), under the session header.
+async fn subagent(
+    client: &reqwest::Client,
+    url: &str,
+    session: &str,
+    rng: &mut Rng,
+    (seed, index): (u64, usize),
+) {
+    let prompt = format!(
+        "You are a search agent of conversation {seed}. {}",
+        words(rng, 400)
+    );
+    let mut messages = vec![
+        json!({"role": "system", "content": claude_code_system(&prompt, true)}),
+        json!({"role": "user", "content": format!("Task before turn {index}: {}", words(rng, 40))}),
+    ];
+    for step in 1..=3 {
+        let (answer, _) = turn(client, url, &messages, step, Some(session)).await;
+        messages.push(json!({"role": "assistant", "content": answer}));
+        messages
+            .push(json!({"role": "user", "content": format!("Tool result: {}", words(rng, 40))}));
+    }
 }
 
 /// `AFFINITY_SIDE_REQUESTS=1`: side requests beside the turns (see the module).

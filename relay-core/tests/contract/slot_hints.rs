@@ -412,6 +412,100 @@ async fn claude_codes_messages_are_pinned_by_translating_them_to_chat_completion
 }
 
 #[tokio::test]
+async fn a_claude_code_subagent_keeps_a_slot_of_its_own_and_leaves_its_conversations_alone() {
+    // Claude Code's Task tool runs a subagent: a conversation of its own under the main
+    // conversation's session id, on the main model (or the small one, its Explore agent). Its
+    // billing line says `cc_is_subagent=true`. Keyed by the session alone, its turns took the
+    // main conversation's slot, whose next turn evaluated its whole prompt again.
+    let (backend, proxy, worker, first_hinted) = claude_code_relay(4).await;
+    let request = |model: &str, subagent: bool, prompt: &str, task: &str, turns: usize| {
+        let marker = if subagent {
+            " cc_is_subagent=true;"
+        } else {
+            ""
+        };
+        let mut messages = vec![json!({"role": "user", "content": task})];
+        for n in 1..turns {
+            messages.push(json!({"role": "assistant", "content": format!("step {n}")}));
+            messages.push(json!({"role": "user", "content": format!("result {n}")}));
+        }
+        json!({"model": model, "max_tokens": 16, "messages": messages, "system": [
+            {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.330; cc_entrypoint=cli;{marker}")},
+            {"type": "text", "text": prompt}]})
+    };
+    let main = |turns| {
+        request(
+            "claude-sonnet-4-5",
+            false,
+            "You are Claude Code.",
+            "fix it",
+            turns,
+        )
+    };
+    let tests = |turns| {
+        request(
+            "claude-sonnet-4-5",
+            true,
+            "You are an agent.",
+            "run the tests",
+            turns,
+        )
+    };
+    let explore = |turns| {
+        request(
+            "claude-haiku-4-5",
+            true,
+            "You explore.",
+            "find the docs",
+            turns,
+        )
+    };
+    let sent = [
+        ("main", main(1)),
+        ("tests", tests(1)),
+        ("tests", tests(2)),
+        ("explore", explore(1)),
+        ("explore", explore(2)),
+        ("main", main(2)),
+        ("tests", tests(3)),
+        ("main", main(3)),
+    ];
+    for (_, body) in &sent {
+        let (status, _, text) = post_raw(
+            &proxy.url(),
+            "/v1/messages?beta=true",
+            body.to_string(),
+            &[
+                ("x-claude-code-session-id", "alpha"),
+                ("anthropic-version", "2023-06-01"),
+            ],
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let seen = backend.bodies()[first_hinted..].to_vec();
+    assert_eq!(seen.len(), sent.len(), "{seen:?}");
+    let slots: Vec<(&str, u64)> = sent
+        .iter()
+        .zip(seen)
+        .map(|((name, _), seen)| {
+            let (_, slot, _) = split_hint(seen);
+            (*name, slot.expect("a slot hint"))
+        })
+        .collect();
+    let slot_of = |name: &str| slots_named(&slots, name);
+    let (main, tests, explore) = (slot_of("main"), slot_of("tests"), slot_of("explore"));
+    for turns in [&main, &tests, &explore] {
+        assert!(turns.iter().all(|s| *s == turns[0]), "{slots:?}");
+    }
+    assert_ne!(tests[0], main[0], "{slots:?}");
+    assert_ne!(explore[0], main[0], "{slots:?}");
+    assert_ne!(explore[0], tests[0], "{slots:?}");
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
 async fn side_requests_take_the_slot_kept_for_no_conversation_and_leave_the_conversations_slots_alone(
 ) {
     // Three slots, two conversations. Claude Code's titles (its small model, the

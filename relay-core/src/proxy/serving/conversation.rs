@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 
 use axum::http::HeaderMap;
 
-use crate::adapter::anthropic_messages::without_billing_header;
+use crate::adapter::anthropic_messages::{marks_a_subagent, without_billing_header};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -85,8 +85,49 @@ pub struct BodyFields<'a> {
 }
 
 /// The affinity key of a request, or `None` when nothing identifies a conversation.
+///
+/// A Claude Code subagent's request (its Task tool runs a conversation of its own, on the main
+/// model, under the main conversation's session id) is keyed by the session and its own
+/// prompt's prefix: under the session alone, its turns took the main conversation's slot and
+/// left the main conversation's next turn its whole prompt to evaluate again.
 pub fn affinity_key(headers: &HeaderMap, hints: &BodyFields<'_>) -> Option<u64> {
-    session_key(headers, hints).or_else(|| prefix_key(hints))
+    let Some(session) = session_key(headers, hints) else {
+        return prefix_key(hints);
+    };
+    let subagent = is_subagent(hints).then(|| prefix_key(hints)).flatten();
+    let Some(prefix) = subagent else {
+        return Some(session);
+    };
+    let mut hasher = hasher();
+    feed(&mut hasher, b"subagent");
+    hasher.write_u64(session);
+    hasher.write_u64(prefix);
+    Some(hasher.finish())
+}
+
+/// Bytes of a request's `system` looked at for Claude Code's subagent marker before anything is
+/// parsed: its billing line comes first, and the marker within its first fields.
+const SUBAGENT_MARKER_WITHIN: usize = 512;
+
+/// Whether `hints` are a Claude Code subagent's: its system prompt's first text is a billing
+/// line that says so ([`marks_a_subagent`]). Every Claude Code turn asks this, so the bytes are
+/// searched first and the system parsed only where the marker is.
+pub fn is_subagent(hints: &BodyFields<'_>) -> bool {
+    const MARKER: &[u8] = b"cc_is_subagent=true";
+    let Some(system) = hints.system else {
+        return false;
+    };
+    let head = system.get().as_bytes();
+    let head = &head[..head.len().min(SUBAGENT_MARKER_WITHIN)];
+    if !head.windows(MARKER.len()).any(|window| window == MARKER) {
+        return false;
+    }
+    let first = string(system).or_else(|| {
+        let blocks: Vec<&RawValue> = serde_json::from_str(system.get()).ok()?;
+        let block: Part<'_> = serde_json::from_str(blocks.first()?.get()).ok()?;
+        block.text
+    });
+    first.is_some_and(|text| marks_a_subagent(&text))
 }
 
 /// The key of a side request of a conversation (Claude Code's `claude-haiku-*` titles and

@@ -28,7 +28,8 @@ use crate::proxy::dispatch::hub::RequestSpec;
 use crate::proxy::dispatch::hub::{Placement, SubmitError, Submitted};
 use crate::proxy::edge::answers;
 use crate::proxy::serving::conversation::{
-    affinity_key, from_claude_code, has_session_header, key_of_body, side_request_key, BodyFields,
+    affinity_key, from_claude_code, has_session_header, is_subagent, key_of_body, side_request_key,
+    BodyFields,
 };
 use crate::proxy::serving::response::{AnswerObserver, AnswerSource, CancelGuard, Waiter};
 use crate::proxy::serving::responses_api;
@@ -185,9 +186,12 @@ async fn read_request(
     };
     let is_streaming = matches!(sniffed.stream, Some(Value::Bool(true)));
     // Claude Code's side requests (titles, summaries) ask for its small model with the main
-    // conversation's session id: keyed by their own prompt, they leave its slot alone.
+    // conversation's session id: keyed by their own prompt, they leave its slot alone. A
+    // subagent on the small model (its Explore agent) is a conversation of its own instead,
+    // keyed by the session and its prompt ([`affinity_key`]), whose turns keep a slot.
     let side_request = crate::proxy::serving::claude_code::is_claude(&model)
-        && crate::proxy::serving::claude_code::is_small(&model);
+        && crate::proxy::serving::claude_code::is_small(&model)
+        && !is_subagent(&sniffed);
     let affinity = if side_request {
         wants_affinity.then(|| side_request_key(&sniffed)).flatten()
     } else {

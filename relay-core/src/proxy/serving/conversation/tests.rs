@@ -144,6 +144,83 @@ fn a_session_header_pins_the_conversation_whatever_the_prompt() {
     assert!(key_with(&binary, &chat(&["x"])).is_some());
 }
 
+/// A Claude Code request of session `session`: its billing line (with `fields`), the system
+/// prompt `prompt`, and a conversation opened by `task` of `turns` messages.
+fn claude_code(session: &str, fields: &str, prompt: &str, task: &str, turns: usize) -> Option<u64> {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "x-claude-code-session-id",
+        HeaderValue::from_str(session).expect("a header value"),
+    );
+    let mut messages = vec![json!({"role": "user", "content": task})];
+    for n in 1..turns {
+        let role = if n % 2 == 0 { "user" } else { "assistant" };
+        messages.push(json!({"role": role, "content": format!("step {n}")}));
+    }
+    let body = json!({
+        "model": "claude-sonnet-4-5",
+        "system": [
+            {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.330; cc_entrypoint=cli;{fields}")},
+            {"type": "text", "text": prompt, "cache_control": {"type": "ephemeral"}}
+        ],
+        "messages": messages,
+    });
+    key_with(&headers, &body)
+}
+
+#[test]
+fn a_claude_code_subagent_is_a_conversation_of_its_own_within_its_session() {
+    const SUBAGENT: &str = " cc_is_subagent=true;";
+    let main = claude_code("s1", "", "You are Claude Code.", "fix the bug", 1);
+    // The main conversation keeps the session's key whatever its prompt.
+    assert_eq!(
+        main,
+        claude_code("s1", "", "You are Claude Code.", "fix the bug", 5)
+    );
+    assert_eq!(
+        main,
+        claude_code("s1", "", "Another prompt.", "another task", 1)
+    );
+    // A subagent: its own key, the same turn after turn, apart from its parallel siblings'.
+    let search = |turns| claude_code("s1", SUBAGENT, "You search.", "find the tests", turns);
+    let sibling = claude_code("s1", SUBAGENT, "You search.", "find the docs", 1);
+    assert_eq!(search(1), search(3));
+    assert!(search(1).is_some());
+    assert_ne!(search(1), main);
+    assert_ne!(search(1), sibling);
+    assert_ne!(sibling, main);
+    // The same subagent in another session is another conversation.
+    assert_ne!(
+        search(1),
+        claude_code("s2", SUBAGENT, "You search.", "find the tests", 1)
+    );
+    // The marker counts only as a field of the billing line that opens the system prompt.
+    for fields in [" cc_is_subagent=false;", " cc_is_subagent=trueish;", ""] {
+        assert_eq!(
+            claude_code("s1", fields, "You search.", "find the tests", 1),
+            main,
+            "{fields}"
+        );
+    }
+    assert_eq!(
+        claude_code(
+            "s1",
+            "",
+            "x-anthropic-billing-header: cc_is_subagent=true;",
+            "find the tests",
+            1
+        ),
+        main,
+        "in a later block"
+    );
+    // Beyond the bytes looked at first, it is not the billing line's.
+    let far = format!(" cc_workload={};{SUBAGENT}", "w".repeat(600));
+    assert_eq!(
+        claude_code("s1", &far, "You search.", "find the tests", 1),
+        main
+    );
+}
+
 #[test]
 fn body_session_ids_pin_in_order_prompt_cache_key_metadata_user_id_then_user() {
     let mut body = chat(&["a"]);
