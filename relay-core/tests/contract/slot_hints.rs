@@ -460,11 +460,15 @@ async fn a_claude_code_subagent_keeps_a_slot_of_its_own_and_leaves_its_conversat
             turns,
         )
     };
+    // A title is a side request: it takes the slot kept for no conversation, which a subagent
+    // taken for one would share with it.
+    let title = request("claude-haiku-4-5", false, "Write a title.", "fix it", 1);
     let sent = [
         ("main", main(1)),
         ("tests", tests(1)),
         ("tests", tests(2)),
         ("explore", explore(1)),
+        ("title", title),
         ("explore", explore(2)),
         ("main", main(2)),
         ("tests", tests(3)),
@@ -501,6 +505,7 @@ async fn a_claude_code_subagent_keeps_a_slot_of_its_own_and_leaves_its_conversat
     assert_ne!(tests[0], main[0], "{slots:?}");
     assert_ne!(explore[0], main[0], "{slots:?}");
     assert_ne!(explore[0], tests[0], "{slots:?}");
+    assert_ne!(slot_of("title"), explore[..1], "{slots:?}");
     worker.stop().await;
     proxy.shutdown().await;
 }
