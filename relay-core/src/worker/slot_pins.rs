@@ -8,10 +8,10 @@
 //! names the slot itself (`id_slot`), for chat and completion requests (see [`body`]), and
 //! for Anthropic Messages requests, which it translates to chat completions to carry it, to
 //! backends that said they are llama.cpp servers and how many slots they have (`GET /props`,
-//! asked in the background the first time a backend is used and again every few minutes) and
-//! that keep a pinned slot's prompt ([`probe`]: a server with a unified KV cache, llama-server's
-//! default without `-np`, does not, and places conversations better itself). Any other
-//! request, or backend, goes as it came.
+//! asked when a warm-up ends or at a backend's first request, which waits for the answer, and
+//! again every few minutes) and that keep a pinned slot's prompt ([`probe`]: a server with a
+//! unified KV cache, llama-server's default without `-np`, does not, and places conversations
+//! better itself). Any other request, or backend, goes as it came.
 
 mod body;
 pub mod probe;
@@ -38,6 +38,13 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A probe that got no answer in time is tried again this long after.
 const PROBE_RETRY: Duration = Duration::from_secs(20);
+
+/// How long the first request to a backend waits for what the backend says of its slots (one
+/// `GET /props`, and on a llama-server the probe's three one-token completions: milliseconds on
+/// an idle GPU). Sent before the answer, it would go unpinned into the slot llama-server picks,
+/// the probe could then take that slot, and the conversation's second turn would evaluate its
+/// whole prompt again. A backend that takes longer gets its first request as it came.
+const FIRST_ANSWER_WAIT: Duration = Duration::from_secs(2);
 
 /// Backends remembered at most (the model lifecycle starts servers on new ports).
 const MAX_BACKENDS: usize = 64;
@@ -76,6 +83,9 @@ struct Backend {
     used: Instant,
     /// Counts the requests that ended in a slot: what a turn waiting for its own slot watches.
     released: tokio::sync::watch::Sender<u64>,
+    /// True once the backend first answered (or failed to answer) about its slots: what the
+    /// first request to it waits for ([`FIRST_ANSWER_WAIT`]).
+    answered: tokio::sync::watch::Sender<bool>,
 }
 
 /// A slot a request holds until it ends (dropping this, however the request task ends).
@@ -133,7 +143,8 @@ impl SlotPins {
     /// ([`Slots::take_side`]); a turn whose own slot only a side request holds waits for it,
     /// up to [`SIDE_WAIT`]. `None` (send the body as it is) for a request
     /// without a conversation, a route or body that takes no hint, or a backend that is not
-    /// known to be llama.cpp's (the first request to a backend asks it, in the background).
+    /// known to be llama.cpp's (the first request to a backend asks it, and waits up to
+    /// [`FIRST_ANSWER_WAIT`] for the answer).
     ///
     /// An Anthropic Messages request (Claude Code's) is pinned too, but its body stays as it
     /// is (`None` in place of the hinted body): llama-server drops `id_slot` from
@@ -156,6 +167,7 @@ impl SlotPins {
             return None;
         }
         let translated = !endpoint.takes_slot_hint();
+        self.first_answer(client, base_url).await;
         // What the slot will cache, roughly.
         let tokens = crate::affinity::estimated_prompt_tokens(body.len());
         if !side {
@@ -167,6 +179,21 @@ impl SlotPins {
         }
         let hinted = body::with_slot(body, slot)?;
         Some((Some(hinted), lease))
+    }
+
+    /// Returns once the backend at `base_url` has first answered about its slots (asking it
+    /// now if nobody has), or after [`FIRST_ANSWER_WAIT`].
+    async fn first_answer(&self, client: &reqwest::Client, base_url: &str) {
+        let mut answered = {
+            let mut backends = lock(&self.backends);
+            let backend = self.known(&mut backends, client, base_url, Instant::now());
+            if backend.checked.is_some() {
+                return;
+            }
+            backend.answered.subscribe()
+        };
+        // A backend forgotten meanwhile ends the wait too.
+        let _ = tokio::time::timeout(FIRST_ANSWER_WAIT, answered.wait_for(|done| *done)).await;
     }
 
     /// Returns once conversation `conversation`'s own slot on `base_url` is no longer held by
@@ -255,6 +282,7 @@ impl SlotPins {
             asking: false,
             used: now,
             released: tokio::sync::watch::Sender::new(0),
+            answered: tokio::sync::watch::Sender::new(false),
         });
         backend.used = now;
         let due = backend
@@ -328,6 +356,7 @@ impl SlotPins {
                                 let now = Instant::now();
                                 let soon = now.checked_sub(RECHECK_AFTER - PROBE_RETRY);
                                 backend.checked = Some(soon.unwrap_or(now));
+                                backend.answered.send_replace(true);
                             }
                             return;
                         }
@@ -355,6 +384,7 @@ impl SlotPins {
             };
             backend.asking = false;
             backend.checked = Some(Instant::now());
+            backend.answered.send_replace(true);
             let unchanged = backend.slots.as_ref().map(Slots::count) == answer;
             if !unchanged {
                 tracing::debug!(backend = %base_url, slots = ?answer, "llama.cpp slots for slot hints");

@@ -207,16 +207,14 @@ async fn relay_with(
     (proxy, worker)
 }
 
-/// Sends a first request, which makes the worker ask `backend` for its slots in the background,
-/// and waits until it has: the number of bodies the backend has seen by then (later ones carry
-/// hints).
+/// Sends a first request, which makes the worker ask `backend` about its slots and wait for the
+/// answer: a title (Claude Code's small model), a side request, so that it leaves no
+/// conversation's home behind. The number of bodies the backend has seen by then.
 async fn warm_up(proxy: &RunningProxy, backend: &LlamaLike) -> usize {
-    send(&proxy.url(), &turn("warm-up", 1), "warm-up").await;
-    wait_until("the worker asked for the slots", || {
-        backend.props_asked() >= 1
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let title = json!({"model": "claude-haiku-4-5", "messages": [
+        {"role": "system", "content": "Write a title."},
+        {"role": "user", "content": "warm-up"}]});
+    send(&proxy.url(), &title, "warm-up").await;
     backend.bodies().len()
 }
 
@@ -407,6 +405,43 @@ async fn claude_codes_messages_are_pinned_by_translating_them_to_chat_completion
     assert!(beta.iter().all(|s| *s == beta[0]), "{slots:?}");
     assert_ne!(alpha[0], beta[0]);
     assert_eq!(titles, vec![3 - alpha[0] - beta[0]; 2], "{slots:?}");
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_llama_servers_first_request_waits_for_its_slots_to_be_known_and_is_pinned_too() {
+    // Nothing asked the server yet (no warm-up: this one answers no `/completion`). Sent before
+    // the answer, Claude Code's first turn went to `/v1/messages` as it came, into the slot
+    // llama-server picked, and the probe that followed could take that slot.
+    let backend = LlamaLike::start(3, "llama.cpp").await;
+    let mut proxy_config = test_config();
+    proxy_config.aliases = relay_core::proxy::serving::aliases::ModelAliases::new(
+        [("claude-*".to_string(), MODEL.to_string())],
+        None,
+    );
+    let (proxy, worker) = relay_with(&backend.url, proxy_config, true).await;
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 16, "system": "Be brief.",
+        "messages": [{"role": "user", "content": "hello"}]});
+    let (status, _, text) = post_raw(
+        &proxy.url(),
+        "/v1/messages",
+        body.to_string(),
+        &[
+            ("x-claude-code-session-id", "alpha"),
+            ("anthropic-version", "2023-06-01"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        backend.messages.lock().unwrap().is_empty(),
+        "not sent as it came"
+    );
+    let seen = backend.bodies();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let (_, slot, cache) = split_hint(seen[0].clone());
+    assert!(slot.is_some() && cache == Some(true), "{seen:?}");
     worker.stop().await;
     proxy.shutdown().await;
 }
