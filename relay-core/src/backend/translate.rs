@@ -386,12 +386,15 @@ async fn complete_translated(
             dialect.error_body(status, "backend_error", &error_message(&text)),
         )
     };
-    let complete = answer::complete(
+    let mut complete = answer::complete(
         status,
         answer::json_headers(),
         Some(body),
         usage.token_counts(),
     );
+    if let BackendEvent::Complete(answer) = &mut complete {
+        answer.timings = usage.timings();
+    }
     send_last(events, complete).await;
 }
 
@@ -406,6 +409,10 @@ async fn stream_translated(mut response: Response, target: &Target, id: &str, ev
         minted_now(),
     );
     let mut splitter = SseSplitter::default();
+    // llama-server's `timings` ride in the backend's own last event, which no client dialect
+    // carries: read before translation, they tell the proxy how fast the box was (Claude Code's
+    // turns pinned to a slot come this way).
+    let mut timed = UsageTracker::default();
     let send_text = |text: String| async move {
         text.is_empty() || events.send(BackendEvent::Chunk(text)).await.is_ok()
     };
@@ -418,6 +425,7 @@ async fn stream_translated(mut response: Response, target: &Target, id: &str, ev
             }
         };
         if let Some(text) = splitter.push(&piece) {
+            timed.observe_events(&text);
             if !send_text(translator.push(&text)).await {
                 break;
             }
@@ -425,18 +433,21 @@ async fn stream_translated(mut response: Response, target: &Target, id: &str, ev
     }
     let mut tail = splitter
         .finish()
-        .map(|rest| translator.push(&rest))
+        .map(|rest| {
+            timed.observe_events(&rest);
+            translator.push(&rest)
+        })
         .unwrap_or_default();
     tail.push_str(&translator.finish());
     send_text(tail).await;
     let headers =
         WireHeaders::from([("content-type".to_string(), "text/event-stream".to_string())]);
     let usage = translator.usage().map(token_counts);
-    send_last(
-        events,
-        answer::complete(StatusCode::OK, headers, None, usage),
-    )
-    .await;
+    let mut complete = answer::complete(StatusCode::OK, headers, None, usage);
+    if let BackendEvent::Complete(answer) = &mut complete {
+        answer.timings = timed.timings();
+    }
+    send_last(events, complete).await;
 }
 
 /// A 400 in the client's dialect naming the field the adapter could not take. OpenAI clients

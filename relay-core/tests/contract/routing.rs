@@ -15,7 +15,8 @@ use crate::support::*;
 const MODEL: &str = "timed-model";
 
 /// A backend that answers like llama-server: a body with `timings` (2,000 prompt tokens in
-/// 1 s, 50 generated in 1 s, 500 from its cache).
+/// 1 s, 50 generated in 1 s, 500 from its cache), or a stream whose last event carries them.
+/// It serves chat completions alone: Anthropic requests reach it translated.
 async fn timed_backend() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -26,15 +27,29 @@ async fn timed_backend() -> String {
         )
         .route(
             "/v1/chat/completions",
-            post_route(|| async {
+            post_route(|body: axum::body::Bytes| async move {
+                use axum::response::IntoResponse;
+                let usage = json!({"prompt_tokens": 2500, "completion_tokens": 50});
+                let timings = json!({"cache_n": 500, "prompt_n": 2000, "prompt_ms": 1000.0,
+                                     "predicted_n": 50, "predicted_ms": 1000.0});
+                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                if body["stream"] == true {
+                    let first = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                        "model": MODEL, "choices": [{"index": 0,
+                        "delta": {"role": "assistant", "content": "hi"}, "finish_reason": null}]});
+                    let last = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                        "model": MODEL, "choices": [{"index": 0, "delta": {},
+                        "finish_reason": "stop"}], "usage": usage, "timings": timings});
+                    let text = format!("data: {first}\n\ndata: {last}\n\ndata: [DONE]\n\n");
+                    return ([("content-type", "text/event-stream")], text).into_response();
+                }
                 axum::Json(json!({
                     "id": "chatcmpl-1", "object": "chat.completion", "model": MODEL,
                     "choices": [{"index": 0, "finish_reason": "stop",
                                  "message": {"role": "assistant", "content": "hi"}}],
-                    "usage": {"prompt_tokens": 2500, "completion_tokens": 50},
-                    "timings": {"cache_n": 500, "prompt_n": 2000, "prompt_ms": 1000.0,
-                                "predicted_n": 50, "predicted_ms": 1000.0}
+                    "usage": usage, "timings": timings
                 }))
+                .into_response()
             }),
         );
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -70,6 +85,27 @@ async fn a_workers_timings_teach_the_proxy_its_speed_and_each_placement_says_why
     assert!(metrics.contains("modelrelay_placements_total{reason=\"faster_box\"} 0"));
     worker.stop().await;
     proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_anthropic_request_translated_for_the_backend_teaches_the_proxy_its_speed_too() {
+    // Claude Code's turns reach a llama-server translated (pinned to a slot, or a server
+    // without `/v1/messages`): its timings come in the backend's own answer, which the client's
+    // dialect does not carry.
+    for stream in [true, false] {
+        let backend = timed_backend().await;
+        let proxy = start_proxy(test_config()).await;
+        let worker = RunningWorker::start(&proxy, &backend, None, 2);
+        wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+        let body = json!({"model": MODEL, "max_tokens": 64, "stream": stream,
+            "messages": [{"role": "user", "content": "hello"}]});
+        let (status, _, text) = post(&proxy.url(), "/v1/messages", &body).await;
+        assert_eq!(status, 200, "{text}");
+        assert!(text.contains("\"hi\""), "translated: {text}");
+        assert_eq!(prompt_speed(&proxy).await, Some(2000.0), "stream {stream}");
+        worker.stop().await;
+        proxy.shutdown().await;
+    }
 }
 
 /// A chat request of a conversation of its own, with a prompt of about `tokens` tokens (the
