@@ -20,6 +20,7 @@ pub fn complete(
         body,
         token_counts,
         timings: None,
+        clocked: None,
     }))
 }
 

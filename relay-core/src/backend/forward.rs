@@ -181,7 +181,7 @@ async fn deliver_hiding(
 ) {
     let status = response.status();
     let headers = response_headers(&response);
-    let mut usage = UsageTracker::default();
+    let mut usage = UsageTracker::since(response.sent());
     let outcome = if is_streaming && status.is_success() && is_sse(&headers) {
         stream_body(response, &mut usage, hide_usage, events).await
     } else {
@@ -201,6 +201,7 @@ async fn deliver_hiding(
             };
             if let BackendEvent::Complete(answer) = &mut last {
                 answer.timings = usage.timings();
+                answer.clocked = usage.clocked().filter(|_| answer.timings.is_none());
             }
             last
         }

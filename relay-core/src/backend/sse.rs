@@ -4,6 +4,8 @@
 //! event boundaries also lets usage be read from whole events. Everything that is already complete
 //! when bytes arrive is sent as one chunk, so bursts cost one WebSocket frame.
 
+use std::time::Instant;
+
 use serde_json::Value;
 
 use crate::adapter::sse::data_field;
@@ -170,14 +172,56 @@ pub fn without_usage_only_events(text: String) -> String {
 
 /// Token usage gathered from an answer: OpenAI Chat/Completions (`usage.prompt_tokens`), OpenAI
 /// Responses (`usage.input_tokens`, also inside `response`), and Anthropic Messages
-/// (`message.usage` in `message_start`, `usage` in `message_delta`).
+/// (`message.usage` in `message_start`, `usage` in `message_delta`); and, for a stream, when
+/// its first event came.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct UsageTracker {
     counts: TokenCounts,
     timings: Option<crate::protocol::Timings>,
+    /// Prompt tokens from the backend's cache, counted within the prompt's tokens (OpenAI's
+    /// `prompt_tokens_details.cached_tokens`, `input_tokens_details.cached_tokens`).
+    cached_within: Option<u32>,
+    /// Prompt tokens from its cache, counted beside them (Anthropic's
+    /// `cache_read_input_tokens`).
+    cached_beside: Option<u32>,
+    /// When the request went out, for [`UsageTracker::clocked`].
+    sent: Option<Instant>,
+    /// When the stream's first event came.
+    first_event: Option<Instant>,
 }
 
 impl UsageTracker {
+    /// A tracker for the answer to a request sent at `sent`: its stream's first event is
+    /// timed ([`UsageTracker::clocked`]).
+    pub fn since(sent: Instant) -> Self {
+        UsageTracker {
+            sent: Some(sent),
+            ..UsageTracker::default()
+        }
+    }
+
+    /// How fast the backend was by the clock, for one that reports no `timings` (Ollama, vLLM,
+    /// LM Studio): the prompt's tokens not taken from its cache, over the time from sending the
+    /// request to the stream's first event; the tokens generated after the first, over the
+    /// time from there to now (the stream's end). Queueing inside the backend counts as
+    /// prompt time, so the caller takes it only for a request that was alone there (and the
+    /// proxy only from prompts and answers long enough to outweigh the connection's time).
+    /// `None` for an answer that was not a timed stream or said no usage.
+    pub fn clocked(&self) -> Option<crate::protocol::Timings> {
+        let (sent, first) = (self.sent?, self.first_event?);
+        let prompt = self.counts.prompt_tokens?;
+        let evaluated = prompt.saturating_sub(self.cached_within.unwrap_or(0));
+        let generated = self.counts.completion_tokens?.checked_sub(1)?;
+        let ms = |duration: std::time::Duration| duration.as_secs_f64() * 1000.0;
+        Some(crate::protocol::Timings {
+            prompt_tokens: evaluated,
+            prompt_ms: ms(first.saturating_duration_since(sent)),
+            cached_tokens: self.cached_within.or(self.cached_beside),
+            generated_tokens: generated,
+            generation_ms: ms(Instant::now().saturating_duration_since(first)),
+        })
+    }
+
     /// Reads usage from a whole JSON body.
     pub fn observe_body(&mut self, body: &[u8]) {
         if let Ok(value) = serde_json::from_slice::<Value>(body) {
@@ -189,6 +233,9 @@ impl UsageTracker {
     /// (the relay asks every stream for usage, and llama-server then sends its timings in the
     /// usage event); only lines mentioning usage are parsed, one scan of each chunk.
     pub fn observe_events(&mut self, text: &str) {
+        if self.first_event.is_none() && self.sent.is_some() {
+            self.first_event = Some(Instant::now());
+        }
         if !text.contains("usage") {
             return;
         }
@@ -228,6 +275,15 @@ impl UsageTracker {
             }
             if let Some(n) = field("total_tokens") {
                 self.counts.total_tokens = Some(n);
+            }
+            let details = ["prompt_tokens_details", "input_tokens_details"]
+                .into_iter()
+                .find_map(|name| usage.get(name)?.get("cached_tokens")?.as_u64());
+            if let Some(n) = details.and_then(|n| u32::try_from(n).ok()) {
+                self.cached_within = Some(n);
+            }
+            if let Some(n) = field("cache_read_input_tokens") {
+                self.cached_beside = Some(n);
             }
         }
     }
@@ -473,5 +529,52 @@ mod tests {
         u.observe_events("data: {\"choices\":[]}\n\ndata: [DONE]\n\n");
         u.observe_body(b"not json");
         assert_eq!(u.token_counts(), None);
+    }
+
+    #[test]
+    fn a_stream_is_clocked_from_the_request_to_its_first_event_and_on_to_its_end() {
+        let sent = Instant::now() - std::time::Duration::from_millis(400);
+        let mut u = UsageTracker::since(sent);
+        u.observe_events("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        u.observe_events(concat!(
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1200,",
+            "\"completion_tokens\":41,\"prompt_tokens_details\":{\"cached_tokens\":200}}}\n\n"
+        ));
+        let t = u.clocked().expect("clocked");
+        // The cached tokens are counted within the prompt's: 1,000 evaluated.
+        assert_eq!((t.prompt_tokens, t.cached_tokens), (1000, Some(200)));
+        assert!((400.0..1000.0).contains(&t.prompt_ms), "{t:?}");
+        assert_eq!(t.generated_tokens, 40, "the tokens after the first");
+        assert!(t.generation_ms >= 20.0, "{t:?}");
+
+        // Anthropic counts its cache beside the input: nothing to take off.
+        let mut u = UsageTracker::since(sent);
+        u.observe_events(concat!(
+            "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":300,",
+            "\"cache_read_input_tokens\":900}}}\n\n"
+        ));
+        u.observe_events("data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\n");
+        let t = u.clocked().expect("clocked");
+        assert_eq!((t.prompt_tokens, t.cached_tokens), (300, Some(900)));
+    }
+
+    #[test]
+    fn only_a_timed_stream_with_usage_and_an_answer_is_clocked() {
+        let usage = "data: {\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":5}}\n\n";
+        // Not timed (the proxy's upstreams, a body).
+        let mut u = UsageTracker::default();
+        u.observe_events(usage);
+        assert_eq!(u.clocked(), None);
+        let mut u = UsageTracker::since(Instant::now());
+        u.observe_body(usage.trim_start_matches("data: ").as_bytes());
+        assert_eq!(u.clocked(), None, "no first event: a whole body");
+        // No usage, or nothing generated.
+        let mut u = UsageTracker::since(Instant::now());
+        u.observe_events("data: {\"choices\":[]}\n\n");
+        assert_eq!(u.clocked(), None);
+        let mut u = UsageTracker::since(Instant::now());
+        u.observe_events("data: {\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":0}}\n\n");
+        assert_eq!(u.clocked(), None);
     }
 }

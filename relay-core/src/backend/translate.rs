@@ -412,7 +412,7 @@ async fn stream_translated(mut response: Response, target: &Target, id: &str, ev
     // llama-server's `timings` ride in the backend's own last event, which no client dialect
     // carries: read before translation, they tell the proxy how fast the box was (Claude Code's
     // turns pinned to a slot come this way).
-    let mut timed = UsageTracker::default();
+    let mut timed = UsageTracker::since(response.sent());
     let send_text = |text: String| async move {
         text.is_empty() || events.send(BackendEvent::Chunk(text)).await.is_ok()
     };
@@ -446,6 +446,7 @@ async fn stream_translated(mut response: Response, target: &Target, id: &str, ev
     let mut complete = answer::complete(StatusCode::OK, headers, None, usage);
     if let BackendEvent::Complete(answer) = &mut complete {
         answer.timings = timed.timings();
+        answer.clocked = timed.clocked().filter(|_| answer.timings.is_none());
     }
     send_last(events, complete).await;
 }

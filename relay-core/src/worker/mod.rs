@@ -2,6 +2,7 @@
 //! backends, and reconnects with exponential backoff when the connection ends.
 
 pub mod catalog;
+pub mod clocked;
 pub mod follow;
 pub mod managed;
 pub mod report;

@@ -30,6 +30,7 @@ use outbox::{Outbox, Pulled};
 use window::FlowWindow;
 
 use super::catalog::{self, Catalog, Route};
+use super::clocked::Clocks;
 use super::{connect_url, managed, wire, BackendAccess, Running, WorkerConfig};
 use crate::backend::{answer, endpoint, error_chain, BackendEvent};
 use crate::dialect::{ApiError, Dialect, WORKER_BUSY_CODE};
@@ -182,6 +183,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         warmed,
         pinned,
         active: HashMap::new(),
+        clocks: Clocks::default(),
         outbox: Outbox::default(),
         window,
         draining: false,
@@ -290,6 +292,8 @@ struct Session<'a> {
     pinned: watch::Receiver<u64>,
     /// Running requests by wire id.
     active: HashMap<String, AbortHandle>,
+    /// What was true as each started: whether its answer's clock may say a speed.
+    clocks: Clocks,
     /// Each running request's messages, waiting to be written.
     outbox: Outbox,
     /// Bytes written that the proxy has not read yet.
@@ -444,6 +448,7 @@ impl Session<'_> {
             ServerToWorker::Cancel(cancel) => {
                 if let Some(task) = self.active.remove(&cancel.request_id) {
                     task.abort();
+                    self.clocks.forget(&cancel.request_id);
                     self.outbox.resume(&cancel.request_id);
                     tracing::info!(request = %cancel.request_id, reason = cancel.reason.as_str(), "cancelled");
                     // Confirm the end so the proxy frees the slot at once.
@@ -582,6 +587,8 @@ impl Session<'_> {
             return;
         }
         let id = request.request_id.clone();
+        self.clocks
+            .begin(&id, request.conversation_key(), self.active.is_empty());
         let events = self.outbox.open(&id);
         // Aborting the task (cancel, disconnect) drops what it holds: the backend response and,
         // for a mapped model, its lease (or its wait for a start, which goes on for others).
@@ -629,8 +636,13 @@ impl Session<'_> {
         while let Some(Pulled { request, event }) = next {
             match event {
                 // A late message of a cancelled request is not sent.
-                Some(event) if self.active.contains_key(&*request) => {
+                Some(mut event) if self.active.contains_key(&*request) => {
                     let last = matches!(event, BackendEvent::Complete(_) | BackendEvent::Failed(_));
+                    match &mut event {
+                        BackendEvent::Complete(answer) => self.clocks.finish(&request, answer),
+                        BackendEvent::Failed(_) => self.clocks.forget(&request),
+                        BackendEvent::Chunk(_) => {}
+                    }
                     let text = wire::message(&request, event).to_json();
                     self.window.wrote(text.len());
                     if socket.feed(Message::Text(text.into())).await.is_err() {
@@ -648,6 +660,7 @@ impl Session<'_> {
                 // The task ended: finished, aborted or panicked.
                 None => {
                     self.active.remove(&*request);
+                    self.clocks.forget(&request);
                     if self.active.is_empty() && self.active.capacity() > 1024 {
                         // Give back what a burst of requests grew the map to.
                         self.active.shrink_to_fit();

@@ -108,6 +108,96 @@ async fn an_anthropic_request_translated_for_the_backend_teaches_the_proxy_its_s
     }
 }
 
+/// A backend that says no `timings` (as Ollama, vLLM and LM Studio): a stream whose first
+/// event comes 300 ms after the request and 20 more 10 ms apart, then usage (1,500 prompt
+/// tokens, 21 generated). By the clock: 5,000 prompt tokens a second at most, 100 generated.
+async fn untimed_backend() -> String {
+    use axum::response::IntoResponse;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let chunk = |delta: Value, usage: Value| {
+        let mut event = json!({"id": "c", "object": "chat.completion.chunk", "model": MODEL,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
+        if !usage.is_null() {
+            event["usage"] = usage;
+        }
+        axum::body::Bytes::from(format!("data: {event}\n\n"))
+    };
+    let app = axum::Router::new()
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(json!({"object": "list", "data": [{"id": MODEL}]})) }),
+        )
+        .route(
+            "/v1/chat/completions",
+            post_route(move || async move {
+                let events = futures_util::stream::unfold(0u32, move |i| async move {
+                    let event = match i {
+                        0 => {
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                            chunk(json!({"role": "assistant", "content": "t"}), Value::Null)
+                        }
+                        1..=20 => {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            chunk(json!({"content": "t"}), Value::Null)
+                        }
+                        21 => chunk(
+                            json!({}),
+                            json!({"prompt_tokens": 1500, "completion_tokens": 21}),
+                        ),
+                        22 => axum::body::Bytes::from("data: [DONE]\n\n"),
+                        _ => return None,
+                    };
+                    Some((Ok::<_, std::convert::Infallible>(event), i + 1))
+                });
+                (
+                    [("content-type", "text/event-stream")],
+                    axum::body::Body::from_stream(events),
+                )
+                    .into_response()
+            }),
+        );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+#[tokio::test]
+async fn a_backend_without_timings_is_timed_by_the_clock_when_its_request_ran_alone() {
+    let streamed = json!({"model": MODEL, "stream": true,
+        "messages": [{"role": "user", "content": "hello"}]});
+    // Alone: 1,500 tokens in a little over 0.3 s, 20 more in a little over 0.2 s.
+    let backend = untimed_backend().await;
+    let proxy = start_proxy(test_config()).await;
+    let worker = RunningWorker::start(&proxy, &backend, None, 2);
+    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &streamed).await;
+    assert_eq!(status, 200, "{text}");
+    let (_, status) = get_json(&proxy.url(), "/api/status", &[]).await;
+    let speed = &status["workers"][0]["speeds"][MODEL];
+    let prompt = speed["prompt_tps"].as_f64().expect("a prompt speed");
+    let generation = speed["generation_tps"]
+        .as_f64()
+        .expect("a generation speed");
+    assert!((2500.0..=5000.0).contains(&prompt), "{speed}");
+    assert!((40.0..=100.0).contains(&generation), "{speed}");
+    worker.stop().await;
+    proxy.shutdown().await;
+    // Two at once: each one's first token waited for the other's prompt too, so neither says.
+    let backend = untimed_backend().await;
+    let proxy = start_proxy(test_config()).await;
+    let worker = RunningWorker::start(&proxy, &backend, None, 2);
+    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    let url = proxy.url();
+    let (a, b) = tokio::join!(
+        post(&url, "/v1/chat/completions", &streamed),
+        post(&url, "/v1/chat/completions", &streamed)
+    );
+    assert_eq!((a.0.as_u16(), b.0.as_u16()), (200, 200));
+    assert_eq!(prompt_speed(&proxy).await, None);
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
 /// A chat request of a conversation of its own, with a prompt of about `tokens` tokens (the
 /// proxy counts 4 bytes a token).
 fn chat_of(conversation: &str, tokens: usize) -> Value {

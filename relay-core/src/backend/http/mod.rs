@@ -42,6 +42,7 @@ impl HttpClient {
         headers: &WireHeaders,
         body: Bytes,
     ) -> Result<Response, HttpError> {
+        let sent = std::time::Instant::now();
         match self {
             HttpClient::Local { local, .. } if url.scheme() == "http" => {
                 // An IPv6 host comes bracketed ("[::1]"), as an authority needs it.
@@ -61,6 +62,7 @@ impl HttpClient {
                     status: answer.status,
                     headers: answer.headers,
                     body: Body::Local(answer.body),
+                    sent,
                 })
             }
             HttpClient::Local { general, .. } | HttpClient::General(general) => {
@@ -75,6 +77,7 @@ impl HttpClient {
                     status: response.status(),
                     headers: response.headers().clone(),
                     body: Body::General(response),
+                    sent,
                 })
             }
         }
@@ -87,6 +90,8 @@ pub struct Response {
     status: StatusCode,
     headers: HeaderMap,
     body: Body,
+    /// When the request went out: what a backend's time to first token counts from.
+    sent: std::time::Instant,
 }
 
 #[derive(Debug)]
@@ -104,6 +109,11 @@ impl Response {
     /// The headers.
     pub fn headers(&self) -> &HeaderMap {
         &self.headers
+    }
+
+    /// When its request went out.
+    pub fn sent(&self) -> std::time::Instant {
+        self.sent
     }
 
     /// The next piece of the body; `None` at its end. Cancel-safe.
