@@ -673,3 +673,76 @@ fn a_long_prompt_goes_to_the_larger_window_and_one_beyond_every_window_is_refuse
     assert!(small.tasks().is_empty());
     drop(workers);
 }
+
+#[test]
+fn the_clock_agrees_with_llama_servers_own_timings() {
+    // Backends that say no timings (Ollama, vLLM, LM Studio) are timed by the clock: from the
+    // request to the stream's first event, then to its end. Against llama-server, which says
+    // both, the clock's speeds must come out no faster, and not far slower.
+    let Some(stack) = realstack::stack("the_clock_agrees_with_llama_servers_own_timings", true)
+    else {
+        return;
+    };
+    use relay_core::backend::{Backend, BackendEvent, BackendRequest, Capabilities, Speaks};
+    let dir = TempDir::new("clocked");
+    let llama = LlamaServer::start(&stack, dir.path(), 8192, 1);
+    let backend = Backend {
+        base_url: llama.url.clone(),
+        speaks: Speaks::OpenAi,
+        client: reqwest::Client::new().into(),
+        capabilities: Capabilities::default(),
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    for (n, words) in [800, 1500, 2000].into_iter().enumerate() {
+        let text: String = (0..words)
+            .map(|i| format!("w{} ", (i * 7 + n) % 89))
+            .collect();
+        let body = json!({"model": MODEL, "stream": true, "max_tokens": 16, "temperature": 0,
+            "cache_prompt": false, "messages": [{"role": "user", "content": text}]});
+        let request = BackendRequest {
+            id: format!("clocked-{n}"),
+            path: "/v1/chat/completions".into(),
+            is_streaming: true,
+            body: body.to_string(),
+            headers: Default::default(),
+            slot: None,
+        };
+        let answer = runtime.block_on(async {
+            let (events, mut received) = tokio::sync::mpsc::channel(64);
+            tokio::spawn(backend.clone().serve(request, events));
+            let mut last = None;
+            while let Some(event) = received.recv().await {
+                if let BackendEvent::Complete(answer) = event {
+                    last = Some(answer);
+                }
+            }
+            last.expect("an answer")
+        });
+        let reported = answer
+            .timings
+            .unwrap_or_else(|| panic!("llama-server's timings: {answer:?}"));
+        let clocked = answer.clocked.expect("the clock's");
+        let rate = |tokens: u32, ms: f64| f64::from(tokens) * 1000.0 / ms;
+        let prompt = rate(clocked.prompt_tokens, clocked.prompt_ms)
+            / rate(reported.prompt_tokens, reported.prompt_ms);
+        let generation = rate(clocked.generated_tokens, clocked.generation_ms)
+            / rate(reported.generated_tokens, reported.generation_ms);
+        eprintln!(
+            "{} prompt tokens: clock/reported prompt speed {prompt:.2}, generation {generation:.2} \
+             ({clocked:?} against {reported:?})",
+            clocked.prompt_tokens
+        );
+        assert_eq!(
+            clocked.prompt_tokens, reported.prompt_tokens,
+            "nothing cached"
+        );
+        assert!(
+            (0.5..=1.05).contains(&prompt),
+            "{clocked:?} against {reported:?}"
+        );
+        assert!(
+            (0.5..=1.1).contains(&generation),
+            "{clocked:?} against {reported:?}"
+        );
+    }
+}

@@ -201,7 +201,7 @@ async fn deliver_hiding(
             };
             if let BackendEvent::Complete(answer) = &mut last {
                 answer.timings = usage.timings();
-                answer.clocked = usage.clocked().filter(|_| answer.timings.is_none());
+                answer.clocked = usage.clocked();
             }
             last
         }

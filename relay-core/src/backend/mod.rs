@@ -63,8 +63,8 @@ pub struct Answer {
     pub token_counts: Option<TokenCounts>,
     /// How fast the backend was (llama-server's `timings`), when it said.
     pub timings: Option<crate::protocol::Timings>,
-    /// How fast it was by the clock, for a stream from a backend that says no `timings`
-    /// ([`sse::UsageTracker::clocked`]): the worker sends it as the timings where the request
+    /// How fast it was by the clock, for a stream ([`sse::UsageTracker::clocked`]): for a
+    /// backend that says no `timings`, the worker sends it as the timings where the request
     /// was alone on the backend.
     pub clocked: Option<crate::protocol::Timings>,
 }

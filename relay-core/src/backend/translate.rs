@@ -446,7 +446,7 @@ async fn stream_translated(mut response: Response, target: &Target, id: &str, ev
     let mut complete = answer::complete(StatusCode::OK, headers, None, usage);
     if let BackendEvent::Complete(answer) = &mut complete {
         answer.timings = timed.timings();
-        answer.clocked = timed.clocked().filter(|_| answer.timings.is_none());
+        answer.clocked = timed.clocked();
     }
     send_last(events, complete).await;
 }
