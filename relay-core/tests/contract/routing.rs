@@ -18,6 +18,35 @@ const MODEL: &str = "timed-model";
 /// 1 s, 50 generated in 1 s, 500 from its cache), or a stream whose last event carries them.
 /// It serves chat completions alone: Anthropic requests reach it translated.
 async fn timed_backend() -> String {
+    serving_chat(post_route(|body: axum::body::Bytes| async move {
+        use axum::response::IntoResponse;
+        let usage = json!({"prompt_tokens": 2500, "completion_tokens": 50});
+        let timings = json!({"cache_n": 500, "prompt_n": 2000, "prompt_ms": 1000.0,
+                                     "predicted_n": 50, "predicted_ms": 1000.0});
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        if body["stream"] == true {
+            let first = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                        "model": MODEL, "choices": [{"index": 0,
+                        "delta": {"role": "assistant", "content": "hi"}, "finish_reason": null}]});
+            let last = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                        "model": MODEL, "choices": [{"index": 0, "delta": {},
+                        "finish_reason": "stop"}], "usage": usage, "timings": timings});
+            let text = format!("data: {first}\n\ndata: {last}\n\ndata: [DONE]\n\n");
+            return ([("content-type", "text/event-stream")], text).into_response();
+        }
+        axum::Json(json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "model": MODEL,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "hi"}}],
+            "usage": usage, "timings": timings
+        }))
+        .into_response()
+    }))
+    .await
+}
+
+/// A backend listing [`MODEL`] and answering `/v1/chat/completions` with `chat`: its base URL.
+async fn serving_chat(chat: axum::routing::MethodRouter) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = axum::Router::new()
@@ -25,33 +54,7 @@ async fn timed_backend() -> String {
             "/v1/models",
             get(|| async { axum::Json(json!({"object": "list", "data": [{"id": MODEL}]})) }),
         )
-        .route(
-            "/v1/chat/completions",
-            post_route(|body: axum::body::Bytes| async move {
-                use axum::response::IntoResponse;
-                let usage = json!({"prompt_tokens": 2500, "completion_tokens": 50});
-                let timings = json!({"cache_n": 500, "prompt_n": 2000, "prompt_ms": 1000.0,
-                                     "predicted_n": 50, "predicted_ms": 1000.0});
-                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                if body["stream"] == true {
-                    let first = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
-                        "model": MODEL, "choices": [{"index": 0,
-                        "delta": {"role": "assistant", "content": "hi"}, "finish_reason": null}]});
-                    let last = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
-                        "model": MODEL, "choices": [{"index": 0, "delta": {},
-                        "finish_reason": "stop"}], "usage": usage, "timings": timings});
-                    let text = format!("data: {first}\n\ndata: {last}\n\ndata: [DONE]\n\n");
-                    return ([("content-type", "text/event-stream")], text).into_response();
-                }
-                axum::Json(json!({
-                    "id": "chatcmpl-1", "object": "chat.completion", "model": MODEL,
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": "hi"}}],
-                    "usage": usage, "timings": timings
-                }))
-                .into_response()
-            }),
-        );
+        .route("/v1/chat/completions", chat);
     tokio::spawn(async move { axum::serve(listener, app).await });
     url
 }
@@ -113,8 +116,6 @@ async fn an_anthropic_request_translated_for_the_backend_teaches_the_proxy_its_s
 /// tokens, 21 generated). By the clock: 5,000 prompt tokens a second at most, 100 generated.
 async fn untimed_backend() -> String {
     use axum::response::IntoResponse;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
     let chunk = |delta: Value, usage: Value| {
         let mut event = json!({"id": "c", "object": "chat.completion.chunk", "model": MODEL,
             "choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
@@ -123,42 +124,33 @@ async fn untimed_backend() -> String {
         }
         axum::body::Bytes::from(format!("data: {event}\n\n"))
     };
-    let app = axum::Router::new()
-        .route(
-            "/v1/models",
-            get(|| async { axum::Json(json!({"object": "list", "data": [{"id": MODEL}]})) }),
+    serving_chat(post_route(move || async move {
+        let events = futures_util::stream::unfold(0u32, move |i| async move {
+            let event = match i {
+                0 => {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    chunk(json!({"role": "assistant", "content": "t"}), Value::Null)
+                }
+                1..=20 => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    chunk(json!({"content": "t"}), Value::Null)
+                }
+                21 => chunk(
+                    json!({}),
+                    json!({"prompt_tokens": 1500, "completion_tokens": 21}),
+                ),
+                22 => axum::body::Bytes::from("data: [DONE]\n\n"),
+                _ => return None,
+            };
+            Some((Ok::<_, std::convert::Infallible>(event), i + 1))
+        });
+        (
+            [("content-type", "text/event-stream")],
+            axum::body::Body::from_stream(events),
         )
-        .route(
-            "/v1/chat/completions",
-            post_route(move || async move {
-                let events = futures_util::stream::unfold(0u32, move |i| async move {
-                    let event = match i {
-                        0 => {
-                            tokio::time::sleep(Duration::from_millis(300)).await;
-                            chunk(json!({"role": "assistant", "content": "t"}), Value::Null)
-                        }
-                        1..=20 => {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            chunk(json!({"content": "t"}), Value::Null)
-                        }
-                        21 => chunk(
-                            json!({}),
-                            json!({"prompt_tokens": 1500, "completion_tokens": 21}),
-                        ),
-                        22 => axum::body::Bytes::from("data: [DONE]\n\n"),
-                        _ => return None,
-                    };
-                    Some((Ok::<_, std::convert::Infallible>(event), i + 1))
-                });
-                (
-                    [("content-type", "text/event-stream")],
-                    axum::body::Body::from_stream(events),
-                )
-                    .into_response()
-            }),
-        );
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    url
+            .into_response()
+    }))
+    .await
 }
 
 #[tokio::test]

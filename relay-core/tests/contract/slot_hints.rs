@@ -184,6 +184,22 @@ async fn send(proxy: &str, body: &Value, session: &str) {
     assert_eq!(status, 200, "{text}");
 }
 
+/// Sends `body` to `/v1/messages` as Claude Code does, in session `session`: the answer, 200.
+async fn send_as_claude_code(proxy: &RunningProxy, body: &Value, session: &str) -> String {
+    let (status, _, text) = post_raw(
+        &proxy.url(),
+        "/v1/messages?beta=true",
+        body.to_string(),
+        &[
+            ("x-claude-code-session-id", session),
+            ("anthropic-version", "2023-06-01"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    text
+}
+
 /// A proxy and a real worker in front of `backend`.
 async fn relay(backend: &str, affinity: bool, slot_hints: bool) -> (RunningProxy, RunningWorker) {
     let mut proxy_config = test_config();
@@ -238,6 +254,25 @@ fn slots_named(slots: &[(&str, u64)], name: &str) -> Vec<u64> {
         .iter()
         .filter(|(sent, _)| *sent == name)
         .map(|(_, slot)| *slot)
+        .collect()
+}
+
+/// The slot each body the backend got from the `first_hinted` on was pinned to (with
+/// `cache_prompt`), by the name it was sent under: `sent`, in order.
+fn hinted_slots<'a>(
+    backend: &LlamaLike,
+    first_hinted: usize,
+    sent: &[(&'a str, Value)],
+) -> Vec<(&'a str, u64)> {
+    let seen = backend.bodies()[first_hinted..].to_vec();
+    assert_eq!(seen.len(), sent.len(), "{seen:?}");
+    sent.iter()
+        .zip(seen)
+        .map(|((name, _), seen)| {
+            let (_, slot, cache) = split_hint(seen);
+            assert_eq!(cache, Some(true), "{name}");
+            (*name, slot.expect("a slot hint"))
+        })
         .collect()
 }
 
@@ -369,17 +404,7 @@ async fn claude_codes_messages_are_pinned_by_translating_them_to_chat_completion
     }
     for (name, body) in &sent {
         let session = if *name == "title" { "alpha" } else { name };
-        let (status, _, text) = post_raw(
-            &proxy.url(),
-            "/v1/messages?beta=true",
-            body.to_string(),
-            &[
-                ("x-claude-code-session-id", session),
-                ("anthropic-version", "2023-06-01"),
-            ],
-        )
-        .await;
-        assert_eq!(status, 200, "{text}");
+        let text = send_as_claude_code(&proxy, body, session).await;
         let answer: Value = serde_json::from_str(&text).expect("JSON");
         assert_eq!(answer["type"], "message", "an Anthropic answer: {answer}");
     }
@@ -387,18 +412,10 @@ async fn claude_codes_messages_are_pinned_by_translating_them_to_chat_completion
         backend.messages.lock().unwrap().is_empty(),
         "none went to /v1/messages, where the hint would be lost"
     );
-    let seen = backend.bodies()[first_hinted..].to_vec();
-    assert_eq!(seen.len(), sent.len(), "{seen:?}");
-    let slots: Vec<(&str, u64)> = sent
-        .iter()
-        .zip(seen)
-        .map(|((name, _), seen)| {
-            assert_eq!(seen["messages"][0]["role"], "system", "translated: {seen}");
-            let (_, slot, cache) = split_hint(seen);
-            assert_eq!(cache, Some(true));
-            (*name, slot.expect("a slot hint"))
-        })
-        .collect();
+    for seen in &backend.bodies()[first_hinted..] {
+        assert_eq!(seen["messages"][0]["role"], "system", "translated: {seen}");
+    }
+    let slots = hinted_slots(&backend, first_hinted, &sent);
     let slot_of = |name: &str| slots_named(&slots, name);
     let (alpha, beta, titles) = (slot_of("alpha"), slot_of("beta"), slot_of("title"));
     assert!(alpha.iter().all(|s| *s == alpha[0]), "{slots:?}");
@@ -423,17 +440,7 @@ async fn a_llama_servers_first_request_waits_for_its_slots_to_be_known_and_is_pi
     let (proxy, worker) = relay_with(&backend.url, proxy_config, true).await;
     let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 16, "system": "Be brief.",
         "messages": [{"role": "user", "content": "hello"}]});
-    let (status, _, text) = post_raw(
-        &proxy.url(),
-        "/v1/messages",
-        body.to_string(),
-        &[
-            ("x-claude-code-session-id", "alpha"),
-            ("anthropic-version", "2023-06-01"),
-        ],
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
+    send_as_claude_code(&proxy, &body, "alpha").await;
     assert!(
         backend.messages.lock().unwrap().is_empty(),
         "not sent as it came"
@@ -510,28 +517,9 @@ async fn a_claude_code_subagent_keeps_a_slot_of_its_own_and_leaves_its_conversat
         ("main", main(3)),
     ];
     for (_, body) in &sent {
-        let (status, _, text) = post_raw(
-            &proxy.url(),
-            "/v1/messages?beta=true",
-            body.to_string(),
-            &[
-                ("x-claude-code-session-id", "alpha"),
-                ("anthropic-version", "2023-06-01"),
-            ],
-        )
-        .await;
-        assert_eq!(status, 200, "{text}");
+        send_as_claude_code(&proxy, body, "alpha").await;
     }
-    let seen = backend.bodies()[first_hinted..].to_vec();
-    assert_eq!(seen.len(), sent.len(), "{seen:?}");
-    let slots: Vec<(&str, u64)> = sent
-        .iter()
-        .zip(seen)
-        .map(|((name, _), seen)| {
-            let (_, slot, _) = split_hint(seen);
-            (*name, slot.expect("a slot hint"))
-        })
-        .collect();
+    let slots = hinted_slots(&backend, first_hinted, &sent);
     let slot_of = |name: &str| slots_named(&slots, name);
     let (main, tests, explore) = (slot_of("main"), slot_of("tests"), slot_of("explore"));
     for turns in [&main, &tests, &explore] {
@@ -580,16 +568,7 @@ async fn side_requests_take_the_slot_kept_for_no_conversation_and_leave_the_conv
         };
         send(&proxy.url(), body, session).await;
     }
-    let seen = backend.bodies()[first_hinted..].to_vec();
-    assert_eq!(seen.len(), sent.len());
-    let slots: Vec<(&str, u64)> = sent
-        .iter()
-        .zip(seen)
-        .map(|((conversation, _), seen)| {
-            let (_, slot, _) = split_hint(seen);
-            (*conversation, slot.expect("a slot hint"))
-        })
-        .collect();
+    let slots = hinted_slots(&backend, first_hinted, &sent);
     let slot_of = |name: &str| slots_named(&slots, name);
     let (alpha, beta, titles) = (slot_of("alpha"), slot_of("beta"), slot_of("title"));
     assert!(
