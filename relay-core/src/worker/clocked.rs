@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::backend::Answer;
+use crate::backend::{Answer, BackendEvent};
 
 /// Conversations remembered as seen; past it the memory starts again (a conversation then
 /// looks new once: one sample whose prompt its cache may have held).
@@ -75,6 +75,16 @@ impl Clocks {
         });
         if trusted && answer.timings.is_none() {
             answer.timings = Some(clocked);
+        }
+    }
+
+    /// Request `id` sent `event`: [`Clocks::finish`] for its answer, [`Clocks::forget`] for
+    /// its failure.
+    pub fn on_event(&mut self, id: &str, event: &mut BackendEvent) {
+        match event {
+            BackendEvent::Complete(answer) => self.finish(id, answer),
+            BackendEvent::Failed(_) => self.forget(id),
+            BackendEvent::Chunk(_) => {}
         }
     }
 

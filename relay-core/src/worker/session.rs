@@ -638,11 +638,7 @@ impl Session<'_> {
                 // A late message of a cancelled request is not sent.
                 Some(mut event) if self.active.contains_key(&*request) => {
                     let last = matches!(event, BackendEvent::Complete(_) | BackendEvent::Failed(_));
-                    match &mut event {
-                        BackendEvent::Complete(answer) => self.clocks.finish(&request, answer),
-                        BackendEvent::Failed(_) => self.clocks.forget(&request),
-                        BackendEvent::Chunk(_) => {}
-                    }
+                    self.clocks.on_event(&request, &mut event);
                     let text = wire::message(&request, event).to_json();
                     self.window.wrote(text.len());
                     if socket.feed(Message::Text(text.into())).await.is_err() {
