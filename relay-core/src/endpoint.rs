@@ -152,6 +152,17 @@ impl Endpoint {
         )
     }
 
+    /// Whether a stream of this endpoint opens with its first token, so the time to its first
+    /// event is the time to a first token: OpenAI chat and text completions. A Messages or
+    /// Responses stream opens with an event of its own (`message_start`, `response.created`)
+    /// that a server may send before it evaluates the prompt.
+    pub fn first_event_is_first_token(self) -> bool {
+        matches!(
+            self,
+            Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::LlamaServerNative
+        )
+    }
+
     /// Whether a worker pins a request of this endpoint to a llama-server slot: those whose body
     /// takes the hint, and Anthropic Messages (Claude Code's), which the worker then translates
     /// to chat completions to carry it.
@@ -223,6 +234,10 @@ mod tests {
         assert!(Endpoint::ChatCompletions.pinnable());
         assert!(!Endpoint::Responses.pinnable());
         assert!(!Endpoint::CountTokens.pinnable());
+        assert!(Endpoint::ChatCompletions.first_event_is_first_token());
+        assert!(Endpoint::Completions.first_event_is_first_token());
+        assert!(!Endpoint::Messages.first_event_is_first_token());
+        assert!(!Endpoint::Responses.first_event_is_first_token());
         assert!(Endpoint::Completions.streams_usage_only_when_asked());
         assert!(!Endpoint::Responses.streams_usage_only_when_asked());
         assert!(Endpoint::Messages.keeps_a_prompt_cache());

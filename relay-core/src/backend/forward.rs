@@ -201,7 +201,11 @@ async fn deliver_hiding(
             };
             if let BackendEvent::Complete(answer) = &mut last {
                 answer.timings = usage.timings();
-                answer.clocked = usage.clocked();
+                // Timed where the first event is the first token (the translated path times the
+                // backend's chat completions stream).
+                answer.clocked = usage
+                    .clocked()
+                    .filter(|_| crate::endpoint::Endpoint::of(path).first_event_is_first_token());
             }
             last
         }

@@ -18,35 +18,46 @@ const MODEL: &str = "timed-model";
 /// 1 s, 50 generated in 1 s, 500 from its cache), or a stream whose last event carries them.
 /// It serves chat completions alone: Anthropic requests reach it translated.
 async fn timed_backend() -> String {
-    serving_chat(post_route(|body: axum::body::Bytes| async move {
-        use axum::response::IntoResponse;
-        let usage = json!({"prompt_tokens": 2500, "completion_tokens": 50});
-        let timings = json!({"cache_n": 500, "prompt_n": 2000, "prompt_ms": 1000.0,
+    serving(
+        "/v1/chat/completions",
+        post_route(|body: axum::body::Bytes| async move {
+            use axum::response::IntoResponse;
+            let usage = json!({"prompt_tokens": 2500, "completion_tokens": 50});
+            let timings = json!({"cache_n": 500, "prompt_n": 2000, "prompt_ms": 1000.0,
                                      "predicted_n": 50, "predicted_ms": 1000.0});
-        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        if body["stream"] == true {
-            let first = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            if body["stream"] == true {
+                let first = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
                         "model": MODEL, "choices": [{"index": 0,
                         "delta": {"role": "assistant", "content": "hi"}, "finish_reason": null}]});
-            let last = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                let last = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
                         "model": MODEL, "choices": [{"index": 0, "delta": {},
                         "finish_reason": "stop"}], "usage": usage, "timings": timings});
-            let text = format!("data: {first}\n\ndata: {last}\n\ndata: [DONE]\n\n");
-            return ([("content-type", "text/event-stream")], text).into_response();
-        }
-        axum::Json(json!({
-            "id": "chatcmpl-1", "object": "chat.completion", "model": MODEL,
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": "hi"}}],
-            "usage": usage, "timings": timings
-        }))
-        .into_response()
-    }))
+                let text = format!("data: {first}\n\ndata: {last}\n\ndata: [DONE]\n\n");
+                return ([("content-type", "text/event-stream")], text).into_response();
+            }
+            axum::Json(json!({
+                "id": "chatcmpl-1", "object": "chat.completion", "model": MODEL,
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": "hi"}}],
+                "usage": usage, "timings": timings
+            }))
+            .into_response()
+        }),
+    )
     .await
 }
 
-/// A backend listing [`MODEL`] and answering `/v1/chat/completions` with `chat`: its base URL.
-async fn serving_chat(chat: axum::routing::MethodRouter) -> String {
+/// A proxy and a real worker (two requests at once) in front of `backend`, registered.
+async fn relayed(backend: &str) -> (RunningProxy, RunningWorker) {
+    let proxy = start_proxy(test_config()).await;
+    let worker = RunningWorker::start(&proxy, backend, None, 2);
+    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    (proxy, worker)
+}
+
+/// A backend listing [`MODEL`] and answering `path` with `handler`: its base URL.
+async fn serving(path: &str, handler: axum::routing::MethodRouter) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let app = axum::Router::new()
@@ -54,7 +65,7 @@ async fn serving_chat(chat: axum::routing::MethodRouter) -> String {
             "/v1/models",
             get(|| async { axum::Json(json!({"object": "list", "data": [{"id": MODEL}]})) }),
         )
-        .route("/v1/chat/completions", chat);
+        .route(path, handler);
     tokio::spawn(async move { axum::serve(listener, app).await });
     url
 }
@@ -62,9 +73,7 @@ async fn serving_chat(chat: axum::routing::MethodRouter) -> String {
 #[tokio::test]
 async fn a_workers_timings_teach_the_proxy_its_speed_and_each_placement_says_why() {
     let backend = timed_backend().await;
-    let proxy = start_proxy(test_config()).await;
-    let worker = RunningWorker::start(&proxy, &backend, None, 2);
-    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    let (proxy, worker) = relayed(&backend).await;
     let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hello"}]});
     let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &body).await;
     assert_eq!(status, 200, "{text}");
@@ -97,9 +106,7 @@ async fn an_anthropic_request_translated_for_the_backend_teaches_the_proxy_its_s
     // dialect does not carry.
     for stream in [true, false] {
         let backend = timed_backend().await;
-        let proxy = start_proxy(test_config()).await;
-        let worker = RunningWorker::start(&proxy, &backend, None, 2);
-        wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+        let (proxy, worker) = relayed(&backend).await;
         let body = json!({"model": MODEL, "max_tokens": 64, "stream": stream,
             "messages": [{"role": "user", "content": "hello"}]});
         let (status, _, text) = post(&proxy.url(), "/v1/messages", &body).await;
@@ -124,32 +131,35 @@ async fn untimed_backend() -> String {
         }
         axum::body::Bytes::from(format!("data: {event}\n\n"))
     };
-    serving_chat(post_route(move || async move {
-        let events = futures_util::stream::unfold(0u32, move |i| async move {
-            let event = match i {
-                0 => {
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    chunk(json!({"role": "assistant", "content": "t"}), Value::Null)
-                }
-                1..=20 => {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    chunk(json!({"content": "t"}), Value::Null)
-                }
-                21 => chunk(
-                    json!({}),
-                    json!({"prompt_tokens": 1500, "completion_tokens": 21}),
-                ),
-                22 => axum::body::Bytes::from("data: [DONE]\n\n"),
-                _ => return None,
-            };
-            Some((Ok::<_, std::convert::Infallible>(event), i + 1))
-        });
-        (
-            [("content-type", "text/event-stream")],
-            axum::body::Body::from_stream(events),
-        )
-            .into_response()
-    }))
+    serving(
+        "/v1/chat/completions",
+        post_route(move || async move {
+            let events = futures_util::stream::unfold(0u32, move |i| async move {
+                let event = match i {
+                    0 => {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        chunk(json!({"role": "assistant", "content": "t"}), Value::Null)
+                    }
+                    1..=20 => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        chunk(json!({"content": "t"}), Value::Null)
+                    }
+                    21 => chunk(
+                        json!({}),
+                        json!({"prompt_tokens": 1500, "completion_tokens": 21}),
+                    ),
+                    22 => axum::body::Bytes::from("data: [DONE]\n\n"),
+                    _ => return None,
+                };
+                Some((Ok::<_, std::convert::Infallible>(event), i + 1))
+            });
+            (
+                [("content-type", "text/event-stream")],
+                axum::body::Body::from_stream(events),
+            )
+                .into_response()
+        }),
+    )
     .await
 }
 
@@ -159,9 +169,7 @@ async fn a_backend_without_timings_is_timed_by_the_clock_when_its_request_ran_al
         "messages": [{"role": "user", "content": "hello"}]});
     // Alone: 1,500 tokens in a little over 0.3 s, 20 more in a little over 0.2 s.
     let backend = untimed_backend().await;
-    let proxy = start_proxy(test_config()).await;
-    let worker = RunningWorker::start(&proxy, &backend, None, 2);
-    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    let (proxy, worker) = relayed(&backend).await;
     let (status, _, text) = post(&proxy.url(), "/v1/chat/completions", &streamed).await;
     assert_eq!(status, 200, "{text}");
     let (_, status) = get_json(&proxy.url(), "/api/status", &[]).await;
@@ -176,15 +184,61 @@ async fn a_backend_without_timings_is_timed_by_the_clock_when_its_request_ran_al
     proxy.shutdown().await;
     // Two at once: each one's first token waited for the other's prompt too, so neither says.
     let backend = untimed_backend().await;
-    let proxy = start_proxy(test_config()).await;
-    let worker = RunningWorker::start(&proxy, &backend, None, 2);
-    wait_until("the worker registers", || proxy.hub.models().len() == 1).await;
+    let (proxy, worker) = relayed(&backend).await;
     let url = proxy.url();
     let (a, b) = tokio::join!(
         post(&url, "/v1/chat/completions", &streamed),
         post(&url, "/v1/chat/completions", &streamed)
     );
     assert_eq!((a.0.as_u16(), b.0.as_u16()), (200, 200));
+    assert_eq!(prompt_speed(&proxy).await, None);
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_stream_that_opens_before_its_first_token_is_not_timed_by_the_clock() {
+    // An Anthropic stream opens with `message_start`, which a server may send before it
+    // evaluates the prompt: 1,500 tokens "before" it would read as an instant prompt.
+    use axum::response::IntoResponse;
+    let event = |data: Value| axum::body::Bytes::from(format!("data: {data}\n\n"));
+    let backend = serving(
+        "/v1/messages",
+        post_route(move || async move {
+            let events = futures_util::stream::unfold(0u32, move |i| async move {
+                let data = match i {
+                    0 => json!({"type": "message_start", "message": {"id": "m", "type": "message",
+                        "role": "assistant", "model": MODEL, "content": [],
+                        "usage": {"input_tokens": 1500, "output_tokens": 0}}}),
+                    1 => {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        json!({"type": "content_block_start", "index": 0,
+                            "content_block": {"type": "text", "text": ""}})
+                    }
+                    2..=21 => json!({"type": "content_block_delta", "index": 0,
+                        "delta": {"type": "text_delta", "text": "t"}}),
+                    22 => json!({"type": "content_block_stop", "index": 0}),
+                    23 => json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                        "usage": {"output_tokens": 21}}),
+                    24 => json!({"type": "message_stop"}),
+                    _ => return None,
+                };
+                Some((Ok::<_, std::convert::Infallible>(event(data)), i + 1))
+            });
+            (
+                [("content-type", "text/event-stream")],
+                axum::body::Body::from_stream(events),
+            )
+                .into_response()
+        }),
+    )
+    .await;
+    let (proxy, worker) = relayed(&backend).await;
+    let body = json!({"model": MODEL, "max_tokens": 64, "stream": true,
+        "messages": [{"role": "user", "content": "hello"}]});
+    let (status, _, text) = post(&proxy.url(), "/v1/messages", &body).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("message_stop"), "passed through: {text}");
     assert_eq!(prompt_speed(&proxy).await, None);
     worker.stop().await;
     proxy.shutdown().await;
