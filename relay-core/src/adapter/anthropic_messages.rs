@@ -107,16 +107,16 @@ fn system_texts(at: &At) -> Result<Vec<String>, AdapterError> {
 /// cc_entrypoint=…;`, the first block of its system prompt.
 const BILLING_HEADER: &str = "x-anthropic-billing-header:";
 
+/// The field of the billing line that marks a subagent's request.
+pub const SUBAGENT_FIELD: &str = "cc_is_subagent=true";
+
 /// Whether `text` opens with a Claude Code billing line that marks a subagent's request
 /// (`cc_is_subagent=true`): its Task tool's conversation of its own, sent on the main model
 /// under the main conversation's session id.
 pub fn marks_a_subagent(text: &str) -> bool {
     text.strip_prefix(BILLING_HEADER)
         .and_then(|rest| rest.lines().next())
-        .is_some_and(|line| {
-            line.split(';')
-                .any(|field| field.trim() == "cc_is_subagent=true")
-        })
+        .is_some_and(|line| line.split(';').any(|field| field.trim() == SUBAGENT_FIELD))
 }
 
 /// `text` without a leading Claude Code billing line (and the blank lines after it).

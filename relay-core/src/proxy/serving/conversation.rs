@@ -22,10 +22,12 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
 
 use axum::http::HeaderMap;
-
-use crate::adapter::anthropic_messages::{marks_a_subagent, without_billing_header};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+
+use crate::adapter::anthropic_messages::{
+    marks_a_subagent, without_billing_header, SUBAGENT_FIELD,
+};
 
 /// Request headers that carry a client's session id, most specific first: Claude Code's, the
 /// generic ones, Codex's.
@@ -113,7 +115,7 @@ const SUBAGENT_MARKER_WITHIN: usize = 512;
 /// line that says so ([`marks_a_subagent`]). Every Claude Code turn asks this, so the bytes are
 /// searched first and the system parsed only where the marker is.
 pub fn is_subagent(hints: &BodyFields<'_>) -> bool {
-    const MARKER: &[u8] = b"cc_is_subagent=true";
+    const MARKER: &[u8] = SUBAGENT_FIELD.as_bytes();
     let Some(system) = hints.system else {
         return false;
     };
