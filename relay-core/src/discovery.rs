@@ -47,9 +47,11 @@ use serde_json::Value;
 
 pub mod owner;
 mod reply;
+mod rest;
 mod windows;
 
 pub use owner::Owner;
+pub use rest::{unloaded_models, Unloads};
 pub use windows::{fetch_context_windows, llama_cpp_props, ContextWindows};
 
 use reply::*;

@@ -405,8 +405,10 @@ pub struct GpuReport {
     pub temperature_c: Option<i32>,
 }
 
-/// One model of a worker's model map and its state: `loaded`, `starting`, `idle` (not running),
-/// `stopping` or `failed` (refusing starts for a while). Plain text, so a newer worker's states
+/// One model of a worker and its state: of its model map, `loaded`, `starting`, `idle` (not
+/// running), `stopping` or `failed` (refusing starts for a while); of a backend it does not
+/// manage that unloads models by itself (llama-server's sleep, Ollama's keep-alive), `loaded`
+/// or `unloaded` (loaded again at the next request). Plain text, so a newer worker's states
 /// reach an older dashboard as they are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(ts_rs::TS))]
@@ -415,7 +417,8 @@ pub struct ModelStateReport {
     pub model: String,
     /// Its state.
     pub state: String,
-    /// How long loading it took the last time, in milliseconds (ours, optional): what the
+    /// How long loading it took the last time, in milliseconds (ours, optional; for a backend
+    /// the worker does not manage, as the request that found it unloaded measured it): what the
     /// proxy's cost routing adds for a box where it is not loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_ms: Option<u64>,

@@ -210,7 +210,8 @@ model: string,
  */
 state: string, 
 /**
- * How long loading it took the last time, in milliseconds (ours, optional): what the
+ * How long loading it took the last time, in milliseconds (ours, optional; for a backend
+ * the worker does not manage, as the request that found it unloaded measured it): what the
  * proxy's cost routing adds for a box where it is not loaded.
  */
 load_ms?: number | null, };

@@ -36,14 +36,14 @@ pub async fn fetch_context_windows(client: &reqwest::Client, base_url: &str) -> 
         }
     }
     // Only Ollama answers `/api/ps` with a `models` list.
-    if let Some(ps) = ps
+    let ps = ps
         .ok()
         .and_then(|a| a.json_ok())
-        .filter(|v| v["models"].is_array())
-    {
+        .filter(|v| v["models"].is_array());
+    if let Some(ps) = &ps {
         windows
             .per_model
-            .extend(ollama_windows(client, &base, &ps, &listed).await);
+            .extend(ollama_windows(client, &base, ps, &listed).await);
     }
     let from_llama_cpp = |answer: &Reply| {
         answer
@@ -51,10 +51,12 @@ pub async fn fetch_context_windows(client: &reqwest::Client, base_url: &str) -> 
             .as_deref()
             .is_some_and(|server| server.to_ascii_lowercase().contains("llama.cpp"))
     };
-    if let Some(props) = props.ok().filter(from_llama_cpp).and_then(|a| a.json_ok()) {
+    let props = props.ok().filter(from_llama_cpp).and_then(|a| a.json_ok());
+    if let Some(props) = &props {
         windows.every_model = window_of(&props["default_generation_settings"]["n_ctx"]);
-        windows.llama_cpp_slots = slots_of_props(&props);
+        windows.llama_cpp_slots = slots_of_props(props);
     }
+    windows.unloads = super::rest::unloads_of(props.as_ref(), ps.as_ref());
     windows
 }
 
@@ -159,6 +161,8 @@ pub struct ContextWindows {
     pub every_model: Option<u32>,
     /// The slots of a llama.cpp server (`/props` signed by one): what only it has.
     pub llama_cpp_slots: Option<u32>,
+    /// How the backend says which models it unloaded by itself, when it does.
+    pub unloads: Option<super::Unloads>,
 }
 
 impl ContextWindows {

@@ -10,7 +10,7 @@ use futures_util::future::join_all;
 
 use super::slot_pins::SlotPins;
 use super::warm_up::WarmUps;
-use super::{Backends, WorkerConfig};
+use super::{BackendAccess, Backends, WorkerConfig};
 use crate::discovery::{discover, fetch_context_windows, fetch_models, llama_cpp_props};
 use crate::protocol::{ContextWindows, WarmUp};
 
@@ -146,15 +146,11 @@ impl ContextWindowCache {
 
 /// Reads the current catalog: `managed` (the model map's models) and the backends' models. A
 /// backend that cannot be listed contributes no models (it is down or not ready), and the reason
-/// is logged once per refresh.
-pub async fn load(
-    config: &WorkerConfig,
-    client: &reqwest::Client,
-    windows: &ContextWindowCache,
-    warm_ups: &WarmUps,
-    slot_pins: &SlotPins,
-    managed: Vec<String>,
-) -> Catalog {
+/// is logged once per refresh. The backends that say which models they unloaded by themselves
+/// are watched from then on ([`super::resting`]).
+pub async fn load(config: &WorkerConfig, access: &BackendAccess, managed: Vec<String>) -> Catalog {
+    let (client, windows) = (&access.client, &access.windows);
+    let (warm_ups, slot_pins) = (&access.warm_ups, &access.slot_pins);
     let mut catalog = Catalog {
         managed,
         ..Catalog::default()
@@ -210,6 +206,8 @@ pub async fn load(
             warm_ups.start(client, url, model, server);
         }
         catalog.warmed_up(warm_ups, slot_pins, client, &alone);
+        // Nothing but `/props` is read of such a backend: not watched.
+        access.resting.watch(Vec::new());
         return catalog;
     }
     let listed = join_all(backends.iter().map(|(url, known)| async move {
@@ -221,9 +219,13 @@ pub async fn load(
     }))
     .await;
     let mut warmed = Vec::new();
+    let mut watched = Vec::new();
     for ((url, _), (models, windows)) in backends.iter().zip(listed) {
         match models {
             Ok(models) => {
+                if let Some(how) = windows.unloads {
+                    watched.push((url.clone(), how, models.clone()));
+                }
                 // A llama.cpp server listing one model has it loaded (its router mode lists
                 // more, and loads on request): only such a server is warmed up.
                 if let ([model], Some(slots)) = (models.as_slice(), windows.llama_cpp_slots) {
@@ -247,6 +249,10 @@ pub async fn load(
     // another's.
     warmed.retain(|(model, url)| catalog.route(model) == Some(Route::Backend(url)));
     catalog.warmed_up(warm_ups, slot_pins, client, &warmed);
+    for (url, _, models) in &mut watched {
+        models.retain(|model| catalog.route(model) == Some(Route::Backend(url)));
+    }
+    access.resting.watch(watched);
     catalog
 }
 

@@ -13,18 +13,33 @@
 //!   `--enable-prompt-tokens-details`), or the conversation is new to this worker, so no earlier
 //!   turn of it can have left its prompt in the cache.
 //!
-//! Pure bookkeeping: the session calls it as requests start and end.
+//! A request that found its model unloaded by the backend ([`super::resting`]) waited for the
+//! load: its clock is no speed. It measures the load instead, when it ran alone: its time to the
+//! end less the work its timings report, or, from a backend without timings, its time to the
+//! first event less its prompt at the speed last measured there.
+//!
+//! Bookkeeping: the session calls it as requests start and end.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
+use super::resting::Resting;
 use crate::backend::{Answer, BackendEvent};
+use crate::protocol::Timings;
 
 /// Conversations remembered as seen; past it the memory starts again (a conversation then
 /// looks new once: one sample whose prompt its cache may have held).
 const SEEN_CONVERSATIONS: usize = 4096;
 
+/// Fewest new prompt tokens an answer must have evaluated for its prompt speed to be kept for
+/// telling a load from a prompt: under it, the connection's time weighs too much.
+const RATE_MIN_TOKENS: u32 = 32;
+
+/// A backend's model, by (base URL, model name).
+type Served = (String, String);
+
 /// What was true when a request started.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Start {
     /// Requests this worker had started, this one included.
     seq: u64,
@@ -32,6 +47,12 @@ struct Start {
     alone: bool,
     /// Its conversation was not seen before (or it has none).
     new_conversation: bool,
+    /// When it started.
+    at: Instant,
+    /// The backend and model it went to (not a model of the model map).
+    backend: Option<Served>,
+    /// The backend had unloaded the model: it waits for the load.
+    unloaded: bool,
 }
 
 /// The session's record of its requests' starts.
@@ -40,42 +61,104 @@ pub struct Clocks {
     started: u64,
     starts: HashMap<String, Start>,
     seen: HashSet<u64>,
+    /// The prompt speed (tokens a second) each backend's model last showed.
+    prompt_rates: HashMap<Served, f64>,
+    resting: Resting,
 }
 
 impl Clocks {
+    /// The clocks of a worker whose backends' unloaded models `resting` knows.
+    pub fn new(resting: Resting) -> Self {
+        Clocks {
+            resting,
+            ..Clocks::default()
+        }
+    }
+
     /// Request `id` of `conversation` starts; `alone`: no other request of the worker is
-    /// running.
-    pub fn begin(&mut self, id: &str, conversation: Option<u64>, alone: bool) {
+    /// running; `backend`: the (base URL, model) it goes to, when not the model map's.
+    pub fn begin(
+        &mut self,
+        id: &str,
+        conversation: Option<u64>,
+        alone: bool,
+        backend: Option<(&str, &str)>,
+    ) {
         self.started += 1;
         if self.seen.len() >= SEEN_CONVERSATIONS {
             self.seen.clear();
         }
         let new_conversation = conversation.is_none_or(|key| self.seen.insert(key));
+        let unloaded = backend.is_some_and(|(url, model)| self.resting.is_unloaded(url, model));
+        if self.prompt_rates.len() >= SEEN_CONVERSATIONS {
+            self.prompt_rates.clear();
+        }
         self.starts.insert(
             id.to_string(),
             Start {
                 seq: self.started,
                 alone,
                 new_conversation,
+                at: Instant::now(),
+                backend: backend.map(|(url, model)| (url.to_string(), model.to_string())),
+                unloaded,
             },
         );
     }
 
     /// Request `id` ends with `answer`: its clocked time becomes its timings where it may
-    /// (see the module), and is dropped otherwise.
+    /// (see the module), and is dropped otherwise; the load it waited for is measured.
     pub fn finish(&mut self, id: &str, answer: &mut Answer) {
         let start = self.starts.remove(id);
-        let Some(clocked) = answer.clocked.take() else {
+        let clocked = answer.clocked.take();
+        let Some(start) = start else {
             return;
         };
-        let trusted = start.is_some_and(|start| {
+        if start.unloaded && answer.status.is_success() {
+            let load_ms = self.load_ms(&start, answer, clocked.as_ref());
+            if let Some((url, model)) = &start.backend {
+                self.resting.loaded(url, model, load_ms);
+            }
+        }
+        let trusted = clocked.is_some_and(|clocked| {
             start.alone
+                && !start.unloaded
                 && start.seq == self.started
                 && (clocked.cached_tokens.is_some() || start.new_conversation)
         });
         if trusted && answer.timings.is_none() {
-            answer.timings = Some(clocked);
+            answer.timings = clocked;
         }
+        if let (Some(backend), Some(timings)) = (start.backend, &answer.timings) {
+            if timings.prompt_tokens >= RATE_MIN_TOKENS && timings.prompt_ms > 0.0 {
+                let rate = f64::from(timings.prompt_tokens) * 1000.0 / timings.prompt_ms;
+                self.prompt_rates.insert(backend, rate);
+            }
+        }
+    }
+
+    /// How long the load took that request `start` waited for (see the module); `None` when
+    /// it did not run alone, or its answer says neither its timings nor its clock.
+    fn load_ms(&self, start: &Start, answer: &Answer, clocked: Option<&Timings>) -> Option<u64> {
+        if !start.alone {
+            return None;
+        }
+        let ms = match (&answer.timings, clocked) {
+            (Some(work), _) => {
+                start.at.elapsed().as_secs_f64() * 1000.0 - work.prompt_ms - work.generation_ms
+            }
+            (None, Some(clocked)) => {
+                let rate = start
+                    .backend
+                    .as_ref()
+                    .and_then(|b| self.prompt_rates.get(b));
+                let prompt_ms =
+                    rate.map_or(0.0, |tps| f64::from(clocked.prompt_tokens) * 1000.0 / tps);
+                clocked.prompt_ms - prompt_ms
+            }
+            (None, None) => return None,
+        };
+        Some(ms.max(0.0).round() as u64)
     }
 
     /// Request `id` sent `event`: [`Clocks::finish`] for its answer, [`Clocks::forget`] for
@@ -97,7 +180,6 @@ impl Clocks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Timings;
     use axum::http::StatusCode;
 
     fn clocked(cached: Option<u32>) -> Answer {
@@ -128,10 +210,10 @@ mod tests {
     #[test]
     fn a_request_alone_on_its_worker_in_a_new_conversation_is_a_speed() {
         let mut clocks = Clocks::default();
-        clocks.begin("a", Some(1), true);
+        clocks.begin("a", Some(1), true, None);
         assert!(taken(&mut clocks, "a", None));
         // Without a conversation nothing can have been cached for it either.
-        clocks.begin("b", None, true);
+        clocks.begin("b", None, true, None);
         assert!(taken(&mut clocks, "b", None));
     }
 
@@ -139,30 +221,30 @@ mod tests {
     fn a_request_beside_another_is_not() {
         let mut clocks = Clocks::default();
         // Another was running when it started.
-        clocks.begin("a", Some(1), true);
-        clocks.begin("b", Some(2), false);
+        clocks.begin("a", Some(1), true, None);
+        clocks.begin("b", Some(2), false, None);
         assert!(!taken(&mut clocks, "b", None));
         // Another started while it ran.
         assert!(!taken(&mut clocks, "a", None));
-        clocks.begin("c", Some(3), true);
+        clocks.begin("c", Some(3), true, None);
         assert!(taken(&mut clocks, "c", None));
     }
 
     #[test]
     fn a_later_turn_is_a_speed_only_where_the_backend_said_what_its_cache_held() {
         let mut clocks = Clocks::default();
-        clocks.begin("turn 1", Some(7), true);
+        clocks.begin("turn 1", Some(7), true, None);
         assert!(taken(&mut clocks, "turn 1", None));
-        clocks.begin("turn 2", Some(7), true);
+        clocks.begin("turn 2", Some(7), true, None);
         assert!(!taken(&mut clocks, "turn 2", None));
-        clocks.begin("turn 3", Some(7), true);
+        clocks.begin("turn 3", Some(7), true, None);
         assert!(taken(&mut clocks, "turn 3", Some(900)));
     }
 
     #[test]
     fn reported_timings_win_and_unknown_or_forgotten_requests_take_nothing() {
         let mut clocks = Clocks::default();
-        clocks.begin("a", Some(1), true);
+        clocks.begin("a", Some(1), true, None);
         let mut answer = clocked(None);
         let reported = Timings {
             prompt_tokens: 10,
@@ -175,16 +257,87 @@ mod tests {
         clocks.finish("a", &mut answer);
         assert_eq!(answer.timings, Some(reported));
         assert!(!taken(&mut clocks, "never begun", None));
-        clocks.begin("b", Some(2), true);
+        clocks.begin("b", Some(2), true, None);
         clocks.forget("b");
         assert!(!taken(&mut clocks, "b", None));
+    }
+
+    /// A worker whose backend `http://b` serves `m` and has unloaded it.
+    fn unloaded() -> (Clocks, Resting) {
+        let resting = Resting::default();
+        let served = vec!["m".to_string()];
+        resting.watch(vec![(
+            "http://b".into(),
+            crate::discovery::Unloads::Ollama,
+            served,
+        )]);
+        resting.mark_unloaded("http://b", "m");
+        (Clocks::new(resting.clone()), resting)
+    }
+
+    fn state(resting: &Resting) -> (String, Option<u64>) {
+        let states = resting.states();
+        (states[0].state.clone(), states[0].load_ms)
+    }
+
+    #[test]
+    fn a_request_that_found_its_model_unloaded_measures_the_load_from_its_reported_work() {
+        let (mut clocks, resting) = unloaded();
+        clocks.begin("a", Some(1), true, Some(("http://b", "m")));
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        // 20 ms of the 60 were its prompt and answer, as the backend says.
+        let mut answer = clocked(None);
+        answer.timings = Some(Timings {
+            prompt_tokens: 100,
+            prompt_ms: 10.0,
+            cached_tokens: Some(0),
+            generated_tokens: 4,
+            generation_ms: 10.0,
+        });
+        clocks.finish("a", &mut answer);
+        let (now, load) = state(&resting);
+        assert_eq!(now, "loaded");
+        let load = load.expect("measured");
+        assert!((40..1000).contains(&load), "{load} ms");
+    }
+
+    #[test]
+    fn without_timings_the_load_is_the_wait_for_the_first_event_less_the_prompt_at_its_last_speed()
+    {
+        let (mut clocks, resting) = unloaded();
+        // Loaded, it evaluated 1,000 tokens in 500 ms (a new conversation, alone: a speed).
+        resting.loaded("http://b", "m", None);
+        clocks.begin("warm", Some(1), true, Some(("http://b", "m")));
+        assert!(taken(&mut clocks, "warm", None));
+        // Unloaded again, the next 1,000 tokens took 2,500 ms to the first event: 2 s of load.
+        resting.mark_unloaded("http://b", "m");
+        clocks.begin("cold", Some(2), true, Some(("http://b", "m")));
+        let mut answer = clocked(None);
+        answer.clocked.as_mut().unwrap().prompt_ms = 2500.0;
+        clocks.finish("cold", &mut answer);
+        assert_eq!(answer.timings, None, "a wait for a load is no speed");
+        assert_eq!(state(&resting), ("loaded".to_string(), Some(2000)));
+    }
+
+    #[test]
+    fn a_load_shared_with_another_request_is_not_measured_and_a_failed_answer_wakes_nothing() {
+        let (mut clocks, resting) = unloaded();
+        clocks.begin("other", Some(1), true, None);
+        clocks.begin("cold", Some(2), false, Some(("http://b", "m")));
+        let mut failed = clocked(None);
+        failed.status = StatusCode::SERVICE_UNAVAILABLE;
+        clocks.finish("cold", &mut failed);
+        assert_eq!(state(&resting), ("unloaded".to_string(), None));
+        clocks.begin("cold", Some(2), false, Some(("http://b", "m")));
+        assert!(!taken(&mut clocks, "cold", Some(0)));
+        assert_eq!(state(&resting), ("loaded".to_string(), None));
     }
 
     #[test]
     fn the_memory_of_conversations_stays_bounded() {
         let mut clocks = Clocks::default();
         for key in 0..(SEEN_CONVERSATIONS as u64 * 3) {
-            clocks.begin("r", Some(key), true);
+            clocks.begin("r", Some(key), true, None);
             clocks.forget("r");
         }
         assert!(clocks.seen.len() <= SEEN_CONVERSATIONS);

@@ -6,6 +6,7 @@ pub mod clocked;
 pub mod follow;
 pub mod managed;
 pub mod report;
+pub mod resting;
 pub mod session;
 pub mod slot_pins;
 pub mod warm_up;
@@ -67,6 +68,9 @@ pub struct WorkerConfig {
     pub protocol_version: Option<String>,
     /// How often the backends' model lists are re-read.
     pub model_refresh_interval: Duration,
+    /// How often backends that unload models by themselves are asked which they have unloaded
+    /// ([`resting`]).
+    pub unload_poll_interval: Duration,
     /// On shutdown, in-flight requests get this long to finish.
     pub drain_timeout: Duration,
     /// Hearing nothing from the proxy this long ends the connection (then it reconnects).
@@ -116,6 +120,7 @@ impl WorkerConfig {
             extra_routes: Vec::new(),
             protocol_version: Some(BRIDGE_PROTOCOL_VERSION.to_string()),
             model_refresh_interval: defaults::MODEL_REFRESH,
+            unload_poll_interval: resting::POLL_EVERY,
             drain_timeout: defaults::DRAIN_TIMEOUT,
             proxy_silence_timeout: defaults::PROXY_SILENCE_TIMEOUT,
             reconnect_min: defaults::RECONNECT_MIN,
@@ -166,6 +171,7 @@ impl WorkerConfig {
             extra_routes: settings.extra_routes,
             protocol_version: settings.protocol_version,
             model_refresh_interval: settings.model_refresh_interval,
+            unload_poll_interval: resting::POLL_EVERY,
             drain_timeout: settings.drain_timeout,
             proxy_silence_timeout: settings.proxy_silence_timeout,
             reconnect_min: defaults::RECONNECT_MIN,
@@ -194,6 +200,11 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let access = BackendAccess::new(&config);
+    // For the worker's whole life, across reconnects; asks nothing until a catalog names a
+    // backend to watch.
+    let resting = access.resting.clone();
+    let polling =
+        tokio::spawn(resting.poll_forever(access.client.clone(), config.unload_poll_interval));
     // One manager for the worker's whole life: a reconnect to the proxy must not restart models.
     let lifecycle = start_lifecycle(&config).await;
     report.set_lifecycle(lifecycle.clone());
@@ -221,6 +232,7 @@ pub async fn run(
     report.set_lifecycle(None);
     report.set_hardware(None);
     drop(sampler);
+    polling.abort();
     if let Some(manager) = lifecycle {
         // The servers run in process groups of their own: nothing else would stop them.
         tracing::info!("stopping model servers");
@@ -459,6 +471,8 @@ pub struct BackendAccess {
     pub windows: catalog::ContextWindowCache,
     /// Its llama-servers' warm-ups ([`warm_up`]).
     pub warm_ups: warm_up::WarmUps,
+    /// The models its backends unloaded by themselves ([`resting`]).
+    pub resting: resting::Resting,
 }
 
 impl BackendAccess {
@@ -481,6 +495,7 @@ impl BackendAccess {
             slot_pins: SlotPins::new(config.slot_hints),
             windows: catalog::ContextWindowCache::default(),
             warm_ups: warm_up::WarmUps::default(),
+            resting: resting::Resting::default(),
         }
     }
 

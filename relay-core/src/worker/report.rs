@@ -7,6 +7,7 @@ use tokio::sync::watch;
 use crate::hardware::Latest;
 use crate::lifecycle::{LifecycleManager, ModelState};
 use crate::protocol::{HardwareReport, ModelStateReport};
+use crate::worker::resting::Resting;
 
 /// Where the worker's connection to its proxy stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -126,9 +127,23 @@ impl WorkerReport {
     }
 }
 
+/// The states for a pong: the model map's, and then those of the models that backends it does
+/// not manage unloaded by themselves ([`Resting`]); `None` when it knows of neither.
+pub fn model_states(
+    manager: Option<&LifecycleManager>,
+    resting: &Resting,
+) -> Option<Vec<ModelStateReport>> {
+    let mapped = manager.map(mapped_states);
+    let unmanaged = resting.states();
+    if unmanaged.is_empty() {
+        return mapped;
+    }
+    Some(mapped.into_iter().flatten().chain(unmanaged).collect())
+}
+
 /// The model map's states as the proxy's dashboard shows them: `loaded`, `starting`, `idle`
 /// (not running), `stopping`, `failed`.
-pub fn model_states(manager: &LifecycleManager) -> Vec<ModelStateReport> {
+pub fn mapped_states(manager: &LifecycleManager) -> Vec<ModelStateReport> {
     manager
         .status()
         .into_iter()

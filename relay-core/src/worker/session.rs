@@ -124,15 +124,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
     // Before the catalog is read, so a warm-up measured while it is read is not missed.
     let warmed = access.warm_ups.subscribe();
     let pinned = access.slot_pins.subscribe();
-    let catalog = catalog::load(
-        config,
-        &access.client,
-        &access.windows,
-        &access.warm_ups,
-        &access.slot_pins,
-        mapped_models(lifecycle),
-    )
-    .await;
+    let catalog = catalog::load(config, access, mapped_models(lifecycle)).await;
     // Unbounded, a connect into a partition waits out the kernel's SYN retries (about two
     // minutes) before the backoff can try again.
     let proxy_url = running.proxy_url;
@@ -183,7 +175,7 @@ pub async fn serve(running: Running<'_>, shutdown: &mut watch::Receiver<bool>) -
         warmed,
         pinned,
         active: HashMap::new(),
-        clocks: Clocks::default(),
+        clocks: Clocks::new(access.resting.clone()),
         outbox: Outbox::default(),
         window,
         draining: false,
@@ -482,7 +474,7 @@ impl Session<'_> {
                     hardware: self
                         .hardware
                         .and_then(|latest| latest.borrow().as_ref().map(|s| s.report.clone())),
-                    model_states: self.lifecycle.map(crate::worker::report::model_states),
+                    model_states: super::report::model_states(self.lifecycle, &self.access.resting),
                 });
                 match send(socket, &pong).await {
                     Ok(()) => Next::Continue,
@@ -587,8 +579,12 @@ impl Session<'_> {
             return;
         }
         let id = request.request_id.clone();
-        self.clocks
-            .begin(&id, request.conversation_key(), self.active.is_empty());
+        let backend = match &target {
+            Some(Target::Backend(url)) => Some((url.as_str(), request.model.as_str())),
+            _ => None,
+        };
+        let alone = self.active.is_empty();
+        (self.clocks).begin(&id, request.conversation_key(), alone, backend);
         let events = self.outbox.open(&id);
         // Aborting the task (cancel, disconnect) drops what it holds: the backend response and,
         // for a mapped model, its lease (or its wait for a start, which goes on for others).
@@ -696,15 +692,7 @@ impl Session<'_> {
             tracing::info!(?models, "backend models changed");
         }
         self.catalog = refreshed.catalog;
-        let refreshed_windows = self.catalog.context_windows();
-        let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
-            warm_ups: self.catalog.warm_ups(),
-            sides_first: self.catalog.sides_first(),
-            models,
-            current_load: self.active.len() as u32,
-            going_to_sleep: None,
-            context_windows: refreshed_windows,
-        });
+        let update = self.models_update(Some(models), None);
         match send(socket, &update).await {
             Ok(()) => Next::Continue,
             Err(()) => Next::End(disconnected(true, "sending failed")),
@@ -713,16 +701,11 @@ impl Session<'_> {
 
     /// Re-reads the catalog in the background; `requested` marks a refresh the proxy asked for.
     fn spawn_refresh(&self, catalog_tx: &mpsc::Sender<Refreshed>, requested: bool) {
-        let config = self.config.clone();
-        let client = self.access.client.clone();
-        let windows = self.access.windows.clone();
-        let warm_ups = self.access.warm_ups.clone();
-        let slot_pins = self.access.slot_pins.clone();
+        let (config, access) = (self.config.clone(), self.access.clone());
         let mapped = mapped_models(self.lifecycle);
         let catalog_tx = catalog_tx.clone();
         tokio::spawn(async move {
-            let catalog =
-                catalog::load(&config, &client, &windows, &warm_ups, &slot_pins, mapped).await;
+            let catalog = catalog::load(&config, &access, mapped).await;
             let _ = catalog_tx.send(Refreshed { catalog, requested }).await;
         });
     }
@@ -736,14 +719,7 @@ impl Session<'_> {
         );
         self.draining = true;
         self.drain_deadline = Some(Instant::now() + self.config.drain_timeout);
-        let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
-            warm_ups: None,
-            sides_first: None,
-            models: Vec::new(),
-            current_load: self.active.len() as u32,
-            going_to_sleep: None,
-            context_windows: None,
-        });
+        let update = self.models_update(None, None);
         if send(socket, &update).await.is_err() {
             return Next::End(SessionEnd::Shutdown);
         }
@@ -759,18 +735,29 @@ impl Session<'_> {
             in_flight = self.active.len(),
             "going to sleep: telling the proxy and disconnecting"
         );
-        let update = WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
-            warm_ups: None,
-            sides_first: None,
-            models: Vec::new(),
-            current_load: self.active.len() as u32,
-            going_to_sleep: Some(true),
-            context_windows: None,
-        });
+        let update = self.models_update(None, Some(true));
         if send(socket, &update).await.is_ok() {
             close(socket, "going to sleep").await;
         }
         Next::End(SessionEnd::Asleep)
+    }
+
+    /// A `models_update`: `models` with what the catalog knows of them, or none (draining,
+    /// going to sleep).
+    fn models_update(
+        &self,
+        models: Option<Vec<String>>,
+        going_to_sleep: Option<bool>,
+    ) -> WorkerToServer {
+        let catalog = models.is_some().then_some(&self.catalog);
+        WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
+            warm_ups: catalog.and_then(Catalog::warm_ups),
+            sides_first: catalog.and_then(Catalog::sides_first),
+            models: models.unwrap_or_default(),
+            current_load: self.active.len() as u32,
+            going_to_sleep,
+            context_windows: catalog.and_then(Catalog::context_windows),
+        })
     }
 
     /// Closes the connection once a draining worker has nothing left in flight.

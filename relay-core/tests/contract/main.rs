@@ -24,6 +24,7 @@ mod lifecycle;
 mod metrics;
 mod registration;
 mod responses_api;
+mod resting_backends;
 mod routing;
 mod shared_database;
 mod sleeping_boxes;

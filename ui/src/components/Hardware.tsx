@@ -75,6 +75,7 @@ export function WorkerHardware({ view }: { view: HardwareView }) {
             <span key={m.model} class="model-state" data-testid="worker-model-state" data-model={m.model} data-state={m.state}>
               <code>{m.model}</code>{' '}
               <Badge tone={m.tone}>{m.state}</Badge>
+              {m.load ? <span class="muted"> {m.load}</span> : null}
             </span>
           ))}
         </div>

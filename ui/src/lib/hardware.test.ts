@@ -16,6 +16,7 @@ const box = {
     { model: 'llama', state: 'loaded' },
     { model: 'qwen', state: 'idle' },
     { model: 'new', state: 'some-future-state' },
+    { model: 'gemma', state: 'unloaded', load_ms: 1240 },
   ],
 };
 
@@ -32,7 +33,8 @@ describe('toHardwareView', () => {
     expect(view.gpus[1].vram?.text).toBe('3 MiB / 48 GiB');
     expect(view.gpus[1].utilization).toBeNull();
     expect(view.gpus[1].temperatureTone).toBe('muted');
-    expect(view.models.map((m) => m.tone)).toEqual(['ok', 'muted', 'muted']);
+    expect(view.models.map((m) => m.tone)).toEqual(['ok', 'muted', 'muted', 'muted']);
+    expect(view.models.map((m) => m.load)).toEqual([null, null, null, 'loads in 1.2 s']);
   });
 
   it('leaves out what a report lacks and draws no line for a measure never reported', () => {

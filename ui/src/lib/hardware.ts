@@ -33,6 +33,8 @@ export interface ModelStateView {
   model: string;
   state: string;
   tone: Tone;
+  /** How long its last load took, where measured ("loads in 1.2 s"). */
+  load: string | null;
 }
 
 export interface HardwareView {
@@ -76,6 +78,8 @@ const MODEL_TONES: Record<string, Tone> = {
   loaded: 'ok',
   starting: 'busy',
   idle: 'muted',
+  // A backend the worker does not manage freed it by itself; it loads at the next request.
+  unloaded: 'muted',
   stopping: 'busy',
   failed: 'bad',
 };
@@ -92,7 +96,12 @@ function sparklines(history: HardwareHistory | undefined): Sparkline[] {
 }
 
 export function toModelStates(states: ModelStateReport[] | null | undefined): ModelStateView[] {
-  return (states ?? []).map((s) => ({ model: s.model, state: s.state, tone: MODEL_TONES[s.state] ?? 'muted' }));
+  return (states ?? []).map((s) => ({
+    model: s.model,
+    state: s.state,
+    tone: MODEL_TONES[s.state] ?? 'muted',
+    load: s.load_ms != null ? `loads in ${(s.load_ms / 1000).toFixed(1)} s` : null,
+  }));
 }
 
 /** The worker's box, or null when it reported nothing (a published worker, an older relay). */

@@ -224,9 +224,10 @@ impl Reason {
 }
 
 impl Scheduler {
-    /// `worker`'s backend reported its models' states (our worker's model map, in its pongs): a
-    /// model not loaded there costs the time its last load took before a first token; one whose
-    /// load was never timed leaves that box to the usual rules.
+    /// `worker` reported its models' states (in its pongs: our worker's model map, and the models
+    /// its other backends unloaded by themselves): a model not loaded there costs the time its
+    /// last load took, and its whole prompt, before a first token; one whose load was never
+    /// timed leaves that box to the usual rules.
     pub fn set_model_states(&mut self, worker: WorkerId, states: &[ModelStateReport]) {
         let Some(w) = self.workers.get_mut(&worker) else {
             return;
@@ -367,11 +368,12 @@ impl Scheduler {
     ) -> Option<(f64, f64)> {
         let w = self.workers.get(&id)?;
         let prompt_tps = w.speeds.get(model)?.prompt_tps?;
-        let load_secs = match w.cold.get(model) {
-            None => 0.0,
-            Some(load) => (*load)?,
+        // A model loaded again holds no prompt of any conversation.
+        let (load_secs, own) = match w.cold.get(model) {
+            None => (0.0, self.tokens_to_evaluate(id, affinity, tokens, now)),
+            Some(load) => ((*load)?, tokens),
         };
-        let own = self.tokens_to_evaluate(id, affinity, tokens, now).max(1);
+        let own = own.max(1);
         // Prompt tokens of requests placed there that have not started answering, as estimated
         // when they were placed, less what the box has evaluated of them since.
         let mut waiting: Vec<&super::Request> = w
@@ -1021,6 +1023,31 @@ pub(super) mod tests {
         s.set_model_states(ids[0], &states("idle", Some(20_000)));
         s.set_model_states(ids[0], &states("loaded", Some(20_000)));
         assert_eq!(place(&mut s, 1, 7, 2_000, now), ids[0]);
+    }
+
+    #[test]
+    fn a_conversation_whose_home_unloaded_the_model_pays_its_whole_prompt_there() {
+        let now = Instant::now();
+        let states = |state: &str| {
+            vec![ModelStateReport {
+                model: "m".into(),
+                state: state.into(),
+                load_ms: Some(500),
+            }]
+        };
+        // The slow box is the conversation's home: 12,000 tokens cached there.
+        let (mut s, ids) = fleet(true, &[Some(600.0), Some(3000.0)]);
+        s.set_cost_routing(false);
+        assert_eq!(place(&mut s, 1, 7, 12_000, now), ids[0]);
+        let mut actions = Vec::new();
+        assert!(s.finish(ids[0], 1, &mut actions));
+        s.set_cost_routing(true);
+        // Its backend slept and freed the model (a load of 0.5 s): turn 2 would evaluate all
+        // 12,300 tokens there (21 s), not 300 (1 s). The fast box takes it.
+        s.set_model_states(ids[0], &states("unloaded"));
+        assert_eq!(place(&mut s, 2, 7, 12_300, now), ids[1]);
+        let weighed = s.weighed_of(2).expect("weighed").clone();
+        assert!((weighed.other_secs - 21.0).abs() < 0.01, "{weighed:?}");
     }
 
     #[test]

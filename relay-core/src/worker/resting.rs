@@ -1,0 +1,232 @@
+//! Models that backends the worker does not manage have unloaded by themselves, and how long
+//! loading them again took.
+//!
+//! A llama-server started with `--sleep-idle-seconds` and Ollama after a model's keep-alive
+//! free the model, and load it again at the next request: that request pays the load before its
+//! first token, and finds no prompt cached ([`crate::discovery::Unloads`]). The worker asks such
+//! backends every few seconds ([`Resting::poll_forever`]) and reports their models in its pongs
+//! (`model_states`: `loaded`, or `unloaded` with the time the last load took), as it reports
+//! its model map's, so the proxy's cost routing weighs the load. The load is measured on the
+//! request that found the model unloaded ([`super::clocked::Clocks`]); until one has, the
+//! proxy has no load time for the model there, and routes requests it could go to by the usual
+//! rules.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::discovery::{unloaded_models, Unloads};
+use crate::protocol::ModelStateReport;
+
+/// How often the watched backends are asked. A request in the seconds after a backend unloaded
+/// is placed as if the model were loaded; asking costs one small local `GET` (which neither
+/// wakes a llama-server nor keeps an Ollama model loaded).
+pub const POLL_EVERY: Duration = Duration::from_secs(5);
+
+/// How long one backend's answer may take.
+const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A backend's model, by (base URL, model name).
+type Served = (String, String);
+
+/// What the worker knows of its backends' unloaded models; shared by its sessions and its
+/// request tasks.
+#[derive(Debug, Clone, Default)]
+pub struct Resting(Arc<Mutex<Inner>>);
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The backends that say what they unloaded, by base URL: how, and the models the worker
+    /// sends them.
+    watched: HashMap<String, (Unloads, Vec<String>)>,
+    /// Their models unloaded at the last look (or since a request found them so).
+    unloaded: HashSet<Served>,
+    /// How long each model's last load took there, in milliseconds.
+    loads: HashMap<Served, u64>,
+}
+
+impl Resting {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From the latest catalog: the backends to watch, how each says what it unloaded, and the
+    /// models the worker sends each. What is known of anything else is forgotten.
+    pub fn watch(&self, backends: Vec<(String, Unloads, Vec<String>)>) {
+        let mut inner = self.lock();
+        inner.watched = backends
+            .into_iter()
+            .map(|(url, how, models)| (url, (how, models)))
+            .collect();
+        let Inner {
+            watched,
+            unloaded,
+            loads,
+        } = &mut *inner;
+        let served = |(url, model): &Served| {
+            watched
+                .get(url)
+                .is_some_and(|(_, models)| models.contains(model))
+        };
+        unloaded.retain(served);
+        loads.retain(|key, _| served(key));
+    }
+
+    /// Whether `model` was unloaded at the backend `url` at the last look.
+    pub fn is_unloaded(&self, url: &str, model: &str) -> bool {
+        self.lock()
+            .unloaded
+            .contains(&(url.to_string(), model.to_string()))
+    }
+
+    /// A request that found `model` unloaded at `url` was answered: it is loaded now, and
+    /// loading it took `load_ms` (when that could be told apart from the request's own work).
+    pub fn loaded(&self, url: &str, model: &str, load_ms: Option<u64>) {
+        let key = (url.to_string(), model.to_string());
+        let mut inner = self.lock();
+        if !inner
+            .watched
+            .get(url)
+            .is_some_and(|(_, models)| models.contains(&key.1))
+        {
+            return;
+        }
+        inner.unloaded.remove(&key);
+        if let Some(ms) = load_ms {
+            inner.loads.insert(key, ms);
+        }
+    }
+
+    /// Marks `model` at `url` unloaded, as a look would.
+    #[cfg(test)]
+    pub(crate) fn mark_unloaded(&self, url: &str, model: &str) {
+        self.lock()
+            .unloaded
+            .insert((url.to_string(), model.to_string()));
+    }
+
+    /// The watched models' states, for the pong.
+    pub fn states(&self) -> Vec<ModelStateReport> {
+        let inner = self.lock();
+        let mut states: Vec<ModelStateReport> = inner
+            .watched
+            .iter()
+            .flat_map(|(url, (_, models))| models.iter().map(move |model| (url, model)))
+            .map(|(url, model)| {
+                let key = (url.clone(), model.clone());
+                let state = if inner.unloaded.contains(&key) {
+                    "unloaded"
+                } else {
+                    "loaded"
+                };
+                ModelStateReport {
+                    model: model.clone(),
+                    state: state.to_string(),
+                    load_ms: inner.loads.get(&key).copied(),
+                }
+            })
+            .collect();
+        states.sort_by(|a, b| a.model.cmp(&b.model));
+        states
+    }
+
+    /// Asks every watched backend which of its models it has unloaded now; one that does not
+    /// answer keeps what was known of it.
+    pub async fn poll(&self, client: &reqwest::Client) {
+        let watched: Vec<(String, Unloads, Vec<String>)> = self
+            .lock()
+            .watched
+            .iter()
+            .map(|(url, (how, models))| (url.clone(), *how, models.clone()))
+            .collect();
+        let answers = futures_util::future::join_all(watched.into_iter().map(
+            |(url, how, models)| async move {
+                let asked = unloaded_models(client, &url, how, &models);
+                let unloaded = tokio::time::timeout(ASK_TIMEOUT, asked)
+                    .await
+                    .ok()
+                    .flatten();
+                (url, models, unloaded)
+            },
+        ))
+        .await;
+        let mut inner = self.lock();
+        for (url, models, unloaded) in answers {
+            let Some(unloaded) = unloaded else {
+                continue;
+            };
+            for model in models {
+                let now_unloaded = unloaded.contains(&model);
+                let key = (url.clone(), model);
+                if now_unloaded {
+                    inner.unloaded.insert(key);
+                } else {
+                    inner.unloaded.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// [`Resting::poll`] every `every`, for as long as the worker runs.
+    pub async fn poll_forever(self, client: reqwest::Client, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if !self.lock().watched.is_empty() {
+                self.poll(&client).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state_of(resting: &Resting, model: &str) -> Option<(String, Option<u64>)> {
+        resting
+            .states()
+            .into_iter()
+            .find(|s| s.model == model)
+            .map(|s| (s.state, s.load_ms))
+    }
+
+    #[test]
+    fn a_model_found_unloaded_reports_its_last_load_and_forgets_what_it_no_longer_serves() {
+        let resting = Resting::default();
+        let models = vec!["a".to_string(), "b".to_string()];
+        resting.watch(vec![("http://x".into(), Unloads::Ollama, models)]);
+        assert_eq!(state_of(&resting, "a"), Some(("loaded".into(), None)));
+        resting.mark_unloaded("http://x", "a");
+        assert!(resting.is_unloaded("http://x", "a"));
+        assert!(!resting.is_unloaded("http://x", "b"));
+        assert!(!resting.is_unloaded("http://y", "a"));
+        assert_eq!(state_of(&resting, "a"), Some(("unloaded".into(), None)));
+        // The request that woke it measured the load.
+        resting.loaded("http://x", "a", Some(1500));
+        assert_eq!(state_of(&resting, "a"), Some(("loaded".into(), Some(1500))));
+        // Unloaded again: the last load is kept as its cost.
+        resting.mark_unloaded("http://x", "a");
+        assert_eq!(
+            state_of(&resting, "a"),
+            Some(("unloaded".into(), Some(1500)))
+        );
+        // A model the worker does not send there is not reported, whatever a request said.
+        resting.loaded("http://x", "c", Some(9));
+        resting.loaded("http://y", "a", Some(9));
+        assert_eq!(state_of(&resting, "c"), None);
+        assert_eq!(
+            state_of(&resting, "a"),
+            Some(("unloaded".into(), Some(1500)))
+        );
+        // The backend no longer serves "a": nothing of it is kept.
+        resting.watch(vec![(
+            "http://x".into(),
+            Unloads::Ollama,
+            vec!["b".to_string()],
+        )]);
+        assert_eq!(state_of(&resting, "a"), None);
+        assert!(resting.lock().loads.is_empty() && resting.lock().unloaded.is_empty());
+    }
+}
