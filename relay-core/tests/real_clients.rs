@@ -45,6 +45,11 @@ struct LlamaServer {
 impl LlamaServer {
     /// `-c ctx` split over `slots` slots; answers of at most 16 tokens.
     fn start(stack: &Stack, dir: &Path, ctx: u32, slots: u32) -> LlamaServer {
+        Self::start_with(stack, dir, ctx, slots, &[])
+    }
+
+    /// [`Self::start`], with `extra` arguments.
+    fn start_with(stack: &Stack, dir: &Path, ctx: u32, slots: u32, extra: &[&str]) -> LlamaServer {
         let port = unused_port();
         let log = dir.join(format!("llama-{port}.log"));
         let file = std::fs::File::create(&log).expect("llama-server log");
@@ -61,6 +66,7 @@ impl LlamaServer {
             .args(["-c", &ctx.to_string(), "-np", &slots.to_string()])
             // Short answers: what Claude Code sends back of one is random tokens (see below).
             .args(["-n", "16", "-t", "1", "--no-webui"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log"))
             .stderr(file)
@@ -745,4 +751,87 @@ fn the_clock_agrees_with_llama_servers_own_timings() {
             "{clocked:?} against {reported:?}"
         );
     }
+}
+
+#[test]
+fn a_sleeping_llama_server_is_shown_unloaded_and_the_request_that_wakes_it_times_the_load() {
+    // llama-server with `--sleep-idle-seconds` frees its model when idle and loads it again at
+    // the next request. The worker sees it asleep (`/props`, which does not wake it), tells
+    // the proxy, and times the load on the request that wakes it.
+    let Some(stack) = realstack::stack(
+        "a_sleeping_llama_server_is_shown_unloaded_and_the_request_that_wakes_it_times_the_load",
+        false,
+    ) else {
+        return;
+    };
+    let dir = TempDir::new("sleeping-real");
+    let llama =
+        LlamaServer::start_with(&stack, dir.path(), 2048, 1, &["--sleep-idle-seconds", "2"]);
+    let config = "[proxy]\nheartbeat_interval_secs = 1\n";
+    let (running, relay) = zero_config_relay(dir.path(), config, &[llama.port()]);
+    let state = || {
+        owner_get_json(&format!("{relay}/api/status"), dir.path())["workers"][0]["model_states"][0]
+            .clone()
+    };
+    eventually("the model is shown unloaded", &running, || {
+        state()["state"] == "unloaded"
+    });
+    assert_eq!(state()["model"], MODEL);
+    assert_eq!(state()["load_ms"], Value::Null, "no load seen yet");
+    let chat = json!({"model": MODEL, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "wake up and say something"}]});
+    let timed = || {
+        let started = Instant::now();
+        let reply = exchange(
+            "POST",
+            &format!("{relay}/v1/chat/completions"),
+            &[("content-type", "application/json")],
+            Some(&chat.to_string()),
+        );
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        started.elapsed().as_secs_f64() * 1000.0
+    };
+    let (waking, awake) = (timed(), timed());
+    eventually("the load is timed", &running, || {
+        state()["load_ms"].is_u64()
+    });
+    let load = state()["load_ms"].as_f64().unwrap();
+    // llama-server's own log: from leaving its sleep to its model initialized.
+    let log = llama.log_text();
+    // Its lines start `minutes.seconds.milliseconds.microseconds`.
+    let at = |line: &str| -> f64 {
+        let stamp = line.split_whitespace().next().unwrap_or_default();
+        let parts: Vec<f64> = stamp.split('.').filter_map(|p| p.parse().ok()).collect();
+        match parts[..] {
+            [min, s, ms, us] => min * 60_000.0 + s * 1000.0 + ms + us / 1000.0,
+            _ => f64::NAN,
+        }
+    };
+    let woke = log
+        .lines()
+        .filter(|l| l.contains("exiting sleeping state"))
+        .last();
+    let ready = log
+        .lines()
+        .filter(|l| l.contains("load_model: initializing"))
+        .last();
+    let own = woke.zip(ready).map(|(w, r)| at(r) - at(w));
+    eprintln!(
+        "load timed by the worker {load} ms; the waking request took {waking:.0} ms through \
+         the relay, the next {awake:.0} ms; llama-server's log: {own:?} ms from waking to \
+         initialized"
+    );
+    assert!(load < waking, "{load} ms of a {waking:.0} ms request");
+    assert!(
+        load > (waking - awake) * 0.5,
+        "{load} ms against {waking:.0} - {awake:.0} ms"
+    );
+    if let Some(own) = own {
+        assert!(load >= own * 0.8, "{load} ms against the log's {own} ms");
+    }
+    // Asleep again: shown so, the load kept as its cost.
+    eventually("the model is shown unloaded again", &running, || {
+        state()["state"] == "unloaded"
+    });
+    assert_eq!(state()["load_ms"].as_f64(), Some(load));
 }
