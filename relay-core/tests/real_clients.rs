@@ -807,14 +807,10 @@ fn a_sleeping_llama_server_is_shown_unloaded_and_the_request_that_wakes_it_times
             _ => f64::NAN,
         }
     };
-    let woke = log
-        .lines()
-        .filter(|l| l.contains("exiting sleeping state"))
-        .last();
+    let woke = log.lines().rfind(|l| l.contains("exiting sleeping state"));
     let ready = log
         .lines()
-        .filter(|l| l.contains("load_model: initializing"))
-        .last();
+        .rfind(|l| l.contains("load_model: initializing"));
     let own = woke.zip(ready).map(|(w, r)| at(r) - at(w));
     eprintln!(
         "load timed by the worker {load} ms; the waking request took {waking:.0} ms through \
