@@ -50,23 +50,23 @@ impl LlamaServer {
 
     /// [`Self::start`], with `extra` arguments.
     fn start_with(stack: &Stack, dir: &Path, ctx: u32, slots: u32, extra: &[&str]) -> LlamaServer {
+        let model = stack.model.display().to_string();
+        let (ctx, np) = (ctx.to_string(), slots.to_string());
+        let mut args = vec!["-m", &model, "-a", MODEL, "-c", &ctx, "-np", &np];
+        args.extend(extra);
+        Self::launch(stack, dir, slots, &args)
+    }
+
+    /// llama-server with `args`, on a port of its own, once it is healthy.
+    fn launch(stack: &Stack, dir: &Path, slots: u32, args: &[&str]) -> LlamaServer {
         let port = unused_port();
         let log = dir.join(format!("llama-{port}.log"));
         let file = std::fs::File::create(&log).expect("llama-server log");
         let child = Command::new(&stack.llama_server)
-            .args(["-m", &stack.model.display().to_string()])
-            .args([
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-                "-a",
-                MODEL,
-            ])
-            .args(["-c", &ctx.to_string(), "-np", &slots.to_string()])
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(args)
             // Short answers: what Claude Code sends back of one is random tokens (see below).
             .args(["-n", "16", "-t", "1", "--no-webui"])
-            .args(extra)
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log"))
             .stderr(file)
@@ -240,6 +240,11 @@ fn llama_server_timings_are_read_from_its_log() {
 /// The real `modelrelay` with zero configuration but its address, finding the llama-servers on
 /// `ports` the way it finds them on the well-known ones.
 fn zero_config_relay(data: &Path, config: &str, ports: &[u16]) -> (Running, String) {
+    relay_serving(data, config, ports, MODEL)
+}
+
+/// [`zero_config_relay`], once it serves `model`.
+fn relay_serving(data: &Path, config: &str, ports: &[u16], model: &str) -> (Running, String) {
     let config_path = data.join("config.toml");
     std::fs::write(&config_path, config).expect("config");
     let port = unused_port();
@@ -254,7 +259,7 @@ fn zero_config_relay(data: &Path, config: &str, ports: &[u16]) -> (Running, Stri
     let url = format!("http://127.0.0.1:{port}");
     eventually("the relay serves the real model", &running, || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-            && model_ids(&url).iter().any(|m| m == MODEL)
+            && model_ids(&url).iter().any(|m| m == model)
     });
     (running, url)
 }
@@ -830,4 +835,96 @@ fn a_sleeping_llama_server_is_shown_unloaded_and_the_request_that_wakes_it_times
         state()["state"] == "unloaded"
     });
     assert_eq!(state()["load_ms"].as_f64(), Some(load));
+}
+
+#[test]
+fn a_router_mode_llama_server_shows_which_model_it_has_loaded_and_each_load_is_timed() {
+    // llama-server's router mode loads each model of its directory at its first request and,
+    // past `--models-max`, unloads the one used least recently. Both models here are the tiny
+    // one under two names.
+    let Some(stack) = realstack::stack(
+        "a_router_mode_llama_server_shows_which_model_it_has_loaded_and_each_load_is_timed",
+        false,
+    ) else {
+        return;
+    };
+    let dir = TempDir::new("router-real");
+    let models = dir.path().join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    for name in ["alpha", "beta"] {
+        std::os::unix::fs::symlink(&stack.model, models.join(format!("{name}.gguf"))).unwrap();
+    }
+    let models_dir = models.display().to_string();
+    let router = LlamaServer::launch(
+        &stack,
+        dir.path(),
+        1,
+        &[
+            "--models-dir",
+            &models_dir,
+            "--models-max",
+            "1",
+            "-c",
+            "2048",
+            "-np",
+            "1",
+        ],
+    );
+    let config = "[proxy]\nheartbeat_interval_secs = 1\n";
+    let (running, relay) = relay_serving(dir.path(), config, &[router.port()], "beta");
+    // (state, load_ms) of each model, as the dashboard shows them.
+    let states = || -> Vec<(String, String, Option<u64>)> {
+        let status = owner_get_json(&format!("{relay}/api/status"), dir.path());
+        let shown = status["workers"][0]["model_states"].as_array().cloned();
+        let state = |s: &Value| {
+            let text = |key: &str| s[key].as_str().unwrap_or_default().to_string();
+            (text("model"), text("state"), s["load_ms"].as_u64())
+        };
+        shown.unwrap_or_default().iter().map(state).collect()
+    };
+    let shows = |alpha: &str, beta: &str| {
+        let now = states();
+        now.len() == 2 && now[0].1 == alpha && now[1].1 == beta
+    };
+    eventually("both shown unloaded", &running, || {
+        shows("unloaded", "unloaded")
+    });
+    let timed = |model: &str| {
+        let chat = json!({"model": model, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "which model answers"}]});
+        let started = Instant::now();
+        let reply = exchange(
+            "POST",
+            &format!("{relay}/v1/chat/completions"),
+            &[("content-type", "application/json")],
+            Some(&chat.to_string()),
+        );
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        started.elapsed().as_secs_f64() * 1000.0
+    };
+    let (loading, loaded) = (timed("alpha"), timed("alpha"));
+    eventually("alpha shown loaded, its load timed", &running, || {
+        shows("loaded", "unloaded") && states()[0].2.is_some()
+    });
+    let alpha = states()[0].2.unwrap() as f64;
+    eprintln!(
+        "alpha: load timed {alpha} ms; its first request {loading:.0} ms, the next {loaded:.0} ms"
+    );
+    assert!(alpha < loading && alpha > (loading - loaded) * 0.5);
+    // beta's first request loads it, and the router unloads alpha to make room.
+    let switching = timed("beta");
+    eventually("beta shown loaded, alpha unloaded", &running, || {
+        shows("unloaded", "loaded") && states()[1].2.is_some()
+    });
+    let now = states();
+    eprintln!(
+        "beta: load timed {:?} ms; its first request {switching:.0} ms",
+        now[1].2
+    );
+    assert_eq!(
+        now[0].2,
+        Some(alpha as u64),
+        "alpha's load is kept as its cost"
+    );
+    assert!((now[1].2.unwrap() as f64) < switching);
 }

@@ -23,8 +23,19 @@ pub async fn fetch_context_windows(client: &reqwest::Client, base_url: &str) -> 
         get(client, &props_url),
         get(client, &ps_url)
     );
+    let from_llama_cpp = |answer: &Reply| {
+        answer
+            .server
+            .as_deref()
+            .is_some_and(|server| server.to_ascii_lowercase().contains("llama.cpp"))
+    };
     let mut listed = Vec::new();
-    if let Some(list) = models.ok().and_then(|answer| answer.json_ok()) {
+    let models = models.ok();
+    let router_list = models
+        .as_ref()
+        .filter(|answer| from_llama_cpp(answer))
+        .and_then(Reply::json_ok);
+    if let Some(list) = models.and_then(|answer| answer.json_ok()) {
         for entry in list["data"].as_array().into_iter().flatten() {
             let Some(id) = entry["id"].as_str() else {
                 continue;
@@ -45,18 +56,12 @@ pub async fn fetch_context_windows(client: &reqwest::Client, base_url: &str) -> 
             .per_model
             .extend(ollama_windows(client, &base, ps, &listed).await);
     }
-    let from_llama_cpp = |answer: &Reply| {
-        answer
-            .server
-            .as_deref()
-            .is_some_and(|server| server.to_ascii_lowercase().contains("llama.cpp"))
-    };
     let props = props.ok().filter(from_llama_cpp).and_then(|a| a.json_ok());
     if let Some(props) = &props {
         windows.every_model = window_of(&props["default_generation_settings"]["n_ctx"]);
         windows.llama_cpp_slots = slots_of_props(props);
     }
-    windows.unloads = super::rest::unloads_of(props.as_ref(), ps.as_ref());
+    windows.unloads = super::rest::unloads_of(router_list.as_ref(), props.as_ref(), ps.as_ref());
     windows
 }
 

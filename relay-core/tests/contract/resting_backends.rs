@@ -1,6 +1,7 @@
 //! Backends the relay does not manage that unload their model by themselves (issue 29's "a box
 //! that has the model unloaded"): a llama-server started with `--sleep-idle-seconds` says
-//! `is_sleeping` in `GET /props`; Ollama lists its loaded models in `GET /api/ps`. The real
+//! `is_sleeping` in `GET /props`; one in router mode says each model's `status` in
+//! `GET /v1/models`; Ollama lists its loaded models in `GET /api/ps`. The real
 //! worker watches them, measures the load on the request that wakes the model, and reports
 //! both in its pongs; the proxy's cost routing then weighs the load against a slower box.
 
@@ -33,6 +34,8 @@ struct Resting {
 enum Dialect {
     /// `GET /props` signed `llama.cpp`, with `is_sleeping`.
     LlamaServer,
+    /// `GET /v1/models` signed `llama.cpp`, with each model's `status`.
+    LlamaRouter,
     /// `GET /api/ps` listing the loaded models.
     Ollama,
 }
@@ -42,10 +45,27 @@ impl Resting {
         let unloaded = Arc::new(AtomicBool::new(false));
         let answered = Arc::new(AtomicUsize::new(0));
         let (asleep, wake, count) = (unloaded.clone(), unloaded.clone(), answered.clone());
+        let listed = unloaded.clone();
         let mut app = axum::Router::new()
             .route(
                 "/v1/models",
-                get(|| async { axum::Json(json!({"object": "list", "data": [{"id": MODEL}]})) }),
+                get(move || {
+                    let mut model = json!({"id": MODEL});
+                    if let Dialect::LlamaRouter = dialect {
+                        let status = if listed.load(Ordering::SeqCst) {
+                            "unloaded"
+                        } else {
+                            "loaded"
+                        };
+                        model["status"] = json!({"value": status, "args": []});
+                    }
+                    async move {
+                        (
+                            [(header::SERVER, "llama.cpp")],
+                            axum::Json(json!({"object": "list", "data": [model]})),
+                        )
+                    }
+                }),
             )
             .route(
                 "/v1/chat/completions",
@@ -71,6 +91,7 @@ impl Resting {
                 }),
             );
         app = match dialect {
+            Dialect::LlamaRouter => app,
             Dialect::LlamaServer => app.route(
                 "/props",
                 get(move || {
@@ -158,7 +179,7 @@ async fn ask(proxy: &RunningProxy, conversation: &str) {
 
 #[tokio::test]
 async fn a_backend_that_unloads_its_model_by_itself_is_reported_and_its_measured_load_weighed() {
-    for dialect in [Dialect::LlamaServer, Dialect::Ollama] {
+    for dialect in [Dialect::LlamaServer, Dialect::LlamaRouter, Dialect::Ollama] {
         unloads_and_is_weighed(dialect).await;
     }
 }
