@@ -263,6 +263,7 @@ async fn calibrate(
         slots: SLOTS as u32,
         asleep: None,
         ram_cache: None,
+        unloads: None,
     };
     // Per request, pooled: its prompt's size, what the server gave, what each model gives.
     let models = [Prefill::Together, Prefill::SlotOrder, Prefill::Batches];

@@ -17,6 +17,8 @@
 //! `FLEET_ONLY=<text>` runs only the cells whose name ("<fleet>, <workload>", as the verdicts
 //! name them) contains it. `FLEET_RAM_CACHE=1` adds llama-server's host-memory prompt cache
 //! (on by default in llama-server, left out of the bench's own numbers: [`ram`]).
+//! `FLEET_UNLOADS=<idle s>,<load s>` makes every box's backend unload the model when idle, as
+//! Ollama's keep-alive and llama-server's `--sleep-idle-seconds` do ([`sim::Unloads`]).
 //! `FLEET_CALIBRATE=1` measures the models against the realstack's llama-server instead
 //! ([`calibrate`]). Then the targets: cost routing no worse than the best other policy by
 //! more than 5% on mean and p90 TTFT; on unequal fleets a p90 TTFT at least 2× lower than
@@ -243,6 +245,15 @@ fn main() {
     // llama-server's host-memory prompt cache (`ram`): off by default, where the bench's
     // numbers since issue 29 were measured, so they stay comparable.
     let ram_cache = std::env::var("FLEET_RAM_CACHE").is_ok_and(|v| v == "1");
+    // Backends that unload the model when idle (`FLEET_UNLOADS=<idle s>,<load s>`): off by
+    // default, for the same reason.
+    let unloads = std::env::var("FLEET_UNLOADS").ok().map(|v| {
+        let parts: Vec<f64> = v.split(',').filter_map(|p| p.trim().parse().ok()).collect();
+        match parts[..] {
+            [idle, load] if idle > 0.0 && load >= 0.0 => sim::Unloads { idle, load },
+            _ => panic!("FLEET_UNLOADS={v}: give the idle seconds and the load's, as 30,10"),
+        }
+    });
     // Only the cells whose name ("<fleet>, <workload>", as the verdicts name them) contains
     // this text: one cell runs in a second or two while a change is tried.
     let only = std::env::var("FLEET_ONLY")
@@ -275,10 +286,17 @@ fn main() {
             ram::RAM_CACHE_TOKENS
         );
     }
+    if let Some(unloads) = unloads {
+        println!(
+            "each box's backend unloads the model after {} s without work and loads it again \
+             in {} s at the next request, every cached prompt gone (its worker reports both)",
+            unloads.idle, unloads.load
+        );
+    }
     if let Some(only) = &only {
         println!("only the cells whose name contains \"{only}\" (FLEET_ONLY)");
     }
-    for (fleet_name, fleet) in workloads::fleets(ram_cache) {
+    for (fleet_name, fleet) in workloads::fleets(ram_cache, unloads) {
         let unequal = fleet
             .iter()
             .any(|b| (b.prompt_tps - fleet[0].prompt_tps).abs() > 1.0);
@@ -394,7 +412,7 @@ fn main() {
         }
     }
     if cells_run == 0 {
-        let fleets: Vec<&str> = workloads::fleets(false)
+        let fleets: Vec<&str> = workloads::fleets(false, None)
             .iter()
             .map(|(name, _)| *name)
             .collect();

@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use relay_core::protocol::{RegisterMessage, Timings};
+use relay_core::protocol::{ModelStateReport, RegisterMessage, Timings};
 use relay_core::proxy::dispatch::scheduler::{
     Action, AsleepBox, KnownBox, Placement, ProviderLimits, Reason, Registered, RequestId,
     Scheduler, Submitted, WorkerId,
@@ -57,6 +57,18 @@ pub struct BoxSpec {
     /// bench models one (`FLEET_RAM_CACHE=1`): a displaced prompt is saved there and restored
     /// when its conversation comes back to this box.
     pub ram_cache: Option<u32>,
+    /// Its backend unloads the model by itself when idle (`FLEET_UNLOADS`: Ollama's
+    /// keep-alive, llama-server's `--sleep-idle-seconds`).
+    pub unloads: Option<Unloads>,
+}
+
+/// A backend that unloads its model after `idle` seconds without work, and takes `load`
+/// seconds to load it again at the next request, with every cached prompt gone. Its worker
+/// reports the model unloaded, with the load it measured the last time, as ours does.
+#[derive(Debug, Clone, Copy)]
+pub struct Unloads {
+    pub idle: f64,
+    pub load: f64,
 }
 
 /// One request of a workload.
@@ -247,6 +259,15 @@ struct SimBox {
     batch: Option<Batch>,
     /// Its llama-server's host-memory prompt cache, when modelled.
     ram: Option<RamCache>,
+    /// Its model unloaded ([`Unloads`]): the next request loads it.
+    unloaded: bool,
+    /// Nothing is evaluated before this time (the model is loading).
+    loaded_at: f64,
+    /// When it last had work.
+    busy_at: f64,
+    /// The proxy was told the model is unloaded, and not yet that it is loaded again (the
+    /// worker says so once the request that loaded it sends its first event).
+    reported_unloaded: bool,
 }
 
 /// One iteration of llama-server's loop ([`Prefill::Batches`]).
@@ -298,7 +319,34 @@ impl SimBox {
             waiting: Vec::new(),
             batch: None,
             ram: spec.ram_cache.map(RamCache::new),
+            unloaded: false,
+            loaded_at: 0.0,
+            busy_at: 0.0,
+            reported_unloaded: false,
         }
+    }
+
+    /// Unloads the model when its backend would have ([`Unloads`]) by `now`: every slot's and
+    /// the host memory's prompts go with it. Whether it did.
+    fn unload_when_idle(&mut self, now: f64) -> bool {
+        if !self.running.is_empty() || !self.waiting.is_empty() || self.batch.is_some() {
+            self.busy_at = now;
+            return false;
+        }
+        let Some(unloads) = self.spec.unloads else {
+            return false;
+        };
+        // A box asleep is woken with its model loaded, its wake time counting the load.
+        if self.sleep.is_some() || self.unloaded || now - self.busy_at < unloads.idle {
+            return false;
+        }
+        self.unloaded = true;
+        for slot in &mut self.slots {
+            (slot.conversation, slot.tokens) = (None, 0);
+            (slot.prefix, slot.prefix_tokens) = (u64::MAX, 0);
+        }
+        self.ram = self.spec.ram_cache.map(RamCache::new);
+        true
     }
 
     /// Whether `req`, a turn, waits for its own slot: a side request no larger than it holds
@@ -353,6 +401,11 @@ impl SimBox {
 
     /// Starts `req` in slot `pick` at `now`; the tokens it reuses of what the slot holds.
     fn occupy(&mut self, id: RequestId, req: &Req, pick: usize, now: f64) -> u32 {
+        if self.unloaded {
+            self.unloaded = false;
+            self.loaded_at = now + self.spec.unloads.map_or(0.0, |u| u.load);
+        }
+        self.busy_at = now;
         let slot = &mut self.slots[pick];
         let mut reused = if slot.conversation == Some(req.conversation) {
             slot.tokens.min(req.prompt)
@@ -379,7 +432,7 @@ impl SimBox {
             prefill_left: f64::from(prefill.max(1)),
             prefill_total: prefill,
             generate_left: f64::from(req.output.max(1)),
-            started_at: now,
+            started_at: now.max(self.loaded_at),
             first_token_at: None,
             side_prompt: req.side.then_some(req.prompt),
         });
@@ -450,6 +503,9 @@ impl SimBox {
     /// Advances one tick to `now`; returns the requests whose first token came (and when), and
     /// those that ended.
     fn step(&mut self, now: f64) -> (Vec<(RequestId, f64)>, Vec<Ended>) {
+        if now < self.loaded_at {
+            return (Vec::new(), Vec::new());
+        }
         if self.prefill == Prefill::Batches {
             return self.iterate(now);
         }
@@ -819,6 +875,11 @@ pub fn run(
             let worker = b.worker;
             let (first, ended) = b.step(now);
             for (id, at) in first {
+                // A first token: the model is loaded; its worker's next pong says so.
+                if b.reported_unloaded {
+                    b.reported_unloaded = false;
+                    scheduler.set_model_states(worker, &model_states(&b.spec, "loaded"));
+                }
                 if probe.is_none() {
                     scheduler.mark_started(id);
                 }
@@ -863,6 +924,13 @@ pub fn run(
                     let step = &sessions[p.session].steps[p.turn];
                     due[p.session] = (p.turn + 1, Some(at + step.think));
                 }
+            }
+        }
+        // Idle backends unload; their workers say so at once (ours within a few seconds).
+        for b in &mut boxes {
+            if b.unload_when_idle(now) {
+                b.reported_unloaded = true;
+                scheduler.set_model_states(b.worker, &model_states(&b.spec, "unloaded"));
             }
         }
         if let Some(queue) = probe.as_mut() {
@@ -1041,6 +1109,15 @@ fn warm_up_of(spec: &BoxSpec) -> (f64, Timings) {
 }
 
 /// The boxes asleep (or waking), as the hub tells the scheduler.
+/// The model's state on a box whose backend unloads it, with the load measured the last time.
+fn model_states(spec: &BoxSpec, state: &str) -> Vec<ModelStateReport> {
+    vec![ModelStateReport {
+        model: "m".to_string(),
+        state: state.to_string(),
+        load_ms: spec.unloads.map(|u| (u.load * 1000.0) as u64),
+    }]
+}
+
 fn asleep(boxes: &[SimBox]) -> Vec<AsleepBox> {
     boxes
         .iter()

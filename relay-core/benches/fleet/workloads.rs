@@ -1,7 +1,7 @@
 //! The fleets and workloads of the fleet bench, made from a seed.
 
 use super::ram::RAM_CACHE_TOKENS;
-use super::sim::{BoxSpec, Req, Session, Step, GPU_DECODE_CROWDING};
+use super::sim::{BoxSpec, Req, Session, Step, Unloads, GPU_DECODE_CROWDING};
 
 /// A small deterministic generator (xorshift64*): the same seed makes the same workload.
 pub struct Rng(u64);
@@ -40,7 +40,7 @@ impl Rng {
 /// last time it was woken; only cost routing weighs waking it while the others serve).
 ///
 /// `ram_cache`: each box's llama-server keeps displaced prompts in host memory ([`super::ram::RamCache`]).
-pub fn fleets(ram_cache: bool) -> Vec<(&'static str, Vec<BoxSpec>)> {
+pub fn fleets(ram_cache: bool, unloads: Option<Unloads>) -> Vec<(&'static str, Vec<BoxSpec>)> {
     let ram_cache = ram_cache.then_some(RAM_CACHE_TOKENS);
     let even = |name| BoxSpec {
         name,
@@ -50,6 +50,7 @@ pub fn fleets(ram_cache: bool) -> Vec<(&'static str, Vec<BoxSpec>)> {
         slots: 4,
         asleep: None,
         ram_cache,
+        unloads,
     };
     let fast = BoxSpec {
         name: "fast",
@@ -59,6 +60,7 @@ pub fn fleets(ram_cache: bool) -> Vec<(&'static str, Vec<BoxSpec>)> {
         slots: 4,
         asleep: None,
         ram_cache,
+        unloads,
     };
     let slow = BoxSpec {
         name: "slow",
@@ -68,6 +70,7 @@ pub fn fleets(ram_cache: bool) -> Vec<(&'static str, Vec<BoxSpec>)> {
         slots: 4,
         asleep: None,
         ram_cache,
+        unloads,
     };
     let sleeper = BoxSpec {
         name: "asleep",

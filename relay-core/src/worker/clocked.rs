@@ -53,6 +53,8 @@ struct Start {
     backend: Option<Served>,
     /// The backend had unloaded the model: it waits for the load.
     unloaded: bool,
+    /// It has sent its first event (after the load, if it waited for one).
+    answering: bool,
 }
 
 /// The session's record of its requests' starts.
@@ -63,6 +65,9 @@ pub struct Clocks {
     seen: HashSet<u64>,
     /// The prompt speed (tokens a second) each backend's model last showed.
     prompt_rates: HashMap<Served, f64>,
+    /// Requests waiting for a load that have sent no event yet (so the other requests' events
+    /// cost no lookup).
+    loading: usize,
     resting: Resting,
 }
 
@@ -90,6 +95,7 @@ impl Clocks {
         }
         let new_conversation = conversation.is_none_or(|key| self.seen.insert(key));
         let unloaded = backend.is_some_and(|(url, model)| self.resting.is_unloaded(url, model));
+        self.loading += usize::from(unloaded);
         if self.prompt_rates.len() >= SEEN_CONVERSATIONS {
             self.prompt_rates.clear();
         }
@@ -102,14 +108,43 @@ impl Clocks {
                 at: Instant::now(),
                 backend: backend.map(|(url, model)| (url.to_string(), model.to_string())),
                 unloaded,
+                answering: false,
             },
         );
+    }
+
+    /// Request `id` sent an event: a model it found unloaded is loaded now. The worker's next
+    /// pong says so, as the proxy saw when the answer began; the load's time is measured when
+    /// the answer ends ([`Clocks::finish`]).
+    fn answering(&mut self, id: &str) {
+        if self.loading == 0 {
+            return;
+        }
+        let Some(start) = self.starts.get_mut(id) else {
+            return;
+        };
+        if start.unloaded && !start.answering {
+            start.answering = true;
+            self.loading -= 1;
+            if let Some((url, model)) = &start.backend {
+                self.resting.loaded(url, model, None);
+            }
+        }
+    }
+
+    /// Request `id` ends: forgets its start.
+    fn end(&mut self, id: &str) -> Option<Start> {
+        let start = self.starts.remove(id)?;
+        if start.unloaded && !start.answering {
+            self.loading -= 1;
+        }
+        Some(start)
     }
 
     /// Request `id` ends with `answer`: its clocked time becomes its timings where it may
     /// (see the module), and is dropped otherwise; the load it waited for is measured.
     pub fn finish(&mut self, id: &str, answer: &mut Answer) {
-        let start = self.starts.remove(id);
+        let start = self.end(id);
         let clocked = answer.clocked.take();
         let Some(start) = start else {
             return;
@@ -167,13 +202,13 @@ impl Clocks {
         match event {
             BackendEvent::Complete(answer) => self.finish(id, answer),
             BackendEvent::Failed(_) => self.forget(id),
-            BackendEvent::Chunk(_) => {}
+            BackendEvent::Chunk(_) => self.answering(id),
         }
     }
 
     /// Request `id` ended without an answer (failed, cancelled).
     pub fn forget(&mut self, id: &str) {
-        self.starts.remove(id);
+        self.end(id);
     }
 }
 
@@ -317,6 +352,27 @@ mod tests {
         clocks.finish("cold", &mut answer);
         assert_eq!(answer.timings, None, "a wait for a load is no speed");
         assert_eq!(state(&resting), ("loaded".to_string(), Some(2000)));
+    }
+
+    #[test]
+    fn a_model_is_loaded_from_the_first_event_of_the_request_that_loaded_it() {
+        let (mut clocks, resting) = unloaded();
+        clocks.begin("cold", Some(1), true, Some(("http://b", "m")));
+        let mut event = BackendEvent::Chunk("data: {}\n\n".into());
+        clocks.on_event("cold", &mut event);
+        assert_eq!(state(&resting), ("loaded".to_string(), None));
+        assert_eq!(clocks.loading, 0);
+        // Its end measures the load.
+        let mut answer = clocked(None);
+        answer.clocked.as_mut().unwrap().prompt_ms = 900.0;
+        clocks.finish("cold", &mut answer);
+        assert_eq!(state(&resting), ("loaded".to_string(), Some(900)));
+        // A request that ends without an event leaves the count right too.
+        resting.mark_unloaded("http://b", "m");
+        clocks.begin("gone", Some(2), true, Some(("http://b", "m")));
+        assert_eq!(clocks.loading, 1);
+        clocks.forget("gone");
+        assert_eq!(clocks.loading, 0);
     }
 
     #[test]

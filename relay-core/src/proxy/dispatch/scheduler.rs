@@ -91,6 +91,8 @@ struct Worker {
     speeds: HashMap<Arc<str>, Speed>,
     /// Models its backend reports not loaded, with how long loading took last (seconds).
     cold: HashMap<Arc<str>, Option<f64>>,
+    /// Of those, the ones a request placed here is loading, since when.
+    loading: HashMap<Arc<str>, Instant>,
     /// Models whose backend evaluates its side requests before the turns waiting there (the
     /// worker said so: `register` / `models_update.sides_first`).
     sides_first: Vec<Arc<str>>,
@@ -386,6 +388,7 @@ impl Scheduler {
             self.affinity.set_context(key, tokens.unwrap_or(0));
         }
         self.note_shared_prefill(worker, request);
+        self.load_begins(worker, request, at);
         self.workers
             .get_mut(&worker)
             .expect("known worker")
@@ -526,6 +529,7 @@ impl Scheduler {
         if let Some(entry) = self.requests.get_mut(&request) {
             entry.started = true;
         }
+        self.loaded_by(request);
     }
 
     /// Whether `request` is running (or being cancelled) on `worker`: a message from any other

@@ -240,6 +240,42 @@ impl Scheduler {
                 (Arc::from(s.model.as_str()), load_secs)
             })
             .collect();
+        let cold = &w.cold;
+        w.loading.retain(|model, _| cold.contains_key(model));
+    }
+
+    /// `request` was placed on `worker` at `at`: where its model is not loaded there, the load
+    /// begins, and a request placed there later waits only for what is left of it.
+    pub(super) fn load_begins(
+        &mut self,
+        worker: WorkerId,
+        request: RequestId,
+        at: Option<std::time::Instant>,
+    ) {
+        let (Some(entry), Some(at)) = (self.requests.get(&request), at) else {
+            return;
+        };
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        if w.cold.contains_key(&entry.model) {
+            w.loading.entry(entry.model.clone()).or_insert(at);
+        }
+    }
+
+    /// `request`'s answer began: its model is loaded where it runs, before the worker's next
+    /// pong can say so.
+    pub(super) fn loaded_by(&mut self, request: RequestId) {
+        let Some(entry) = self.requests.get(&request) else {
+            return;
+        };
+        let super::Phase::Assigned { worker } = entry.phase else {
+            return;
+        };
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.cold.remove(&entry.model);
+            w.loading.remove(&entry.model);
+        }
     }
 
     /// Learns `worker`'s speed on `model` from one answer's `timings` (not a side request's).
@@ -368,10 +404,18 @@ impl Scheduler {
     ) -> Option<(f64, f64)> {
         let w = self.workers.get(&id)?;
         let prompt_tps = w.speeds.get(model)?.prompt_tps?;
-        // A model loaded again holds no prompt of any conversation.
+        // A model loaded again holds no prompt of any conversation; one a request placed there
+        // is loading costs what is left of its load.
         let (load_secs, own) = match w.cold.get(model) {
             None => (0.0, self.tokens_to_evaluate(id, affinity, tokens, now)),
-            Some(load) => ((*load)?, tokens),
+            Some(load) => {
+                let since = w
+                    .loading
+                    .get(model)
+                    .map(|at| now.saturating_duration_since(*at));
+                let begun = since.map_or(0.0, |d| d.as_secs_f64());
+                (((*load)? - begun).max(0.0), tokens)
+            }
         };
         let own = own.max(1);
         // Prompt tokens of requests placed there that have not started answering, as estimated
@@ -1048,6 +1092,34 @@ pub(super) mod tests {
         assert_eq!(place(&mut s, 2, 7, 12_300, now), ids[1]);
         let weighed = s.weighed_of(2).expect("weighed").clone();
         assert!((weighed.other_secs - 21.0).abs() < 0.01, "{weighed:?}");
+    }
+
+    #[test]
+    fn a_load_under_way_costs_what_is_left_of_it_and_ends_with_the_first_answer() {
+        let now = Instant::now();
+        let at = |secs: u64| now + std::time::Duration::from_secs(secs);
+        let unloaded = vec![ModelStateReport {
+            model: "m".into(),
+            state: "unloaded".into(),
+            load_ms: Some(20_000),
+        }];
+        let (mut s, ids) = fleet(true, &[Some(2000.0), Some(2000.0)]);
+        s.set_model_states(ids[0], &unloaded);
+        let secs = |s: &Scheduler, t| s.first_token_secs(ids[0], "m", false, None, 2_000, t);
+        assert!((secs(&s, now).unwrap().0 - 21.0).abs() < 0.01);
+        // A request placed there (by the usual rules) begins the load.
+        s.set_cost_routing(false);
+        assert_eq!(place(&mut s, 1, 1, 2_000, now), ids[0]);
+        // 15 s later, 5 s of it are left: the next request's first token is about 6 s away.
+        let left = secs(&s, at(15)).unwrap().0;
+        assert!((5.9..7.1).contains(&left), "{left}");
+        // The worker's pong still says unloaded (it says loaded once an answer began): the
+        // load under way is kept.
+        s.set_model_states(ids[0], &unloaded);
+        assert_eq!(secs(&s, at(15)).unwrap().0, left);
+        // The first answer begins: the model is loaded, whatever the last pong said.
+        s.mark_started(1);
+        assert!((secs(&s, at(16)).unwrap().0 - 1.0).abs() < 0.01);
     }
 
     #[test]

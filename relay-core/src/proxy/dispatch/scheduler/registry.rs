@@ -84,6 +84,7 @@ impl Scheduler {
                 windows,
                 speeds,
                 cold: HashMap::new(),
+                loading: HashMap::new(),
                 sides_first: Vec::new(),
             },
         );
