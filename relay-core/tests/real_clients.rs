@@ -474,6 +474,21 @@ fn claude_code_that_takes_the_relay_for_anthropic_still_answers_from_the_cache()
 }
 
 #[test]
+fn claude_code_without_its_billing_line_answers_from_the_cache_too() {
+    let Some(stack) = realstack::stack(
+        "claude_code_without_its_billing_line_answers_from_the_cache_too",
+        true,
+    ) else {
+        return;
+    };
+    // `CLAUDE_CODE_ATTRIBUTION_HEADER=0` leaves the billing line out: the relay then keys each
+    // conversation of the session by its own prompt too, and the main conversation's key must
+    // stay the same from turn to turn.
+    let ids = three_turns_reuse_the_cache(&stack, "", &[("CLAUDE_CODE_ATTRIBUTION_HEADER", "0")]);
+    assert_eq!(ids.len(), 3, "{ids:?}");
+}
+
+#[test]
 fn claude_code_with_anthropic_model_set_answers_too() {
     let Some(stack) = realstack::stack("claude_code_with_anthropic_model_set_answers_too", true)
     else {

@@ -105,7 +105,7 @@ fn system_texts(at: &At) -> Result<Vec<String>, AdapterError> {
 
 /// How Claude Code's billing line starts: `x-anthropic-billing-header: cc_version=…;
 /// cc_entrypoint=…;`, the first block of its system prompt.
-const BILLING_HEADER: &str = "x-anthropic-billing-header:";
+pub const BILLING_HEADER: &str = "x-anthropic-billing-header:";
 
 /// The field of the billing line that marks a subagent's request.
 pub const SUBAGENT_FIELD: &str = "cc_is_subagent=true";

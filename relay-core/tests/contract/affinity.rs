@@ -111,7 +111,9 @@ async fn an_explicit_session_id_pins_requests_whose_prompts_differ() {
     let proxy = start_proxy(config(true)).await;
     let mut workers = two_workers(proxy.addr, 4).await;
     let url = proxy.url();
-    let session = [("x-claude-code-session-id", "9b1c-session")];
+    // (Claude Code's own header names a session of several conversations, each keyed apart
+    // where its billing line is missing: see `slot_hints`.)
+    let session = [("x-session-id", "9b1c-session")];
     let home = turn(&url, &mut workers, conversation("first", 1), &session).await;
     for topic in ["second", "third", "fourth", "fifth"] {
         let went = turn(&url, &mut workers, conversation(topic, 1), &session).await;

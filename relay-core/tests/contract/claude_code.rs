@@ -192,7 +192,10 @@ async fn side_requests_keep_out_of_the_slot_of_their_conversation() {
         ),
         ("claude-opus-5-5", "now add tests"),
     ] {
+        // As Claude Code sends them: its billing line first.
+        let billing = "x-anthropic-billing-header: cc_version=2.1.330; cc_entrypoint=cli;";
         let body = json!({"model": model, "max_tokens": 8,
+                          "system": [{"type": "text", "text": billing}],
                           "messages": [{"role": "user", "content": text}]});
         let url = proxy.url();
         let client = tokio::spawn(async move {
@@ -240,7 +243,10 @@ async fn a_side_request_goes_where_no_conversation_is_kept_and_becomes_nobodys_h
         ),
         ("5e55-2", "claude-opus-5-5", "plan a trip to the coast"),
     ] {
+        // As Claude Code sends them: its billing line first.
+        let billing = "x-anthropic-billing-header: cc_version=2.1.330; cc_entrypoint=cli;";
         let body = json!({"model": model, "max_tokens": 8,
+                          "system": [{"type": "text", "text": billing}],
                           "messages": [{"role": "user", "content": text}]});
         let url = proxy.url();
         let client = tokio::spawn(async move {

@@ -381,8 +381,11 @@ async fn claude_codes_messages_are_pinned_by_translating_them_to_chat_completion
     // llama-server drops `id_slot` from `/v1/messages`: left there, Claude Code's turns and
     // titles land wherever its own similarity rule puts them. Pinned, they are translated.
     let (backend, proxy, worker, first_hinted) = claude_code_relay(3).await;
+    // As Claude Code sends them: its billing line first.
     let anthropic = |model: &str, system: &str, user: String| {
-        json!({"model": model, "max_tokens": 16, "system": system,
+        json!({"model": model, "max_tokens": 16, "system": [
+                {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.330; cc_entrypoint=cli;"},
+                {"type": "text", "text": system}],
             "messages": [{"role": "user", "content": user}]})
     };
     let mut sent = Vec::new();
@@ -529,6 +532,55 @@ async fn a_claude_code_subagent_keeps_a_slot_of_its_own_and_leaves_its_conversat
     assert_ne!(explore[0], main[0], "{slots:?}");
     assert_ne!(explore[0], tests[0], "{slots:?}");
     assert_ne!(slot_of("title"), explore[..1], "{slots:?}");
+    worker.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_its_billing_line_a_claude_code_subagent_still_keeps_a_slot_of_its_own() {
+    // `CLAUDE_CODE_ATTRIBUTION_HEADER=0` (which guides for local models recommend) leaves the
+    // billing line out, and with it the subagent marker: each conversation of the session is
+    // then keyed by its own prompt too.
+    let (backend, proxy, worker, first_hinted) = claude_code_relay(4).await;
+    let request = |model: &str, prompt: &str, task: &str, turns: usize| {
+        let mut messages = vec![json!({"role": "user", "content": task})];
+        for n in 1..turns {
+            messages.push(json!({"role": "assistant", "content": format!("step {n}")}));
+            messages.push(json!({"role": "user", "content": format!("result {n}")}));
+        }
+        json!({"model": model, "max_tokens": 16, "messages": messages,
+               "system": [{"type": "text", "text": prompt}]})
+    };
+    let main = |turns| request("claude-sonnet-4-5", "You are Claude Code.", "fix it", turns);
+    let tests = |turns| {
+        request(
+            "claude-sonnet-4-5",
+            "You are an agent.",
+            "run the tests",
+            turns,
+        )
+    };
+    let title = request("claude-haiku-4-5", "Write a title.", "fix it", 1);
+    let sent = [
+        ("main", main(1)),
+        ("tests", tests(1)),
+        ("title", title),
+        ("tests", tests(2)),
+        ("main", main(2)),
+        ("tests", tests(3)),
+        ("main", main(3)),
+    ];
+    for (_, body) in &sent {
+        send_as_claude_code(&proxy, body, "alpha").await;
+    }
+    let slots = hinted_slots(&backend, first_hinted, &sent);
+    let slot_of = |name: &str| slots_named(&slots, name);
+    let (main, tests, title) = (slot_of("main"), slot_of("tests"), slot_of("title"));
+    for turns in [&main, &tests] {
+        assert!(turns.iter().all(|s| *s == turns[0]), "{slots:?}");
+    }
+    assert_ne!(tests[0], main[0], "{slots:?}");
+    assert!(title[0] != main[0] && title[0] != tests[0], "{slots:?}");
     worker.stop().await;
     proxy.shutdown().await;
 }

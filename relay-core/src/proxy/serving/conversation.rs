@@ -26,7 +26,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::adapter::anthropic_messages::{
-    marks_a_subagent, without_billing_header, SUBAGENT_FIELD,
+    marks_a_subagent, without_billing_header, BILLING_HEADER, SUBAGENT_FIELD,
 };
 
 /// Request headers that carry a client's session id, most specific first: Claude Code's, the
@@ -91,17 +91,22 @@ pub struct BodyFields<'a> {
 /// A Claude Code subagent's request (its Task tool runs a conversation of its own, on the main
 /// model, under the main conversation's session id) is keyed by the session and its own
 /// prompt's prefix: under the session alone, its turns took the main conversation's slot and
-/// left the main conversation's next turn its whole prompt to evaluate again.
+/// left the main conversation's next turn its whole prompt to evaluate again. Its billing line
+/// says it is a subagent's; a Claude Code request without the line
+/// (`CLAUDE_CODE_ATTRIBUTION_HEADER=0`, which guides for local models recommend) could be
+/// either, so each conversation of such a session is keyed by its own prompt's prefix too (the
+/// main conversation's stays the same from turn to turn, as its cached prompt does).
 pub fn affinity_key(headers: &HeaderMap, hints: &BodyFields<'_>) -> Option<u64> {
     let Some(session) = session_key(headers, hints) else {
         return prefix_key(hints);
     };
-    let subagent = is_subagent(hints).then(|| prefix_key(hints)).flatten();
-    let Some(prefix) = subagent else {
+    let apart = is_subagent(hints) || (from_claude_code(headers) && !has_billing_line(hints));
+    let own = apart.then(|| prefix_key(hints)).flatten();
+    let Some(prefix) = own else {
         return Some(session);
     };
     let mut hasher = hasher();
-    feed(&mut hasher, b"subagent");
+    feed(&mut hasher, b"within a session");
     hasher.write_u64(session);
     hasher.write_u64(prefix);
     Some(hasher.finish())
@@ -130,6 +135,17 @@ pub fn is_subagent(hints: &BodyFields<'_>) -> bool {
         block.text
     });
     first.is_some_and(|text| marks_a_subagent(&text))
+}
+
+/// Whether `hints` carry Claude Code's billing line: its system prompt opens with it, so only
+/// the first bytes are looked at.
+fn has_billing_line(hints: &BodyFields<'_>) -> bool {
+    const LINE: &[u8] = BILLING_HEADER.as_bytes();
+    let head = hints
+        .system
+        .map_or(&[][..], |system| system.get().as_bytes());
+    let head = &head[..head.len().min(SUBAGENT_MARKER_WITHIN)];
+    head.windows(LINE.len()).any(|window| window == LINE)
 }
 
 /// The key of a side request of a conversation (Claude Code's `claude-haiku-*` titles and

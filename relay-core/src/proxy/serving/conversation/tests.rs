@@ -126,8 +126,10 @@ fn a_responses_continuation_expanded_from_previous_response_id_keeps_the_first_t
 
 #[test]
 fn a_session_header_pins_the_conversation_whatever_the_prompt() {
+    // (Claude Code's own header names a session of several conversations: see
+    // `without_its_billing_line_…`.)
     let mut headers = HeaderMap::new();
-    headers.insert("x-claude-code-session-id", HeaderValue::from_static("4f1c"));
+    headers.insert("x-session-id", HeaderValue::from_static("4f1c"));
     let a = key_with(&headers, &chat(&["one thing"]));
     let b = key_with(&headers, &chat(&["another"]));
     assert_eq!(a, b);
@@ -218,6 +220,47 @@ fn a_claude_code_subagent_is_a_conversation_of_its_own_within_its_session() {
     assert_eq!(
         claude_code("s1", &far, "You search.", "find the tests", 1),
         main
+    );
+}
+
+/// [`claude_code`] without the billing line (`CLAUDE_CODE_ATTRIBUTION_HEADER=0`).
+fn claude_code_unattributed(session: &str, prompt: &str, task: &str, turns: usize) -> Option<u64> {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "x-claude-code-session-id",
+        HeaderValue::from_str(session).expect("a header value"),
+    );
+    let mut messages = vec![json!({"role": "user", "content": task})];
+    for n in 1..turns {
+        let role = if n % 2 == 0 { "user" } else { "assistant" };
+        messages.push(json!({"role": role, "content": format!("step {n}")}));
+    }
+    let body = json!({
+        "model": "claude-sonnet-4-5",
+        "system": [{"type": "text", "text": prompt, "cache_control": {"type": "ephemeral"}}],
+        "messages": messages,
+    });
+    key_with(&headers, &body)
+}
+
+#[test]
+fn without_its_billing_line_each_conversation_of_a_claude_code_session_keeps_a_key_of_its_own() {
+    let main = |turns| claude_code_unattributed("s1", "You are Claude Code.", "fix it", turns);
+    let search = |turns| claude_code_unattributed("s1", "You search.", "find the tests", turns);
+    // Each the same turn after turn, apart from the other.
+    assert!(main(1).is_some());
+    assert_eq!(main(1), main(7));
+    assert_eq!(search(1), search(3));
+    assert_ne!(main(1), search(1));
+    // Apart from the same conversations in another session.
+    assert_ne!(
+        main(1),
+        claude_code_unattributed("s2", "You are Claude Code.", "fix it", 1)
+    );
+    // With the line, the main conversation keeps the session's key whatever its prompt.
+    assert_eq!(
+        claude_code("s1", "", "You are Claude Code.", "fix it", 1),
+        claude_code("s1", "", "You search.", "find the tests", 1)
     );
 }
 
