@@ -28,7 +28,8 @@
 //! conversation runs a subagent, as Claude Code's Task tool does: three turns of a conversation
 //! of its own, on the main model, with a system prompt of its own and the same session header;
 //! every system prompt opens with Claude Code's billing line, whose `cc_is_subagent=true` marks
-//! the subagent's) and `AFFINITY_MODEL` (another GGUF file) change the run;
+//! the subagent's; with `AFFINITY_ATTRIBUTION=0` none does, as Claude Code sends them with
+//! `CLAUDE_CODE_ATTRIBUTION_HEADER=0`) and `AFFINITY_MODEL` (another GGUF file) change the run;
 //! `AFFINITY_WORKER_LOG` is the workers' log level (`warn` by default).
 
 #[path = "../relay/llama.rs"]
@@ -369,9 +370,11 @@ fn subagents() -> bool {
 }
 
 /// A system prompt as Claude Code sends one with `AFFINITY_SUBAGENTS=1`: its billing line first
-/// (`cc_is_subagent=true` in a subagent's), then `prompt`; otherwise `prompt` alone.
+/// (`cc_is_subagent=true` in a subagent's), then `prompt`; otherwise (or with
+/// `AFFINITY_ATTRIBUTION=0`) `prompt` alone.
 fn claude_code_system(prompt: &str, subagent: bool) -> Value {
-    if !subagents() {
+    let attributed = std::env::var("AFFINITY_ATTRIBUTION").map_or(true, |v| v != "0");
+    if !subagents() || !attributed {
         return json!(prompt);
     }
     let marker = if subagent {
