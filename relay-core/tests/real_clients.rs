@@ -773,6 +773,21 @@ fn the_clock_agrees_with_llama_servers_own_timings() {
     }
 }
 
+/// Milliseconds a short chat completion for `model` took through the relay at `relay`.
+fn timed_chat(relay: &str, model: &str) -> f64 {
+    let chat = json!({"model": model, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "which model answers"}]});
+    let started = Instant::now();
+    let reply = exchange(
+        "POST",
+        &format!("{relay}/v1/chat/completions"),
+        &[("content-type", "application/json")],
+        Some(&chat.to_string()),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    started.elapsed().as_secs_f64() * 1000.0
+}
+
 #[test]
 fn a_sleeping_llama_server_is_shown_unloaded_and_the_request_that_wakes_it_times_the_load() {
     // llama-server with `--sleep-idle-seconds` frees its model when idle and loads it again at
@@ -798,20 +813,7 @@ fn a_sleeping_llama_server_is_shown_unloaded_and_the_request_that_wakes_it_times
     });
     assert_eq!(state()["model"], MODEL);
     assert_eq!(state()["load_ms"], Value::Null, "no load seen yet");
-    let chat = json!({"model": MODEL, "max_tokens": 4,
-        "messages": [{"role": "user", "content": "wake up and say something"}]});
-    let timed = || {
-        let started = Instant::now();
-        let reply = exchange(
-            "POST",
-            &format!("{relay}/v1/chat/completions"),
-            &[("content-type", "application/json")],
-            Some(&chat.to_string()),
-        );
-        assert_eq!(reply.status, 200, "{}", reply.body);
-        started.elapsed().as_secs_f64() * 1000.0
-    };
-    let (waking, awake) = (timed(), timed());
+    let (waking, awake) = (timed_chat(&relay, MODEL), timed_chat(&relay, MODEL));
     eventually("the load is timed", &running, || {
         state()["load_ms"].is_u64()
     });
@@ -904,19 +906,7 @@ fn a_router_mode_llama_server_shows_which_model_it_has_loaded_and_each_load_is_t
     eventually("both shown unloaded", &running, || {
         shows("unloaded", "unloaded")
     });
-    let timed = |model: &str| {
-        let chat = json!({"model": model, "max_tokens": 4,
-            "messages": [{"role": "user", "content": "which model answers"}]});
-        let started = Instant::now();
-        let reply = exchange(
-            "POST",
-            &format!("{relay}/v1/chat/completions"),
-            &[("content-type", "application/json")],
-            Some(&chat.to_string()),
-        );
-        assert_eq!(reply.status, 200, "{}", reply.body);
-        started.elapsed().as_secs_f64() * 1000.0
-    };
+    let timed = |model: &str| timed_chat(&relay, model);
     let (loading, loaded) = (timed("alpha"), timed("alpha"));
     eventually("alpha shown loaded, its load timed", &running, || {
         shows("loaded", "unloaded") && states()[0].2.is_some()

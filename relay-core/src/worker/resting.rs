@@ -72,11 +72,14 @@ impl Resting {
         loads.retain(|key, _| served(key));
     }
 
-    /// Whether `model` was unloaded at the backend `url` at the last look.
+    /// Whether `model` was unloaded at the backend `url` at the last look. Asked for every
+    /// request: nothing is allocated while nothing is unloaded.
     pub fn is_unloaded(&self, url: &str, model: &str) -> bool {
-        self.lock()
-            .unloaded
-            .contains(&(url.to_string(), model.to_string()))
+        let inner = self.lock();
+        !inner.unloaded.is_empty()
+            && inner
+                .unloaded
+                .contains(&(url.to_string(), model.to_string()))
     }
 
     /// A request that found `model` unloaded at `url` was answered: it is loaded now, and

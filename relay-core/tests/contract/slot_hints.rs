@@ -456,6 +456,41 @@ async fn a_llama_servers_first_request_waits_for_its_slots_to_be_known_and_is_pi
     proxy.shutdown().await;
 }
 
+/// Sends `sent` as the requests of one Claude Code session, in order; the slot each was
+/// pinned to, by name.
+async fn one_session<'a>(
+    backend: &LlamaLike,
+    proxy: &RunningProxy,
+    first_hinted: usize,
+    sent: &[(&'a str, Value)],
+) -> Vec<(&'a str, u64)> {
+    for (_, body) in sent {
+        send_as_claude_code(proxy, body, "alpha").await;
+    }
+    hinted_slots(backend, first_hinted, sent)
+}
+
+/// A Claude Code request on `model`: its billing line (where it sends one), the system prompt
+/// `prompt`, and `turns` turns of the conversation `task` opened.
+fn claude_code_turn(
+    model: &str,
+    billing_line: Option<&str>,
+    prompt: &str,
+    task: &str,
+    turns: usize,
+) -> Value {
+    let mut messages = vec![json!({"role": "user", "content": task})];
+    for n in 1..turns {
+        messages.push(json!({"role": "assistant", "content": format!("step {n}")}));
+        messages.push(json!({"role": "user", "content": format!("result {n}")}));
+    }
+    let mut system = vec![json!({"type": "text", "text": prompt})];
+    if let Some(line) = billing_line {
+        system.insert(0, json!({"type": "text", "text": line}));
+    }
+    json!({"model": model, "max_tokens": 16, "messages": messages, "system": system})
+}
+
 #[tokio::test]
 async fn a_claude_code_subagent_keeps_a_slot_of_its_own_and_leaves_its_conversations_alone() {
     // Claude Code's Task tool runs a subagent: a conversation of its own under the main
@@ -469,14 +504,9 @@ async fn a_claude_code_subagent_keeps_a_slot_of_its_own_and_leaves_its_conversat
         } else {
             ""
         };
-        let mut messages = vec![json!({"role": "user", "content": task})];
-        for n in 1..turns {
-            messages.push(json!({"role": "assistant", "content": format!("step {n}")}));
-            messages.push(json!({"role": "user", "content": format!("result {n}")}));
-        }
-        json!({"model": model, "max_tokens": 16, "messages": messages, "system": [
-            {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.330; cc_entrypoint=cli;{marker}")},
-            {"type": "text", "text": prompt}]})
+        let line =
+            format!("x-anthropic-billing-header: cc_version=2.1.330; cc_entrypoint=cli;{marker}");
+        claude_code_turn(model, Some(&line), prompt, task, turns)
     };
     let main = |turns| {
         request(
@@ -519,10 +549,7 @@ async fn a_claude_code_subagent_keeps_a_slot_of_its_own_and_leaves_its_conversat
         ("tests", tests(3)),
         ("main", main(3)),
     ];
-    for (_, body) in &sent {
-        send_as_claude_code(&proxy, body, "alpha").await;
-    }
-    let slots = hinted_slots(&backend, first_hinted, &sent);
+    let slots = one_session(&backend, &proxy, first_hinted, &sent).await;
     let slot_of = |name: &str| slots_named(&slots, name);
     let (main, tests, explore) = (slot_of("main"), slot_of("tests"), slot_of("explore"));
     for turns in [&main, &tests, &explore] {
@@ -543,13 +570,7 @@ async fn without_its_billing_line_a_claude_code_subagent_still_keeps_a_slot_of_i
     // then keyed by its own prompt too.
     let (backend, proxy, worker, first_hinted) = claude_code_relay(4).await;
     let request = |model: &str, prompt: &str, task: &str, turns: usize| {
-        let mut messages = vec![json!({"role": "user", "content": task})];
-        for n in 1..turns {
-            messages.push(json!({"role": "assistant", "content": format!("step {n}")}));
-            messages.push(json!({"role": "user", "content": format!("result {n}")}));
-        }
-        json!({"model": model, "max_tokens": 16, "messages": messages,
-               "system": [{"type": "text", "text": prompt}]})
+        claude_code_turn(model, None, prompt, task, turns)
     };
     let main = |turns| request("claude-sonnet-4-5", "You are Claude Code.", "fix it", turns);
     let tests = |turns| {
@@ -570,10 +591,7 @@ async fn without_its_billing_line_a_claude_code_subagent_still_keeps_a_slot_of_i
         ("tests", tests(3)),
         ("main", main(3)),
     ];
-    for (_, body) in &sent {
-        send_as_claude_code(&proxy, body, "alpha").await;
-    }
-    let slots = hinted_slots(&backend, first_hinted, &sent);
+    let slots = one_session(&backend, &proxy, first_hinted, &sent).await;
     let slot_of = |name: &str| slots_named(&slots, name);
     let (main, tests, title) = (slot_of("main"), slot_of("tests"), slot_of("title"));
     for turns in [&main, &tests] {

@@ -149,6 +149,23 @@ fn a_session_header_pins_the_conversation_whatever_the_prompt() {
 /// A Claude Code request of session `session`: its billing line (with `fields`), the system
 /// prompt `prompt`, and a conversation opened by `task` of `turns` messages.
 fn claude_code(session: &str, fields: &str, prompt: &str, task: &str, turns: usize) -> Option<u64> {
+    let line =
+        format!("x-anthropic-billing-header: cc_version=2.1.330; cc_entrypoint=cli;{fields}");
+    claude_code_with(session, Some(&line), prompt, task, turns)
+}
+
+/// [`claude_code`] without the billing line (`CLAUDE_CODE_ATTRIBUTION_HEADER=0`).
+fn claude_code_unattributed(session: &str, prompt: &str, task: &str, turns: usize) -> Option<u64> {
+    claude_code_with(session, None, prompt, task, turns)
+}
+
+fn claude_code_with(
+    session: &str,
+    billing_line: Option<&str>,
+    prompt: &str,
+    task: &str,
+    turns: usize,
+) -> Option<u64> {
     let mut headers = HeaderMap::new();
     headers.insert(
         "x-claude-code-session-id",
@@ -159,14 +176,12 @@ fn claude_code(session: &str, fields: &str, prompt: &str, task: &str, turns: usi
         let role = if n % 2 == 0 { "user" } else { "assistant" };
         messages.push(json!({"role": role, "content": format!("step {n}")}));
     }
-    let body = json!({
-        "model": "claude-sonnet-4-5",
-        "system": [
-            {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.330; cc_entrypoint=cli;{fields}")},
-            {"type": "text", "text": prompt, "cache_control": {"type": "ephemeral"}}
-        ],
-        "messages": messages,
-    });
+    let mut system =
+        vec![json!({"type": "text", "text": prompt, "cache_control": {"type": "ephemeral"}})];
+    if let Some(line) = billing_line {
+        system.insert(0, json!({"type": "text", "text": line}));
+    }
+    let body = json!({"model": "claude-sonnet-4-5", "system": system, "messages": messages});
     key_with(&headers, &body)
 }
 
@@ -221,26 +236,6 @@ fn a_claude_code_subagent_is_a_conversation_of_its_own_within_its_session() {
         claude_code("s1", &far, "You search.", "find the tests", 1),
         main
     );
-}
-
-/// [`claude_code`] without the billing line (`CLAUDE_CODE_ATTRIBUTION_HEADER=0`).
-fn claude_code_unattributed(session: &str, prompt: &str, task: &str, turns: usize) -> Option<u64> {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        "x-claude-code-session-id",
-        HeaderValue::from_str(session).expect("a header value"),
-    );
-    let mut messages = vec![json!({"role": "user", "content": task})];
-    for n in 1..turns {
-        let role = if n % 2 == 0 { "user" } else { "assistant" };
-        messages.push(json!({"role": role, "content": format!("step {n}")}));
-    }
-    let body = json!({
-        "model": "claude-sonnet-4-5",
-        "system": [{"type": "text", "text": prompt, "cache_control": {"type": "ephemeral"}}],
-        "messages": messages,
-    });
-    key_with(&headers, &body)
 }
 
 #[test]
