@@ -99,6 +99,8 @@ impl Clocks {
         if self.prompt_rates.len() >= SEEN_CONVERSATIONS {
             self.prompt_rates.clear();
         }
+        // (A second start of one id replaces the first, which then never ends here.)
+        self.end(id);
         self.starts.insert(
             id.to_string(),
             Start {

@@ -202,9 +202,8 @@ pub async fn run(
     let access = BackendAccess::new(&config);
     // For the worker's whole life, across reconnects; asks nothing until a catalog names a
     // backend to watch.
-    let resting = access.resting.clone();
     let polling =
-        tokio::spawn(resting.poll_forever(access.client.clone(), config.unload_poll_interval));
+        (access.resting).start_polling(access.client.clone(), config.unload_poll_interval);
     // One manager for the worker's whole life: a reconnect to the proxy must not restart models.
     let lifecycle = start_lifecycle(&config).await;
     report.set_lifecycle(lifecycle.clone());
@@ -232,7 +231,7 @@ pub async fn run(
     report.set_lifecycle(None);
     report.set_hardware(None);
     drop(sampler);
-    polling.abort();
+    drop(polling);
     if let Some(manager) = lifecycle {
         // The servers run in process groups of their own: nothing else would stop them.
         tracing::info!("stopping model servers");

@@ -170,8 +170,13 @@ impl Resting {
         }
     }
 
-    /// [`Resting::poll`] every `every`, for as long as the worker runs.
-    pub async fn poll_forever(self, client: reqwest::Client, every: Duration) {
+    /// [`Resting::poll`] every `every` in a task of its own, until the returned guard drops
+    /// (the worker stops, or its future is dropped).
+    pub fn start_polling(&self, client: reqwest::Client, every: Duration) -> Polling {
+        Polling(tokio::spawn(self.clone().poll_forever(client, every)))
+    }
+
+    async fn poll_forever(self, client: reqwest::Client, every: Duration) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -180,6 +185,16 @@ impl Resting {
                 self.poll(&client).await;
             }
         }
+    }
+}
+
+/// The polling task of [`Resting::start_polling`]: stopped when dropped.
+#[derive(Debug)]
+pub struct Polling(tokio::task::JoinHandle<()>);
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
