@@ -51,7 +51,7 @@ mod rest;
 mod windows;
 
 pub use owner::Owner;
-pub use rest::{unloaded_models, Unloads};
+pub use rest::{unloaded_models, Look, Unloads};
 pub use windows::{fetch_context_windows, llama_cpp_props, ContextWindows};
 
 use reply::*;

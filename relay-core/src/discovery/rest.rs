@@ -40,31 +40,113 @@ pub(super) fn unloads_of(
         .map(|_| Unloads::Ollama)
 }
 
-/// Of `models`, served by the backend at `base_url`, those it has unloaded now; `None` when it
-/// did not answer, or not as it says `how`. The time bound is the caller's.
+/// What a backend said of its models.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Look {
+    /// Of the models asked about, those it has unloaded now.
+    pub unloaded: Vec<String>,
+    /// Until the first of those still loaded unloads, where the backend says (Ollama's
+    /// `expires_at`; in the past, zero).
+    pub first_expiry: Option<std::time::Duration>,
+}
+
+/// What the backend at `base_url` says of `models`, which it serves; `None` when it did not
+/// answer, or not as it says `how`. The time bound is the caller's.
 pub async fn unloaded_models(
     client: &reqwest::Client,
     base_url: &str,
     how: Unloads,
     models: &[String],
-) -> Option<Vec<String>> {
+) -> Option<Look> {
     let base = normalize_base_url(base_url);
     check_base_url(&base).ok()?;
+    let unloaded = |unloaded| Look {
+        unloaded,
+        first_expiry: None,
+    };
     match how {
         Unloads::LlamaCppSleep => {
             let answer = get(client, &format!("{base}/props")).await.ok()?;
             let asleep = asleep(&answer.json_ok()?)?;
-            Some(if asleep { models.to_vec() } else { Vec::new() })
+            Some(unloaded(if asleep { models.to_vec() } else { Vec::new() }))
         }
         Unloads::LlamaCppRouter => {
             let answer = get(client, &format!("{base}/v1/models")).await.ok()?;
-            not_loaded(&answer.json_ok()?, models)
+            not_loaded(&answer.json_ok()?, models).map(unloaded)
         }
         Unloads::Ollama => {
             let answer = get(client, &format!("{base}/api/ps")).await.ok()?;
-            not_running(&answer.json_ok()?, models)
+            let ps = answer.json_ok()?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()?
+                .as_secs_f64();
+            Some(Look {
+                unloaded: not_running(&ps, models)?,
+                first_expiry: first_expiry(&ps, models, now),
+            })
         }
     }
+}
+
+/// Seconds until the first of `models` that an Ollama `/api/ps` answer lists unloads (its
+/// `expires_at`), from `now` (Unix seconds); zero for one already past.
+fn first_expiry(ps: &Value, models: &[String], now: f64) -> Option<std::time::Duration> {
+    let running = ps["models"].as_array()?;
+    let served = |entry: &&Value| {
+        let named = |key: &str| {
+            entry[key]
+                .as_str()
+                .is_some_and(|n| models.iter().any(|m| m == n))
+        };
+        named("name") || named("model")
+    };
+    let first = running
+        .iter()
+        .filter(served)
+        .filter_map(|entry| unix_seconds(entry["expires_at"].as_str()?))
+        .min_by(f64::total_cmp)?;
+    Some(std::time::Duration::from_secs_f64(
+        (first - now).clamp(0.0, 1e9),
+    ))
+}
+
+/// Unix seconds of an RFC 3339 time (`2024-06-04T14:38:31.83753-07:00`, `…Z`), as Ollama
+/// writes them; `None` for anything else.
+fn unix_seconds(text: &str) -> Option<f64> {
+    let (date, time) = text.split_once(['T', 't'])?;
+    let mut ymd = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, d) = (ymd.next()??, ymd.next()??, ymd.next()??);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || time.len() < 8 {
+        return None;
+    }
+    let zone_at = time[8..]
+        .find(['Z', 'z', '+', '-'])
+        .map(|i| i + 8)
+        .unwrap_or(time.len());
+    let (clock, zone) = time.split_at(zone_at);
+    let mut hms = clock.splitn(3, ':');
+    let (h, min) = (
+        hms.next()?.parse::<i64>().ok()?,
+        hms.next()?.parse::<i64>().ok()?,
+    );
+    let secs: f64 = hms.next()?.parse().ok()?;
+    let offset = match zone {
+        "Z" | "z" | "" => 0,
+        _ => {
+            let sign = if zone.starts_with('-') { -1 } else { 1 };
+            let (oh, om) = zone[1..].split_once(':')?;
+            sign * (oh.parse::<i64>().ok()? * 3600 + om.parse::<i64>().ok()? * 60)
+        }
+    };
+    // Days since 1970-01-01 of a proleptic Gregorian date, years counted from March.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let day_of_year = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = era * 146_097 + day_of_era - 719_468;
+    Some((days * 86_400 + h * 3600 + min * 60 - offset) as f64 + secs)
 }
 
 /// A router-mode llama-server's word on one model of its list: `loaded`, `loading`,
@@ -162,6 +244,45 @@ mod tests {
         let single = json!({"data": [{"id": "m", "owned_by": "llamacpp"}]});
         assert_eq!(unloads_of(Some(&single), None, None), None);
         assert_eq!(not_loaded(&json!({"data": 3}), &served), None);
+    }
+
+    #[test]
+    fn ollama_says_when_its_first_running_model_unloads() {
+        assert_eq!(unix_seconds("1970-01-01T00:00:00Z"), Some(0.0));
+        let cases = [
+            ("2024-06-04T14:38:31.83753-07:00", 1_717_537_111.837_53),
+            ("2026-11-30T09:45:00Z", 1_796_031_900.0),
+            ("2000-02-29T23:59:59+05:30", 951_848_999.0),
+        ];
+        for (text, unix) in cases {
+            let seen = unix_seconds(text).unwrap_or(f64::NAN);
+            assert!((seen - unix).abs() < 1e-3, "{text}: {seen}");
+        }
+        for bad in [
+            "",
+            "2024-06-04",
+            "2024-13-04T00:00:00Z",
+            "soon",
+            "2024-06-04T1:2Z",
+        ] {
+            assert_eq!(unix_seconds(bad), None, "{bad}");
+        }
+        let ps = json!({"models": [
+            {"name": "a", "expires_at": "2026-11-30T09:50:00Z"},
+            {"name": "b", "expires_at": "2026-11-30T09:46:00Z"},
+            {"name": "other", "expires_at": "2026-11-30T09:45:30Z"},
+            {"model": "c", "expires_at": "never"},
+        ]});
+        let served = names(&["a", "b", "c"]);
+        let now = 1_796_031_900.0;
+        let first = first_expiry(&ps, &served, now);
+        assert_eq!(first, Some(std::time::Duration::from_secs(60)));
+        // Past: zero; nothing served running: nothing.
+        assert_eq!(
+            first_expiry(&ps, &served, now + 3600.0),
+            Some(std::time::Duration::ZERO)
+        );
+        assert_eq!(first_expiry(&ps, &names(&["z"]), now), None);
     }
 
     #[test]

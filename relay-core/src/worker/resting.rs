@@ -13,9 +13,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::discovery::{unloaded_models, Unloads};
+use crate::discovery::{unloaded_models, Look, Unloads};
 use crate::protocol::ModelStateReport;
 
 /// How often the watched backends are asked. A request in the seconds after a backend unloaded
@@ -25,6 +25,10 @@ pub const POLL_EVERY: Duration = Duration::from_secs(5);
 
 /// How long one backend's answer may take.
 const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Ticks an Ollama with none of the worker's models running is left unasked: five minutes at
+/// the default tick, as long as its default keep-alive.
+const OLLAMA_IDLE_TICKS: u32 = 60;
 
 /// A backend's model, by (base URL, model name).
 type Served = (String, String);
@@ -43,6 +47,8 @@ struct Inner {
     unloaded: HashSet<Served>,
     /// How long each model's last load took there, in milliseconds.
     loads: HashMap<Served, u64>,
+    /// When each backend is asked next ([`Resting::next_ask`]); one not here at the next tick.
+    next_ask: HashMap<String, Instant>,
 }
 
 impl Resting {
@@ -62,7 +68,9 @@ impl Resting {
             watched,
             unloaded,
             loads,
+            next_ask,
         } = &mut *inner;
+        next_ask.retain(|url, _| watched.contains_key(url));
         let served = |(url, model): &Served| {
             watched
                 .get(url)
@@ -95,6 +103,8 @@ impl Resting {
             return;
         }
         inner.unloaded.remove(&key);
+        // Asked at the next tick: an Ollama says when the model unloads again.
+        inner.next_ask.remove(url);
         if let Some(ms) = load_ms {
             inner.loads.insert(key, ms);
         }
@@ -133,33 +143,38 @@ impl Resting {
         states
     }
 
-    /// Asks every watched backend which of its models it has unloaded now; one that does not
-    /// answer keeps what was known of it.
-    pub async fn poll(&self, client: &reqwest::Client) {
-        let watched: Vec<(String, Unloads, Vec<String>)> = self
-            .lock()
-            .watched
-            .iter()
-            .map(|(url, (how, models))| (url.clone(), *how, models.clone()))
-            .collect();
-        let answers = futures_util::future::join_all(watched.into_iter().map(
-            |(url, how, models)| async move {
+    /// Asks every watched backend that is due which of its models it has unloaded now (see
+    /// [`Resting::next_ask`]); one that does not answer keeps what was known of it, and is asked
+    /// again at the next tick.
+    pub async fn poll(&self, client: &reqwest::Client, every: Duration) {
+        let now = Instant::now();
+        let due: Vec<(String, Unloads, Vec<String>)> = {
+            let inner = self.lock();
+            let due = |url: &String| inner.next_ask.get(url).is_none_or(|at| *at <= now);
+            (inner.watched.iter())
+                .filter(|(url, _)| due(url))
+                .map(|(url, (how, models))| (url.clone(), *how, models.clone()))
+                .collect()
+        };
+        let answers =
+            futures_util::future::join_all(due.into_iter().map(|(url, how, models)| async move {
                 let asked = unloaded_models(client, &url, how, &models);
-                let unloaded = tokio::time::timeout(ASK_TIMEOUT, asked)
+                let look = tokio::time::timeout(ASK_TIMEOUT, asked)
                     .await
                     .ok()
                     .flatten();
-                (url, models, unloaded)
-            },
-        ))
-        .await;
+                (url, how, models, look)
+            }))
+            .await;
         let mut inner = self.lock();
-        for (url, models, unloaded) in answers {
-            let Some(unloaded) = unloaded else {
+        for (url, how, models, look) in answers {
+            let Some(look) = look else {
                 continue;
             };
+            let next = Self::next_ask(how, &look, every);
+            inner.next_ask.insert(url.clone(), Instant::now() + next);
             for model in models {
-                let now_unloaded = unloaded.contains(&model);
+                let now_unloaded = look.unloaded.contains(&model);
                 let key = (url.clone(), model);
                 if now_unloaded {
                     inner.unloaded.insert(key);
@@ -167,6 +182,21 @@ impl Resting {
                     inner.unloaded.remove(&key);
                 }
             }
+        }
+    }
+
+    /// How long until a backend that said `look` is asked again. llama-server logs no request
+    /// of its own `/props` and `/v1/models`: every tick. Ollama logs every request, so it is
+    /// asked when the first of its running models is due to unload (its `expires_at`, moved on
+    /// by every request), else every [`OLLAMA_IDLE_TICKS`] ticks: its models load at a request,
+    /// and the worker learns of its own at once ([`Resting::loaded`]).
+    fn next_ask(how: Unloads, look: &Look, every: Duration) -> Duration {
+        let idle = every * OLLAMA_IDLE_TICKS;
+        match how {
+            Unloads::LlamaCppSleep | Unloads::LlamaCppRouter => Duration::ZERO,
+            Unloads::Ollama => look.first_expiry.map_or(idle, |expiry| {
+                (expiry + Duration::from_secs(1)).clamp(every, idle)
+            }),
         }
     }
 
@@ -182,7 +212,7 @@ impl Resting {
         loop {
             tick.tick().await;
             if !self.lock().watched.is_empty() {
-                self.poll(&client).await;
+                self.poll(&client, every).await;
             }
         }
     }
@@ -208,6 +238,25 @@ mod tests {
             .into_iter()
             .find(|s| s.model == model)
             .map(|s| (s.state, s.load_ms))
+    }
+
+    #[test]
+    fn llama_server_is_asked_every_tick_and_ollama_when_its_first_model_is_due_to_unload() {
+        let every = Duration::from_secs(5);
+        let look = |first_expiry| Look {
+            unloaded: Vec::new(),
+            first_expiry,
+        };
+        let next = |how, first_expiry| Resting::next_ask(how, &look(first_expiry), every);
+        assert_eq!(next(Unloads::LlamaCppSleep, None), Duration::ZERO);
+        assert_eq!(next(Unloads::LlamaCppRouter, None), Duration::ZERO);
+        let secs = Duration::from_secs;
+        // A second after its keep-alive ends; never sooner than a tick, never later than five
+        // minutes (nothing running, or kept loaded for ever).
+        assert_eq!(next(Unloads::Ollama, Some(secs(120))), secs(121));
+        assert_eq!(next(Unloads::Ollama, Some(Duration::ZERO)), every);
+        assert_eq!(next(Unloads::Ollama, None), secs(300));
+        assert_eq!(next(Unloads::Ollama, Some(secs(1_000_000))), secs(300));
     }
 
     #[test]

@@ -134,10 +134,12 @@ impl Resting {
             Dialect::Ollama => app.route(
                 "/api/ps",
                 get(move || {
+                    // Its keep-alive always just over: the worker asks again within a second.
                     let running: Vec<Value> = if asleep.load(Ordering::SeqCst) {
                         Vec::new()
                     } else {
-                        vec![json!({"name": MODEL, "model": MODEL, "size_vram": 1})]
+                        vec![json!({"name": MODEL, "model": MODEL, "size_vram": 1,
+                                    "expires_at": "2020-01-01T00:00:00Z"})]
                     };
                     async move { axum::Json(json!({ "models": running })) }
                 }),
@@ -160,14 +162,14 @@ impl Resting {
     }
 }
 
-/// A real worker named `name` in front of `backend`, asking it what it unloaded ten times a
-/// second.
+/// A real worker named `name` in front of `backend`, asking it what it unloaded twenty times
+/// a second (an Ollama with nothing running: every 3 s).
 fn worker(proxy: &RunningProxy, name: &str, backend: &Resting) -> RunningWorker {
     let mut config = WorkerConfig::new(&proxy.url(), SECRET, &backend.url);
     config.name = name.to_string();
     config.max_concurrent = 2;
     config.model_refresh_interval = Duration::from_millis(300);
-    config.unload_poll_interval = Duration::from_millis(100);
+    config.unload_poll_interval = Duration::from_millis(50);
     RunningWorker::start_with(config)
 }
 
@@ -281,5 +283,44 @@ async fn unloads_and_is_weighed(dialect: Dialect) {
     assert_eq!(fast.answered(), on_fast + 1, "{dialect:?}");
     box_a.stop().await;
     box_b.stop().await;
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_ollama_is_asked_again_only_when_its_model_is_due_to_unload() {
+    // Ollama logs every request it gets: asked every tick, its log would fill with the worker's
+    // questions. A model kept loaded for ever is due in centuries: asked every 60 ticks.
+    let asked = Arc::new(AtomicUsize::new(0));
+    let count = asked.clone();
+    let app = axum::Router::new()
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(json!({"object": "list", "data": [{"id": MODEL}]})) }),
+        )
+        .route(
+            "/api/ps",
+            get(move || {
+                count.fetch_add(1, Ordering::SeqCst);
+                async {
+                    axum::Json(json!({"models": [{"name": MODEL, "model": MODEL,
+                                                  "expires_at": "2318-01-01T00:00:00Z"}]}))
+                }
+            }),
+        );
+    let (addr, _task) = serve_app(app, "127.0.0.1:0".parse().unwrap()).await;
+    let backend = Resting {
+        url: format!("http://{addr}"),
+        unloaded: Arc::default(),
+        answered: Arc::default(),
+    };
+    let proxy = start_proxy(test_config()).await;
+    let box_a = worker(&proxy, "box-a", &backend);
+    shown(&proxy, "box-a", "loaded").await;
+    // Shown once it was asked (the catalog's own look at its windows aside).
+    let before = asked.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let during = asked.load(Ordering::SeqCst) - before;
+    assert!(during <= 1, "asked {during} times in 2 s at a 50 ms tick");
+    box_a.stop().await;
     proxy.shutdown().await;
 }
