@@ -117,10 +117,12 @@ fn unix_seconds(text: &str) -> Option<f64> {
     let (date, time) = text.split_once(['T', 't'])?;
     let mut ymd = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
     let (y, m, d) = (ymd.next()??, ymd.next()??, ymd.next()??);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || time.len() < 8 {
+    if !(1..=9999).contains(&y) || !(1..=12).contains(&m) || !(1..=31).contains(&d) {
         return None;
     }
-    let zone_at = time[8..]
+    // Past `hh:mm:ss` (a byte offset that may fall inside a character of a bad answer).
+    let zone_at = time
+        .get(8..)?
         .find(['Z', 'z', '+', '-'])
         .map(|i| i + 8)
         .unwrap_or(time.len());
@@ -131,12 +133,19 @@ fn unix_seconds(text: &str) -> Option<f64> {
         hms.next()?.parse::<i64>().ok()?,
     );
     let secs: f64 = hms.next()?.parse().ok()?;
+    if !(0..24).contains(&h) || !(0..60).contains(&min) || !(0.0..61.0).contains(&secs) {
+        return None;
+    }
     let offset = match zone {
         "Z" | "z" | "" => 0,
         _ => {
             let sign = if zone.starts_with('-') { -1 } else { 1 };
-            let (oh, om) = zone[1..].split_once(':')?;
-            sign * (oh.parse::<i64>().ok()? * 3600 + om.parse::<i64>().ok()? * 60)
+            let (oh, om) = zone.get(1..)?.split_once(':')?;
+            let (oh, om) = (oh.parse::<i64>().ok()?, om.parse::<i64>().ok()?);
+            if !(0..24).contains(&oh) || !(0..60).contains(&om) {
+                return None;
+            }
+            sign * (oh * 3600 + om * 60)
         }
     };
     // Days since 1970-01-01 of a proleptic Gregorian date, years counted from March.
@@ -266,6 +275,25 @@ mod tests {
             "2024-06-04T1:2Z",
         ] {
             assert_eq!(unix_seconds(bad), None, "{bad}");
+        }
+        // A bad answer's bytes: never a panic, never a time that is not a number.
+        let hostile = [
+            "2024-06-04T12:00:0é:00Z",
+            "2024-06-04T12:00:00+é",
+            "99999999999999999-01-01T00:00:00Z",
+            "2024-06-04T99999999999999:00:00Z",
+            "2024-06-04T12:00:NaNZ",
+            "2024-06-04T12:00:infZ",
+            "2024-06-04T12:00:00+99999999999:00",
+            "-0001-01-01T00:00:00Z",
+            "2024-06-04T\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}é",
+        ];
+        for text in hostile {
+            assert_eq!(unix_seconds(text), None, "{text}");
+        }
+        for len in 0..40 {
+            let text: String = "2024-06-04T12:00:00.5+01:00".chars().take(len).collect();
+            assert!(unix_seconds(&text).is_none_or(f64::is_finite), "{text}");
         }
         let ps = json!({"models": [
             {"name": "a", "expires_at": "2026-11-30T09:50:00Z"},
