@@ -498,11 +498,7 @@ pub async fn fetch_slots(client: &reqwest::Client, base_url: &str) -> Option<u32
     let base = normalize_base_url(base_url);
     check_base_url(&base).ok()?;
     let answer = get(client, &format!("{base}/props")).await.ok()?;
-    let from_llama_cpp = answer
-        .server
-        .as_deref()
-        .is_some_and(|server| server.to_ascii_lowercase().contains("llama.cpp"));
-    if !from_llama_cpp {
+    if !answer.signed_by_llama_cpp() {
         return None;
     }
     slots_of_props(&answer.json_ok()?)

@@ -29,6 +29,13 @@ impl Reply {
         serde_json::from_slice(&self.body).map_err(|err| format!("body is not JSON ({err})"))
     }
 
+    /// Whether a llama.cpp server signed it (`Server: llama.cpp`, on every answer it sends,
+    /// errors and the 503s of its model loading too).
+    pub(super) fn signed_by_llama_cpp(&self) -> bool {
+        (self.server.as_deref())
+            .is_some_and(|server| server.to_ascii_lowercase().contains("llama.cpp"))
+    }
+
     /// The JSON body of a successful answer.
     pub(super) fn json_ok(&self) -> Option<Value> {
         if self.status.is_success() {

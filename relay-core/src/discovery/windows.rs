@@ -23,17 +23,11 @@ pub async fn fetch_context_windows(client: &reqwest::Client, base_url: &str) -> 
         get(client, &props_url),
         get(client, &ps_url)
     );
-    let from_llama_cpp = |answer: &Reply| {
-        answer
-            .server
-            .as_deref()
-            .is_some_and(|server| server.to_ascii_lowercase().contains("llama.cpp"))
-    };
     let mut listed = Vec::new();
     let models = models.ok();
     let router_list = models
         .as_ref()
-        .filter(|answer| from_llama_cpp(answer))
+        .filter(|answer| answer.signed_by_llama_cpp())
         .and_then(Reply::json_ok);
     if let Some(list) = models.and_then(|answer| answer.json_ok()) {
         for entry in list["data"].as_array().into_iter().flatten() {
@@ -56,7 +50,10 @@ pub async fn fetch_context_windows(client: &reqwest::Client, base_url: &str) -> 
             .per_model
             .extend(ollama_windows(client, &base, ps, &listed).await);
     }
-    let props = props.ok().filter(from_llama_cpp).and_then(|a| a.json_ok());
+    let props = props
+        .ok()
+        .filter(Reply::signed_by_llama_cpp)
+        .and_then(|a| a.json_ok());
     if let Some(props) = &props {
         windows.every_model = window_of(&props["default_generation_settings"]["n_ctx"]);
         windows.llama_cpp_slots = slots_of_props(props);
@@ -80,11 +77,7 @@ pub async fn llama_cpp_props(
     let answer = get(client, &format!("{base}/props"))
         .await
         .map_err(|_| ())?;
-    let from_llama_cpp = answer
-        .server
-        .as_deref()
-        .is_some_and(|server| server.to_ascii_lowercase().contains("llama.cpp"));
-    let props = answer.json_ok().filter(|_| from_llama_cpp);
+    let props = answer.json_ok().filter(|_| answer.signed_by_llama_cpp());
     Ok(props.and_then(|props| {
         let window = window_of(&props["default_generation_settings"]["n_ctx"]);
         Some((slots_of_props(&props)?, window))

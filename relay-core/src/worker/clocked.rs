@@ -35,6 +35,9 @@ const SEEN_CONVERSATIONS: usize = 4096;
 /// telling a load from a prompt: under it, the connection's time weighs too much.
 const RATE_MIN_TOKENS: u32 = 32;
 
+/// Backend models whose prompt speed is remembered at most; past it the memory starts again.
+const MAX_PROMPT_RATES: usize = 256;
+
 /// A backend's model, by (base URL, model name).
 type Served = (String, String);
 
@@ -96,7 +99,7 @@ impl Clocks {
         let new_conversation = conversation.is_none_or(|key| self.seen.insert(key));
         let unloaded = backend.is_some_and(|(url, model)| self.resting.is_unloaded(url, model));
         self.loading += usize::from(unloaded);
-        if self.prompt_rates.len() >= SEEN_CONVERSATIONS {
+        if self.prompt_rates.len() >= MAX_PROMPT_RATES {
             self.prompt_rates.clear();
         }
         // (A second start of one id replaces the first, which then never ends here.)
