@@ -28,7 +28,14 @@ struct Resting {
     url: String,
     unloaded: Arc<AtomicBool>,
     answered: Arc<AtomicUsize>,
+    /// Requests saying [`HOLD`] wait for a permit here before they are answered.
+    held: Arc<tokio::sync::Semaphore>,
+    /// Requests saying [`HOLD`] that arrived.
+    holding: Arc<AtomicUsize>,
 }
+
+/// A request whose text says this is answered only once the test lets it ([`Resting::release`]).
+const HOLD: &str = "[hold]";
 
 /// Prompt tokens in each answer's usage.
 const PROMPT: u32 = 500;
@@ -39,7 +46,7 @@ const PROMPT: u32 = 500;
 async fn answer(dialect: Dialect, prompt_tps: f64) -> axum::response::Response {
     use axum::response::IntoResponse;
     let prompt_ms = f64::from(PROMPT) * 1000.0 / prompt_tps;
-    let usage = json!({"prompt_tokens": PROMPT, "completion_tokens": 4});
+    let usage = json!({"prompt_tokens": PROMPT, "completion_tokens": 16});
     if let Dialect::Ollama = dialect {
         tokio::time::sleep(Duration::from_secs_f64(prompt_ms / 1000.0)).await;
         let chunk = |delta: Value, usage: Value| {
@@ -60,7 +67,7 @@ async fn answer(dialect: Dialect, prompt_tps: f64) -> axum::response::Response {
                      "message": {"role": "assistant", "content": "hi"}}],
         "usage": usage,
         "timings": {"cache_n": 0, "prompt_n": PROMPT, "prompt_ms": prompt_ms,
-                    "predicted_n": 4, "predicted_ms": 10.0}
+                    "predicted_n": 16, "predicted_ms": 40.0}
     }))
     .into_response()
 }
@@ -77,9 +84,17 @@ enum Dialect {
 
 impl Resting {
     async fn start(dialect: Dialect, prompt_tps: f64) -> Resting {
+        Resting::start_loading(dialect, prompt_tps, LOAD).await
+    }
+
+    /// [`Resting::start`], loading its model in `load`.
+    async fn start_loading(dialect: Dialect, prompt_tps: f64, load: Duration) -> Resting {
         let unloaded = Arc::new(AtomicBool::new(false));
         let answered = Arc::new(AtomicUsize::new(0));
         let (asleep, wake, count) = (unloaded.clone(), unloaded.clone(), answered.clone());
+        let held = Arc::new(tokio::sync::Semaphore::new(0));
+        let holding = Arc::new(AtomicUsize::new(0));
+        let (gate, arrived) = (held.clone(), holding.clone());
         let listed = unloaded.clone();
         let mut app = axum::Router::new()
             .route(
@@ -104,11 +119,16 @@ impl Resting {
             )
             .route(
                 "/v1/chat/completions",
-                post_route(move || {
+                post_route(move |body: String| {
                     let (wake, count) = (wake.clone(), count.clone());
+                    let (gate, arrived) = (gate.clone(), arrived.clone());
                     async move {
+                        if body.contains(HOLD) {
+                            arrived.fetch_add(1, Ordering::SeqCst);
+                            gate.acquire().await.expect("open").forget();
+                        }
                         if wake.load(Ordering::SeqCst) {
-                            tokio::time::sleep(LOAD).await;
+                            tokio::time::sleep(load).await;
                             wake.store(false, Ordering::SeqCst);
                         }
                         count.fetch_add(1, Ordering::SeqCst);
@@ -150,6 +170,8 @@ impl Resting {
             url: format!("http://{addr}"),
             unloaded,
             answered,
+            held,
+            holding,
         }
     }
 
@@ -159,6 +181,11 @@ impl Resting {
 
     fn answered(&self) -> usize {
         self.answered.load(Ordering::SeqCst)
+    }
+
+    /// Lets one request saying [`HOLD`] be answered.
+    fn release(&self) {
+        self.held.add_permits(1);
     }
 }
 
@@ -286,6 +313,86 @@ async fn unloads_and_is_weighed(dialect: Dialect) {
     proxy.shutdown().await;
 }
 
+/// How long box-b's model takes to load in [`a_request_waits_for_a_full_box_whose_model_is_loaded_rather_than_load_it_on_a_slower_one`]:
+/// long enough that the request waits for box-a (it gives up after half of what waiting could
+/// save, about 2 s) well past the moment box-a frees a slot.
+const SLOW_LOAD: Duration = Duration::from_secs(4);
+
+#[tokio::test]
+async fn a_request_waits_for_a_full_box_whose_model_is_loaded_rather_than_load_it_on_a_slower_one()
+{
+    let dialect = Dialect::LlamaServer;
+    let proxy = start_proxy(test_config()).await;
+    let (fast, slow) = (
+        Resting::start(dialect, 10_000.0).await,
+        Resting::start_loading(dialect, 1_000.0, SLOW_LOAD).await,
+    );
+    // box-b is measured, unloads, is timed loading (4 s) and unloads again.
+    let box_b = worker(&proxy, "box-b", &slow);
+    shown(&proxy, "box-b", "loaded").await;
+    ask(&proxy, dialect, "zeroth").await;
+    slow.unload(true);
+    shown(&proxy, "box-b", "unloaded").await;
+    ask(&proxy, dialect, "first").await;
+    shown(&proxy, "box-b", "loaded").await.expect("a load time");
+    slow.unload(true);
+    shown(&proxy, "box-b", "unloaded").await;
+    // box-a is measured, then both its slots are taken by answers held back.
+    let box_a = worker(&proxy, "box-a", &fast);
+    shown(&proxy, "box-a", "loaded").await;
+    ask(&proxy, dialect, "second").await;
+    assert_eq!(
+        fast.answered(),
+        1,
+        "box-b must load: box-a takes the new conversation"
+    );
+    let held: Vec<_> = ["third", "fourth"]
+        .into_iter()
+        .map(|conversation| {
+            let (url, chat) = (
+                proxy.url(),
+                chat(dialect, &format!("{HOLD} {conversation}")),
+            );
+            tokio::spawn(async move { post(&url, "/v1/chat/completions", &chat).await.0 })
+        })
+        .collect();
+    wait_until("box-a holds two answers", || {
+        fast.holding.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let faster_box = |metrics: &str| {
+        let line = "modelrelay_placements_total{reason=\"faster_box\"} ";
+        let count = metrics.lines().find_map(|l| l.strip_prefix(line));
+        count.map_or(0, |n| n.trim().parse::<u64>().expect("a count"))
+    };
+    let before = faster_box(&metrics_text(&proxy.url()).await);
+
+    // A new conversation: box-b has a free slot, but must load the model (4 s and the whole
+    // prompt); box-a frees a slot in a moment, as measured. It waits for box-a.
+    let (url, fifth) = (proxy.url(), chat(dialect, "fifth"));
+    let fifth = tokio::spawn(async move { post(&url, "/v1/chat/completions", &fifth).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!fifth.is_finished());
+    fast.release();
+    let (status, _, body) = fifth.await.expect("answered");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (fast.answered(), slow.answered()),
+        (3, 2),
+        "box-a answered a held request and the fifth; box-b loaded nothing"
+    );
+    assert!(shown(&proxy, "box-b", "unloaded").await.is_some());
+    let after = faster_box(&metrics_text(&proxy.url()).await);
+    assert_eq!(after, before + 1, "the wait counts as a faster box");
+    fast.release();
+    for request in held {
+        assert_eq!(request.await.expect("answered"), 200);
+    }
+    box_a.stop().await;
+    box_b.stop().await;
+    proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn an_ollama_is_asked_again_only_when_its_model_is_due_to_unload() {
     // Ollama logs every request it gets: asked every tick, its log would fill with the worker's
@@ -312,6 +419,8 @@ async fn an_ollama_is_asked_again_only_when_its_model_is_due_to_unload() {
         url: format!("http://{addr}"),
         unloaded: Arc::default(),
         answered: Arc::default(),
+        held: Arc::new(tokio::sync::Semaphore::new(0)),
+        holding: Arc::default(),
     };
     let proxy = start_proxy(test_config()).await;
     let box_a = worker(&proxy, "box-a", &backend);

@@ -14,6 +14,7 @@ mod cost;
 mod events;
 mod homes;
 mod known;
+mod loads;
 mod names;
 mod registry;
 mod side;
@@ -185,6 +186,8 @@ pub struct Scheduler {
     reasons: [u64; Reason::ALL.len()],
     /// When side requests last arrived ([`side`]).
     side_flow: side::SideFlow,
+    /// When requests arrived lately ([`loads`]).
+    arrivals: loads::Arrivals,
     /// Whether measured speeds may override the usual rules ([`cost`]).
     cost_routing: bool,
     /// Speeds of boxes that left, by worker name: a box that reconnects keeps what was measured.
@@ -214,6 +217,7 @@ impl Scheduler {
             affinity: AffinityTable::default(),
             reasons: [0; Reason::ALL.len()],
             side_flow: side::SideFlow::default(),
+            arrivals: loads::Arrivals::default(),
             cost_routing: false,
             known_speeds: known::KnownSpeeds::default(),
             next_worker: 1,
@@ -251,6 +255,7 @@ impl Scheduler {
             return Err(SubmitError::ProviderDisabled);
         }
         self.side_flow.expect(&placement, now);
+        self.arrivals.saw(now);
         let deadline = now + limits.request_timeout;
         let queue_deadline = (now + limits.queue_timeout).min(deadline);
         let model: Arc<str> = self.providers[provider]
@@ -273,6 +278,8 @@ impl Scheduler {
         let picked_worker = picked.as_ref().map(|(w, _)| *w);
         let wake = self.wake_plan(provider, &model, &placement, picked_worker, now);
         let wake = wake.or_else(|| self.side_wait(&model, &placement, picked_worker, now));
+        let wake =
+            wake.or_else(|| self.load_wait(provider, &model, &placement, picked_worker, now));
         self.track_request(
             request,
             provider,
@@ -364,16 +371,17 @@ impl Scheduler {
             _ => 0,
         };
         let waited = self.waited_for(entry, worker);
+        // A request that waited for a box (to wake, or for a slot where its model is loaded)
+        // and got it keeps what made it wait.
+        let name = self.workers.get(&worker).map_or("", |w| w.name.as_str());
+        let carried = (entry.wake.as_ref())
+            .filter(|wait| wait.met_by(name))
+            .and_then(|wait| wait.weighed.clone());
+        let weighed = if waited { carried } else { carried.or(weighed) };
         let faster_box = weighed.as_ref().is_some_and(|w| !w.kept);
         let side = entry.placement.side && !faster_box && !waited;
         let reason = side.then_some(Reason::SideRequest);
         let reason = reason.unwrap_or_else(|| Reason::of(home, worker, faster_box, waited));
-        // A request that waited for a box to wake keeps what made it wait.
-        let weighed = if waited {
-            entry.wake.as_ref().and_then(|wait| wait.weighed.clone())
-        } else {
-            weighed
-        };
         let entry = self.requests.get_mut(&request).expect("known request");
         entry.weighed = weighed;
         entry.phase = Phase::Assigned { worker };

@@ -15,10 +15,8 @@
 //! different speeds: with room for everyone, a box five times slower at generating should not
 //! answer anyone.
 
-use std::sync::Arc;
-
 use super::{RequestId, Scheduler, Worker, WorkerId};
-use crate::protocol::{ModelStateReport, Timings};
+use crate::protocol::Timings;
 
 /// How much one new sample moves a speed estimate.
 const SAMPLE_WEIGHT: f64 = 0.3;
@@ -224,60 +222,6 @@ impl Reason {
 }
 
 impl Scheduler {
-    /// `worker` reported its models' states (in its pongs: our worker's model map, and the models
-    /// its other backends unloaded by themselves): a model not loaded there costs the time its
-    /// last load took, and its whole prompt, before a first token; one whose load was never
-    /// timed leaves that box to the usual rules.
-    pub fn set_model_states(&mut self, worker: WorkerId, states: &[ModelStateReport]) {
-        let Some(w) = self.workers.get_mut(&worker) else {
-            return;
-        };
-        w.cold = states
-            .iter()
-            .filter(|s| s.state != "loaded")
-            .map(|s| {
-                let load_secs = s.load_ms.map(|ms| ms as f64 / 1000.0);
-                (Arc::from(s.model.as_str()), load_secs)
-            })
-            .collect();
-        let cold = &w.cold;
-        w.loading.retain(|model, _| cold.contains_key(model));
-    }
-
-    /// `request` was placed on `worker` at `at`: where its model is not loaded there, the load
-    /// begins, and a request placed there later waits only for what is left of it.
-    pub(super) fn load_begins(
-        &mut self,
-        worker: WorkerId,
-        request: RequestId,
-        at: Option<std::time::Instant>,
-    ) {
-        let (Some(entry), Some(at)) = (self.requests.get(&request), at) else {
-            return;
-        };
-        let Some(w) = self.workers.get_mut(&worker) else {
-            return;
-        };
-        if w.cold.contains_key(&entry.model) {
-            w.loading.entry(entry.model.clone()).or_insert(at);
-        }
-    }
-
-    /// `request`'s answer began: its model is loaded where it runs, before the worker's next
-    /// pong can say so.
-    pub(super) fn loaded_by(&mut self, request: RequestId) {
-        let Some(entry) = self.requests.get(&request) else {
-            return;
-        };
-        let super::Phase::Assigned { worker } = entry.phase else {
-            return;
-        };
-        if let Some(w) = self.workers.get_mut(&worker) {
-            w.cold.remove(&entry.model);
-            w.loading.remove(&entry.model);
-        }
-    }
-
     /// Learns `worker`'s speed on `model` from one answer's `timings` (not a side request's).
     pub fn observe_timings(&mut self, worker: WorkerId, model: &str, timings: &Timings) {
         self.observe_answer(worker, model, timings, false, false);
@@ -679,6 +623,7 @@ pub(super) mod tests {
     use super::super::tests::register;
     use super::super::{Placement, ProviderLimits, Submitted};
     use super::*;
+    use crate::protocol::ModelStateReport;
 
     /// A scheduler with cost routing `on` and workers of these prompt speeds (tokens/s), 4 slots
     /// each, ids in order; speeds of `None` are not measured.

@@ -299,7 +299,12 @@ impl Scheduler {
     /// `workers` is taken: each slot frees once per answer (its box's typical answer length at
     /// its generation speed), so slots free at the sum of slots over answer times. `None` when
     /// some worker's answers are not measured.
-    fn slot_wait_secs(&self, workers: &[WorkerId], model: &str, queued: usize) -> Option<f64> {
+    pub(super) fn slot_wait_secs(
+        &self,
+        workers: &[WorkerId],
+        model: &str,
+        queued: usize,
+    ) -> Option<f64> {
         let mut slots_per_sec = 0.0;
         for id in workers {
             let w = self.workers.get(id)?;
