@@ -206,8 +206,7 @@ pub async fn load(config: &WorkerConfig, access: &BackendAccess, managed: Vec<St
             warm_ups.start(client, url, model, server);
         }
         catalog.warmed_up(warm_ups, slot_pins, client, &alone);
-        // Nothing but `/props` is read of such a backend: not watched.
-        access.resting.watch(Vec::new());
+        watch_in_background(access, &catalog.routes);
         return catalog;
     }
     let listed = join_all(backends.iter().map(|(url, known)| async move {
@@ -254,6 +253,33 @@ pub async fn load(config: &WorkerConfig, access: &BackendAccess, managed: Vec<St
     }
     access.resting.watch(watched);
     catalog
+}
+
+/// Watches the backends the owner's named models go to (`routes`), once their answers, read in
+/// the background, say how they unload models by themselves: the named models are advertised
+/// without waiting for any backend, and a backend's answers are asked at most every
+/// [`WINDOWS_KEPT`] (the cache the other catalog path reads too). An Ollama named with
+/// `--models` unloads its model after its keep-alive like any other.
+fn watch_in_background(access: &BackendAccess, routes: &[(String, String)]) {
+    let mut by_backend: HashMap<String, Vec<String>> = HashMap::new();
+    for (model, url) in routes {
+        by_backend
+            .entry(url.clone())
+            .or_default()
+            .push(model.clone());
+    }
+    let (client, windows) = (access.client.clone(), access.windows.clone());
+    let resting = access.resting.clone();
+    tokio::spawn(async move {
+        let looks = by_backend.into_iter().map(|(url, models)| {
+            let (client, windows) = (&client, &windows);
+            async move {
+                let how = windows.of(client, &url).await.unloads?;
+                Some((url, how, models))
+            }
+        });
+        resting.watch(join_all(looks).await.into_iter().flatten().collect());
+    });
 }
 
 #[cfg(test)]

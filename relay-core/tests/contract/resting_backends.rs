@@ -192,12 +192,17 @@ impl Resting {
 /// A real worker named `name` in front of `backend`, asking it what it unloaded twenty times
 /// a second (an Ollama with nothing running: every 3 s).
 fn worker(proxy: &RunningProxy, name: &str, backend: &Resting) -> RunningWorker {
+    RunningWorker::start_with(worker_config(proxy, name, backend))
+}
+
+/// The configuration of [`worker`].
+fn worker_config(proxy: &RunningProxy, name: &str, backend: &Resting) -> WorkerConfig {
     let mut config = WorkerConfig::new(&proxy.url(), SECRET, &backend.url);
     config.name = name.to_string();
     config.max_concurrent = 2;
     config.model_refresh_interval = Duration::from_millis(300);
     config.unload_poll_interval = Duration::from_millis(50);
-    RunningWorker::start_with(config)
+    config
 }
 
 /// Waits until the dashboard shows `worker`'s model in `state`; returns the load time it says.
@@ -311,6 +316,32 @@ async fn unloads_and_is_weighed(dialect: Dialect) {
     box_a.stop().await;
     box_b.stop().await;
     proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_backend_serving_models_the_owner_named_is_watched_too() {
+    // `--models` advertises the named models without waiting for any backend: whether their
+    // backend unloads them by itself is read in the background, and they are watched as any.
+    for dialect in [Dialect::LlamaServer, Dialect::Ollama] {
+        let proxy = start_proxy(test_config()).await;
+        let backend = Resting::start(dialect, 10_000.0).await;
+        let mut config = worker_config(&proxy, "box-a", &backend);
+        config.models = Some(vec![MODEL.to_string()]);
+        let box_a = RunningWorker::start_with(config);
+        shown(&proxy, "box-a", "loaded").await;
+        ask(&proxy, dialect, "first").await;
+        backend.unload(true);
+        assert_eq!(
+            shown(&proxy, "box-a", "unloaded").await,
+            None,
+            "{dialect:?}"
+        );
+        ask(&proxy, dialect, "second").await;
+        let load = shown(&proxy, "box-a", "loaded").await.expect("a load time");
+        assert!((1_100..5_000).contains(&load), "{dialect:?}: {load} ms");
+        box_a.stop().await;
+        proxy.shutdown().await;
+    }
 }
 
 /// How long box-b's model takes to load in [`a_request_waits_for_a_full_box_whose_model_is_loaded_rather_than_load_it_on_a_slower_one`]:
