@@ -562,6 +562,14 @@ pub struct ModelsUpdateMessage {
         deserialize_with = "lenient_names"
     )]
     pub sides_first: Option<Vec<String>>,
+    /// Extension: as in `pong`, sent at once when a backend unloaded a model or loaded one again,
+    /// so the proxy does not route by the state of the last heartbeat.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub model_states: Option<Vec<ModelStateReport>>,
 }
 
 /// `response_chunk`: SSE-framed bytes of a streaming answer.
@@ -981,6 +989,41 @@ mod tests {
         let register = r#"{"type":"register","worker_name":"w","models":["m"],"max_concurrent":1}"#;
         let message = WorkerToServer::from_json(register).unwrap();
         assert!(!message.to_json().contains("warm_ups"), "absent when unset");
+    }
+
+    #[test]
+    fn a_models_updates_model_states_are_read_as_a_pongs_and_absent_when_unset() {
+        let state = r#"{"model":"m","state":"unloaded","load_ms":99999999999}"#;
+        let many = vec![state; MAX_REPORTED_MODELS + 5].join(",");
+        for (value, want) in [
+            (format!("[{state}]"), Some(1)),
+            (format!("[{many}]"), Some(MAX_REPORTED_MODELS)),
+            // A value of the wrong shape is dropped, never the message.
+            (format!("[{state},7]"), None),
+            (r#""unloaded""#.to_string(), None),
+            ("null".to_string(), None),
+        ] {
+            let [_, update] = register_and_update_with("model_states", &value);
+            let WorkerToServer::ModelsUpdate(update) = WorkerToServer::from_json(&update).unwrap()
+            else {
+                panic!("a models_update");
+            };
+            let states = update.model_states;
+            assert_eq!(states.as_ref().map(Vec::len), want, "{value}");
+            if let Some(first) = states.as_ref().and_then(|s| s.first()) {
+                assert_eq!(
+                    (first.model.as_str(), first.state.as_str()),
+                    ("m", "unloaded")
+                );
+                assert_eq!(first.load_ms, Some(MAX_REPORTED_LOAD_MS));
+            }
+        }
+        let update = r#"{"type":"models_update","models":["m"],"current_load":0}"#;
+        let message = WorkerToServer::from_json(update).unwrap();
+        assert!(
+            !message.to_json().contains("model_states"),
+            "absent when unset"
+        );
     }
 
     #[test]

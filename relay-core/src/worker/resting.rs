@@ -36,7 +36,11 @@ type Served = (String, String);
 /// What the worker knows of its backends' unloaded models; shared by its sessions and its
 /// request tasks.
 #[derive(Debug, Clone, Default)]
-pub struct Resting(Arc<Mutex<Inner>>);
+pub struct Resting {
+    inner: Arc<Mutex<Inner>>,
+    /// Told when a model's state changed ([`Resting::changed`]).
+    changes: Arc<tokio::sync::Notify>,
+}
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -53,17 +57,30 @@ struct Inner {
 
 impl Resting {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Completes once a watched model was found unloaded or loaded, or a load was measured,
+    /// since the last time it completed: the session then tells the proxy at once, not at the
+    /// next heartbeat (15 s by default), where a request placed meanwhile would be weighed by
+    /// the old state.
+    pub async fn changed(&self) {
+        self.changes.notified().await;
     }
 
     /// From the latest catalog: the backends to watch, how each says what it unloaded, and the
     /// models the worker sends each. What is known of anything else is forgotten.
     pub fn watch(&self, backends: Vec<(String, Unloads, Vec<String>)>) {
         let mut inner = self.lock();
-        inner.watched = backends
+        let watched: HashMap<String, (Unloads, Vec<String>)> = backends
             .into_iter()
             .map(|(url, how, models)| (url, (how, models)))
             .collect();
+        // Models newly watched (or no longer) change what the proxy is told.
+        if watched != inner.watched {
+            self.changes.notify_one();
+        }
+        inner.watched = watched;
         let Inner {
             watched,
             unloaded,
@@ -102,11 +119,15 @@ impl Resting {
         {
             return;
         }
-        inner.unloaded.remove(&key);
+        let mut changed = inner.unloaded.remove(&key);
         // Asked at the next tick: an Ollama says when the model unloads again.
         inner.next_ask.remove(url);
         if let Some(ms) = load_ms {
-            inner.loads.insert(key, ms);
+            changed |= inner.loads.insert(key, ms) != Some(ms);
+        }
+        drop(inner);
+        if changed {
+            self.changes.notify_one();
         }
     }
 
@@ -167,6 +188,7 @@ impl Resting {
             }))
             .await;
         let mut inner = self.lock();
+        let mut changed = false;
         for (url, how, models, look) in answers {
             let Some(look) = look else {
                 continue;
@@ -176,12 +198,16 @@ impl Resting {
             for model in models {
                 let now_unloaded = look.unloaded.contains(&model);
                 let key = (url.clone(), model);
-                if now_unloaded {
-                    inner.unloaded.insert(key);
+                changed |= if now_unloaded {
+                    inner.unloaded.insert(key)
                 } else {
-                    inner.unloaded.remove(&key);
-                }
+                    inner.unloaded.remove(&key)
+                };
             }
+        }
+        drop(inner);
+        if changed {
+            self.changes.notify_one();
         }
     }
 
@@ -257,6 +283,30 @@ mod tests {
         assert_eq!(next(Unloads::Ollama, Some(Duration::ZERO)), every);
         assert_eq!(next(Unloads::Ollama, None), secs(300));
         assert_eq!(next(Unloads::Ollama, Some(secs(1_000_000))), secs(300));
+    }
+
+    #[test]
+    fn the_session_is_told_once_of_each_change_and_of_nothing_else() {
+        use futures_util::FutureExt;
+        let resting = Resting::default();
+        let told = || resting.changed().now_or_never().is_some();
+        let watch = |models: &[&str]| {
+            let models = models.iter().map(|m| m.to_string()).collect();
+            resting.watch(vec![("http://x".into(), Unloads::Ollama, models)]);
+        };
+        watch(&["a"]);
+        assert!(told(), "a model newly watched");
+        assert!(!told(), "told once");
+        watch(&["a"]);
+        assert!(!told(), "the same catalog again");
+        resting.mark_unloaded("http://x", "a");
+        resting.loaded("http://x", "a", Some(1500));
+        assert!(told(), "loaded again, and its load measured");
+        resting.loaded("http://x", "a", Some(1500));
+        resting.loaded("http://x", "b", Some(9));
+        assert!(!told(), "nothing new, or a model not watched");
+        watch(&["a", "b"]);
+        assert!(told(), "another model watched");
     }
 
     #[test]

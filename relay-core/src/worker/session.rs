@@ -7,6 +7,7 @@
 
 mod liveness;
 mod outbox;
+mod updates;
 mod wake_relay;
 mod window;
 
@@ -36,8 +37,7 @@ use crate::backend::{answer, endpoint, error_chain, BackendEvent};
 use crate::dialect::{ApiError, Dialect, WORKER_BUSY_CODE};
 use crate::lifecycle::LifecycleManager;
 use crate::protocol::{
-    ModelsUpdateMessage, PongMessage, RegisterMessage, RequestMessage, ServerToWorker,
-    WorkerToServer, CANCELLED_CODE,
+    PongMessage, RegisterMessage, RequestMessage, ServerToWorker, WorkerToServer, CANCELLED_CODE,
 };
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -367,6 +367,8 @@ impl Session<'_> {
                     self.spawn_refresh(&catalog_tx, false);
                     Next::Continue
                 }
+                // Not while draining: the proxy was told this worker serves nothing.
+                _ = self.access.resting.changed(), if !self.draining => self.on_states_changed(socket).await,
                 // A warm-up measured: the catalog read again carries it to the proxy.
                 Ok(()) = self.warmed.changed() => {
                     self.spawn_refresh(&catalog_tx, false);
@@ -476,10 +478,7 @@ impl Session<'_> {
                         .and_then(|latest| latest.borrow().as_ref().map(|s| s.report.clone())),
                     model_states: super::report::model_states(self.lifecycle, &self.access.resting),
                 });
-                match send(socket, &pong).await {
-                    Ok(()) => Next::Continue,
-                    Err(()) => Next::End(disconnected(true, "sending failed")),
-                }
+                sent(send(socket, &pong).await)
             }
             ServerToWorker::GracefulShutdown(message) => {
                 tracing::info!(
@@ -680,36 +679,6 @@ impl Session<'_> {
         Next::Continue
     }
 
-    /// A re-read catalog: advertised when it changed, or always when the proxy asked for it
-    /// (`models_refresh` is answered with `models_update`, as the wire traces show).
-    async fn on_catalog(&mut self, socket: &mut Socket, refreshed: Refreshed) -> Next {
-        let changed = refreshed.catalog != self.catalog;
-        if self.draining || !(changed || refreshed.requested) {
-            return Next::Continue;
-        }
-        let models = refreshed.catalog.models();
-        if models != self.catalog.models() {
-            tracing::info!(?models, "backend models changed");
-        }
-        self.catalog = refreshed.catalog;
-        let update = self.models_update(Some(models), None);
-        match send(socket, &update).await {
-            Ok(()) => Next::Continue,
-            Err(()) => Next::End(disconnected(true, "sending failed")),
-        }
-    }
-
-    /// Re-reads the catalog in the background; `requested` marks a refresh the proxy asked for.
-    fn spawn_refresh(&self, catalog_tx: &mpsc::Sender<Refreshed>, requested: bool) {
-        let (config, access) = (self.config.clone(), self.access.clone());
-        let mapped = mapped_models(self.lifecycle);
-        let catalog_tx = catalog_tx.clone();
-        tokio::spawn(async move {
-            let catalog = catalog::load(&config, &access, mapped).await;
-            let _ = catalog_tx.send(Refreshed { catalog, requested }).await;
-        });
-    }
-
     /// SIGTERM: advertise no models (so no proxy, old or new, routes more work here), finish
     /// what is in flight, then close.
     async fn begin_local_drain(&mut self, socket: &mut Socket) -> Next {
@@ -742,24 +711,6 @@ impl Session<'_> {
         Next::End(SessionEnd::Asleep)
     }
 
-    /// A `models_update`: `models` with what the catalog knows of them, or none (draining,
-    /// going to sleep).
-    fn models_update(
-        &self,
-        models: Option<Vec<String>>,
-        going_to_sleep: Option<bool>,
-    ) -> WorkerToServer {
-        let catalog = models.is_some().then_some(&self.catalog);
-        WorkerToServer::ModelsUpdate(ModelsUpdateMessage {
-            warm_ups: catalog.and_then(Catalog::warm_ups),
-            sides_first: catalog.and_then(Catalog::sides_first),
-            models: models.unwrap_or_default(),
-            current_load: self.active.len() as u32,
-            going_to_sleep,
-            context_windows: catalog.and_then(Catalog::context_windows),
-        })
-    }
-
     /// Closes the connection once a draining worker has nothing left in flight.
     async fn maybe_drained(&mut self, socket: &mut Socket) -> Next {
         if self.draining && self.active.is_empty() {
@@ -768,6 +719,14 @@ impl Session<'_> {
             return Next::End(disconnected(true, "drained"));
         }
         Next::Continue
+    }
+}
+
+/// What a message's sending leaves the session to do: go on, or end.
+fn sent(result: Result<(), ()>) -> Next {
+    match result {
+        Ok(()) => Next::Continue,
+        Err(()) => Next::End(disconnected(true, "sending failed")),
     }
 }
 

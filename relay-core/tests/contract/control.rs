@@ -1264,6 +1264,7 @@ async fn the_tray_state_names_the_model_claude_code_uses_and_follows_models_and_
             current_load: 0,
             going_to_sleep: None,
             context_windows: None,
+            model_states: None,
         }))
         .await;
     follows(&mut state, "qwen2.5-32b").await;

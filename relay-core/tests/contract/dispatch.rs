@@ -526,6 +526,7 @@ async fn models_update_adds_a_model_at_once_and_dispatches_queued_work() {
             current_load: 0,
             going_to_sleep: None,
             context_windows: None,
+            model_states: None,
         }))
         .await;
     let request = worker.next_request().await;
@@ -554,6 +555,7 @@ async fn models_update_removing_a_model_stops_routing_it_at_once() {
             current_load: 0,
             going_to_sleep: None,
             context_windows: None,
+            model_states: None,
         }))
         .await;
     wait_until("the update is applied", || {

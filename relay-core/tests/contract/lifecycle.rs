@@ -131,6 +131,7 @@ async fn models_refresh_reaches_the_worker_and_its_models_update_is_applied() {
             current_load: 0,
             going_to_sleep: None,
             context_windows: None,
+            model_states: None,
         }))
         .await;
     wait_until("the refreshed list is routed", || {

@@ -443,6 +443,7 @@ async fn models_update_is_sanitized_like_registration() {
                 current_load: 0,
                 going_to_sleep: None,
                 context_windows: None,
+                model_states: None,
             },
         ))
         .await;

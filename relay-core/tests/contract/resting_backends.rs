@@ -249,6 +249,24 @@ async fn ask(proxy: &RunningProxy, dialect: Dialect, conversation: &str) {
     assert_eq!(status, 200, "{body}");
 }
 
+/// box-a's `backend`, loaded, answers once, then frees its model: the dashboard says so. The
+/// request that finds it unloaded waits for the load, and measures it: its time less the prompt
+/// and answer its timings report (or, from Ollama, its time to the first event less the prompt
+/// at the speed measured before). Returns the load's milliseconds as shown.
+async fn unloads_and_is_timed_loading(
+    proxy: &RunningProxy,
+    dialect: Dialect,
+    backend: &Resting,
+) -> u64 {
+    ask(proxy, dialect, "first").await;
+    backend.unload(true);
+    assert_eq!(shown(proxy, "box-a", "unloaded").await, None, "{dialect:?}");
+    ask(proxy, dialect, "second").await;
+    let load = shown(proxy, "box-a", "loaded").await.expect("a load time");
+    assert!((1_100..5_000).contains(&load), "{dialect:?}: {load} ms");
+    load
+}
+
 #[tokio::test]
 async fn a_backend_that_unloads_its_model_by_itself_is_reported_and_its_measured_load_weighed() {
     for dialect in [Dialect::LlamaServer, Dialect::LlamaRouter, Dialect::Ollama] {
@@ -257,7 +275,12 @@ async fn a_backend_that_unloads_its_model_by_itself_is_reported_and_its_measured
 }
 
 async fn unloads_and_is_weighed(dialect: Dialect) {
-    let proxy = start_proxy(test_config()).await;
+    // The proxy pings once a minute: every state below reaches it in a `models_update` the
+    // worker sends as soon as it learns of it, not in a pong.
+    let mut config = test_config();
+    config.heartbeat_interval = Duration::from_secs(60);
+    config.heartbeat_timeout = Duration::from_secs(120);
+    let proxy = start_proxy(config).await;
     // box-a evaluates 10,000 prompt tokens a second, box-b 1,000.
     let (fast, slow) = (
         Resting::start(dialect, 10_000.0).await,
@@ -272,20 +295,7 @@ async fn unloads_and_is_weighed(dialect: Dialect) {
 
     let box_a = worker(&proxy, "box-a", &fast);
     assert_eq!(shown(&proxy, "box-a", "loaded").await, None, "{dialect:?}");
-    ask(&proxy, dialect, "first").await;
-    // The backend frees its model: the dashboard says so within a look and a heartbeat.
-    fast.unload(true);
-    assert_eq!(
-        shown(&proxy, "box-a", "unloaded").await,
-        None,
-        "{dialect:?}"
-    );
-    // The request that finds it unloaded waits for the load, and measures it: its time less the
-    // prompt and answer its timings report (or, from Ollama, its time to the first event less
-    // the prompt at the speed measured before).
-    ask(&proxy, dialect, "second").await;
-    let load = shown(&proxy, "box-a", "loaded").await.expect("a load time");
-    assert!((1_100..5_000).contains(&load), "{dialect:?}: {load} ms");
+    let load = unloads_and_is_timed_loading(&proxy, dialect, &fast).await;
     let box_b = worker(&proxy, "box-b", &slow);
     shown(&proxy, "box-b", "loaded").await;
 
@@ -329,16 +339,7 @@ async fn a_backend_serving_models_the_owner_named_is_watched_too() {
         config.models = Some(vec![MODEL.to_string()]);
         let box_a = RunningWorker::start_with(config);
         shown(&proxy, "box-a", "loaded").await;
-        ask(&proxy, dialect, "first").await;
-        backend.unload(true);
-        assert_eq!(
-            shown(&proxy, "box-a", "unloaded").await,
-            None,
-            "{dialect:?}"
-        );
-        ask(&proxy, dialect, "second").await;
-        let load = shown(&proxy, "box-a", "loaded").await.expect("a load time");
-        assert!((1_100..5_000).contains(&load), "{dialect:?}: {load} ms");
+        unloads_and_is_timed_loading(&proxy, dialect, &backend).await;
         box_a.stop().await;
         proxy.shutdown().await;
     }

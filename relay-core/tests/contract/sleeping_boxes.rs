@@ -105,6 +105,7 @@ async fn box_with_card_goes_to_sleep(
             current_load: 0,
             going_to_sleep: Some(true),
             context_windows: None,
+            model_states: None,
         }))
         .await;
     worker.crash();
@@ -385,6 +386,7 @@ async fn only_a_sleep_counts_a_plain_worker_leaving_or_one_drained_by_an_admin_i
             current_load: 0,
             going_to_sleep: None,
             context_windows: None,
+            model_states: None,
         }))
         .await;
     wait_until("the update is applied", || {
@@ -528,6 +530,7 @@ async fn fast_box_answers(
             current_load: 0,
             going_to_sleep: Some(true),
             context_windows: None,
+            model_states: None,
         }))
         .await;
         fast.crash();

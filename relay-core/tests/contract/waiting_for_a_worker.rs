@@ -67,6 +67,7 @@ async fn a_queued_request_is_dispatched_when_a_connected_worker_announces_its_mo
             current_load: 0,
             going_to_sleep: None,
             context_windows: None,
+            model_states: None,
         }))
         .await;
     let request = worker.next_request().await;

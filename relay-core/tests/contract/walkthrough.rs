@@ -983,6 +983,7 @@ async fn models_refresh_and_models_update_follow_the_seed_wire_trace() {
             current_load: 1,
             going_to_sleep: None,
             context_windows: None,
+            model_states: None,
         }))
         .await;
     wait_until("the proxy routes the updated list", || {

@@ -402,6 +402,8 @@ impl Connection {
             WorkerToServer::ModelsUpdate(update) => {
                 let going_to_sleep = update.going_to_sleep == Some(true);
                 let (models, warnings) = self.hub.update_models(self.worker, &update);
+                let states = update.model_states;
+                (self.hub.telemetry()).worker_box(&worker_wire_id(self.worker), None, states);
                 tracing::info!(worker = %worker_wire_id(self.worker), ?models, going_to_sleep, "models updated");
                 for warning in warnings {
                     tracing::warn!(worker = %worker_wire_id(self.worker), "models_update: {warning}");

@@ -200,6 +200,9 @@ impl Hub {
         inner
             .scheduler
             .set_sides_first(worker, update.sides_first.as_deref());
+        if let Some(states) = &update.model_states {
+            inner.scheduler.set_model_states(worker, states);
+        }
         if let Some(link) = inner.links.get_mut(&worker) {
             if going_to_sleep {
                 link.sleep.announced_sleep = true;
