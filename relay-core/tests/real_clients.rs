@@ -399,22 +399,19 @@ fn three_turns_reuse_the_cache(stack: &Stack, config: &str, env: &[(&str, &str)]
         );
         assert!(task.prompt > 5_000, "Claude Code's whole prompt: {task:?}");
         // What Claude Code sends again of the previous turn is its prompt: all of it must come
-        // from the cache (the relay's part; in practice every token). The rest of a turn is new
-        // to the backend whatever the relay does: the previous answer as text (the tiny random
-        // model's random tokens re-tokenize into more than it generated; answers are kept short,
-        // `-n 16`) and what Claude Code appends per turn (its reminders vary, from about 60 to
-        // about 700 tokens here). So the whole prompt's share is checked more loosely.
+        // from the cache (the relay's part; in practice every token, less the reminders Claude
+        // Code moves from the end of the last message). The rest of a turn is new to the
+        // backend whatever the relay does: the previous answer as text (the tiny random model's
+        // random tokens re-tokenize into more than it generated; answers are kept short, `-n
+        // 16`) and what Claude Code appends per turn (its reminders vary, from about 60 to 1,600
+        // tokens here). So the whole prompt's share is printed, not held to a floor: a turn to
+        // which Claude Code appended 1,600 tokens took all 11,505 of the previous prompt from the
+        // cache and still read under 90%.
         assert!(
             cached as f64 >= 0.95 * previous.prompt as f64,
             "turn {}: {cached} tokens from the cache, the previous prompt was {}: {task:?}",
             turn + 2,
             previous.prompt
-        );
-        assert!(
-            task.reuse() >= 0.90,
-            "turn {} reused {:.1}% of its prompt: {task:?}",
-            turn + 2,
-            100.0 * task.reuse()
         );
     }
     relay.terminate_cleanly();
