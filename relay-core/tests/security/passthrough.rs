@@ -306,8 +306,9 @@ fn request(id: &str, path: &str, headers: &[(&str, &str)]) -> ServerToWorker {
 type Seen = (String, Vec<(String, String)>);
 
 /// A backend that records every request (path and headers) and answers after `hold` — but
-/// the worker's own reads, which no proxy chooses: its model list, and `/props` (not a
-/// llama-server: 404, so the worker never warms it up).
+/// the worker's own reads, which no proxy chooses: its model list, `/props` (not a
+/// llama-server: 404, so the worker never warms it up) and `/api/ps` (not an Ollama: 404, so
+/// the worker does not watch it for models it unloads).
 struct Backend {
     url: String,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -329,6 +330,10 @@ async fn backend(hold: Duration) -> Backend {
         )
         .route(
             "/props",
+            axum::routing::get(|| async { axum::http::StatusCode::NOT_FOUND }),
+        )
+        .route(
+            "/api/ps",
             axum::routing::get(|| async { axum::http::StatusCode::NOT_FOUND }),
         )
         .fallback(move |request: Request| {
