@@ -124,14 +124,19 @@ impl Scheduler {
     /// With cost routing, whether a request of `model` the usual rules (or cost routing among
     /// the free boxes) put on `picked`, which must load the model first, waits instead for a
     /// box that has it loaded and no slot free: there its first token — once a slot frees, at
-    /// the rate that box's answers free them ([`Scheduler::slot_wait_secs`]), behind the
-    /// requests queued — comes clearly sooner than after the load. Only free boxes are weighed
-    /// otherwise ([`Scheduler::sooner_than`]), and a turn whose home unloaded the model while
-    /// the fast box was full loaded it on a box five times slower: 8 s and its whole prompt,
-    /// where the fast box freed a slot in two (the fleet bench with `FLEET_UNLOADS`). A slot's
-    /// wait is an answer of unknown length, so the wait is bounded: the request goes to
-    /// `picked` once waiting longer could no longer be sooner than the load would have been —
-    /// half the difference, so that a wrong guess costs at most half again.
+    /// the rate that box's answers free them ([`Scheduler::slot_wait_secs`]) — comes clearly
+    /// sooner than after the load. Only free boxes are weighed otherwise
+    /// ([`Scheduler::sooner_than`]), and a turn whose home unloaded the model while the fast box
+    /// was full loaded it on a box five times slower: 8 s and its whole prompt, where the fast
+    /// box freed a slot in two (the fleet bench with `FLEET_UNLOADS`).
+    ///
+    /// Not while other requests of the provider are queued, nor while requests (of any model)
+    /// arrive at [`LOAD_WAIT_UTILISATION`] of the rate the loaded box frees slots or more: then
+    /// the box that must load is needed soon anyway, and each request held keeps it unloaded
+    /// for the next (the fleet bench's busy chat, 6.74 → 7.58 s p90 without these two gates).
+    /// A slot's wait is an answer of unknown length, so the wait is bounded: the request goes
+    /// to `picked` once half of what waiting could save has gone by, so that a wrong guess
+    /// costs at most half again.
     pub(super) fn load_wait(
         &self,
         provider: usize,
