@@ -345,9 +345,9 @@ async fn a_backend_serving_models_the_owner_named_is_watched_too() {
     }
 }
 
-/// How long box-b's model takes to load in [`a_request_waits_for_a_full_box_whose_model_is_loaded_rather_than_load_it_on_a_slower_one`]:
-/// long enough that the request waits for box-a (it gives up after half of what waiting could
-/// save, about 2 s) well past the moment box-a frees a slot.
+/// How long box-b's model takes to load in the test of a request waiting for a full box: long
+/// enough that the request waits for box-a (it gives up after half of what waiting could save,
+/// about 2 s) well past the moment box-a frees a slot.
 const SLOW_LOAD: Duration = Duration::from_secs(4);
 
 #[tokio::test]

@@ -26,8 +26,8 @@ impl Session<'_> {
         sent(send(socket, &update).await)
     }
 
-    /// A backend unloaded a model or loaded one again ([`crate::worker::resting`]): the proxy hears it
-    /// now, in a `models_update` with the same models, rather than at the next ping.
+    /// A backend unloaded a model or loaded one again ([`crate::worker::resting`]): the proxy
+    /// hears it now, in a `models_update` with the same models, rather than at the next ping.
     pub(super) async fn on_states_changed(&mut self, socket: &mut Socket) -> Next {
         let update = self.models_update(Some(self.catalog.models()), None);
         sent(send(socket, &update).await)
