@@ -7,10 +7,9 @@
 //! backends every few seconds ([`Resting::poll_forever`]) and reports their models in its pongs
 //! (`model_states`: `loaded`, or `unloaded` with the time the last load took), as it reports
 //! its model map's, and at once in a `models_update` when one changes ([`Resting::changed`]),
-//! so the proxy's cost routing weighs the load. The load is measured on the
-//! request that found the model unloaded ([`super::clocked::Clocks`]); until one has, the
-//! proxy has no load time for the model there, and routes requests it could go to by the usual
-//! rules.
+//! so the proxy's cost routing weighs the load. The load is measured on the request that found
+//! the model unloaded ([`super::clocked::Clocks`]); until one has, the proxy has no load time
+//! for the model there, and routes requests it could go to by the usual rules.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};

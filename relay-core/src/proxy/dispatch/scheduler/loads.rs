@@ -150,7 +150,8 @@ impl Scheduler {
             return None;
         }
         let w = self.workers.get(&picked)?;
-        if !w.cold.contains_key(model) {
+        let p = &self.providers[provider];
+        if !w.cold.contains_key(model) || p.queue.len() > 0 {
             return None;
         }
         let affinity = placement.affinity;
@@ -159,18 +160,16 @@ impl Scheduler {
                 .map(|(secs, _)| secs)
         };
         let on_picked = first_token(picked)?;
-        let p = &self.providers[provider];
-        if p.queue.len() > 0 {
-            return None;
-        }
         let (secs, prompt_there, slot_wait, id) = p
             .model_workers
             .get(model)?
             .iter()
             .filter(|id| **id != picked)
             .filter(|id| {
+                // A window too small for the prompt would never take it from the queue.
                 self.workers.get(id).is_some_and(|w| {
-                    !w.draining && !w.has_capacity() && !w.cold.contains_key(model)
+                    let loaded = !w.cold.contains_key(model) && w.fits(model, Some(tokens));
+                    loaded && !w.draining && !w.has_capacity()
                 })
             })
             .filter_map(|id| {
@@ -319,6 +318,13 @@ mod tests {
             load_ms: None,
         };
         s.set_model_states(ids[1], &[untimed]);
+        assert!(
+            matches!(turn(&mut s, 5, now), Submitted::Dispatched { worker, .. } if worker == ids[1])
+        );
+        // Nor one whose window cannot hold the prompt: it would never take it from the queue.
+        let (mut s, ids) = fast_box_full_slow_box_unloaded(now);
+        let fast = s.workers.get_mut(&ids[0]).expect("registered");
+        fast.windows.insert(Arc::from("m"), 800);
         assert!(
             matches!(turn(&mut s, 5, now), Submitted::Dispatched { worker, .. } if worker == ids[1])
         );
